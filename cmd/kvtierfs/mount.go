@@ -1,0 +1,173 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// defaultStore is $XDG_STATE_HOME/kvtierfs/store, else ~/.local/state/kvtierfs/store.
+func defaultStore() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "kvtierfs", "store")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = "/var/lib"
+	}
+	return filepath.Join(home, ".local", "state", "kvtierfs", "store")
+}
+
+// mountConfig is the parsed command line of `kvtierfs mount`.
+type mountConfig struct {
+	mountpoint    string
+	store         string
+	capacity      int64
+	shmGlob       string
+	metricsAddr   string
+	lookupProtect time.Duration
+	debug         bool
+}
+
+func parseMountFlags(args []string) (mountConfig, error) {
+	var c mountConfig
+	var capacity string
+	fl := newFlagSet("mount", "mount MOUNTPOINT [flags]")
+	fl.StringVar(&c.store, "store", defaultStore(), "store directory holding the blocks (created if it is the default)")
+	fl.StringVar(&capacity, "capacity", "", "bytes the store may hold, e.g. 400GiB, 10G, 500MB (default 90% of the store filesystem)")
+	fl.StringVar(&c.shmGlob, "shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
+	fl.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9477", "address of the Prometheus /metrics endpoint; empty disables it")
+	fl.DurationVar(&c.lookupProtect, "lookup-protect", disk.DefaultLookupProtect, "keep blocks that answered a lookup this long from eviction")
+	fl.BoolVar(&c.debug, "debug", false, "log every FUSE request and debug events")
+	mnt, err := parseArgs(fl, args)
+	if err != nil {
+		return c, err
+	}
+	c.mountpoint = mnt
+	if capacity != "" {
+		if c.capacity, err = parseSize("capacity", capacity); err != nil {
+			return c, usageError{err}
+		}
+	}
+	if c.lookupProtect <= 0 {
+		return c, usageError{fmt.Errorf("--lookup-protect %s: want a positive duration such as 600s or 10m", c.lookupProtect)}
+	}
+	if c.store == defaultStore() {
+		if err := os.MkdirAll(c.store, 0o755); err != nil {
+			return c, fmt.Errorf("creating default store directory: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func runMount(args []string) error {
+	c, err := parseMountFlags(args)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if c.debug {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if err := prepareMountpoint(c.mountpoint); err != nil {
+		return err
+	}
+	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	regions, err := shm.NewSet(c.shmGlob)
+	if err != nil {
+		return usageError{err}
+	}
+	defer regions.Close()
+	if err := regions.Refresh(); err != nil {
+		logger.Warn("shm regions", "err", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	var metricsListener net.Listener
+	if c.metricsAddr != "" {
+		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w (choose another address, or --metrics-addr '' to disable metrics)", c.metricsAddr, err)
+		}
+		defer metricsListener.Close()
+	}
+	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg, Debug: c.debug})
+	if err != nil {
+		return err
+	}
+	if metricsListener != nil {
+		go http.Serve(metricsListener, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	st := store.Stats()
+	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
+		"capacity", formatBytes(st.CapacityBytes), "metrics", c.metricsAddr)
+
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-signals
+		logger.Info("unmounting", "signal", sig.String())
+		unmountOnSignal(fsys, c.mountpoint, logger)
+	}()
+	fsys.Wait()
+	logger.Info("unmounted", "mountpoint", c.mountpoint)
+	return nil
+}
+
+// unmountOnSignal unmounts, retrying while files are open, then detaches lazily.
+func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
+	for range 10 {
+		if err := fsys.Unmount(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", mountpoint)
+	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
+		logger.Error("lazy unmount failed", "err", err)
+	}
+}
+
+// prepareMountpoint creates a missing mountpoint and refuses one that is
+// already a mount.
+func prepareMountpoint(mnt string) error {
+	mounted, err := isMountpoint(mnt)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		return fmt.Errorf("mountpoint %s is busy: something is already mounted there (unmount it first, e.g. 'kvtierfs umount %s')", mnt, mnt)
+	}
+	st, err := os.Stat(mnt)
+	if errors.Is(err, fs.ErrNotExist) {
+		return os.MkdirAll(mnt, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("mountpoint %s: %w", mnt, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("mountpoint %s is not a directory", mnt)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+)
+
+func runStat(args []string) error {
+	fl := newFlagSet("stat", "stat MOUNTPOINT [--json]")
+	asJSON := fl.Bool("json", false, "print the raw JSON snapshot for tools")
+	mnt, err := parseArgs(fl, args)
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.StatsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, fusefs.ControlDir, fusefs.StatsFile)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := os.Stdout.Write(raw)
+		return err
+	}
+	var st fusefs.Stats
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return fmt.Errorf("decoding stats of %s: %w", mnt, err)
+	}
+	printStats(os.Stdout, st)
+	return nil
+}
+
+// printStats renders a stats snapshot as a table an operator reads in seconds.
+func printStats(w io.Writer, st fusefs.Stats) {
+	t := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	d := st.Disk
+	used := 0.0
+	if d.CapacityBytes > 0 {
+		used = 100 * float64(d.PhysicalBytes) / float64(d.CapacityBytes)
+	}
+	fmt.Fprintf(t, "mount\t%s\n", st.Mountpoint)
+	fmt.Fprintf(t, "store\t%s\n", d.Store)
+	fmt.Fprintf(t, "disk\t%d blocks, %s logical, %s on disk of %s capacity (%.1f%%), %s free, %d evictions\n",
+		d.Blocks, formatBytes(d.LogicalBytes), formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), used,
+		formatBytes(d.FreeBytes), d.Evictions)
+	groups := make([]string, 0, len(st.Groups))
+	for g := range st.Groups {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	for _, g := range groups {
+		fmt.Fprintf(t, "  group %s\t%d blocks, %s\n", g, st.Groups[g].Blocks, formatBytes(st.Groups[g].Bytes))
+	}
+	if len(st.Primary.Regions) == 0 {
+		fmt.Fprintf(t, "primary\tno shm region found\n")
+	}
+	for _, r := range st.Primary.Regions {
+		geometry := fmt.Sprintf("%d rows × %s", r.Rows, formatBytes(r.RowBytes))
+		if r.RowBytes == 0 {
+			geometry = r.Warning
+		}
+		fmt.Fprintf(t, "primary\t%s: %s, %s\n", r.Path, formatBytes(r.Size), geometry)
+	}
+	c := st.Counters
+	hitRate := 0.0
+	if c.Lookups > 0 {
+		hitRate = 100 * float64(c.LookupHits) / float64(c.Lookups)
+	}
+	fmt.Fprintf(t, "lookups\t%d (%d hits, %.1f%%)\n", c.Lookups, c.LookupHits, hitRate)
+	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
+	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
+	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)
+	t.Flush()
+	if len(st.Warnings) == 0 {
+		fmt.Fprintln(w, "warnings: none")
+		return
+	}
+	fmt.Fprintln(w, "warnings:")
+	for _, warn := range st.Warnings {
+		fmt.Fprintf(w, "  [%s] %s\n", warn.Code, warn.Message)
+	}
+}

@@ -1,0 +1,169 @@
+// Package fusefs adapts go-fuse to the block store: a loopback filesystem over
+// the store directory whose block files (`<hex>.bin` under `_g<N>`
+// directories) are created, published, verified, evicted and counted by
+// tiers/disk. Everything else is stored as it comes. Loads of verified blocks
+// pass through to the store file in the kernel when it can (FUSE passthrough),
+// so the bytes move at native speed while OPEN and FLUSH stay in the daemon.
+package fusefs
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// ControlDir is the virtual directory at the mount root that serves stats.
+const ControlDir = ".kvtier"
+
+// StatsFile is the name of the JSON stats file inside ControlDir.
+const StatsFile = "stats.json"
+
+// Default kernel cache lifetimes: lookups of present and absent blocks are
+// answered by the kernel within these windows; the daemon invalidates entries
+// it removes itself.
+const (
+	DefaultEntryTimeout    = 5 * time.Second
+	DefaultNegativeTimeout = 5 * time.Second
+)
+
+// maxRequestBytes is the largest FUSE write request (fs.fuse.max_pages_limit = 256 pages).
+const maxRequestBytes = 1 << 20
+
+// Options configures a mount.
+type Options struct {
+	// Store is the block store behind the mount.
+	Store *disk.Store
+	// Regions are the engine's shm regions; nil reports none.
+	Regions *shm.Set
+	// Logger receives the daemon's log; nil discards it.
+	Logger *slog.Logger
+	// Registerer receives the Prometheus metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// EntryTimeout and NegativeTimeout override the kernel cache lifetimes.
+	EntryTimeout, NegativeTimeout time.Duration
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// FS is a mounted kvtierfs.
+type FS struct {
+	store      *disk.Store
+	regions    *shm.Set
+	logger     *slog.Logger
+	metrics    *metrics
+	mountpoint string
+	root       *node
+	server     *fuse.Server
+	control    *fs.Inode
+}
+
+// Mount mounts the store at mountpoint and starts serving it.
+func Mount(mountpoint string, opts Options) (*FS, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.EntryTimeout == 0 {
+		opts.EntryTimeout = DefaultEntryTimeout
+	}
+	if opts.NegativeTimeout == 0 {
+		opts.NegativeTimeout = DefaultNegativeTimeout
+	}
+	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint}
+	m, err := newMetrics(opts.Registerer, f)
+	if err != nil {
+		return nil, err
+	}
+	f.metrics = m
+	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
+	loopRoot.NewNode = func(r *fs.LoopbackRoot, parent *fs.Inode, name string, st *syscall.Stat_t) fs.InodeEmbedder {
+		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, fsys: f}
+	}
+	f.root = &node{LoopbackNode: fs.LoopbackNode{RootData: loopRoot}, fsys: f}
+	loopRoot.RootNode = f.root
+
+	entry, negative := opts.EntryTimeout, opts.NegativeTimeout
+	fsOpts := &fs.Options{
+		EntryTimeout:    &entry,
+		AttrTimeout:     &entry,
+		NegativeTimeout: &negative,
+		OnAdd:           f.addControl,
+		MountOptions: fuse.MountOptions{
+			FsName:        "kvtierfs:" + opts.Store.Root(),
+			Name:          "kvtierfs",
+			DirectMount:   os.Geteuid() == 0,
+			AllowOther:    os.Geteuid() == 0,
+			MaxWrite:      maxRequestBytes,
+			DisableSplice: true,
+			Debug:         opts.Debug,
+			Logger:        log.New(&slogWriter{opts.Logger}, "", 0),
+		},
+	}
+	server, err := fs.Mount(mountpoint, f.root, fsOpts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	f.server = server
+	opts.Store.OnRemove(f.forget)
+	if server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		opts.Logger.Warn("kernel FUSE passthrough unavailable: loads are copied through the daemon")
+	}
+	return f, nil
+}
+
+// Wait blocks until the filesystem is unmounted.
+func (f *FS) Wait() { f.server.Wait() }
+
+// Unmount unmounts the filesystem; it fails with EBUSY while files are open.
+func (f *FS) Unmount() error { return f.server.Unmount() }
+
+// Mountpoint is where the filesystem is mounted.
+func (f *FS) Mountpoint() string { return f.mountpoint }
+
+// addControl attaches the virtual control directory to the root.
+func (f *FS) addControl(ctx context.Context) {
+	root := f.root.EmbeddedInode()
+	dir := root.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
+	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
+	f.control = dir
+}
+
+// forget drops a block the store removed by itself from the kernel's caches.
+func (f *FS) forget(rel string) {
+	dir, name := path.Split(rel)
+	parent := f.root.EmbeddedInode()
+	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {
+		if comp == "" {
+			continue
+		}
+		if parent = parent.GetChild(comp); parent == nil {
+			return
+		}
+	}
+	if errno := parent.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+		f.logger.Debug("invalidating kernel entry", "path", rel, "errno", errno)
+	}
+}
+
+// controlIno is the first inode number of the virtual files, far above real ones.
+const controlIno = 1 << 62
+
+// slogWriter forwards go-fuse's log lines to the daemon's logger.
+type slogWriter struct{ l *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	w.l.Info(strings.TrimRight(string(p), "\n"), "source", "go-fuse")
+	return len(p), nil
+}

@@ -1,0 +1,107 @@
+package fusefs
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// tmpHandle is the descriptor of a block tmp file being written. Writes reach
+// the daemon (FOPEN_DIRECT_IO) so each one is checked, counted against the
+// capacity and checksummed as it arrives. disk.Writer serialises them.
+type tmpHandle struct {
+	w     *disk.Writer
+	fsys  *FS
+	start time.Time
+}
+
+var _ = (fs.FileWriter)((*tmpHandle)(nil))
+
+// Write appends a chunk of the engine's row.
+func (h *tmpHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, err := h.w.WriteAt(data, off)
+	if err != nil {
+		h.fsys.logger.Warn("block write refused", "err", err)
+		return uint32(n), disk.Errno(err)
+	}
+	return uint32(n), 0
+}
+
+var _ = (fs.FileFlusher)((*tmpHandle)(nil))
+
+// Flush has nothing to do: bytes are in the store file once Write returns.
+func (h *tmpHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+var _ = (fs.FileFsyncer)((*tmpHandle)(nil))
+
+// Fsync makes the tmp file durable.
+func (h *tmpHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return disk.Errno(h.w.Sync())
+}
+
+var _ = (fs.FileReleaser)((*tmpHandle)(nil))
+
+// Release closes the tmp file; publication happens at rename.
+func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
+	h.fsys.metrics.writeSeconds.Observe(time.Since(h.start).Seconds())
+	return disk.Errno(h.w.Close())
+}
+
+// blockHandle is the descriptor of a verified block opened for a load. The
+// kernel reads the store file directly (passthrough) when it can; Read is the
+// fallback through the daemon. The block is pinned until Release.
+type blockHandle struct {
+	r     *disk.Reader
+	fsys  *FS
+	start time.Time
+}
+
+var _ = (fs.FilePassthroughFder)((*blockHandle)(nil))
+
+// PassthroughFd hands the verified store file to the kernel.
+func (h *blockHandle) PassthroughFd() (int, bool) {
+	return int(h.r.File().Fd()), true
+}
+
+var _ = (fs.FileReader)((*blockHandle)(nil))
+
+// Read fills dest completely unless the block ends first: a short read makes
+// the engine delete the block.
+func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	fd := int(h.r.File().Fd())
+	n := 0
+	for n < len(dest) {
+		m, err := unix.Pread(fd, dest[n:], off+int64(n))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, disk.Errno(err)
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+var _ = (fs.FileFlusher)((*blockHandle)(nil))
+
+// Flush is the barrier before the engine counts the load as done.
+func (h *blockHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+var _ = (fs.FileReleaser)((*blockHandle)(nil))
+
+// Release unpins the block and records the load.
+func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
+	h.fsys.store.CountRead(h.r.Size())
+	h.fsys.metrics.readSeconds.Observe(time.Since(h.start).Seconds())
+	return disk.Errno(h.r.Close())
+}

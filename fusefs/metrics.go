@@ -1,0 +1,74 @@
+package fusefs
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Prometheus view of the mount: the store's counters read at
+// scrape time plus latency histograms observed here.
+type metrics struct {
+	lookupSeconds prometheus.Histogram
+	readSeconds   prometheus.Histogram
+	writeSeconds  prometheus.Histogram
+}
+
+// latencyBuckets span a cached lookup (microseconds) to a slow row load (seconds).
+var latencyBuckets = prometheus.ExponentialBuckets(5e-6, 4, 12)
+
+// newMetrics registers the mount's metrics on reg (nil registers nothing).
+func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
+	m := &metrics{
+		lookupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_lookup_seconds",
+			Help: "Latency of block lookups that reached the daemon.", Buckets: latencyBuckets}),
+		readSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_read_seconds",
+			Help: "Duration of block loads, from open (including verification) to release.", Buckets: latencyBuckets}),
+		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_write_seconds",
+			Help: "Duration of block stores, from create of the tmp file to its release.", Buckets: latencyBuckets}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	c := f.store.Counters()
+	counters := []struct {
+		name, help string
+		value      func() int64
+	}{
+		{"kvtierfs_lookups_total", "Block lookups that reached the daemon.", c.Lookups.Load},
+		{"kvtierfs_lookup_hits_total", "Block lookups that found the block.", c.LookupHits.Load},
+		{"kvtierfs_reads_total", "Block loads.", c.Reads.Load},
+		{"kvtierfs_read_bytes_total", "Bytes of block loads.", c.ReadBytes.Load},
+		{"kvtierfs_writes_total", "Blocks published.", c.Writes.Load},
+		{"kvtierfs_write_bytes_total", "Bytes written to block tmp files.", c.WriteBytes.Load},
+		{"kvtierfs_checksum_failures_total", "Blocks that failed verification and were removed.", c.ChecksumFailures.Load},
+		{"kvtierfs_evictions_total", "Blocks evicted to stay within capacity.", c.Evictions.Load},
+		{"kvtierfs_no_space_total", "Writes refused with ENOSPC.", c.NoSpace.Load},
+		{"kvtierfs_rejected_writes_total", "Block writes refused as malformed.", c.RejectedWrites.Load},
+	}
+	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds}
+	for _, k := range counters {
+		value := k.value
+		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: k.name, Help: k.help},
+			func() float64 { return float64(value()) }))
+	}
+	gauges := []struct {
+		name, help string
+		value      func(st Stats) int64
+	}{
+		{"kvtierfs_disk_blocks", "Blocks in the store.", func(st Stats) int64 { return st.Disk.Blocks }},
+		{"kvtierfs_disk_logical_bytes", "Bytes of the blocks in the store.", func(st Stats) int64 { return st.Disk.LogicalBytes }},
+		{"kvtierfs_disk_physical_bytes", "Bytes the blocks occupy on disk.", func(st Stats) int64 { return st.Disk.PhysicalBytes }},
+		{"kvtierfs_disk_capacity_bytes", "Capacity of the store.", func(st Stats) int64 { return st.Disk.CapacityBytes }},
+		{"kvtierfs_disk_free_bytes", "Bytes the store may still use.", func(st Stats) int64 { return st.Disk.FreeBytes }},
+	}
+	for _, g := range gauges {
+		value := g.value
+		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
+			func() float64 { return float64(value(f.Stats())) }))
+	}
+	for _, col := range collectors {
+		if err := reg.Register(col); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,272 @@
+package fusefs
+
+import (
+	"context"
+	"path"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// node is a file or directory of the store. It is go-fuse's loopback node with
+// the block-specific operations routed through the store.
+type node struct {
+	fs.LoopbackNode
+	fsys *FS
+}
+
+// rel is the store-relative path of child name of this directory.
+func (n *node) rel(name string) string {
+	return path.Join(n.Path(n.Root()), name)
+}
+
+// self is the store-relative path of this node.
+func (n *node) self() string { return n.Path(n.Root()) }
+
+// isRoot reports whether this is the mount root.
+func (n *node) isRoot() bool { return n.EmbeddedInode() == n.Root() }
+
+// callerThread is the kernel thread id behind a request, which tells lookup batches apart.
+func callerThread(ctx context.Context) uint32 {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Pid
+	}
+	return 0
+}
+
+// errno logs a rejected or failed operation and returns its errno.
+func (n *node) errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	if e := disk.Errno(err); e != syscall.ENOENT {
+		n.fsys.logger.Warn("request refused", "err", err)
+		return e
+	}
+	return syscall.ENOENT
+}
+
+var _ = (fs.NodeLookuper)((*node)(nil))
+
+// Lookup answers block lookups from the index (fast ENOENT) and records them.
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if n.isRoot() && name == ControlDir {
+		return n.fsys.control, 0
+	}
+	rel := n.rel(name)
+	if kind, _ := disk.Classify(rel); kind == disk.Block {
+		start := time.Now()
+		present := n.fsys.store.Lookup(rel, callerThread(ctx))
+		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+		if !present {
+			return nil, syscall.ENOENT
+		}
+	}
+	return n.LoopbackNode.Lookup(ctx, name, out)
+}
+
+// refuseName rejects names that the layout reserves: the control directory and
+// block names that cannot be created directly.
+func (n *node) refuseName(name string) syscall.Errno {
+	if n.isRoot() && name == ControlDir {
+		return syscall.EEXIST
+	}
+	switch kind, _ := disk.Classify(n.rel(name)); kind {
+	case disk.MalformedBlock:
+		n.fsys.logger.Warn("refused malformed block name: blocks are named <hex hash>.bin", "path", n.rel(name))
+		return syscall.EINVAL
+	case disk.Block:
+		n.fsys.logger.Warn("refused direct creation of a block: publish it by renaming a tmp file written beside it", "path", n.rel(name))
+		return syscall.EPERM
+	}
+	return 0
+}
+
+var _ = (fs.NodeCreater)((*node)(nil))
+
+// Create creates block tmp files through the store (checked, checksummed
+// writes) and every other file in the store directory as it is.
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.refuseName(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	rel := n.rel(name)
+	if kind, _ := disk.Classify(rel); kind != disk.BlockTmp {
+		return n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
+	}
+	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
+	if err != nil {
+		return nil, nil, 0, n.errno(err)
+	}
+	child, errno := n.LoopbackNode.Lookup(ctx, name, out)
+	if errno != 0 {
+		w.Close()
+		return nil, nil, 0, errno
+	}
+	return child, &tmpHandle{w: w, fsys: n.fsys, start: time.Now()}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+var _ = (fs.NodeOpener)((*node)(nil))
+
+// Open verifies a block before a load and hands its store file to the kernel
+// for passthrough reads; blocks are immutable once published.
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	rel := n.self()
+	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
+	switch kind, _ := disk.Classify(rel); {
+	case kind == disk.Block && writing:
+		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
+		return nil, 0, syscall.EPERM
+	case kind == disk.Block:
+		start := time.Now()
+		r, err := n.fsys.store.OpenBlock(rel)
+		if err != nil {
+			return nil, 0, n.errno(err)
+		}
+		return &blockHandle{r: r, fsys: n.fsys, start: start}, 0, 0
+	case kind == disk.BlockTmp && writing && n.fsys.store.IsTracked(rel):
+		return nil, 0, syscall.EBUSY
+	}
+	return n.LoopbackNode.Open(ctx, flags&^syscall.O_DIRECT)
+}
+
+var _ = (fs.NodeRenamer)((*node)(nil))
+
+// Rename publishes blocks (tmp → block name) and moves everything else as it is.
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	dst, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if dst.isRoot() && newName == ControlDir {
+		return syscall.EPERM
+	}
+	srcRel, dstRel := n.rel(name), dst.rel(newName)
+	srcKind, _ := disk.Classify(srcRel)
+	dstKind, _ := disk.Classify(dstRel)
+	switch {
+	case dstKind == disk.MalformedBlock:
+		return dst.refuseName(newName)
+	case srcKind == disk.Block:
+		n.fsys.logger.Warn("refused rename of a published block", "path", srcRel, "to", dstRel)
+		return syscall.EPERM
+	case dstKind == disk.Block:
+		if flags != 0 {
+			return syscall.EINVAL
+		}
+		return n.errno(n.fsys.store.Publish(srcRel, dstRel))
+	case n.fsys.store.HasBlocksUnder(srcRel):
+		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)
+		return syscall.EBUSY
+	}
+	if errno := n.LoopbackNode.Rename(ctx, name, &dst.LoopbackNode, newName, flags); errno != 0 {
+		return errno
+	}
+	if srcKind == disk.BlockTmp {
+		n.fsys.store.ForgetTmp(srcRel)
+	}
+	return 0
+}
+
+var _ = (fs.NodeUnlinker)((*node)(nil))
+
+// Unlink removes blocks and tmp files through the store, keeping the index and
+// the capacity accounting exact.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	rel := n.rel(name)
+	switch kind, _ := disk.Classify(rel); {
+	case kind == disk.Block:
+		return n.errno(n.fsys.store.Remove(rel))
+	case kind == disk.BlockTmp && n.fsys.store.IsTracked(rel):
+		return n.errno(n.fsys.store.RemoveTmp(rel))
+	}
+	return n.LoopbackNode.Unlink(ctx, name)
+}
+
+var _ = (fs.NodeMkdirer)((*node)(nil))
+
+// Mkdir creates a directory, except over the control directory's name.
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if n.isRoot() && name == ControlDir {
+		return nil, syscall.EEXIST
+	}
+	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+}
+
+var _ = (fs.NodeMknoder)((*node)(nil))
+
+// Mknod creates special files outside the block layout only.
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.refuseLayoutName(name); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+}
+
+var _ = (fs.NodeSymlinker)((*node)(nil))
+
+// Symlink creates links outside the block layout only.
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.refuseLayoutName(name); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Symlink(ctx, target, name, out)
+}
+
+var _ = (fs.NodeLinker)((*node)(nil))
+
+// Link creates hard links outside the block layout only.
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if errno := n.refuseLayoutName(name); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Link(ctx, target, name, out)
+}
+
+// refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
+func (n *node) refuseLayoutName(name string) syscall.Errno {
+	if errno := n.refuseName(name); errno != 0 {
+		return errno
+	}
+	if kind, _ := disk.Classify(n.rel(name)); kind == disk.BlockTmp {
+		return syscall.EPERM
+	}
+	return 0
+}
+
+var _ = (fs.NodeSetattrer)((*node)(nil))
+
+// Setattr refuses size changes of blocks and of tmp files being written.
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, sizeChange := in.GetSize(); sizeChange {
+		rel := n.self()
+		kind, _ := disk.Classify(rel)
+		if kind == disk.Block || kind == disk.BlockTmp && n.fsys.store.IsTracked(rel) {
+			n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
+			return syscall.EPERM
+		}
+	}
+	return n.LoopbackNode.Setattr(ctx, f, in, out)
+}
+
+var _ = (fs.NodeStatfser)((*node)(nil))
+
+// Statfs reports the store's capacity and free space, so df shows the tier's real limits.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	if errno := n.LoopbackNode.Statfs(ctx, out); errno != 0 {
+		return errno
+	}
+	st := n.fsys.store.Stats()
+	bsize := int64(out.Bsize)
+	if bsize == 0 {
+		bsize = disk.PageSize
+	}
+	out.Blocks = uint64(st.CapacityBytes / bsize)
+	out.Bfree = uint64(st.FreeBytes / bsize)
+	out.Bavail = out.Bfree
+	return 0
+}

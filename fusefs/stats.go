@@ -1,0 +1,105 @@
+package fusefs
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// Stats is what `kvtierfs stat` shows, served as MOUNTPOINT/.kvtier/stats.json.
+type Stats struct {
+	Mountpoint string                     `json:"mountpoint"`
+	Disk       disk.Stats                 `json:"disk"`
+	Groups     map[string]disk.GroupStats `json:"groups"`
+	Primary    Primary                    `json:"primary"`
+	Counters   Counters                   `json:"counters"`
+	Warnings   []Warning                  `json:"warnings"`
+}
+
+// Primary describes the engine's primary (shm) tier as seen from this node.
+type Primary struct {
+	Regions []shm.Info `json:"regions"`
+}
+
+// Counters are the event counts since the mount.
+type Counters struct {
+	Lookups          int64 `json:"lookups"`
+	LookupHits       int64 `json:"lookup_hits"`
+	Reads            int64 `json:"reads"`
+	ReadBytes        int64 `json:"read_bytes"`
+	Writes           int64 `json:"writes"`
+	WriteBytes       int64 `json:"write_bytes"`
+	ChecksumFailures int64 `json:"checksum_failures"`
+	NoSpace          int64 `json:"no_space"`
+	RejectedWrites   int64 `json:"rejected_writes"`
+}
+
+// Warning is a known failure the operator should act on.
+type Warning struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Stats takes a snapshot of the mount's state.
+func (f *FS) Stats() Stats {
+	d := f.store.Stats()
+	c := f.store.Counters()
+	st := Stats{
+		Mountpoint: f.mountpoint,
+		Disk:       d,
+		Groups:     d.Groups,
+		Counters: Counters{
+			Lookups:          c.Lookups.Load(),
+			LookupHits:       c.LookupHits.Load(),
+			Reads:            c.Reads.Load(),
+			ReadBytes:        c.ReadBytes.Load(),
+			Writes:           c.Writes.Load(),
+			WriteBytes:       c.WriteBytes.Load(),
+			ChecksumFailures: c.ChecksumFailures.Load(),
+			NoSpace:          c.NoSpace.Load(),
+			RejectedWrites:   c.RejectedWrites.Load(),
+		},
+		Warnings: []Warning{},
+	}
+	if f.regions != nil {
+		if err := f.regions.Refresh(); err != nil {
+			st.Warnings = append(st.Warnings, Warning{Code: "shm_unmappable", Message: err.Error()})
+		}
+		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
+	}
+	if st.Primary.Regions == nil {
+		st.Primary.Regions = []shm.Info{}
+	}
+	for _, r := range st.Primary.Regions {
+		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
+			st.Warnings = append(st.Warnings, Warning{Code: "shm_geometry", Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
+		}
+	}
+	if st.Counters.ChecksumFailures > 0 {
+		st.Warnings = append(st.Warnings, Warning{Code: "checksum_failures", Message: fmt.Sprintf(
+			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",
+			st.Counters.ChecksumFailures)})
+	}
+	if st.Counters.NoSpace > 0 {
+		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: fmt.Sprintf(
+			"%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect",
+			st.Counters.NoSpace)})
+	}
+	return st
+}
+
+// rowSizes lists the distinct block sizes of the store's tiers.
+func rowSizes(byTier map[string]int64) []int64 {
+	seen := map[int64]bool{}
+	var out []int64
+	for _, v := range byTier {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

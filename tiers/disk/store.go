@@ -1,0 +1,396 @@
+// Package disk is the durable, bounded, checksummed block store behind the
+// mount: a directory that mirrors the engine's tier namespace, an in-memory
+// index of its blocks, CRC32C checksums kept in an xattr beside the data, and
+// least-recently-used eviction under a capacity limit.
+//
+// Lock discipline: Store.mu guards the index (blocks, lru, tmps, chains,
+// per-tier row sizes, used). It is held across the short metadata syscalls
+// that must stay consistent with the index (rename, unlink) but never across
+// data I/O or checksumming. Writer.mu serialises the writes of one tmp file.
+package disk
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultLookupProtect is how long a block that answered a lookup is kept
+// from eviction, so that a key the engine was told is present can still be loaded.
+const DefaultLookupProtect = 600 * time.Second
+
+// DefaultCapacityFraction is the share of the store filesystem used when no capacity is given.
+const DefaultCapacityFraction = 0.9
+
+// PageSize is the granularity of block sizes: the engine's rows are page multiples.
+const PageSize = 4096
+
+// chainGap separates two lookup batches of one thread: lookups further apart start a new chain.
+const chainGap = time.Second
+
+// Config configures a Store.
+type Config struct {
+	// Dir is the store directory; it must exist and be writable.
+	Dir string
+	// Capacity bounds the bytes the store holds; 0 means DefaultCapacityFraction of its filesystem.
+	Capacity int64
+	// LookupProtect keeps blocks that answered a lookup from eviction for this long; 0 means the default.
+	LookupProtect time.Duration
+	// Logger receives warnings (corruption, eviction, rejected input); nil discards them.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// block is one published block in the index.
+type block struct {
+	rel        string
+	name       BlockName
+	size       int64
+	physical   int64
+	crc        uint32
+	hasCRC     bool
+	lastUse    int64
+	lastLookup int64
+	readers    int
+	lru        *list.Element
+	chain      *chain
+	present    bool
+}
+
+// chain is the order in which one engine thread looked blocks up: a request's prefix.
+type chain struct {
+	members []*block
+}
+
+// lookupStream remembers the chain a thread is currently looking up.
+type lookupStream struct {
+	chain  *chain
+	lastAt int64
+}
+
+// tmpFile is a staging file being written through the store.
+type tmpFile struct {
+	size       int64
+	crc        uint32
+	sequential bool
+	open       bool
+	orphaned   bool
+}
+
+// Store is the block store. All methods are safe for concurrent use.
+type Store struct {
+	cfg       Config
+	root      string
+	lockFile  *os.File
+	capacity  int64
+	fsReserve int64
+	counters  Counters
+
+	mu         sync.Mutex
+	blocks     map[string]*block
+	lru        *list.List
+	tmps       map[string]*tmpFile
+	used       int64
+	rowBytes   map[string]int64
+	tierBlocks map[string]int
+	streams    map[uint32]*lookupStream
+
+	removed     chan struct{}
+	pendingMu   sync.Mutex
+	pending     []string
+	onRemove    func(rel string)
+	stopRemoval chan struct{}
+	removalDone chan struct{}
+}
+
+// Open opens the store directory, takes its lock, removes leftover tmp files and
+// rebuilds the index from the blocks on disk.
+func Open(cfg Config) (*Store, error) {
+	if cfg.LookupProtect == 0 {
+		cfg.LookupProtect = DefaultLookupProtect
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	root, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("store directory %q: %w", cfg.Dir, err)
+	}
+	st, err := os.Stat(root)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("store directory %s does not exist: create it or choose another --store", root)
+		}
+		return nil, fmt.Errorf("store directory %s: %w", root, err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("store directory %s is not a directory", root)
+	}
+	lock, err := os.Open(root)
+	if err != nil {
+		return nil, fmt.Errorf("store directory %s: %w", root, err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("store directory %s is in use by another kvtierfs daemon", root)
+	}
+	s := &Store{
+		cfg:         cfg,
+		root:        root,
+		lockFile:    lock,
+		blocks:      make(map[string]*block),
+		lru:         list.New(),
+		tmps:        make(map[string]*tmpFile),
+		rowBytes:    make(map[string]int64),
+		tierBlocks:  make(map[string]int),
+		streams:     make(map[uint32]*lookupStream),
+		removed:     make(chan struct{}, 1),
+		stopRemoval: make(chan struct{}),
+		removalDone: make(chan struct{}),
+	}
+	if err := s.probeWritable(); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	if err := s.setCapacity(cfg.Capacity); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	if err := s.rebuild(); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	go s.notifyRemovals()
+	return s, nil
+}
+
+// Root is the absolute path of the store directory.
+func (s *Store) Root() string { return s.root }
+
+// Path is the store path of a store-relative path.
+func (s *Store) Path(rel string) string { return filepath.Join(s.root, rel) }
+
+// Close stops background work and releases the store lock.
+func (s *Store) Close() error {
+	close(s.stopRemoval)
+	<-s.removalDone
+	return s.lockFile.Close()
+}
+
+// probeWritable checks that the store accepts files and user xattrs, which hold the checksums.
+func (s *Store) probeWritable() error {
+	f, err := os.CreateTemp(s.root, ".kvtierfs-probe-*"+tmpSuffix)
+	if err != nil {
+		return fmt.Errorf("store directory %s is not writable: %w", s.root, err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if err := unix.Fsetxattr(int(f.Fd()), checksumXattr, []byte("probe"), 0); err != nil {
+		return fmt.Errorf("store directory %s does not support user xattrs, which hold block checksums (%v): use an ext4, xfs, btrfs or tmpfs store", s.root, err)
+	}
+	return nil
+}
+
+// setCapacity fixes the capacity and the reserve kept free on the store filesystem.
+func (s *Store) setCapacity(capacity int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", s.root, err)
+	}
+	total := int64(st.Blocks) * st.Bsize
+	if capacity < 0 {
+		return fmt.Errorf("--capacity must be positive, got %d", capacity)
+	}
+	if capacity == 0 {
+		capacity = int64(float64(total) * DefaultCapacityFraction)
+	}
+	s.capacity = capacity
+	s.fsReserve = min(1<<30, total/20)
+	return nil
+}
+
+// rebuild removes leftover tmp files and indexes every block under the root.
+func (s *Store) rebuild() error {
+	var found []*block
+	var tmpsRemoved, dropped int
+	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel(s.root, p)
+		if IsTmp(d.Name()) {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			tmpsRemoved++
+			return nil
+		}
+		kind, name := Classify(rel)
+		if kind != Block || !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := s.readBlockMeta(p, rel, name)
+		if err != nil {
+			s.cfg.Logger.Warn("dropping block whose size disagrees with its checksum record (torn by a crash)", "path", p, "err", err)
+			dropped++
+			return os.Remove(p)
+		}
+		found = append(found, b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("indexing store %s: %w", s.root, err)
+	}
+	sort.Slice(found, func(i, j int) bool { return found[i].lastUse > found[j].lastUse })
+	for _, b := range found {
+		s.insertLocked(b)
+		s.lru.MoveToBack(b.lru)
+	}
+	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
+		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped)
+	return nil
+}
+
+// readBlockMeta builds an index entry from a block file and its checksum xattr.
+func (s *Store) readBlockMeta(p, rel string, name BlockName) (*block, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return nil, err
+	}
+	b := &block{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
+		lastUse: st.Mtim.Nano(), present: true}
+	rec, ok, err := readChecksum(p)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if rec.size != st.Size {
+			return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, rec.size)
+		}
+		b.crc, b.hasCRC = rec.crc, true
+	}
+	return b, nil
+}
+
+// insertLocked adds a block to the index at the front of the LRU list.
+func (s *Store) insertLocked(b *block) {
+	b.lru = s.lru.PushFront(b)
+	s.blocks[b.rel] = b
+	s.used += b.physical
+	if s.tierBlocks[b.name.Tier] == 0 {
+		s.rowBytes[b.name.Tier] = b.size
+	}
+	s.tierBlocks[b.name.Tier]++
+}
+
+// dropLocked removes a block from the index; the caller removes the file.
+func (s *Store) dropLocked(b *block) {
+	if !b.present {
+		return
+	}
+	b.present = false
+	s.lru.Remove(b.lru)
+	delete(s.blocks, b.rel)
+	s.used -= b.physical
+	s.tierBlocks[b.name.Tier]--
+	if s.tierBlocks[b.name.Tier] == 0 {
+		delete(s.tierBlocks, b.name.Tier)
+		delete(s.rowBytes, b.name.Tier)
+	}
+}
+
+// OnRemove sets the function called from a background goroutine with the path
+// of every block the store removes by itself (eviction, checksum failure), so
+// that caches above it (the kernel's dentries) can forget the entry.
+func (s *Store) OnRemove(fn func(rel string)) {
+	s.pendingMu.Lock()
+	s.onRemove = fn
+	s.pendingMu.Unlock()
+}
+
+// queueRemoval hands a removed path to the OnRemove goroutine without blocking.
+func (s *Store) queueRemoval(rel string) {
+	s.pendingMu.Lock()
+	if s.onRemove == nil {
+		s.pendingMu.Unlock()
+		return
+	}
+	s.pending = append(s.pending, rel)
+	s.pendingMu.Unlock()
+	select {
+	case s.removed <- struct{}{}:
+	default:
+	}
+}
+
+// notifyRemovals delivers queued removals to OnRemove until Close.
+func (s *Store) notifyRemovals() {
+	defer close(s.removalDone)
+	for {
+		select {
+		case <-s.stopRemoval:
+			return
+		case <-s.removed:
+		}
+		s.pendingMu.Lock()
+		batch, fn := s.pending, s.onRemove
+		s.pending = nil
+		s.pendingMu.Unlock()
+		for _, rel := range batch {
+			fn(rel)
+		}
+	}
+}
+
+// HasBlocksUnder reports whether any indexed block lives below the directory relDir.
+func (s *Store) HasBlocksUnder(relDir string) bool {
+	prefix := strings.TrimSuffix(relDir, "/") + "/"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for rel := range s.blocks {
+		if strings.HasPrefix(rel, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// RowBytes returns the block size of each tier directory that holds blocks.
+func (s *Store) RowBytes() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int64, len(s.rowBytes))
+	for k, v := range s.rowBytes {
+		out[k] = v
+	}
+	return out
+}
+
+// nowNano is the store clock in nanoseconds.
+func (s *Store) nowNano() int64 { return s.cfg.Now().UnixNano() }
+
+// removeFile unlinks a store file, tolerating one that is already gone.
+func (s *Store) removeFile(rel string) error {
+	if err := unix.Unlink(s.Path(rel)); err != nil && err != syscall.ENOENT {
+		return err
+	}
+	return nil
+}
