@@ -1,0 +1,185 @@
+// Package engineio replays the exact file I/O of vLLM's `fs` KV tier
+// (DESIGN §2) and its shared offload region, so tests and benchmarks drive a
+// mount — or a bare directory — the way the engine does.
+package engineio
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// PageSize is the alignment of the engine's buffers and row sizes.
+const PageSize = 4096
+
+// Region is a shared offload region: a /dev/shm file of rows × rowBytes with no
+// header, mapped read-write like the engine's SharedOffloadRegion.
+type Region struct {
+	// Path is the region file.
+	Path string
+	// Rows and RowBytes are its geometry.
+	Rows, RowBytes int
+	data           []byte
+}
+
+// CreateRegion creates (or truncates) and maps a region file.
+func CreateRegion(path string, rows, rowBytes int) (*Region, error) {
+	if rows <= 0 || rowBytes <= 0 || rowBytes%PageSize != 0 {
+		return nil, fmt.Errorf("region geometry %d rows × %d bytes: rows must be positive and row bytes a positive multiple of %d", rows, rowBytes, PageSize)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	size := int64(rows) * int64(rowBytes)
+	if err := f.Truncate(size); err != nil {
+		return nil, err
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	return &Region{Path: path, Rows: rows, RowBytes: rowBytes, data: data}, nil
+}
+
+// Row is the page-aligned slice of row i.
+func (r *Region) Row(i int) []byte {
+	return r.data[i*r.RowBytes : (i+1)*r.RowBytes]
+}
+
+// Close unmaps the region and removes its file.
+func (r *Region) Close() error {
+	err := unix.Munmap(r.data)
+	if rmErr := os.Remove(r.Path); err == nil && !errors.Is(rmErr, os.ErrNotExist) {
+		err = rmErr
+	}
+	return err
+}
+
+// Tier is the engine's view of an fs tier root directory.
+type Tier struct {
+	// Root is the tier root (root_dir in the engine's config).
+	Root string
+	// Direct is whether the O_DIRECT probe succeeded, so stores and loads use O_DIRECT.
+	Direct bool
+}
+
+// OpenTier probes O_DIRECT once in the root, as newer engine versions do:
+// one page written to `.o_direct_probe_<random>.tmp`, then unlinked.
+func OpenTier(root string) (*Tier, error) {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	t := &Tier{Root: root}
+	probe := filepath.Join(root, ".o_direct_probe_"+randomSuffix()+".tmp")
+	fd, err := unix.Open(probe, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+	if err == nil {
+		page := alignedPage()
+		n, werr := unix.Write(fd, page)
+		unix.Close(fd)
+		t.Direct = werr == nil && n == len(page)
+		if err := os.Remove(probe); err != nil {
+			return nil, fmt.Errorf("removing O_DIRECT probe: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// alignedPage returns a zeroed page-aligned page (an anonymous mapping).
+func alignedPage() []byte {
+	b, err := unix.Mmap(-1, 0, PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// randomSuffix is the engine's random 63-bit tmp suffix.
+func randomSuffix() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return strconv.FormatUint(binary.LittleEndian.Uint64(b[:])>>1, 10)
+}
+
+// BlockPath is `<root>/<tier>/<h[0:3]>/<h[3:5]>_g<group>/<h>.bin`.
+func (t *Tier) BlockPath(tierDir string, group int, hash string) string {
+	return filepath.Join(t.Root, tierDir, hash[:3], fmt.Sprintf("%s_g%d", hash[3:5], group), hash+".bin")
+}
+
+func (t *Tier) directFlag() int {
+	if t.Direct {
+		return unix.O_DIRECT
+	}
+	return 0
+}
+
+// Exists is the engine's lookup: faccessat(F_OK).
+func (t *Tier) Exists(path string) bool {
+	return unix.Faccessat(unix.AT_FDCWD, path, unix.F_OK, 0) == nil
+}
+
+// Store writes a row as the engine does: skip if present; makedirs; O_EXCL tmp;
+// ONE write of the whole row (a short count is an error, no retry); close;
+// rename over the destination; unlink the tmp on any error. No fsync.
+func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
+	if t.Exists(path) {
+		return false, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return false, err
+	}
+	tmp := path + "_" + randomSuffix() + ".tmp"
+	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC|t.directFlag(), 0o644)
+	if err != nil {
+		return false, fmt.Errorf("create %s: %w", tmp, err)
+	}
+	n, err := unix.Write(fd, row)
+	if err == nil && n != len(row) {
+		err = fmt.Errorf("short write: %d of %d bytes", n, len(row))
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return false, fmt.Errorf("store %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// ErrShortRead is a load that returned fewer bytes than a row.
+var ErrShortRead = errors.New("short read")
+
+// Load reads a block into a row as the engine does: open O_RDONLY|O_DIRECT,
+// ONE readv of exactly len(row) bytes, close. A short read or any error makes
+// the engine delete the file, and so does Load.
+func (t *Tier) Load(path string, row []byte) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|t.directFlag(), 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	n, err := unix.Readv(fd, [][]byte{row})
+	if err == nil && n != len(row) {
+		err = fmt.Errorf("%w: %d of %d bytes", ErrShortRead, n, len(row))
+	}
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		err = fmt.Errorf("close: %w", cerr)
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("load %s: %w", path, err)
+	}
+	return nil
+}
