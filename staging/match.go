@@ -1,0 +1,472 @@
+package staging
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// What Match follows.
+//
+// vLLM's OffloadingConnectorScheduler._lookup, with _maximal_prefix_lookup and
+// _sliding_window_lookup (vllm/distributed/kv_transfer/kv_connector/v1/
+// offloading/scheduler.py, in the versions with EAGLE draft groups and the SWA
+// store alignment filter), read for its rules and restated here in chunks,
+// with no GPU-computed prefix and every lookup answered by presence alone:
+//
+//   - The candidate hit starts at the number of complete chunks, N. The engine
+//     first lowers its token bound by one when any group is windowed (the last
+//     prompt token is recomputed); with chunks of two tokens or more (vLLM's
+//     are block_size × blocks_per_chunk) that bound still ends inside chunk N,
+//     so the chunks a lookup reads are the same. The engine then reports
+//     min(HitChunks × tokens per chunk, its bound) tokens, or none when that is
+//     under one chunk. A caller wanting a lower bound sends fewer keys.
+//   - Groups are looked up full attention first (by group index), then the
+//     windowed groups by window size, largest first (ties by group index).
+//   - Full attention (_maximal_prefix_lookup): the hit is the number of leading
+//     present chunks among the candidate's.
+//   - Sliding window (_sliding_window_lookup): scanning back from the
+//     candidate's end, the hit is the end of the last run of `tail` present
+//     chunks; a run that reaches chunk 0 counts even when shorter than the
+//     window (nothing precedes it); no run at all is a miss.
+//   - An unverified EAGLE group queries one chunk past the candidate (capped at
+//     N), needs a run of tail+1, then drops one chunk (num_hit_chunks -= 1) and
+//     is marked verified. The drop mirrors the GPU prefix cache
+//     (find_longest_cache_hit in vllm/v1/core/single_type_kv_cache_manager.py),
+//     which drops the last matched block under EAGLE so the draft model's
+//     input for it is recomputed. A verified EAGLE group is looked up like a plain
+//     sliding group. The verified marks are cleared whenever a non-EAGLE group
+//     shrinks the hit, so the drop is redone at the new candidate.
+//   - Any group with no hit, or a hit shrunk to zero, vetoes the whole lookup
+//     (return 0): groups are ANDed.
+//   - Each lookup can only lower the candidate. When one lowers it after a
+//     windowed group was already looked up in the same pass, all windowed
+//     groups are looked up again; passes repeat until none lowers it. Full
+//     attention needs no second look: a shorter prefix of a present prefix is
+//     present.
+//
+// One consequence kept on purpose: with two EAGLE groups, when the second one's
+// drop lowers the candidate, the first is re-checked as verified, i.e. with a
+// run of `tail`, not tail+1; Match answers what the engine would compute.
+// Not modelled: deferred (asynchronous) lookups and the in-flight-load check,
+// which are about timing, not presence; groups with different chunk sizes
+// (every group here has one key per chunk); and full-attention draft groups
+// (KindEagle is a windowed draft group).
+
+// GroupKind is the attention type of a KV cache group; it decides which chunks
+// a hit needs from that group.
+type GroupKind int
+
+const (
+	// KindFull is full attention: a hit of h chunks needs chunks 0 … h-1.
+	KindFull GroupKind = iota + 1
+	// KindSliding is a sliding window of Tail chunks: a hit of h chunks needs
+	// chunks max(0, h-Tail) … h-1.
+	KindSliding
+	// KindEagle is an EAGLE/MTP draft group with a sliding window of Tail
+	// chunks: unverified, it needs a run of Tail+1 chunks and drops the last.
+	KindEagle
+)
+
+var kindNames = map[GroupKind]string{KindFull: "full", KindSliding: "sliding", KindEagle: "eagle"}
+
+// String returns the wire name of the kind: "full", "sliding" or "eagle".
+func (k GroupKind) String() string {
+	if name, ok := kindNames[k]; ok {
+		return name
+	}
+	return "GroupKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// ParseGroupKind parses a wire name ("full", "sliding", "eagle") into a kind.
+func ParseGroupKind(name string) (GroupKind, error) {
+	for kind, kindName := range kindNames {
+		if name == kindName {
+			return kind, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown group kind %s (want full, sliding or eagle)", quoteShort(name))
+}
+
+// GroupSpec is one KV cache group of a match request.
+type GroupSpec struct {
+	// Group is the engine's KV cache group index: the N of the `_g<N>`
+	// directory its blocks live in.
+	Group int
+	// Kind is the group's attention type.
+	Kind GroupKind
+	// Tail is the sliding window in chunks (vLLM's
+	// sliding_window_size_in_chunks); 0 for full attention.
+	Tail int
+	// Acc is the alignment segment in chunks (vLLM's alignment_chunk_count)
+	// the engine's store filter works on, at least Tail; 0 for full
+	// attention. It decides what the engine stores (see Retained), not how a
+	// lookup reads, so Match only validates it.
+	Acc int
+	// Keys are the chunk hashes in lowercase hex, one per complete chunk of
+	// the prompt, in chunk order.
+	Keys []string
+}
+
+// MatchRequest asks for the engine's hit over one prompt.
+type MatchRequest struct {
+	// Tier is the engine's tier directory name under the mount root, e.g.
+	// "DeepSeek_abc123def456_r0"; BlockPath places the keys under it.
+	Tier string
+	// Groups are the KV cache groups, each with the keys of every chunk.
+	Groups []GroupSpec
+}
+
+// MatchResult is the answer to a MatchRequest.
+type MatchResult struct {
+	// HitChunks is the number of leading chunks the engine can load: the
+	// hit with every group ANDed, 0 when any group vetoes. In tokens the
+	// engine takes min(HitChunks × tokens per chunk, its token bound).
+	HitChunks int `json:"hit_chunks"`
+	// PerGroup[i] is the hit Groups[i] would allow on its own, which tells
+	// which group limits or vetoes HitChunks.
+	PerGroup []int `json:"per_group"`
+	// Probes is the number of distinct (group, chunk) presence checks made.
+	Probes int `json:"probes"`
+}
+
+// Request limits. Validate enforces them, DecodeMatchRequest checks the size
+// first. 64 MiB holds about a million 64-digit keys in JSON; a 242k-token
+// prefix in the field queried 12,434 keys.
+const (
+	// MaxRequestBytes bounds the JSON request: 64 MiB.
+	MaxRequestBytes = 64 << 20
+	// MaxRequestKeys bounds the keys of a request, summed over its groups.
+	MaxRequestKeys = 1 << 20
+)
+
+// Key and tier name bounds. Keys must have the 5 digits BlockPath splits off;
+// vLLM's hashes have 32 or 64. A tier is one directory name (NAME_MAX).
+const (
+	minKeyDigits = 5
+	maxKeyDigits = 128
+	maxTierBytes = 255
+)
+
+// RequestError reports an invalid match request. Field is the offending
+// field as a JSON path, such as "groups[1].tail" or "groups[0].keys[7]".
+type RequestError struct {
+	Field  string
+	Reason string
+}
+
+// Error returns "match request: <field>: <reason>".
+func (e *RequestError) Error() string {
+	return "match request: " + e.Field + ": " + e.Reason
+}
+
+// ErrRequestTooLarge is wrapped by the error for a request beyond
+// MaxRequestBytes or MaxRequestKeys.
+var ErrRequestTooLarge = errors.New("match request too large")
+
+// Validate checks a request: a tier that is one directory name; at least one
+// group; unique non-negative group ids; a known kind; tail and acc 0 for full
+// attention, and 0 < tail <= acc for sliding and EAGLE groups; the same
+// number of keys in every group; every key lowercase hex of 5 to 128 digits;
+// at most MaxRequestKeys keys in all.
+func (r MatchRequest) Validate() error {
+	if err := validateTier(r.Tier); err != nil {
+		return err
+	}
+	if len(r.Groups) == 0 {
+		return &RequestError{"groups", "no groups"}
+	}
+	totalKeys := 0
+	for _, g := range r.Groups {
+		totalKeys += len(g.Keys)
+	}
+	if totalKeys > MaxRequestKeys {
+		return fmt.Errorf("%w: %d keys (limit %d)", ErrRequestTooLarge, totalKeys, MaxRequestKeys)
+	}
+	indexOfGroup := make(map[int]int, len(r.Groups))
+	for i, g := range r.Groups {
+		field := "groups[" + strconv.Itoa(i) + "]"
+		if g.Group < 0 {
+			return &RequestError{field + ".group", fmt.Sprintf("negative group id %d", g.Group)}
+		}
+		if first, dup := indexOfGroup[g.Group]; dup {
+			return &RequestError{field + ".group", fmt.Sprintf("duplicate group id %d (also groups[%d])", g.Group, first)}
+		}
+		indexOfGroup[g.Group] = i
+		if err := validateWindow(field, g); err != nil {
+			return err
+		}
+		if len(g.Keys) != len(r.Groups[0].Keys) {
+			return &RequestError{field + ".keys", fmt.Sprintf("%d keys, but groups[0] has %d", len(g.Keys), len(r.Groups[0].Keys))}
+		}
+		for j, key := range g.Keys {
+			if reason := checkKey(key); reason != "" {
+				return &RequestError{field + ".keys[" + strconv.Itoa(j) + "]", reason}
+			}
+		}
+	}
+	return nil
+}
+
+func validateTier(tier string) error {
+	switch {
+	case tier == "":
+		return &RequestError{"tier", "empty"}
+	case len(tier) > maxTierBytes:
+		return &RequestError{"tier", fmt.Sprintf("%d bytes, longer than a directory name can be (%d)", len(tier), maxTierBytes)}
+	case tier == "." || tier == ".." || strings.ContainsAny(tier, "/\x00"):
+		return &RequestError{"tier", fmt.Sprintf("%s is not a single directory name", quoteShort(tier))}
+	}
+	return nil
+}
+
+func validateWindow(field string, g GroupSpec) error {
+	switch g.Kind {
+	case KindFull:
+		if g.Tail != 0 {
+			return &RequestError{field + ".tail", fmt.Sprintf("must be 0 for a full group, got %d", g.Tail)}
+		}
+		if g.Acc != 0 {
+			return &RequestError{field + ".acc", fmt.Sprintf("must be 0 for a full group, got %d", g.Acc)}
+		}
+	case KindSliding, KindEagle:
+		if g.Tail <= 0 {
+			return &RequestError{field + ".tail", fmt.Sprintf("must be > 0 for a %s group, got %d", g.Kind, g.Tail)}
+		}
+		if g.Acc < g.Tail {
+			return &RequestError{field + ".acc", fmt.Sprintf("%d is less than tail %d", g.Acc, g.Tail)}
+		}
+	default:
+		return &RequestError{field + ".kind", fmt.Sprintf("unknown kind %s (want full, sliding or eagle)", g.Kind)}
+	}
+	return nil
+}
+
+// checkKey returns why key is not a chunk key, or "" when it is one.
+func checkKey(key string) string {
+	if len(key) < minKeyDigits || len(key) > maxKeyDigits {
+		return fmt.Sprintf("%s has %d digits, want %d to %d", quoteShort(key), len(key), minKeyDigits, maxKeyDigits)
+	}
+	for i := 0; i < len(key); i++ {
+		if !isLowerHex[key[i]] {
+			return fmt.Sprintf("%s is not lowercase hex", quoteShort(key))
+		}
+	}
+	return ""
+}
+
+// isLowerHex[c] reports whether byte c is a lowercase hex digit.
+var isLowerHex = func() (table [256]bool) {
+	for _, c := range "0123456789abcdef" {
+		table[c] = true
+	}
+	return table
+}()
+
+// quoteShort quotes s for an error message, cut to a readable length.
+func quoteShort(s string) string {
+	const limit = 80
+	if len(s) > limit {
+		return strconv.Quote(s[:limit]) + "…"
+	}
+	return strconv.Quote(s)
+}
+
+// BlockPath returns the path of a chunk's block file relative to the tier
+// root, as vLLM's fs tier lays it out: <tier>/<h[0:3]>/<h[3:5]>_g<group>/<h>.bin
+// (DESIGN §2). key must be a valid chunk key (see Validate).
+func BlockPath(tier string, group int, key string) string {
+	return tier + "/" + key[:3] + "/" + key[3:5] + "_g" + strconv.Itoa(group) + "/" + key + ".bin"
+}
+
+// Match computes the engine's hit for req under vLLM's lookup rules (see the
+// comment at the top of this file) with one call per needed (group, chunk)
+// to present, which reports whether the group's block for key is stored.
+// Match stages and pins nothing; it only calls present, from the calling
+// goroutine, and never twice for the same group and chunk. It returns a
+// *RequestError or an ErrRequestTooLarge error for an invalid request.
+func Match(req MatchRequest, present func(group int, key string) bool) (MatchResult, error) {
+	if err := req.Validate(); err != nil {
+		return MatchResult{}, err
+	}
+	m := newMatcher(req.Groups, present)
+	result := MatchResult{HitChunks: m.combinedHit(), PerGroup: make([]int, len(req.Groups))}
+	for g := range req.Groups {
+		result.PerGroup[g] = m.aloneHit(g)
+	}
+	result.Probes = m.probes
+	return result, nil
+}
+
+type chunkState uint8
+
+const (
+	unprobed chunkState = iota
+	stored
+	absent
+)
+
+// matcher memoises present per (group, chunk); groups are indexed as in the
+// request.
+type matcher struct {
+	groups  []GroupSpec
+	chunks  int
+	present func(group int, key string) bool
+	state   [][]chunkState
+	probes  int
+}
+
+func newMatcher(groups []GroupSpec, present func(group int, key string) bool) *matcher {
+	m := &matcher{groups: groups, chunks: len(groups[0].Keys), present: present, state: make([][]chunkState, len(groups))}
+	for g := range groups {
+		m.state[g] = make([]chunkState, m.chunks)
+	}
+	return m
+}
+
+func (m *matcher) has(g, chunk int) bool {
+	if state := m.state[g][chunk]; state != unprobed {
+		return state == stored
+	}
+	m.probes++
+	if m.present(m.groups[g].Group, m.groups[g].Keys[chunk]) {
+		m.state[g][chunk] = stored
+		return true
+	}
+	m.state[g][chunk] = absent
+	return false
+}
+
+// leadingRun returns how many of the chunks [0, limit) are present before the
+// first absent one.
+func (m *matcher) leadingRun(g, limit int) int {
+	n := 0
+	for n < limit && m.has(g, n) {
+		n++
+	}
+	return n
+}
+
+// lastRunEnd returns the largest end <= limit such that the chunks
+// [max(0, end-window), end) are all present, or 0 when there is none: the
+// answer of vLLM's backward scan, whose run touching chunk 0 counts even when
+// shorter than the window. Rather than probing every chunk from the end, it
+// checks each candidate window from its oldest chunk forward; an absent chunk
+// rules out every window containing it, so the next candidate ends there, and
+// the present chunks just checked are the newest of that next window. It thus
+// probes a subset of what the engine's scan probes, and an absent chunk can
+// skip a whole window.
+func (m *matcher) lastRunEnd(g, limit, window int) int {
+	end := limit
+	knownFrom := end // chunks [knownFrom, end) are known present
+	for end > 0 {
+		start := max(0, end-window)
+		gap := -1
+		for c := start; c < knownFrom; c++ {
+			if !m.has(g, c) {
+				gap = c
+				break
+			}
+		}
+		if gap < 0 {
+			return end
+		}
+		end, knownFrom = gap, start
+	}
+	return 0
+}
+
+// lookup returns the hit group g allows with the candidate hit h (1 <= h <=
+// N), never more than h; 0 is a veto. An unverified EAGLE group queries one
+// chunk past h, needs tail+1 chunks and drops one.
+func (m *matcher) lookup(g, h int, unverifiedEagle bool) int {
+	spec := m.groups[g]
+	switch {
+	case spec.Kind == KindFull:
+		return m.leadingRun(g, h)
+	case unverifiedEagle:
+		end := m.lastRunEnd(g, min(h+1, m.chunks), spec.Tail+1)
+		if end == 0 {
+			return 0
+		}
+		return end - 1
+	default:
+		return m.lastRunEnd(g, h, spec.Tail)
+	}
+}
+
+// aloneHit is the hit group g allows when it is the only group.
+func (m *matcher) aloneHit(g int) int {
+	if m.chunks == 0 {
+		return 0
+	}
+	return m.lookup(g, m.chunks, m.groups[g].Kind == KindEagle)
+}
+
+// combinedHit runs the engine's lookup loop over all groups.
+func (m *matcher) combinedHit() int {
+	if m.chunks == 0 {
+		return 0
+	}
+	order := lookupOrder(m.groups)
+	numFull := 0
+	for _, g := range m.groups {
+		if g.Kind == KindFull {
+			numFull++
+		}
+	}
+	windowed := order[numFull:]
+	h := m.chunks
+	previous := 0 // the hit after the previous lookup, 0 before the first
+	verified := make([]bool, len(m.groups))
+	for pass := order; len(pass) > 0; {
+		var next []int
+		windowedLookedUp := false
+		for _, g := range pass {
+			kind := m.groups[g].Kind
+			unverifiedEagle := kind == KindEagle && !verified[g]
+			h = m.lookup(g, h, unverifiedEagle)
+			if h == 0 {
+				return 0
+			}
+			if unverifiedEagle {
+				verified[g] = true
+			}
+			if h < previous {
+				if kind != KindEagle {
+					clear(verified)
+				}
+				if windowedLookedUp && next == nil {
+					next = windowed
+				}
+			}
+			windowedLookedUp = windowedLookedUp || kind != KindFull
+			previous = h
+		}
+		pass = next
+	}
+	return h
+}
+
+// lookupOrder returns the group indices in the engine's lookup order: full
+// attention by group id, then windowed groups by tail descending, then id.
+func lookupOrder(groups []GroupSpec) []int {
+	order := make([]int, len(groups))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		ga, gb := groups[a], groups[b]
+		if fullA, fullB := ga.Kind == KindFull, gb.Kind == KindFull; fullA != fullB {
+			if fullA {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(gb.Tail, ga.Tail), cmp.Compare(ga.Group, gb.Group))
+	})
+	return order
+}
