@@ -33,9 +33,11 @@ const StatsFile = "stats.json"
 
 // Default kernel cache lifetimes: lookups of present and absent blocks are
 // answered by the kernel within these windows; the daemon invalidates entries
-// it removes itself.
+// it removes itself. The entry of a block tmp file is never cached, so the
+// block it becomes at rename is looked up through the daemon at least once:
+// the daemon sees every key the engine is told is present (lookup protection).
 const (
-	DefaultEntryTimeout    = 5 * time.Second
+	DefaultEntryTimeout    = time.Second
 	DefaultNegativeTimeout = 5 * time.Second
 )
 
@@ -65,9 +67,12 @@ type FS struct {
 	logger     *slog.Logger
 	metrics    *metrics
 	mountpoint string
-	root       *node
-	server     *fuse.Server
-	control    *fs.Inode
+	// entryTimeout is how long the kernel caches entries the daemon hands out;
+	// each node operation sets it explicitly (zero for block tmp files).
+	entryTimeout time.Duration
+	root         *node
+	server       *fuse.Server
+	control      *fs.Inode
 }
 
 // Mount mounts the store at mountpoint and starts serving it.
@@ -81,7 +86,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.NegativeTimeout == 0 {
 		opts.NegativeTimeout = DefaultNegativeTimeout
 	}
-	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint}
+	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint, entryTimeout: opts.EntryTimeout}
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err
@@ -96,16 +101,18 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 
 	entry, negative := opts.EntryTimeout, opts.NegativeTimeout
 	fsOpts := &fs.Options{
-		EntryTimeout:    &entry,
 		AttrTimeout:     &entry,
 		NegativeTimeout: &negative,
 		OnAdd:           f.addControl,
 		MountOptions: fuse.MountOptions{
-			FsName:        "kvtierfs:" + opts.Store.Root(),
-			Name:          "kvtierfs",
-			DirectMount:   os.Geteuid() == 0,
-			AllowOther:    os.Geteuid() == 0,
-			MaxWrite:      maxRequestBytes,
+			FsName:      "kvtierfs:" + opts.Store.Root(),
+			Name:        "kvtierfs",
+			DirectMount: os.Geteuid() == 0,
+			AllowOther:  os.Geteuid() == 0,
+			MaxWrite:    maxRequestBytes,
+			// The kernel checks permissions from cached attributes instead of
+			// sending an ACCESS request for every faccessat lookup.
+			Options:       []string{"default_permissions"},
 			DisableSplice: true,
 			Debug:         opts.Debug,
 			Logger:        log.New(&slogWriter{opts.Logger}, "", 0),

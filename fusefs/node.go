@@ -58,15 +58,29 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return n.fsys.control, 0
 	}
 	rel := n.rel(name)
-	if kind, _ := disk.Classify(rel); kind == disk.Block {
+	switch kind, _ := disk.Classify(rel); kind {
+	case disk.Block:
 		start := time.Now()
 		present := n.fsys.store.Lookup(rel, callerThread(ctx))
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
 		if !present {
 			return nil, syscall.ENOENT
 		}
+	case disk.BlockTmp:
+		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
-	return n.LoopbackNode.Lookup(ctx, name, out)
+	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+}
+
+// cached sets the kernel's entry timeout on a successful entry reply:
+// `return n.cached(out)(n.LoopbackNode.Mkdir(…, out))`.
+func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
+	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
+		if errno == 0 {
+			out.SetEntryTimeout(n.fsys.entryTimeout)
+		}
+		return child, errno
+	}
 }
 
 // refuseName rejects names that the layout reserves: the control directory and
@@ -96,7 +110,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	rel := n.rel(name)
 	if kind, _ := disk.Classify(rel); kind != disk.BlockTmp {
-		return n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
+		child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
+		if errno == 0 {
+			out.SetEntryTimeout(n.fsys.entryTimeout)
+		}
+		return child, fh, fuseFlags, errno
 	}
 	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
 	if err != nil {
@@ -194,7 +212,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.isRoot() && name == ControlDir {
 		return nil, syscall.EEXIST
 	}
-	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	return n.cached(out)(n.LoopbackNode.Mkdir(ctx, name, mode, out))
 }
 
 var _ = (fs.NodeMknoder)((*node)(nil))
@@ -204,7 +222,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	return n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out))
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))
@@ -214,7 +232,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Symlink(ctx, target, name, out)
+	return n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out))
 }
 
 var _ = (fs.NodeLinker)((*node)(nil))
@@ -224,7 +242,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Link(ctx, target, name, out)
+	return n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out))
 }
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.

@@ -90,7 +90,8 @@ func runMount(args []string) error {
 	if err := prepareMountpoint(c.mountpoint); err != nil {
 		return err
 	}
-	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect, Logger: logger})
+	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
+		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger})
 	if err != nil {
 		return err
 	}

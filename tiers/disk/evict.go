@@ -3,7 +3,7 @@ package disk
 // protectedLocked reports whether a block must not be evicted now: a load is
 // in flight, or it answered a lookup within the protection window.
 func (s *Store) protectedLocked(b *block, now int64) bool {
-	return b.readers > 0 || now-b.lastLookup < int64(s.cfg.LookupProtect)
+	return b.readers > 0 || now-b.lastLookup < int64(s.cfg.LookupProtect+s.cfg.LookupCacheTTL)
 }
 
 // pickVictimLocked chooses the block to evict: the least recently used

@@ -47,6 +47,9 @@ type Config struct {
 	Capacity int64
 	// LookupProtect keeps blocks that answered a lookup from eviction for this long; 0 means the default.
 	LookupProtect time.Duration
+	// LookupCacheTTL is how long the kernel may keep answering a lookup from its
+	// cache after the store answered it; protection is extended by as much.
+	LookupCacheTTL time.Duration
 	// Logger receives warnings (corruption, eviction, rejected input); nil discards them.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -80,8 +83,11 @@ type lookupStream struct {
 	lastAt int64
 }
 
-// tmpFile is a staging file being written through the store.
+// tmpFile is a staging file being written through the store. Its mutex guards
+// size, crc, sealed and the Writer's file; open and orphaned are guarded by Store.mu.
 type tmpFile struct {
+	mu         sync.Mutex
+	sealed     bool
 	size       int64
 	crc        uint32
 	sequential bool

@@ -4,7 +4,6 @@ import (
 	"hash/crc32"
 	"os"
 	"path"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -12,12 +11,13 @@ import (
 
 // Writer writes one block tmp file. The engine writes a row with one write()
 // that the kernel splits into sequential requests; anything else is refused.
+// The tmp file's mutex serialises writes against each other and against
+// Publish, which seals the tmp: the kernel releases a closed descriptor
+// asynchronously, so the rename may arrive before the release.
 type Writer struct {
-	s   *Store
-	rel string
-	tmp *tmpFile
-
-	mu   sync.Mutex
+	s    *Store
+	rel  string
+	tmp  *tmpFile
 	file *os.File
 }
 
@@ -58,10 +58,13 @@ func (w *Writer) File() *os.File { return w.file }
 
 // WriteAt appends p at off, which must be the current end of the file.
 func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
 	if w.file == nil {
 		return 0, newError("write", w.rel, syscall.EBADF, "tmp file is closed")
+	}
+	if w.tmp.sealed {
+		return 0, newError("write", w.rel, syscall.EBADF, "tmp file was already renamed to its block, which is immutable")
 	}
 	if off != w.tmp.size {
 		w.s.counters.RejectedWrites.Add(1)
@@ -89,8 +92,8 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 
 // Close closes the tmp file; the tmp stays ready for Publish or RemoveTmp.
 func (w *Writer) Close() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
 	if w.file == nil {
 		return nil
 	}
@@ -160,8 +163,10 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if !ok {
 		return newError("rename", tmpRel, syscall.EINVAL, "not a tmp file written through this mount")
 	}
-	if t.open {
-		return newError("rename", tmpRel, syscall.EBUSY, "tmp file is still open for writing")
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sealed {
+		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was already published")
 	}
 	if t.size == 0 || t.size%PageSize != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
@@ -197,6 +202,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if err := unix.Rename(s.Path(tmpRel), s.Path(destRel)); err != nil {
 		return err
 	}
+	t.sealed = true
 	delete(s.tmps, tmpRel)
 	s.used -= t.size
 	if old := s.blocks[destRel]; old != nil {
@@ -260,8 +266,8 @@ func (s *Store) Remove(rel string) error {
 
 // Sync flushes the tmp file to stable storage.
 func (w *Writer) Sync() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
 	if w.file == nil {
 		return nil
 	}
