@@ -1,0 +1,22 @@
+// Package rowsync keeps the engine's shm rows identical across the nodes of a
+// tensor-parallel group when the disk tier promotes a block into one node's
+// region (DESIGN.md §3, failure 2). It is the FUSE-free core of sync/: the
+// filesystem calls it at a few points and maps its errors.
+//
+// The filesystem's call sequence, with n from Start:
+//
+//	lookup of a block:   answer "absent" unless n.ServeLoads()
+//	FLUSH of a store:    n.StoreDone(ctx, region, key, block); log an error, never fail the close
+//	FLUSH of a load:     if n.LoadDone(ctx, region, block) != nil, fail the close with EIO
+//	stat and metrics:    n.Snapshot()
+//
+// LoadDone finds the row of the local region that now holds the block
+// (Region.Identify), sends its non-zero pages to every peer's Server, which
+// writes them into the same row of its own region, and returns nil only when
+// every peer acknowledged the CRC32C of the whole row. Mirroring happens only
+// while the replication Gate allows it, since copying a row is right only
+// when KV is replicated across ranks (MLA).
+//
+// Peers authenticate each other with a shared secret (see auth.go) and speak
+// length-prefixed binary frames (see wire.go).
+package rowsync

@@ -1,0 +1,196 @@
+package rowsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"maps"
+	"net"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// Config configures a Node from the mount flags.
+type Config struct {
+	Listen     string                           // --listen; empty: accept no rows
+	Peers      []string                         // --peer, repeated; empty: mirror nothing
+	Secret     []byte                           // --secret-file, see ReadSecretFile
+	Replicated Mode                             // --replicated-kv
+	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
+	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen)
+	Logf       func(format string, args ...any) // nil: log.Printf
+}
+
+// Errors of Node.LoadDone besides a Mirror's.
+var (
+	ErrNotReplicated = errors.New("rowsync: mirroring is not allowed")
+	ErrRowNotFound   = errors.New("rowsync: no row of the region holds the loaded block")
+	ErrRowAmbiguous  = errors.New("rowsync: several rows of the region hold the loaded block")
+)
+
+// StateInbound is the state of a PeerStats entry for an address that sent
+// rows but is not a configured peer.
+const StateInbound = "inbound"
+
+// Node is one node's sync layer as the filesystem uses it: a Server for rows
+// from peers, a Mirror to peers, the replication Gate and the counters. A Node
+// started without Listen and Peers is a no-op.
+type Node struct {
+	gate   *Gate
+	mirror *Mirror // nil without peers
+	server *Server // nil without Listen
+
+	rowsIdentified, rowsUnidentified, rowsMirrored atomic.Uint64
+}
+
+// Snapshot is the sync section of stat and metrics.
+type Snapshot struct {
+	Peers            []PeerStats  `json:"peers"`
+	Replication      GateSnapshot `json:"replication"`
+	RowsIdentified   uint64       `json:"rows_identified"`
+	RowsUnidentified uint64       `json:"rows_unidentified"`
+	RowsMirrored     uint64       `json:"rows_mirrored"`
+	AuthFailures     uint64       `json:"auth_failures"`
+}
+
+// Start starts the Server (with Listen) and the Mirror (with Peers).
+func Start(cfg Config) (*Node, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
+	if cfg.Listen != "" {
+		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
+		if err != nil {
+			return nil, err
+		}
+		n.server = s
+	}
+	if len(cfg.Peers) > 0 {
+		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Deadline: cfg.Deadline, Logf: cfg.Logf})
+		if err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.mirror = m
+	}
+	return n, nil
+}
+
+// Close stops the Server and the Mirror.
+func (n *Node) Close() error {
+	var errs []error
+	if n.mirror != nil {
+		errs = append(errs, n.mirror.Close())
+	}
+	if n.server != nil {
+		errs = append(errs, n.server.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Enabled reports whether the node has peers or listens.
+func (n *Node) Enabled() bool { return n.mirror != nil || n.server != nil }
+
+// Addr returns the Server's address, or nil without Listen.
+func (n *Node) Addr() net.Addr {
+	if n.server == nil {
+		return nil
+	}
+	return n.server.Addr()
+}
+
+// Gate returns the replication gate.
+func (n *Node) Gate() *Gate { return n.gate }
+
+// ServeLoads reports whether a block lookup may answer "present". Without
+// peers it always may; with peers only while mirroring is allowed and every
+// peer is up, since a load now could not reach the other ranks.
+func (n *Node) ServeLoads() bool {
+	return n.mirror == nil || (n.gate.Allowed() && n.mirror.Healthy())
+}
+
+// LoadDone is called at the FLUSH of a descriptor that read block (the whole
+// file, one row of RowBytes) into region, before the close returns. It finds
+// the row holding block and mirrors it to every peer; a non-nil error means
+// the peers may hold stale bytes and the close must fail (EIO). Without
+// peers it does nothing.
+func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error {
+	if n.mirror == nil {
+		return nil
+	}
+	if !n.gate.Allowed() {
+		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
+	}
+	row, matches := region.identify(block)
+	switch {
+	case matches == 0:
+		n.rowsUnidentified.Add(1)
+		return ErrRowNotFound
+	case matches > 1:
+		n.rowsUnidentified.Add(1)
+		return ErrRowAmbiguous
+	}
+	n.rowsIdentified.Add(1)
+	if err := n.mirror.MirrorRow(ctx, region, row, block); err != nil {
+		return err
+	}
+	n.rowsMirrored.Add(1)
+	return nil
+}
+
+// StoreDone is called when the engine has written block key (a whole row of
+// region) to the store, before that write's close returns, so that the source
+// row is still pinned on every node. For the stores the gate samples, it
+// finds the row and compares its checksum with every peer's same row. Errors
+// only mean that no sample was taken; the store itself is unaffected and the
+// close must not fail because of them.
+func (n *Node) StoreDone(ctx context.Context, region *Region, key string, block []byte) error {
+	if n.mirror == nil || !n.gate.WantSample() {
+		return nil
+	}
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("rowsync: key of %d bytes, limit %d", len(key), MaxKeyBytes)
+	}
+	row, matches := region.identify(block)
+	if matches != 1 {
+		return fmt.Errorf("rowsync: sample %q: %d rows hold the stored block", key, matches)
+	}
+	return n.mirror.SampleStore(ctx, n.gate, region, row, key, Checksum(block))
+}
+
+// Snapshot returns the state for stat: one entry per configured peer, plus one
+// per other address that sent rows.
+func (n *Node) Snapshot() Snapshot {
+	s := Snapshot{
+		Peers:            []PeerStats{},
+		Replication:      n.gate.Snapshot(),
+		RowsIdentified:   n.rowsIdentified.Load(),
+		RowsUnidentified: n.rowsUnidentified.Load(),
+		RowsMirrored:     n.rowsMirrored.Load(),
+	}
+	received := map[string]uint64{}
+	if n.server != nil {
+		s.AuthFailures = n.server.AuthFailures()
+		received = n.server.received()
+	}
+	if n.mirror != nil {
+		for _, p := range n.mirror.peers {
+			ps := p.snapshot()
+			p.mu.Lock()
+			ip := p.remoteIP
+			p.mu.Unlock()
+			if rows, ok := received[ip]; ok {
+				ps.RowsReceived = rows
+				delete(received, ip)
+			}
+			s.Peers = append(s.Peers, ps)
+		}
+	}
+	for _, ip := range slices.Sorted(maps.Keys(received)) {
+		s.Peers = append(s.Peers, PeerStats{Addr: ip, State: StateInbound, RowsReceived: received[ip]})
+	}
+	return s
+}

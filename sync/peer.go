@@ -1,0 +1,476 @@
+package rowsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultDeadline is how long a peer may take to acknowledge a row when
+// MirrorConfig.Deadline is zero.
+const DefaultDeadline = 2 * time.Second
+
+// Reconnection backoff: it doubles from minBackoff up to maxBackoff after
+// each failed attempt, and restarts from minBackoff after a connection that
+// stayed up for maxBackoff or longer.
+const (
+	minBackoff = 20 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+// Peer states as stat shows them.
+const (
+	StateConnecting = "connecting" // not connected yet since start
+	StateUp         = "up"         // authenticated connection, no failure since
+	StateDown       = "down"       // the last connection or attempt failed; retrying
+)
+
+// ErrPeerDown is wrapped by the errors of requests to a peer that has no
+// authenticated connection right now.
+var ErrPeerDown = errors.New("rowsync: peer down")
+
+// MirrorConfig configures a Mirror.
+type MirrorConfig struct {
+	Peers    []string                         // host:port of every peer's Server
+	Secret   []byte                           // shared secret, at least MinSecretBytes
+	Deadline time.Duration                    // per row and peer; 0: DefaultDeadline
+	Logf     func(format string, args ...any) // nil: log.Printf
+}
+
+// Mirror is the sending side: it keeps one authenticated connection to each
+// peer, reconnecting with backoff, and copies rows to all of them.
+type Mirror struct {
+	session  uint64 // see Hello
+	peers    []*peer
+	deadline time.Duration
+	cancel   context.CancelFunc // stops the connection loops
+	wg       sync.WaitGroup     // the peers' connection loops
+}
+
+// PeerStats describes one peer for stat. RowsSent and Bytes count rows (and
+// their non-zero bytes) written to the peer, Verified the rows it
+// acknowledged with the right CRC32C; RowsReceived counts rows this node's
+// Server received from the peer's address (Node fills it in).
+type PeerStats struct {
+	Addr         string `json:"addr"`
+	State        string `json:"state"`
+	RowsSent     uint64 `json:"rows_sent"`
+	RowsReceived uint64 `json:"rows_received"`
+	Bytes        uint64 `json:"bytes"`
+	LastError    string `json:"last_error"`
+	Verified     uint64 `json:"verified"`
+}
+
+// NewMirror starts connecting to every peer in the background.
+func NewMirror(cfg MirrorConfig) (*Mirror, error) {
+	if err := checkSecret(cfg.Secret); err != nil {
+		return nil, err
+	}
+	if cfg.Deadline <= 0 {
+		cfg.Deadline = DefaultDeadline
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Mirror{session: rand.Uint64(), deadline: cfg.Deadline, cancel: cancel}
+	for _, addr := range cfg.Peers {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			cancel()
+			return nil, fmt.Errorf("rowsync: peer %q: %w", addr, err)
+		}
+		p := &peer{addr: addr, secret: cfg.Secret, session: m.session, logf: cfg.Logf, state: StateConnecting}
+		m.peers = append(m.peers, p)
+		m.wg.Go(func() { p.run(ctx) })
+	}
+	return m, nil
+}
+
+// Close drops every connection and stops reconnecting.
+func (m *Mirror) Close() error {
+	m.cancel()
+	for _, p := range m.peers {
+		p.closeLink()
+	}
+	m.wg.Wait()
+	return nil
+}
+
+// Healthy reports whether every peer is up. While it is false, a node must
+// answer lookups "absent": a load now could not be mirrored.
+func (m *Mirror) Healthy() bool {
+	for _, p := range m.peers {
+		if p.snapshot().State != StateUp {
+			return false
+		}
+	}
+	return true
+}
+
+// Stats returns one entry per peer, in configuration order.
+func (m *Mirror) Stats() []PeerStats {
+	stats := make([]PeerStats, len(m.peers))
+	for i, p := range m.peers {
+		stats[i] = p.snapshot()
+	}
+	return stats
+}
+
+// MirrorRow makes row of every peer's region hold data, which is row of
+// region here. It sends the non-zero pages to all peers in parallel and
+// returns nil only when each acknowledged, within the deadline, a CRC32C of
+// its row equal to that of data. Otherwise the error names every failed peer,
+// and each of them is marked down and reconnected.
+func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []byte) error {
+	if row < 0 || row >= region.Rows() || len(data) != region.RowBytes() {
+		return fmt.Errorf("rowsync: mirror row %d of %d bytes into a region of %d rows of %d bytes", row, len(data), region.Rows(), region.RowBytes())
+	}
+	extents, crc := scanRow(data)
+	var payload uint64
+	for _, e := range extents {
+		payload += uint64(len(e.Data))
+	}
+	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
+	return m.each(func(p *peer) error { return p.writeRow(ctx, m.deadline, msg, crc, payload) })
+}
+
+// SampleStore asks every peer for the CRC32C of its row holding the block key
+// just stored from row of region here, whose CRC32C is crc, and notes each
+// answer in g. Errors only mean that some samples were not taken.
+func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row int, key string, crc uint32) error {
+	if row < 0 || row >= region.Rows() {
+		return fmt.Errorf("rowsync: sample row %d of a %d-row region", row, region.Rows())
+	}
+	msg := StoreSample{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(region.RowBytes()), CRC: crc, Key: key}
+	return m.each(func(p *peer) error {
+		theirs, err := p.sample(ctx, m.deadline, msg)
+		if err == nil {
+			g.NoteSample(key, crc, theirs, p.addr)
+		}
+		return err
+	})
+}
+
+// each runs f for every peer in parallel and joins the errors.
+func (m *Mirror) each(f func(*peer) error) error {
+	errs := make([]error, len(m.peers))
+	var wg sync.WaitGroup
+	for i, p := range m.peers {
+		wg.Go(func() { errs[i] = f(p) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// peer is one remote Server and the connection to it.
+type peer struct {
+	addr    string
+	secret  []byte
+	session uint64
+	logf    func(format string, args ...any)
+
+	rowsSent, bytesSent, verified atomic.Uint64
+
+	mu       sync.Mutex // guards the fields below; taken before link.mu
+	link     *link      // nil while not connected
+	state    string
+	lastErr  string
+	remoteIP string // IP of the last successful connection
+}
+
+// snapshot returns the peer's stats (RowsReceived left zero). A link that
+// failed is reported down at once, before run has noticed.
+func (p *peer) snapshot() PeerStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := PeerStats{
+		Addr:      p.addr,
+		State:     p.state,
+		RowsSent:  p.rowsSent.Load(),
+		Bytes:     p.bytesSent.Load(),
+		LastError: p.lastErr,
+		Verified:  p.verified.Load(),
+	}
+	if p.link != nil {
+		if err := p.link.failure(); err != nil {
+			s.State, s.LastError = StateDown, err.Error()
+		}
+	}
+	return s
+}
+
+// run connects, serves the connection until it fails, and repeats with
+// backoff until ctx is canceled.
+func (p *peer) run(ctx context.Context) {
+	backoff := minBackoff
+	for {
+		l, err := p.connect(ctx)
+		if err == nil {
+			up := time.Now()
+			p.setLink(ctx, l)
+			l.fail(l.readAcks())
+			p.dropLink(l)
+			if time.Since(up) >= maxBackoff {
+				backoff = minBackoff
+			}
+		} else if ctx.Err() == nil {
+			p.setDown(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// connect dials and authenticates; canceling ctx aborts it.
+func (p *peer) connect(ctx context.Context) (*link, error) {
+	d := net.Dialer{Timeout: handshakeTimeout}
+	conn, err := d.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	err = clientHandshake(conn, p.secret, p.session)
+	if !stop() {
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &link{conn: conn, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
+}
+
+// setLink makes l the peer's connection, unless the Mirror closed meanwhile.
+func (p *peer) setLink(ctx context.Context, l *link) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ctx.Err() != nil {
+		l.fail(ctx.Err())
+		return
+	}
+	p.link, p.state, p.lastErr = l, StateUp, ""
+	if a, ok := l.conn.RemoteAddr().(*net.TCPAddr); ok {
+		p.remoteIP = a.IP.String()
+	}
+	p.logf("rowsync: peer %s up", p.addr)
+}
+
+// dropLink forgets the failed link l.
+func (p *peer) dropLink(l *link) {
+	p.mu.Lock()
+	if p.link == l {
+		p.link = nil
+	}
+	p.mu.Unlock()
+	p.setDown(l.failure())
+}
+
+// setDown records a failure, logging it when it is news.
+func (p *peer) setDown(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	msg := err.Error()
+	if p.state != StateDown || p.lastErr != msg {
+		p.logf("rowsync: peer %s down: %s", p.addr, msg)
+	}
+	p.state, p.lastErr = StateDown, msg
+}
+
+// closeLink fails the current link, for Mirror.Close.
+func (p *peer) closeLink() {
+	p.mu.Lock()
+	l := p.link
+	p.mu.Unlock()
+	if l != nil {
+		l.fail(errors.New("mirror closed"))
+	}
+}
+
+// current returns the connection, or an ErrPeerDown error.
+func (p *peer) current() (*link, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.link == nil {
+		return nil, p.errorf("%w (%s)", ErrPeerDown, p.lastErr)
+	}
+	return p.link, nil
+}
+
+func (p *peer) errorf(format string, args ...any) error {
+	return fmt.Errorf("rowsync: peer %s: %w", p.addr, fmt.Errorf(format, args...))
+}
+
+// writeRow sends msg and checks the acknowledgement against crc. Any failure
+// takes the connection down, so that the peer is unhealthy until it is back.
+func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, crc uint32, payload uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	l, err := p.current()
+	if err != nil {
+		return err
+	}
+	seq, acked, err := l.send(ctx, func(seq uint64) Message { msg.Seq = seq; return &msg })
+	if err != nil {
+		return p.errorf("row %d: %w", msg.Row, err)
+	}
+	p.rowsSent.Add(1)
+	p.bytesSent.Add(payload)
+	ack, err := l.wait(ctx, seq, acked)
+	if err != nil {
+		return p.errorf("row %d: %w", msg.Row, err)
+	}
+	switch {
+	case ack.Err != "":
+		err = fmt.Errorf("refused row %d: %s", msg.Row, ack.Err)
+	case ack.Row != msg.Row:
+		err = fmt.Errorf("acknowledged row %d for row %d", ack.Row, msg.Row)
+	case ack.CRC != crc:
+		err = fmt.Errorf("acknowledged row %d with CRC32C %08x, sent %08x", msg.Row, ack.CRC, crc)
+	default:
+		p.verified.Add(1)
+		return nil
+	}
+	l.fail(err)
+	return p.errorf("%w", err)
+}
+
+// sample sends msg and returns the peer's CRC32C of its row. A refused sample
+// (no region there yet) is an error but leaves the connection up.
+func (p *peer) sample(ctx context.Context, deadline time.Duration, msg StoreSample) (uint32, error) {
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	l, err := p.current()
+	if err != nil {
+		return 0, err
+	}
+	seq, acked, err := l.send(ctx, func(seq uint64) Message { msg.Seq = seq; return &msg })
+	if err != nil {
+		return 0, p.errorf("sample %q: %w", msg.Key, err)
+	}
+	ack, err := l.wait(ctx, seq, acked)
+	switch {
+	case err != nil:
+		return 0, p.errorf("sample %q: %w", msg.Key, err)
+	case ack.Err != "":
+		return 0, p.errorf("refused sample %q: %s", msg.Key, ack.Err)
+	case ack.Row != msg.Row:
+		err = fmt.Errorf("acknowledged row %d for sample row %d", ack.Row, msg.Row)
+		l.fail(err)
+		return 0, p.errorf("%w", err)
+	}
+	return ack.CRC, nil
+}
+
+// link is one authenticated connection to a peer. Requests are pipelined:
+// any number may be in flight, each waiting for the Ack with its Seq.
+type link struct {
+	conn    net.Conn
+	writeMu sync.Mutex    // serializes frames on conn; held for one whole frame
+	done    chan struct{} // closed when the link fails
+
+	mu      sync.Mutex // guards the fields below
+	nextSeq uint64
+	pending map[uint64]chan *Ack
+	err     error // why the link failed; set once, with done
+}
+
+// send registers a request and writes the frame build returns for its Seq.
+// The write must finish by ctx's deadline; a failed write fails the link.
+func (l *link) send(ctx context.Context, build func(seq uint64) Message) (uint64, chan *Ack, error) {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return 0, nil, l.err
+	}
+	l.nextSeq++
+	seq, acked := l.nextSeq, make(chan *Ack, 1)
+	l.pending[seq] = acked
+	l.mu.Unlock()
+
+	l.writeMu.Lock()
+	deadline, _ := ctx.Deadline()
+	l.conn.SetWriteDeadline(deadline)
+	err := WriteMessage(l.conn, build(seq))
+	l.writeMu.Unlock()
+	if err != nil {
+		l.fail(fmt.Errorf("send: %w", err))
+		return 0, nil, l.failure()
+	}
+	return seq, acked, nil
+}
+
+// wait returns the Ack for seq. Running past ctx's deadline fails the link:
+// the peer is too slow to be trusted with the next row either.
+func (l *link) wait(ctx context.Context, seq uint64, acked chan *Ack) (*Ack, error) {
+	select {
+	case ack := <-acked:
+		return ack, nil
+	case <-l.done:
+		return nil, l.failure()
+	case <-ctx.Done():
+		l.mu.Lock()
+		delete(l.pending, seq)
+		l.mu.Unlock()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			l.fail(errors.New("no acknowledgement before the deadline"))
+			return nil, l.failure()
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// readAcks delivers acknowledgements until the connection fails.
+func (l *link) readAcks() error {
+	var buf []byte
+	for {
+		frame, err := ReadFrame(l.conn, buf, maxAckFrame)
+		if err != nil {
+			return fmt.Errorf("receive: %w", err)
+		}
+		buf = frame
+		msg, err := Decode(frame)
+		if err != nil {
+			return err
+		}
+		ack, ok := msg.(*Ack)
+		if !ok {
+			return fmt.Errorf("%w: expected an ack, got message type %d", ErrBadFrame, msg.messageType())
+		}
+		l.mu.Lock()
+		acked := l.pending[ack.Seq]
+		delete(l.pending, ack.Seq)
+		l.mu.Unlock()
+		if acked != nil {
+			acked <- ack
+		}
+	}
+}
+
+// fail records the first failure, wakes every waiter and closes the connection.
+func (l *link) fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	l.err = err
+	close(l.done)
+	l.conn.Close()
+}
+
+// failure returns why the link failed.
+func (l *link) failure() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}

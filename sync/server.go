@@ -1,0 +1,252 @@
+package rowsync
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// RegionFunc returns this node's region for rows of rowBytes bytes (the
+// sender's geometry, which the region must match). The region must stay
+// mapped while the Server may use it.
+type RegionFunc func(rowBytes int) (*Region, error)
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	Listen string                           // host:port to listen on; port 0 picks one
+	Secret []byte                           // shared secret, at least MinSecretBytes
+	Region RegionFunc                       // the local region rows are written into
+	Gate   *Gate                            // notes the store samples peers send; nil: not noted
+	Logf   func(format string, args ...any) // nil: log.Printf
+}
+
+// Server is the receiving side: it accepts authenticated connections from
+// peers' Mirrors, writes the rows they send into the same rows of the local
+// region, and acknowledges each with the CRC32C of the row as it now holds it.
+type Server struct {
+	cfg          ServerConfig
+	ln           net.Listener
+	authFailures atomic.Uint64
+	wg           sync.WaitGroup // accept loop and connections
+
+	mu       sync.Mutex // guards the fields below
+	conns    map[net.Conn]struct{}
+	sessions map[uint64]*sessionConn  // the connection serving each session
+	inbound  map[string]*inboundStats // by remote IP
+	closed   bool
+}
+
+// sessionConn is the authenticated connection of a session; done is closed
+// once it no longer touches the region.
+type sessionConn struct {
+	conn net.Conn
+	done chan struct{}
+}
+
+// inboundStats counts what one remote IP sent.
+type inboundStats struct {
+	rows atomic.Uint64
+}
+
+// StartServer listens on cfg.Listen and serves in the background until Close.
+func StartServer(cfg ServerConfig) (*Server, error) {
+	if err := checkSecret(cfg.Secret); err != nil {
+		return nil, err
+	}
+	if cfg.Region == nil {
+		return nil, errors.New("rowsync: server without a region")
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("rowsync: %w", err)
+	}
+	s := &Server{
+		cfg:      cfg,
+		ln:       ln,
+		conns:    make(map[net.Conn]struct{}),
+		sessions: make(map[uint64]*sessionConn),
+		inbound:  make(map[string]*inboundStats),
+	}
+	s.wg.Go(s.accept)
+	return s, nil
+}
+
+// Addr returns the address the Server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// AuthFailures returns how many connections failed the handshake.
+func (s *Server) AuthFailures() uint64 { return s.authFailures.Load() }
+
+// Close stops listening, drops every connection and waits for them to end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) accept() {
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			conn.Close()
+			return
+		}
+		s.conns[conn] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Go(func() {
+			s.serve(conn)
+			s.mu.Lock()
+			delete(s.conns, conn)
+			s.mu.Unlock()
+			conn.Close()
+		})
+	}
+}
+
+// serve authenticates conn, takes over its session, then answers its
+// requests in order until it fails.
+func (s *Server) serve(conn net.Conn) {
+	hello, err := serverHandshake(conn, s.cfg.Secret)
+	if err != nil {
+		s.authFailures.Add(1)
+		s.cfg.Logf("rowsync: refused %s: %v", conn.RemoteAddr(), err)
+		return
+	}
+	defer s.takeSession(hello.Session, conn)()
+	from := s.inboundFor(conn.RemoteAddr())
+	var buf []byte
+	for {
+		frame, err := ReadFrame(conn, buf, MaxFrameBytes)
+		if err != nil {
+			return
+		}
+		buf = frame
+		msg, err := Decode(frame)
+		if err != nil {
+			s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
+			return
+		}
+		var ack *Ack
+		switch m := msg.(type) {
+		case *RowWrite:
+			ack = s.writeRow(m)
+			if ack.Err == "" {
+				from.rows.Add(1)
+			}
+		case *StoreSample:
+			ack = s.sample(m, conn.RemoteAddr().String())
+		default:
+			s.cfg.Logf("rowsync: dropping %s: unexpected message type %d", conn.RemoteAddr(), msg.messageType())
+			return
+		}
+		if err := WriteMessage(conn, ack); err != nil {
+			return
+		}
+	}
+}
+
+// takeSession makes conn the connection of session: it closes the previous
+// one and waits until that one's last write to the region is over. It
+// returns the function that releases the session when conn is done.
+func (s *Server) takeSession(session uint64, conn net.Conn) (release func()) {
+	cur := &sessionConn{conn: conn, done: make(chan struct{})}
+	s.mu.Lock()
+	prev := s.sessions[session]
+	s.sessions[session] = cur
+	s.mu.Unlock()
+	if prev != nil {
+		prev.conn.Close()
+		<-prev.done
+	}
+	return func() {
+		s.mu.Lock()
+		if s.sessions[session] == cur {
+			delete(s.sessions, session)
+		}
+		s.mu.Unlock()
+		close(cur.done)
+	}
+}
+
+// writeRow makes the row hold m's extents, zeros elsewhere.
+func (s *Server) writeRow(m *RowWrite) *Ack {
+	ack := &Ack{Seq: m.Seq, Row: m.Row}
+	region, err := s.region(m.Rows, m.RowBytes)
+	if err != nil {
+		ack.Err = err.Error()
+		return ack
+	}
+	ack.CRC = fillRow(region.Row(int(m.Row)), m.Extents)
+	return ack
+}
+
+// sample answers with the CRC32C of the local row and notes the pair.
+func (s *Server) sample(m *StoreSample, from string) *Ack {
+	ack := &Ack{Seq: m.Seq, Row: m.Row}
+	region, err := s.region(m.Rows, m.RowBytes)
+	if err != nil {
+		ack.Err = err.Error()
+		return ack
+	}
+	ack.CRC = Checksum(region.Row(int(m.Row)))
+	if s.cfg.Gate != nil {
+		s.cfg.Gate.NoteSample(m.Key, ack.CRC, m.CRC, from)
+	}
+	return ack
+}
+
+// region returns the local region, checked against the sender's geometry.
+func (s *Server) region(rows uint32, rowBytes uint64) (*Region, error) {
+	r, err := s.cfg.Region(int(rowBytes))
+	if err != nil {
+		return nil, fmt.Errorf("no local region: %v", err)
+	}
+	if r.Rows() != int(rows) || r.RowBytes() != int(rowBytes) {
+		return nil, fmt.Errorf("geometry mismatch: sender has %d rows of %d bytes, receiver %d rows of %d bytes", rows, rowBytes, r.Rows(), r.RowBytes())
+	}
+	return r, nil
+}
+
+// inboundFor returns the counters of addr's IP.
+func (s *Server) inboundFor(addr net.Addr) *inboundStats {
+	ip := addr.String()
+	if a, ok := addr.(*net.TCPAddr); ok {
+		ip = a.IP.String()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.inbound[ip]
+	if in == nil {
+		in = &inboundStats{}
+		s.inbound[ip] = in
+	}
+	return in
+}
+
+// received returns the rows received per remote IP.
+func (s *Server) received() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rows := make(map[string]uint64, len(s.inbound))
+	for ip, in := range s.inbound {
+		rows[ip] = in.rows.Load()
+	}
+	return rows
+}

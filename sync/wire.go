@@ -1,0 +1,403 @@
+package rowsync
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+)
+
+// Wire format. Every message travels as one frame:
+//
+//	uint32  n: length of the rest of the frame, big endian, 1..MaxFrameBytes
+//	uint8   message type (typeHello ... typeStoreSample)
+//	n-1     body
+//
+// Bodies are fixed-width big-endian integers in declaration order; a string
+// is a uint16 length and its bytes; a RowWrite's extents are a uint32 count,
+// then per extent a uint64 offset, a uint64 length and the bytes. Decode
+// rejects anything else, including trailing bytes, so the encoding of a
+// message is unique.
+//
+// A connection starts with the handshake (Hello, Challenge, Response), during
+// which frames are limited to maxHandshakeFrame bytes. Then the client sends
+// RowWrite and StoreSample frames, possibly many before the first answer, and
+// the server answers each with an Ack carrying the same Seq, in order.
+
+// MaxFrameBytes bounds the length field of a frame: a row of MaxRowBytes plus
+// its extent headers.
+const MaxFrameBytes = MaxRowBytes + 1<<20
+
+const (
+	// MaxKeyBytes bounds StoreSample.Key; Encode truncates longer keys.
+	MaxKeyBytes = 1024
+	// MaxErrBytes bounds Ack.Err; Encode truncates longer messages.
+	MaxErrBytes = 1024
+	// maxHandshakeFrame bounds frames before authentication.
+	maxHandshakeFrame = 256
+	// maxAckFrame bounds the frames a Mirror reads (acks only).
+	maxAckFrame = 64 + MaxErrBytes
+)
+
+// NonceBytes and MACBytes are the sizes of handshake nonces and HMAC-SHA256 tags.
+const (
+	NonceBytes = 32
+	MACBytes   = 32
+)
+
+// Message types.
+const (
+	typeHello uint8 = 1 + iota
+	typeChallenge
+	typeResponse
+	typeRowWrite
+	typeAck
+	typeStoreSample
+)
+
+// ErrBadFrame is wrapped by every error Decode and ReadFrame return for bytes
+// that are not a valid frame.
+var ErrBadFrame = errors.New("rowsync: bad frame")
+
+// Message is one of *Hello, *Challenge, *Response, *RowWrite, *Ack, *StoreSample.
+type Message interface {
+	messageType() uint8
+}
+
+// Hello opens a connection (client to server) with the client's nonce.
+// Session is random per Mirror: a server serves one connection per session
+// and drops the older one, so that rows still buffered on a connection the
+// Mirror gave up on can never land after rows sent on its successor.
+type Hello struct {
+	Version uint16
+	Session uint64
+	Nonce   [NonceBytes]byte
+}
+
+// Challenge answers Hello (server to client): the server's nonce, and the
+// server's proof that it knows the secret (see serverMAC).
+type Challenge struct {
+	Nonce [NonceBytes]byte
+	MAC   [MACBytes]byte
+}
+
+// Response completes the handshake (client to server) with the client's proof.
+type Response struct {
+	MAC [MACBytes]byte
+}
+
+// RowWrite asks the server to make row Row of its region hold the extents,
+// with zeros everywhere else. Rows and RowBytes are the sender's region
+// geometry, which must equal the receiver's.
+type RowWrite struct {
+	Seq      uint64
+	Row      uint32
+	Rows     uint32
+	RowBytes uint64
+	Extents  []Extent // sorted, disjoint, non-empty, inside the row
+}
+
+// Extent is a run of bytes of a row at offset Off. After Decode, Data aliases
+// the decoded frame.
+type Extent struct {
+	Off  uint64
+	Data []byte
+}
+
+// Ack answers a RowWrite or a StoreSample with the same Seq: CRC is the
+// CRC32C of row Row as the receiver now holds it. A non-empty Err means the
+// request failed and CRC is meaningless.
+type Ack struct {
+	Seq uint64
+	Row uint32
+	CRC uint32
+	Err string
+}
+
+// StoreSample tells the server that the sender's worker stored block Key from
+// row Row, whose CRC32C is CRC. The server answers with an Ack carrying the
+// CRC32C of its own row Row, and both sides feed the pair to their Gate.
+type StoreSample struct {
+	Seq      uint64
+	Row      uint32
+	Rows     uint32
+	RowBytes uint64
+	CRC      uint32
+	Key      string
+}
+
+func (*Hello) messageType() uint8       { return typeHello }
+func (*Challenge) messageType() uint8   { return typeChallenge }
+func (*Response) messageType() uint8    { return typeResponse }
+func (*RowWrite) messageType() uint8    { return typeRowWrite }
+func (*Ack) messageType() uint8         { return typeAck }
+func (*StoreSample) messageType() uint8 { return typeStoreSample }
+
+// Encode returns the frame of m.
+func Encode(m Message) []byte {
+	var frame []byte
+	for _, b := range encodeFrame(m) {
+		frame = append(frame, b...)
+	}
+	return frame
+}
+
+// WriteMessage writes the frame of m to w; extent data is written from where
+// it lies, without copying it into the frame.
+func WriteMessage(w io.Writer, m Message) error {
+	bufs := encodeFrame(m)
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+// encodeFrame returns the frame of m as buffers: the header and body, with a
+// RowWrite's extent data left in place between its extent headers.
+func encodeFrame(m Message) net.Buffers {
+	head := make([]byte, 4, 64)
+	head = append(head, m.messageType())
+	var bufs net.Buffers
+	switch m := m.(type) {
+	case *Hello:
+		head = binary.BigEndian.AppendUint16(head, m.Version)
+		head = binary.BigEndian.AppendUint64(head, m.Session)
+		head = append(head, m.Nonce[:]...)
+	case *Challenge:
+		head = append(head, m.Nonce[:]...)
+		head = append(head, m.MAC[:]...)
+	case *Response:
+		head = append(head, m.MAC[:]...)
+	case *RowWrite:
+		head = binary.BigEndian.AppendUint64(head, m.Seq)
+		head = binary.BigEndian.AppendUint32(head, m.Row)
+		head = binary.BigEndian.AppendUint32(head, m.Rows)
+		head = binary.BigEndian.AppendUint64(head, m.RowBytes)
+		head = binary.BigEndian.AppendUint32(head, uint32(len(m.Extents)))
+		bufs = make(net.Buffers, 0, 1+2*len(m.Extents))
+		bufs = append(bufs, head)
+		headers := make([]byte, 0, 16*len(m.Extents))
+		for _, e := range m.Extents {
+			headers = binary.BigEndian.AppendUint64(headers, e.Off)
+			headers = binary.BigEndian.AppendUint64(headers, uint64(len(e.Data)))
+			bufs = append(bufs, headers[len(headers)-16:], e.Data)
+		}
+	case *Ack:
+		head = binary.BigEndian.AppendUint64(head, m.Seq)
+		head = binary.BigEndian.AppendUint32(head, m.Row)
+		head = binary.BigEndian.AppendUint32(head, m.CRC)
+		head = appendString(head, m.Err, MaxErrBytes)
+	case *StoreSample:
+		head = binary.BigEndian.AppendUint64(head, m.Seq)
+		head = binary.BigEndian.AppendUint32(head, m.Row)
+		head = binary.BigEndian.AppendUint32(head, m.Rows)
+		head = binary.BigEndian.AppendUint64(head, m.RowBytes)
+		head = binary.BigEndian.AppendUint32(head, m.CRC)
+		head = appendString(head, m.Key, MaxKeyBytes)
+	}
+	if bufs == nil {
+		bufs = net.Buffers{head}
+	}
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	binary.BigEndian.PutUint32(head, uint32(n-4))
+	return bufs
+}
+
+// appendString appends s, truncated to limit bytes, with its uint16 length.
+func appendString(dst []byte, s string, limit int) []byte {
+	s = s[:min(len(s), limit)]
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(s)))
+	return append(dst, s...)
+}
+
+// ReadFrame reads one frame from r into buf (grown when too small) and returns
+// it. A length field of 0 or above limit (at most MaxFrameBytes) is an error
+// wrapping ErrBadFrame, reported before anything is allocated.
+func ReadFrame(r io.Reader, buf []byte, limit int) ([]byte, error) {
+	if cap(buf) < 4 {
+		buf = make([]byte, 4, 64)
+	}
+	buf = buf[:4]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(buf)
+	if n == 0 || int64(n) > int64(min(limit, MaxFrameBytes)) {
+		return nil, fmt.Errorf("%w: length %d, limit %d", ErrBadFrame, n, min(limit, MaxFrameBytes))
+	}
+	if cap(buf) < 4+int(n) {
+		buf = append(buf[:4], make([]byte, n)...)
+	}
+	buf = buf[:4+n]
+	if _, err := io.ReadFull(r, buf[4:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return buf, nil
+}
+
+// Decode parses one whole frame. It never panics: every length is checked
+// against what is left of the frame, geometry against MaxRowBytes, and
+// extents against the row; violations are errors wrapping ErrBadFrame. The
+// Data of decoded extents aliases frame.
+func Decode(frame []byte) (Message, error) {
+	if len(frame) < 5 {
+		return nil, fmt.Errorf("%w: %d bytes, want at least 5", ErrBadFrame, len(frame))
+	}
+	n := binary.BigEndian.Uint32(frame)
+	if int64(n) != int64(len(frame)-4) {
+		return nil, fmt.Errorf("%w: length field %d, frame holds %d", ErrBadFrame, n, len(frame)-4)
+	}
+	if n > MaxFrameBytes {
+		return nil, fmt.Errorf("%w: length %d, limit %d", ErrBadFrame, n, MaxFrameBytes)
+	}
+	d := decoder{b: frame[5:]}
+	var m Message
+	switch typ := frame[4]; typ {
+	case typeHello:
+		h := &Hello{Version: d.u16(), Session: d.u64()}
+		d.bytes(h.Nonce[:])
+		m = h
+	case typeChallenge:
+		c := &Challenge{}
+		d.bytes(c.Nonce[:])
+		d.bytes(c.MAC[:])
+		m = c
+	case typeResponse:
+		r := &Response{}
+		d.bytes(r.MAC[:])
+		m = r
+	case typeRowWrite:
+		w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64()}
+		d.geometry(w.Row, w.Rows, w.RowBytes)
+		w.Extents = d.extents(w.RowBytes)
+		m = w
+	case typeAck:
+		m = &Ack{Seq: d.u64(), Row: d.u32(), CRC: d.u32(), Err: d.str(MaxErrBytes)}
+	case typeStoreSample:
+		s := &StoreSample{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64(), CRC: d.u32()}
+		d.geometry(s.Row, s.Rows, s.RowBytes)
+		s.Key = d.str(MaxKeyBytes)
+		m = s
+	default:
+		return nil, fmt.Errorf("%w: unknown message type %d", ErrBadFrame, typ)
+	}
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return m, nil
+}
+
+// decoder reads a body front to back. The first error sticks; after it every
+// read returns zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrBadFrame, fmt.Sprintf(format, args...))
+	}
+}
+
+// take returns the next n bytes, or nil after an error.
+func (d *decoder) take(n uint64, what string) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail("%s needs %d bytes, %d left", what, n, len(d.b))
+		return nil
+	}
+	b := d.b[:n:n]
+	d.b = d.b[n:]
+	return b
+}
+
+func (d *decoder) u16() uint16 {
+	if b := d.take(2, "uint16"); b != nil {
+		return binary.BigEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (d *decoder) u32() uint32 {
+	if b := d.take(4, "uint32"); b != nil {
+		return binary.BigEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if b := d.take(8, "uint64"); b != nil {
+		return binary.BigEndian.Uint64(b)
+	}
+	return 0
+}
+
+// bytes fills dst.
+func (d *decoder) bytes(dst []byte) {
+	copy(dst, d.take(uint64(len(dst)), "fixed field"))
+}
+
+func (d *decoder) str(limit int) string {
+	n := d.u16()
+	if d.err == nil && int(n) > limit {
+		d.fail("string of %d bytes, limit %d", n, limit)
+	}
+	return string(d.take(uint64(n), "string"))
+}
+
+// geometry checks a row index against the region geometry.
+func (d *decoder) geometry(row, rows uint32, rowBytes uint64) {
+	switch {
+	case d.err != nil:
+	case rowBytes == 0 || rowBytes > MaxRowBytes:
+		d.fail("row size %d, want 1..%d", rowBytes, MaxRowBytes)
+	case row >= rows:
+		d.fail("row %d of a %d-row region", row, rows)
+	}
+}
+
+// extents reads a count and that many extents, each inside a row of rowBytes
+// and after the previous one.
+func (d *decoder) extents(rowBytes uint64) []Extent {
+	count := d.u32()
+	if d.err != nil {
+		return nil
+	}
+	// Each extent takes at least 17 bytes, which bounds the allocation.
+	if uint64(count)*17 > uint64(len(d.b)) {
+		d.fail("%d extents cannot fit in %d bytes", count, len(d.b))
+		return nil
+	}
+	extents := make([]Extent, count)
+	var end uint64 // end of the previous extent
+	for i := range extents {
+		off, n := d.u64(), d.u64()
+		switch {
+		case d.err != nil:
+			return nil
+		case n == 0:
+			d.fail("extent %d is empty", i)
+		case off < end:
+			d.fail("extent %d at %d overlaps or precedes the previous one (ends at %d)", i, off, end)
+		case off > rowBytes || n > rowBytes-off:
+			d.fail("extent %d (%d+%d) runs past the %d-byte row", i, off, n, rowBytes)
+		}
+		extents[i] = Extent{Off: off, Data: d.take(n, "extent data")}
+		if d.err != nil {
+			return nil
+		}
+		end = off + n
+	}
+	return extents
+}

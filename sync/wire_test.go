@@ -1,0 +1,164 @@
+package rowsync
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// sampleMessages returns one message of every type, for round trips and the
+// fuzz corpus.
+func sampleMessages() []Message {
+	var nonce, mac [32]byte
+	for i := range nonce {
+		nonce[i], mac[i] = byte(i), byte(255-i)
+	}
+	return []Message{
+		&Hello{Version: ProtocolVersion, Session: 0x0102030405060708, Nonce: nonce},
+		&Challenge{Nonce: nonce, MAC: mac},
+		&Response{MAC: mac},
+		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Extents: []Extent{
+			{Off: 0, Data: []byte("slot 0 begins")},
+			{Off: 8192, Data: bytes.Repeat([]byte{0xa5}, 100)},
+		}},
+		&RowWrite{Seq: 8, Row: 0, Rows: 1, RowBytes: 4096}, // an all-zero row: no extents
+		&Ack{Seq: 7, Row: 3, CRC: 0xdeadbeef},
+		&Ack{Seq: 9, Row: 1, Err: "geometry mismatch"},
+		&StoreSample{Seq: 10, Row: 42, Rows: 498, RowBytes: 8601600, CRC: 0x01020304, Key: "0123abcd_g1"},
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	for _, m := range sampleMessages() {
+		frame := Encode(m)
+		got, err := Decode(frame)
+		if err != nil {
+			t.Errorf("Decode(Encode(%T)): %v", m, err)
+			continue
+		}
+		if w, ok := m.(*RowWrite); ok && w.Extents == nil {
+			w.Extents = []Extent{}
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Errorf("round trip of %T: got %+v, want %+v", m, got, m)
+		}
+		var buf bytes.Buffer
+		if err := WriteMessage(&buf, m); err != nil || !bytes.Equal(buf.Bytes(), frame) {
+			t.Errorf("WriteMessage(%T) = %x, %v; Encode = %x", m, buf.Bytes(), err, frame)
+		}
+		read, err := ReadFrame(&buf, nil, MaxFrameBytes)
+		if err != nil || !bytes.Equal(read, frame) {
+			t.Errorf("ReadFrame(%T) = %x, %v", m, read, err)
+		}
+	}
+}
+
+func TestEncodeTruncatesStrings(t *testing.T) {
+	m, err := Decode(Encode(&Ack{Err: strings.Repeat("e", 5000)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(m.(*Ack).Err); got != MaxErrBytes {
+		t.Errorf("Err of %d bytes after a round trip, want %d", got, MaxErrBytes)
+	}
+}
+
+// frame builds a frame of type typ whose body is parts, written big endian.
+func frame(typ uint8, parts ...any) []byte {
+	var body bytes.Buffer
+	body.WriteByte(typ)
+	for _, p := range parts {
+		binary.Write(&body, binary.BigEndian, p)
+	}
+	return append(binary.BigEndian.AppendUint32(nil, uint32(body.Len())), body.Bytes()...)
+}
+
+func TestDecodeErrors(t *testing.T) {
+	type (
+		u8  = uint8
+		u16 = uint16
+		u32 = uint32
+		u64 = uint64
+	)
+	rowWrite := func(rowBytes u64, count u32, extents ...any) []byte {
+		return frame(typeRowWrite, append([]any{u64(1), u32(2), u32(4), rowBytes, count}, extents...)...)
+	}
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		want  string
+	}{
+		{"empty", nil, "0 bytes, want at least 5"},
+		{"header only", []byte{0, 0, 0, 1}, "4 bytes"},
+		{"length too large", append(frame(typeResponse, [32]byte{}), 0), "length field 33, frame holds 34"},
+		{"length too small", frame(typeResponse, [32]byte{})[:20], "length field 33, frame holds 16"},
+		{"unknown type", frame(99, u32(0)), "unknown message type 99"},
+		{"zero type", frame(0), "unknown message type 0"},
+		{"short hello", frame(typeHello, u16(1), u64(2), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
+		{"trailing bytes", frame(typeResponse, [33]byte{}), "1 trailing bytes"},
+		{"zero row size", rowWrite(0, 0), "row size 0"},
+		{"huge row size", rowWrite(MaxRowBytes+1, 0), "row size 268435457"},
+		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), u32(0)), "row 4 of a 4-row region"},
+		{"too many extents", rowWrite(4096, 1<<31), "extents cannot fit"},
+		{"empty extent", rowWrite(4096, 1, u64(0), u64(0), u8(0)), "extent 0 is empty"},
+		{"extent past row", rowWrite(4096, 1, u64(4000), u64(97), [97]byte{}), "runs past the 4096-byte row"},
+		{"extent offset overflow", rowWrite(4096, 1, u64(1<<64-1), u64(1), u8(1)), "runs past"},
+		{"extent data missing", rowWrite(4096, 1, u64(0), u64(10), [9]byte{}), "extent data needs 10 bytes, 9 left"},
+		{"overlapping extents", rowWrite(4096, 2, u64(0), u64(10), [10]byte{}, u64(9), u64(1), u8(1)), "extent 1 at 9 overlaps"},
+		{"key too long", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(MaxKeyBytes+1)), "string of 1025 bytes, limit 1024"},
+		{"key truncated", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(5), [4]byte{}), "string needs 5 bytes, 4 left"},
+		{"short ack", frame(typeAck, u64(1), u32(0)), "uint32 needs 4 bytes, 0 left"},
+	} {
+		m, err := Decode(tc.frame)
+		if err == nil || !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Decode = %+v, %v; want ErrBadFrame containing %q", tc.name, m, err, tc.want)
+		}
+	}
+}
+
+func TestReadFrameLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		input []byte
+		limit int
+		want  error
+		text  string
+	}{
+		{"eof", nil, 100, io.EOF, ""},
+		{"short header", []byte{0, 0}, 100, io.ErrUnexpectedEOF, ""},
+		{"zero length", []byte{0, 0, 0, 0}, 100, ErrBadFrame, "length 0"},
+		{"over limit", []byte{0, 0, 0, 101}, 100, ErrBadFrame, "length 101, limit 100"},
+		{"over max", []byte{0xff, 0xff, 0xff, 0xff}, 1 << 40, ErrBadFrame, "limit 269484032"},
+		{"short body", []byte{0, 0, 0, 10, 1, 2}, 100, io.ErrUnexpectedEOF, ""},
+	} {
+		_, err := ReadFrame(bytes.NewReader(tc.input), nil, tc.limit)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: ReadFrame = %v, want %v containing %q", tc.name, err, tc.want, tc.text)
+		}
+	}
+}
+
+// FuzzDecode checks that Decode never panics, and that whatever it accepts
+// re-encodes to the same bytes (the encoding is unique) and reads back
+// through ReadFrame.
+func FuzzDecode(f *testing.F) {
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("Decode error %v does not wrap ErrBadFrame", err)
+			}
+			return
+		}
+		if enc := Encode(m); !bytes.Equal(enc, b) {
+			t.Fatalf("Encode(Decode(%x)) = %x", b, enc)
+		}
+		if got, err := ReadFrame(bytes.NewReader(b), nil, MaxFrameBytes); err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("ReadFrame(%x) = %x, %v", b, got, err)
+		}
+	})
+}
