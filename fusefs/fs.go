@@ -114,6 +114,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			// sending an ACCESS request for every faccessat lookup.
 			Options:       []string{"default_permissions"},
 			DisableSplice: true,
+			EnableLocks:   true,
 			Debug:         opts.Debug,
 			Logger:        log.New(&slogWriter{opts.Logger}, "", 0),
 		},
