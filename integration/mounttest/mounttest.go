@@ -12,13 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
 )
 
 var (
@@ -65,15 +63,11 @@ type Options struct {
 	Args []string
 }
 
-// Daemon is a running `kvtierfs mount`.
+// Daemon is a running `kvtierfs mount` tied to a test.
 type Daemon struct {
-	Mountpoint string
-	Store      string
-	t          testing.TB
-	cmd        *exec.Cmd
-	log        *syncBuffer
-	exited     chan struct{}
-	exitErr    error
+	*daemon.Daemon
+	t   testing.TB
+	log *syncBuffer
 }
 
 // Start mounts a daemon and waits until it serves; cleanup is registered on t.
@@ -97,37 +91,20 @@ func Launch(t testing.TB, opts Options) (*Daemon, error) {
 	if opts.ShmGlob == "" {
 		opts.ShmGlob = filepath.Join(t.TempDir(), "no-region-*.mmap")
 	}
-	args := append([]string{"mount", opts.Mountpoint, "--store", opts.Store, "--metrics-addr", "", "--shm-glob", opts.ShmGlob}, opts.Args...)
-	d := &Daemon{Mountpoint: opts.Mountpoint, Store: opts.Store, t: t, log: &syncBuffer{}, exited: make(chan struct{})}
-	d.cmd = exec.Command(binary, args...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
-		return nil, err
+	log := &syncBuffer{}
+	d, err := daemon.Start(daemon.Options{Binary: binary, Mountpoint: opts.Mountpoint, Store: opts.Store,
+		ShmGlob: opts.ShmGlob, Args: opts.Args, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, log.String())
 	}
-	go func() {
-		d.exitErr = d.cmd.Wait()
-		close(d.exited)
-	}()
+	td := &Daemon{Daemon: d, t: t, log: log}
 	t.Cleanup(func() {
 		d.Stop()
 		if t.Failed() {
-			t.Logf("kvtierfs log (%s):\n%s", d.Mountpoint, d.Log())
+			t.Logf("kvtierfs log (%s):\n%s", d.Mountpoint, log.String())
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.StatsFile)); err == nil {
-			return d, nil
-		}
-		select {
-		case <-d.exited:
-			return nil, fmt.Errorf("kvtierfs mount exited: %v\n%s", d.exitErr, d.Log())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("kvtierfs mount did not come up within 20s:\n%s", d.Log())
-		}
-	}
+	return td, nil
 }
 
 // Log is everything the daemon printed so far.
@@ -136,50 +113,6 @@ func (d *Daemon) Log() string { return d.log.String() }
 // Path joins a path below the mountpoint.
 func (d *Daemon) Path(rel ...string) string {
 	return filepath.Join(append([]string{d.Mountpoint}, rel...)...)
-}
-
-// Running reports whether the daemon process is still alive.
-func (d *Daemon) Running() bool {
-	select {
-	case <-d.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// Stop sends SIGTERM, waits for a clean exit (SIGKILL after 15 s) and makes
-// sure nothing stays mounted. It returns the process's exit error.
-func (d *Daemon) Stop() error {
-	if d.Running() {
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(15 * time.Second):
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
-	}
-	detach(d.Mountpoint)
-	return d.exitErr
-}
-
-// Kill9 kills the daemon with SIGKILL, as a crash would, and detaches its dead mount.
-func (d *Daemon) Kill9() {
-	if d.Running() {
-		d.cmd.Process.Kill()
-		<-d.exited
-	}
-	detach(d.Mountpoint)
-}
-
-// detach lazily unmounts a mountpoint if anything is still mounted there.
-func detach(mnt string) {
-	for range 50 {
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			return
-		}
-	}
 }
 
 // Stats reads the daemon's stats snapshot.

@@ -1,0 +1,125 @@
+// Package daemon runs `kvtierfs mount` as a child process for tests and
+// benchmarks: start, wait until it serves, stop cleanly or kill it, and make
+// sure nothing stays mounted.
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+)
+
+// Options configures a daemon.
+type Options struct {
+	// Binary is the kvtierfs executable.
+	Binary string
+	// Mountpoint and Store are passed to `kvtierfs mount`.
+	Mountpoint, Store string
+	// ShmGlob is passed as --shm-glob.
+	ShmGlob string
+	// Args are extra flags for `kvtierfs mount`.
+	Args []string
+	// Log receives the daemon's stdout and stderr; nil discards them.
+	Log io.Writer
+}
+
+// Daemon is a running `kvtierfs mount`.
+type Daemon struct {
+	Mountpoint string
+	Store      string
+	cmd        *exec.Cmd
+	exited     chan struct{}
+	exitErr    error
+}
+
+// startTimeout bounds how long a mount may take to come up.
+const startTimeout = 20 * time.Second
+
+// Start launches the daemon and waits until its stats file is readable. On
+// failure nothing is left running or mounted.
+func Start(opts Options) (*Daemon, error) {
+	args := append([]string{"mount", opts.Mountpoint, "--store", opts.Store, "--metrics-addr", "", "--shm-glob", opts.ShmGlob}, opts.Args...)
+	d := &Daemon{Mountpoint: opts.Mountpoint, Store: opts.Store, exited: make(chan struct{})}
+	d.cmd = exec.Command(opts.Binary, args...)
+	if opts.Log != nil {
+		d.cmd.Stdout, d.cmd.Stderr = opts.Log, opts.Log
+	}
+	if err := d.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		d.exitErr = d.cmd.Wait()
+		close(d.exited)
+	}()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		if _, err := os.Stat(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.StatsFile)); err == nil {
+			return d, nil
+		}
+		select {
+		case <-d.exited:
+			Detach(d.Mountpoint)
+			return nil, fmt.Errorf("kvtierfs mount exited: %v", d.exitErr)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			d.Kill9()
+			return nil, fmt.Errorf("kvtierfs mount did not come up within %s", startTimeout)
+		}
+	}
+}
+
+// Running reports whether the daemon process is still alive.
+func (d *Daemon) Running() bool {
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Pid is the daemon's process id.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// Stop sends SIGTERM, waits for a clean exit (SIGKILL after 15 s) and makes
+// sure nothing stays mounted. It returns the process's exit error.
+func (d *Daemon) Stop() error {
+	if d.Running() {
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+		case <-time.After(15 * time.Second):
+			d.cmd.Process.Kill()
+			<-d.exited
+		}
+	}
+	Detach(d.Mountpoint)
+	return d.exitErr
+}
+
+// Kill9 kills the daemon with SIGKILL, as a crash would, and detaches its dead mount.
+func (d *Daemon) Kill9() {
+	if d.Running() {
+		d.cmd.Process.Kill()
+		<-d.exited
+	}
+	Detach(d.Mountpoint)
+}
+
+// Detach lazily unmounts a mountpoint while anything is mounted there.
+func Detach(mnt string) {
+	for range 50 {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return
+		}
+	}
+}
