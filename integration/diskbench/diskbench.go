@@ -1,0 +1,353 @@
+// Package diskbench measures the engine's raw disk-tier pattern through a
+// kvtierfs mount and, in the same run, straight on a bare directory of the
+// same filesystem: stores (16 threads, O_EXCL tmp + one O_DIRECT write +
+// rename), loads (16 threads, one O_DIRECT readv of a whole row into a shm
+// row) with a cold and a warm page cache, and lookups (faccessat) of present
+// and absent keys. It is `kvtierfs bench --scenario disk`.
+package diskbench
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
+)
+
+// Config sizes a run.
+type Config struct {
+	// Binary is the kvtierfs executable that mounts the tier.
+	Binary string
+	// Dir is a work directory on the disk under test; it is emptied at the end.
+	Dir string
+	// RowBytes is the size of one block (one shm row).
+	RowBytes int
+	// Blocks is how many blocks each side stores and loads.
+	Blocks int
+	// Threads is the engine's I/O thread count.
+	Threads int
+	// LookupKeys is how many keys the lookup phase checks; the stored blocks are present, the rest absent.
+	LookupKeys int
+	// DropCaches empties the page cache before each cold phase (root only).
+	DropCaches bool
+	// Progress receives one line per phase; nil discards them.
+	Progress io.Writer
+}
+
+// DefaultConfig is the issue's benchmark: 512 blocks of 8 MiB, 16 threads, 12,434 lookups.
+func DefaultConfig() Config {
+	return Config{RowBytes: 8 << 20, Blocks: 512, Threads: 16, LookupKeys: 12434, DropCaches: os.Geteuid() == 0}
+}
+
+// Validate checks a configuration, naming the offending flag.
+func (c Config) Validate() error {
+	switch {
+	case c.RowBytes <= 0 || c.RowBytes%engineio.PageSize != 0:
+		return fmt.Errorf("--row-bytes %d: want a positive multiple of %d", c.RowBytes, engineio.PageSize)
+	case c.Blocks <= 0:
+		return fmt.Errorf("--blocks %d: want at least 1", c.Blocks)
+	case c.Threads <= 0:
+		return fmt.Errorf("--threads %d: want at least 1", c.Threads)
+	case c.LookupKeys < c.Blocks:
+		return fmt.Errorf("--lookups %d: want at least --blocks (%d)", c.LookupKeys, c.Blocks)
+	case c.Dir == "" || c.Binary == "":
+		return errors.New("diskbench: Dir and Binary are required")
+	}
+	return nil
+}
+
+// Measurement is one phase on both sides.
+type Measurement struct {
+	Phase  string  `json:"phase"`
+	Unit   string  `json:"unit"`
+	Mount  float64 `json:"mount"`
+	Direct float64 `json:"direct"`
+	// Ratio is mount/direct for throughputs (higher is better) and
+	// direct/mount for latencies, so above 1 always means the mount is faster.
+	Ratio float64 `json:"ratio"`
+}
+
+// Result is a whole run.
+type Result struct {
+	Config       Config        `json:"-"`
+	RowBytes     int           `json:"row_bytes"`
+	Blocks       int           `json:"blocks"`
+	Threads      int           `json:"threads"`
+	LookupKeys   int           `json:"lookup_keys"`
+	ColdCache    bool          `json:"cold_cache"`
+	Measurements []Measurement `json:"measurements"`
+	// VerifiedLoads counts loads whose bytes were compared in full with what was stored.
+	VerifiedLoads int `json:"verified_loads"`
+}
+
+// run holds the state of one benchmark run.
+type run struct {
+	cfg    Config
+	region *engineio.Region
+	mount  *engineio.Tier
+	bare   *engineio.Tier
+	store  *engineio.Tier
+}
+
+// tierDir is the engine's per-model directory used by the benchmark.
+const tierDir = "Bench_000000000000_r0"
+
+// Run performs the benchmark. Everything it creates is removed before it returns.
+func Run(cfg Config) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	res := Result{Config: cfg, RowBytes: cfg.RowBytes, Blocks: cfg.Blocks, Threads: cfg.Threads,
+		LookupKeys: cfg.LookupKeys, ColdCache: cfg.DropCaches}
+	work, err := os.MkdirTemp(cfg.Dir, "kvtierfs-diskbench-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(work)
+	regionPath := fmt.Sprintf("/dev/shm/vllm_offload_kvtierbench_%d.mmap", os.Getpid())
+	region, err := engineio.CreateRegion(regionPath, 2*cfg.Threads, cfg.RowBytes)
+	if err != nil {
+		return res, err
+	}
+	defer region.Close()
+	for i := 0; i < cfg.Threads; i++ {
+		fillRow(region.Row(i), uint64(i))
+	}
+	d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"),
+		Store: mkdir(work, "store"), ShmGlob: regionPath})
+	if err != nil {
+		return res, err
+	}
+	defer d.Stop()
+	r := &run{cfg: cfg, region: region}
+	if r.mount, err = engineio.OpenTier(d.Mountpoint); err != nil {
+		return res, err
+	}
+	if r.bare, err = engineio.OpenTier(mkdir(work, "bare")); err != nil {
+		return res, err
+	}
+	r.store = &engineio.Tier{Root: d.Store, Direct: r.bare.Direct}
+
+	steps := []func(*Result) error{r.stores, r.coldLoads, r.warmLoads, r.lookups, r.verify}
+	for _, step := range steps {
+		if err := step(&res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func mkdir(parent, name string) string {
+	p := filepath.Join(parent, name)
+	os.MkdirAll(p, 0o755)
+	return p
+}
+
+// key is the chunk hash of block i.
+func key(i int) string {
+	sum := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))
+	return hex.EncodeToString(sum[:])
+}
+
+// fillRow writes deterministic bytes derived from seed.
+func fillRow(row []byte, seed uint64) {
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for off := 0; off+8 <= len(row); off += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(row[off:], x)
+	}
+}
+
+// sourceRow is the region row whose bytes block i holds: the first Threads
+// rows hold distinct content, the loads land in the others.
+func (r *run) sourceRow(i int) []byte {
+	return r.region.Row(i % r.cfg.Threads)
+}
+
+// parallel runs fn(thread, i) for every block on cfg.Threads threads and returns the wall time.
+func (r *run) parallel(fn func(thread, i int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	start := time.Now()
+	for t := 0; t < r.cfg.Threads; t++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= r.cfg.Blocks {
+					return
+				}
+				if err := fn(t, i); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err, ok := firstErr.Load().(error); ok {
+		return elapsed, err
+	}
+	return elapsed, nil
+}
+
+// throughput is GB/s for moving every block once in d.
+func (r *run) throughput(d time.Duration) float64 {
+	return float64(r.cfg.Blocks) * float64(r.cfg.RowBytes) / d.Seconds() / 1e9
+}
+
+func (r *run) report(res *Result, m Measurement) {
+	res.Measurements = append(res.Measurements, m)
+	fmt.Fprintf(r.cfg.Progress, "%-28s mount %10.3f %s   direct %10.3f %s   ratio %.2f\n", m.Phase, m.Mount, m.Unit, m.Direct, m.Unit, m.Ratio)
+}
+
+// stores writes every block to the mount and to the bare directory.
+func (r *run) stores(res *Result) error {
+	storeAll := func(tier *engineio.Tier) (time.Duration, error) {
+		return r.parallel(func(thread, i int) error {
+			_, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.sourceRow(i))
+			return err
+		})
+	}
+	mount, err := storeAll(r.mount)
+	if err != nil {
+		return fmt.Errorf("stores through the mount: %w", err)
+	}
+	direct, err := storeAll(r.bare)
+	if err != nil {
+		return fmt.Errorf("stores on the bare directory: %w", err)
+	}
+	m, dr := r.throughput(mount), r.throughput(direct)
+	r.report(res, Measurement{Phase: "store (O_DIRECT write)", Unit: "GB/s", Mount: m, Direct: dr, Ratio: m / dr})
+	return nil
+}
+
+// loadAll loads every block from a tier into the thread's load row.
+func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
+	return r.parallel(func(thread, i int) error {
+		return tier.Load(tier.BlockPath(tierDir, 0, key(i)), r.region.Row(r.cfg.Threads+thread))
+	})
+}
+
+// dropCaches writes back and empties the page cache.
+func (r *run) dropCaches() error {
+	if !r.cfg.DropCaches {
+		return nil
+	}
+	unix.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
+}
+
+// coldLoads loads every block once with an empty page cache, through the
+// mount and straight from the store directory.
+func (r *run) coldLoads(res *Result) error {
+	phase := "load, cold cache (O_DIRECT)"
+	if !r.cfg.DropCaches {
+		phase = "load, first (O_DIRECT)"
+	}
+	if err := r.dropCaches(); err != nil {
+		return err
+	}
+	mount, err := r.loadAll(r.mount)
+	if err != nil {
+		return fmt.Errorf("cold loads through the mount: %w", err)
+	}
+	if err := r.dropCaches(); err != nil {
+		return err
+	}
+	direct, err := r.loadAll(r.store)
+	if err != nil {
+		return fmt.Errorf("cold loads from the store directory: %w", err)
+	}
+	m, d := r.throughput(mount), r.throughput(direct)
+	r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d})
+	return nil
+}
+
+// warmLoads loads every block again with the page cache as the previous phase
+// left it, with O_DIRECT as the engine does and buffered as an engine whose
+// O_DIRECT probe failed does.
+func (r *run) warmLoads(res *Result) error {
+	for _, direct := range []bool{true, false} {
+		mountTier := &engineio.Tier{Root: r.mount.Root, Direct: direct}
+		storeTier := &engineio.Tier{Root: r.store.Root, Direct: direct}
+		mount, err := r.loadAll(mountTier)
+		if err != nil {
+			return fmt.Errorf("warm loads through the mount: %w", err)
+		}
+		bare, err := r.loadAll(storeTier)
+		if err != nil {
+			return fmt.Errorf("warm loads from the store directory: %w", err)
+		}
+		phase := "load, warm cache (O_DIRECT)"
+		if !direct {
+			phase = "load, warm cache (buffered)"
+		}
+		m, d := r.throughput(mount), r.throughput(bare)
+		r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d})
+	}
+	return nil
+}
+
+// lookups checks LookupKeys keys in prefix order on one thread, as the
+// engine's lookup thread does, twice: first touch and repeat.
+func (r *run) lookups(res *Result) error {
+	lookupAll := func(tier *engineio.Tier) (time.Duration, error) {
+		start := time.Now()
+		for i := 0; i < r.cfg.LookupKeys; i++ {
+			if got, want := tier.Exists(tier.BlockPath(tierDir, 0, key(i))), i < r.cfg.Blocks; got != want {
+				return 0, fmt.Errorf("lookup of key %d on %s: present=%v, want %v", i, tier.Root, got, want)
+			}
+		}
+		return time.Since(start), nil
+	}
+	for _, phase := range []string{"lookup, first", "lookup, repeat"} {
+		mount, err := lookupAll(r.mount)
+		if err != nil {
+			return err
+		}
+		direct, err := lookupAll(r.store)
+		if err != nil {
+			return err
+		}
+		perKey := func(d time.Duration) float64 { return d.Seconds() * 1e6 / float64(r.cfg.LookupKeys) }
+		m, d := perKey(mount), perKey(direct)
+		r.report(res, Measurement{Phase: phase, Unit: "µs/key", Mount: m, Direct: d, Ratio: d / m})
+	}
+	return nil
+}
+
+// verify loads every block through the mount once more and compares it in full.
+func (r *run) verify(res *Result) error {
+	for i := 0; i < r.cfg.Blocks; i++ {
+		got := r.region.Row(r.cfg.Threads)
+		if err := r.mount.Load(r.mount.BlockPath(tierDir, 0, key(i)), got); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, r.sourceRow(i)) {
+			return fmt.Errorf("block %d differs from what was stored", i)
+		}
+		res.VerifiedLoads++
+	}
+	return nil
+}

@@ -1,0 +1,55 @@
+package diskbench_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvtierfs/kvtierfs/integration/diskbench"
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+func TestMain(m *testing.M) { mounttest.Main(m) }
+
+// TestRunSmall runs the benchmark at CI size: every phase reports both sides
+// and every block loaded back through the mount equals what was stored.
+func TestRunSmall(t *testing.T) {
+	cfg := diskbench.Config{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 48,
+		Threads: 4, LookupKeys: 96, Progress: os.Stderr}
+	res, err := diskbench.Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.VerifiedLoads != cfg.Blocks {
+		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
+	}
+	if len(res.Measurements) != 6 {
+		t.Fatalf("%d measurements, want 6: %+v", len(res.Measurements), res.Measurements)
+	}
+	for _, m := range res.Measurements {
+		if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {
+			t.Fatalf("phase %q has an empty side: %+v", m.Phase, m)
+		}
+	}
+	left, _ := os.ReadDir(cfg.Dir)
+	if len(left) != 0 {
+		t.Fatalf("the benchmark left %d entries in its work directory", len(left))
+	}
+}
+
+// TestConfigErrorsNameTheFlag checks the messages of bad sizes.
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	base := diskbench.Config{Binary: "kvtierfs", Dir: "/tmp", RowBytes: 4096, Blocks: 1, Threads: 1, LookupKeys: 1}
+	for flag, mutate := range map[string]func(*diskbench.Config){
+		"--row-bytes": func(c *diskbench.Config) { c.RowBytes = 1000 },
+		"--blocks":    func(c *diskbench.Config) { c.Blocks = 0 },
+		"--threads":   func(c *diskbench.Config) { c.Threads = 0 },
+		"--lookups":   func(c *diskbench.Config) { c.LookupKeys = 0 },
+	} {
+		c := base
+		mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: error %v does not name the flag", flag, err)
+		}
+	}
+}
