@@ -14,6 +14,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,7 +74,15 @@ type FS struct {
 	root         *node
 	server       *fuse.Server
 	control      *fs.Inode
+	done         chan struct{}
+
+	// rowsIdentified counts loads proven by finding their row in a region;
+	// rowsUnidentified those that fell back to reading the block file.
+	rowsIdentified, rowsUnidentified atomic.Int64
 }
+
+// regionRefresh is how often the shm regions are looked for again.
+const regionRefresh = time.Second
 
 // Mount mounts the store at mountpoint and starts serving it.
 func Mount(mountpoint string, opts Options) (*FS, error) {
@@ -86,7 +95,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.NegativeTimeout == 0 {
 		opts.NegativeTimeout = DefaultNegativeTimeout
 	}
-	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint, entryTimeout: opts.EntryTimeout}
+	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
+		entryTimeout: opts.EntryTimeout, done: make(chan struct{})}
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err
@@ -125,6 +135,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.server = server
 	opts.Store.OnRemove(f.forget)
+	if f.regions != nil {
+		go f.watchRegions()
+	}
 	if server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
 		opts.Logger.Warn("kernel FUSE passthrough unavailable: loads are copied through the daemon")
 	}
@@ -132,7 +145,30 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 }
 
 // Wait blocks until the filesystem is unmounted.
-func (f *FS) Wait() { f.server.Wait() }
+func (f *FS) Wait() {
+	f.server.Wait()
+	select {
+	case <-f.done:
+	default:
+		close(f.done)
+	}
+}
+
+// watchRegions maps the engine's regions as they appear, until unmount.
+func (f *FS) watchRegions() {
+	tick := time.NewTicker(regionRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-tick.C:
+			if err := f.regions.Refresh(); err != nil {
+				f.logger.Debug("shm regions", "err", err)
+			}
+		}
+	}
+}
 
 // Unmount unmounts the filesystem; it fails with EBUSY while files are open.
 func (f *FS) Unmount() error { return f.server.Unmount() }

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"sync"
 	"syscall"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // tmpHandle is the descriptor of a block tmp file being written. Writes reach
@@ -53,13 +55,45 @@ func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 	return disk.Errno(h.w.Close())
 }
 
-// blockHandle is the descriptor of a verified block opened for a load. The
-// kernel reads the store file directly (passthrough) when it can; Read is the
+// blockHandle is the descriptor of a block opened for a load. The kernel
+// reads the store file directly (passthrough) when it can; Read is the
 // fallback through the daemon. The block is pinned until Release.
+//
+// The bytes are proven before the engine can count the load as done: at open
+// by reading the file when no shm region can hold the block, otherwise at
+// FLUSH by finding a row of the engine's region that did not hold the block at
+// open and now holds exactly its bytes (digest samples, then CRC32C). A FLUSH
+// that cannot find one falls back to reading the file. mu guards the outcome.
 type blockHandle struct {
 	r     *disk.Reader
 	fsys  *FS
 	start time.Time
+
+	mu       sync.Mutex
+	digest   shm.Digest
+	before   []shm.RowRef
+	verified bool
+	err      syscall.Errno
+	row      shm.RowRef
+}
+
+// openBlock pins a block and chooses how its load will be proven.
+func (f *FS) openBlock(rel string) (*blockHandle, error) {
+	r, err := f.store.PinBlock(rel)
+	if err != nil {
+		return nil, err
+	}
+	h := &blockHandle{r: r, fsys: f, start: time.Now()}
+	if d, ok := r.Digest(); ok && f.regions != nil && f.regions.Fits(d.Size) {
+		h.digest, h.before = d, f.regions.Candidates(d)
+		return h, nil
+	}
+	if err := r.Verify(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	h.verified = true
+	return h, nil
 }
 
 var _ = (fs.FilePassthroughFder)((*blockHandle)(nil))
@@ -94,8 +128,28 @@ func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 
 var _ = (fs.FileFlusher)((*blockHandle)(nil))
 
-// Flush is the barrier before the engine counts the load as done.
-func (h *blockHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// Flush is the barrier before the engine counts the load as done: it fails
+// with EIO unless the load's bytes are proven.
+func (h *blockHandle) Flush(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.verified || h.err != 0 {
+		return h.err
+	}
+	if ref, ok := h.fsys.regions.Confirm(h.digest, h.before); ok {
+		h.verified, h.row = true, ref
+		h.fsys.rowsIdentified.Add(1)
+		return 0
+	}
+	h.fsys.rowsUnidentified.Add(1)
+	if err := h.r.Verify(); err != nil {
+		h.fsys.logger.Error("load failed verification at close", "err", err)
+		h.err = disk.Errno(err)
+		return h.err
+	}
+	h.verified = true
+	return 0
+}
 
 var _ = (fs.FileReleaser)((*blockHandle)(nil))
 

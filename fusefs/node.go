@@ -140,12 +140,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == disk.Block:
-		start := time.Now()
-		r, err := n.fsys.store.OpenBlock(rel)
+		h, err := n.fsys.openBlock(rel)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
-		return &blockHandle{r: r, fsys: n.fsys, start: start}, 0, 0
+		return h, 0, 0
 	case kind == disk.BlockTmp && writing && n.fsys.store.IsTracked(rel):
 		return nil, 0, syscall.EBUSY
 	}

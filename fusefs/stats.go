@@ -34,6 +34,10 @@ type Counters struct {
 	ChecksumFailures int64 `json:"checksum_failures"`
 	NoSpace          int64 `json:"no_space"`
 	RejectedWrites   int64 `json:"rejected_writes"`
+	// RowsIdentified counts loads proven by finding their row in an shm
+	// region; RowsUnidentified loads that fell back to re-reading the file.
+	RowsIdentified   int64 `json:"rows_identified"`
+	RowsUnidentified int64 `json:"rows_unidentified"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -60,6 +64,8 @@ func (f *FS) Stats() Stats {
 			ChecksumFailures: c.ChecksumFailures.Load(),
 			NoSpace:          c.NoSpace.Load(),
 			RejectedWrites:   c.RejectedWrites.Load(),
+			RowsIdentified:   f.rowsIdentified.Load(),
+			RowsUnidentified: f.rowsUnidentified.Load(),
 		},
 		Warnings: []Warning{},
 	}

@@ -14,12 +14,13 @@ import (
 // store stays within it, the oldest blocks go first, and evicted blocks
 // disappear from the kernel's cache at once.
 func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
-	const capacityBlocks = 16
 	d := mounttest.Start(t, mounttest.Options{Args: []string{"--capacity", "4MiB", "--lookup-protect", "1ms"}})
 	tier := openTier(t, d)
 	region := newRegion(t, 1)
 
 	first := storeBlock(t, tier, region.Row(0), 0)
+	// A block occupies its row plus the filesystem's metadata (the checksum xattr).
+	capacityBlocks := int(4<<20) / int(d.Stats().Disk.PhysicalBytes)
 	if !tier.Exists(first) {
 		t.Fatal("first block absent right after its store")
 	}
@@ -32,7 +33,7 @@ func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
 		}
 	}
 	st := d.Stats()
-	if st.Disk.CapacityBytes != 4<<20 || st.Disk.Blocks != capacityBlocks || st.Disk.Evictions != 2*capacityBlocks {
+	if st.Disk.CapacityBytes != 4<<20 || st.Disk.Blocks != int64(capacityBlocks) || st.Disk.Evictions != int64(2*capacityBlocks) {
 		t.Fatalf("capacity %d, %d blocks, %d evictions; want %d, %d, %d",
 			st.Disk.CapacityBytes, st.Disk.Blocks, st.Disk.Evictions, 4<<20, capacityBlocks, 2*capacityBlocks)
 	}
@@ -48,11 +49,16 @@ func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
 // a lookup: they are protected, so the next store fails with ENOSPC, leaves
 // nothing behind, and the daemon keeps serving.
 func TestCapacityProtectsLookedUpBlocks(t *testing.T) {
-	const capacityBlocks = 8
 	d := mounttest.Start(t, mounttest.Options{Args: []string{"--capacity", "2MiB", "--lookup-protect", "1h"}})
 	tier := openTier(t, d)
 	region := newRegion(t, 2)
-	for i := 0; i < capacityBlocks; i++ {
+	capacityBlocks := 0
+	for i := 0; ; i++ {
+		st := d.Stats()
+		if st.Disk.Blocks > 0 && st.Disk.FreeBytes < st.Disk.PhysicalBytes/st.Disk.Blocks {
+			break
+		}
+		capacityBlocks++
 		path := storeBlock(t, tier, region.Row(0), i)
 		if !tier.Exists(path) {
 			t.Fatalf("block %d absent after store", i)
@@ -64,7 +70,7 @@ func TestCapacityProtectsLookedUpBlocks(t *testing.T) {
 		t.Fatalf("store into a store full of protected blocks: %v, want ENOSPC", err)
 	}
 	st := d.Stats()
-	if st.Disk.Blocks != capacityBlocks || st.Disk.Evictions != 0 || st.Counters.NoSpace == 0 || st.Disk.InFlightTmp != 0 {
+	if st.Disk.Blocks != int64(capacityBlocks) || st.Disk.Evictions != 0 || st.Counters.NoSpace == 0 || st.Disk.InFlightTmp != 0 {
 		t.Fatalf("after ENOSPC: %d blocks, %d evictions, %d no-space, %d tmp files; want %d, 0, >0, 0",
 			st.Disk.Blocks, st.Disk.Evictions, st.Counters.NoSpace, st.Disk.InFlightTmp, capacityBlocks)
 	}

@@ -111,48 +111,69 @@ func TestKill9DuringStoreStorm(t *testing.T) {
 }
 
 // TestCorruptBlockGivesEIO flips one byte of a stored block in the store
-// directory: the load fails with EIO, the failure is counted and the block is
-// gone; other blocks are unaffected.
+// directory: the load fails with EIO (at open when no shm region can hold the
+// block, at close when the load passed through into a region row), the
+// failure is counted and the block is gone; other blocks are unaffected.
 func TestCorruptBlockGivesEIO(t *testing.T) {
-	d := mounttest.Start(t, mounttest.Options{})
-	tier := openTier(t, d)
-	region := newRegion(t, 2)
-	bad := storeBlock(t, tier, region.Row(0), 1)
-	good := storeBlock(t, tier, region.Row(0), 2)
+	for _, withRegion := range []bool{false, true} {
+		name := map[bool]string{false: "verified at open", true: "verified at close in the shm row"}[withRegion]
+		t.Run(name, func(t *testing.T) {
+			region := newRegion(t, 2)
+			opts := mounttest.Options{}
+			if withRegion {
+				opts.ShmGlob = region.Path
+			}
+			d := mounttest.Start(t, opts)
+			tier := openTier(t, d)
+			bad := storeBlock(t, tier, region.Row(0), 1)
+			good := storeBlock(t, tier, region.Row(0), 2)
+			flipByte(t, filepath.Join(d.Store, strings.TrimPrefix(bad, d.Mountpoint)), 12345)
 
-	storeFile := filepath.Join(d.Store, strings.TrimPrefix(bad, d.Mountpoint))
-	f, err := os.OpenFile(storeFile, os.O_RDWR, 0)
+			copy(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes))
+			err := tier.Load(bad, region.Row(1))
+			if !errors.Is(err, syscall.EIO) {
+				t.Fatalf("load of a corrupt block: %v, want EIO", err)
+			}
+			if !withRegion && !bytes.Equal(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes)) {
+				t.Fatal("a corrupt block's bytes reached the row although the open failed")
+			}
+			if withRegion && !strings.Contains(err.Error(), "close") {
+				t.Fatalf("load of a corrupt block failed with %v, want the failure at close", err)
+			}
+			st := d.Stats()
+			if st.Counters.ChecksumFailures != 1 || st.Disk.Blocks != 1 {
+				t.Fatalf("after corruption: %d checksum failures, %d blocks; want 1 and 1", st.Counters.ChecksumFailures, st.Disk.Blocks)
+			}
+			if !d.WaitLog("corrupt block removed") {
+				t.Fatal("the corrupt block's path was not logged")
+			}
+			if tier.Exists(bad) {
+				t.Fatal("the corrupt block still answers lookups")
+			}
+			if err := tier.Load(good, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(2)) {
+				t.Fatalf("an intact block was affected: %v", err)
+			}
+			if len(st.Warnings) == 0 || st.Warnings[0].Code != "checksum_failures" {
+				t.Fatalf("stat warnings %+v, want a checksum_failures warning", st.Warnings)
+			}
+		})
+	}
+}
+
+// flipByte inverts one bit of a file in place.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	b := []byte{0}
-	f.ReadAt(b, 12345)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
 	b[0] ^= 0x40
-	f.WriteAt(b, 12345)
-	f.Close()
-
-	copy(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes))
-	err = tier.Load(bad, region.Row(1))
-	if !errors.Is(err, syscall.EIO) {
-		t.Fatalf("load of a corrupt block: %v, want EIO", err)
-	}
-	if !bytes.Equal(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes)) {
-		t.Fatal("a corrupt block's bytes reached the row")
-	}
-	st := d.Stats()
-	if st.Counters.ChecksumFailures != 1 || st.Disk.Blocks != 1 {
-		t.Fatalf("after corruption: %d checksum failures, %d blocks; want 1 and 1", st.Counters.ChecksumFailures, st.Disk.Blocks)
-	}
-	if !d.WaitLog("corrupt block removed") {
-		t.Fatal("the corrupt block's path was not logged")
-	}
-	if tier.Exists(bad) {
-		t.Fatal("the corrupt block still answers lookups")
-	}
-	if err := tier.Load(good, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(2)) {
-		t.Fatalf("an intact block was affected: %v", err)
-	}
-	if len(st.Warnings) == 0 || st.Warnings[0].Code != "checksum_failures" {
-		t.Fatalf("stat warnings %+v, want a checksum_failures warning", st.Warnings)
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -19,9 +19,9 @@ import (
 // absent keys, loads into other rows, then compares every byte.
 func TestEngineReplay(t *testing.T) {
 	const blocks, threads = 96, 16
-	d := mounttest.Start(t, mounttest.Options{})
-	tier := openTier(t, d)
 	region := newRegion(t, 2*blocks)
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path})
+	tier := openTier(t, d)
 
 	parallel(t, threads, blocks, func(i int) error {
 		fillRow(region.Row(i), i)
@@ -59,6 +59,13 @@ func TestEngineReplay(t *testing.T) {
 	}
 	if st.Counters.LookupHits < blocks {
 		t.Fatalf("stats: %d lookup hits, want at least %d", st.Counters.LookupHits, blocks)
+	}
+	if st.Counters.RowsIdentified != blocks || st.Counters.RowsUnidentified != 0 {
+		t.Fatalf("stats: %d loads proven in their shm row, %d by re-reading the file; want %d and 0",
+			st.Counters.RowsIdentified, st.Counters.RowsUnidentified, blocks)
+	}
+	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Rows != 2*blocks || st.Primary.Regions[0].RowBytes != rowBytes {
+		t.Fatalf("stats: primary regions %+v, want one of %d rows of %d bytes", st.Primary.Regions, 2*blocks, rowBytes)
 	}
 	// The store directory is itself a valid tier root: the engine pointed
 	// straight at it finds and loads every block.

@@ -9,10 +9,12 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// checksumXattr holds a block's CRC32C and size beside its data, so the bytes
-// of the block file are exactly the engine's row.
+// checksumXattr holds a block's digest (size, CRC32C, sampled windows) beside
+// its data, so the bytes of the block file are exactly the engine's row.
 const checksumXattr = "user.kvtierfs.crc32c"
 
 // ReservedXattrPrefix is the xattr namespace the store owns; the mount hides it.
@@ -21,38 +23,38 @@ const ReservedXattrPrefix = "user.kvtierfs."
 // castagnoli is the CRC32C table; the standard library accelerates it in hardware.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// checksumRecord is the content of the checksum xattr: crc32c then size, big endian.
-type checksumRecord struct {
-	crc  uint32
-	size int64
-}
-
-func (r checksumRecord) encode() []byte {
-	b := make([]byte, 12)
-	binary.BigEndian.PutUint32(b, r.crc)
-	binary.BigEndian.PutUint64(b[4:], uint64(r.size))
-	return b
-}
-
-// readChecksum reads a block's checksum record; ok is false when it has none.
-func readChecksum(path string) (checksumRecord, bool, error) {
-	buf := make([]byte, 12)
+// readDigest reads a block's digest record; ok is false when it has none.
+func readDigest(path string) (shm.Digest, bool, error) {
+	buf := make([]byte, 256)
 	n, err := unix.Getxattr(path, checksumXattr, buf)
 	if err == unix.ENODATA {
-		return checksumRecord{}, false, nil
+		return shm.Digest{}, false, nil
 	}
 	if err != nil {
-		return checksumRecord{}, false, err
+		return shm.Digest{}, false, err
 	}
-	if n != len(buf) {
-		return checksumRecord{}, false, fmt.Errorf("checksum xattr has %d bytes, want %d", n, len(buf))
+	var d shm.Digest
+	if err := d.UnmarshalBinary(buf[:n]); err != nil {
+		return shm.Digest{}, false, err
 	}
-	return checksumRecord{crc: binary.BigEndian.Uint32(buf), size: int64(binary.BigEndian.Uint64(buf[4:]))}, true, nil
+	return d, true, nil
 }
 
-// writeChecksum stores a checksum record on an open file.
-func writeChecksum(f *os.File, rec checksumRecord) error {
-	return unix.Fsetxattr(int(f.Fd()), checksumXattr, rec.encode(), 0)
+// writeDigest stores a digest record on an open file.
+func writeDigest(f *os.File, d shm.Digest) error {
+	b, _ := d.MarshalBinary()
+	return unix.Fsetxattr(int(f.Fd()), checksumXattr, b, 0)
+}
+
+// digestFile samples an open file whose size and CRC32C are known.
+func digestFile(f *os.File, size int64, crc uint32) (shm.Digest, error) {
+	var buf [8]byte
+	return shm.NewDigest(size, crc, func(off int64) (uint64, error) {
+		if _, err := f.ReadAt(buf[:], off); err != nil {
+			return 0, err
+		}
+		return binary.LittleEndian.Uint64(buf[:]), nil
+	})
 }
 
 // fileCRC computes the CRC32C of the first size bytes of an open file through a

@@ -3,6 +3,8 @@ package disk
 import (
 	"os"
 	"syscall"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // Reader is a verified, open block. The block cannot be evicted until Close.
@@ -51,6 +53,21 @@ func (s *Store) Contains(rel string) bool {
 // a checksum failure, removes the block and fails with EIO: wrong bytes never
 // reach a load.
 func (s *Store) OpenBlock(rel string) (*Reader, error) {
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Verify(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// PinBlock opens a block for a load without reading it, pinning it until the
+// Reader is closed. The caller must prove the load's bytes before the load
+// counts as done: Verify, or find them in the engine's region by Digest.
+func (s *Store) PinBlock(rel string) (*Reader, error) {
 	s.mu.Lock()
 	b := s.blocks[rel]
 	if b == nil {
@@ -62,20 +79,27 @@ func (s *Store) OpenBlock(rel string) (*Reader, error) {
 
 	r := &Reader{s: s, b: b}
 	f, err := os.Open(s.Path(rel))
-	if err == nil {
-		r.file = f
-		err = s.verify(b, f)
-	}
 	if err != nil {
 		r.Close()
 		return nil, err
 	}
+	r.file = f
 	return r, nil
 }
 
-// verify checks an open block file against its checksum record, adopting
-// blocks that have none (placed in the store by an engine pointed straight at it).
-func (s *Store) verify(b *block, f *os.File) error {
+// Digest returns the block's digest; ok is false for a block found in the
+// store without a record, which only Verify can check (and adopt).
+func (r *Reader) Digest() (shm.Digest, bool) {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return r.b.digest, r.b.hasDigest
+}
+
+// Verify reads the block file and checks it against its digest, adopting a
+// block that has none (placed in the store by an engine pointed straight at
+// it). A mismatch removes the block and returns EIO.
+func (r *Reader) Verify() error {
+	s, b, f := r.s, r.b, r.file
 	size, _, err := fileSize(f)
 	if err != nil {
 		return err
@@ -88,20 +112,32 @@ func (s *Store) verify(b *block, f *os.File) error {
 		return s.corrupt(b, "%v", err)
 	}
 	s.mu.Lock()
-	adopt := !b.hasCRC
-	if adopt {
-		b.crc, b.hasCRC = crc, true
-	}
-	want := b.crc
+	adopt, want := !b.hasDigest, b.digest.CRC
 	s.mu.Unlock()
-	if adopt {
-		s.cfg.Logger.Info("adopted block without checksum record", "path", s.Path(b.rel))
-		return writeChecksum(f, checksumRecord{crc: crc, size: size})
+	if !adopt {
+		if crc != want {
+			return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
+		}
+		return nil
 	}
-	if crc != want {
-		return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
+	d, err := digestFile(f, size, crc)
+	if err != nil {
+		return err
 	}
+	if err := writeDigest(f, d); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	b.digest, b.hasDigest = d, true
+	s.mu.Unlock()
+	s.cfg.Logger.Info("adopted block without checksum record", "path", s.Path(b.rel))
 	return nil
+}
+
+// Corrupt reports that a load of this block delivered bytes that do not match
+// its digest: the block is removed and the error (EIO) describes it.
+func (r *Reader) Corrupt(reason string) error {
+	return r.s.corrupt(r.b, "%s", reason)
 }
 
 // corrupt drops a block whose bytes fail verification and returns EIO.

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // DefaultLookupProtect is how long a block that answered a lookup is kept
@@ -62,8 +64,10 @@ type block struct {
 	name       BlockName
 	size       int64
 	physical   int64
-	crc        uint32
-	hasCRC     bool
+	// digest is the block's size, CRC32C and samples; hasDigest is false for
+	// blocks found in the store without a record, until their first load.
+	digest    shm.Digest
+	hasDigest bool
 	lastUse    int64
 	lastLookup int64
 	readers    int
@@ -283,15 +287,15 @@ func (s *Store) readBlockMeta(p, rel string, name BlockName) (*block, error) {
 	}
 	b := &block{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
 		lastUse: st.Mtim.Nano(), present: true}
-	rec, ok, err := readChecksum(p)
+	d, ok, err := readDigest(p)
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		if rec.size != st.Size {
-			return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, rec.size)
+		if d.Size != st.Size {
+			return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
 		}
-		b.crc, b.hasCRC = rec.crc, true
+		b.digest, b.hasDigest = d, true
 	}
 	return b, nil
 }

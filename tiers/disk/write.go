@@ -183,7 +183,11 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
-	if err := writeChecksum(f, checksumRecord{crc: crc, size: t.size}); err != nil {
+	digest, err := digestFile(f, t.size, crc)
+	if err != nil {
+		return err
+	}
+	if err := writeDigest(f, digest); err != nil {
 		return err
 	}
 	_, physical, err := fileSize(f)
@@ -209,7 +213,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 		s.dropLocked(old)
 	}
 	s.insertLocked(&block{rel: destRel, name: name, size: t.size, physical: physical,
-		crc: crc, hasCRC: true, lastUse: s.nowNano(), present: true})
+		digest: digest, hasDigest: true, lastUse: s.nowNano(), present: true})
 	s.counters.Writes.Add(1)
 	return nil
 }

@@ -43,7 +43,8 @@ type Info struct {
 type Set struct {
 	glob string
 
-	mu      sync.Mutex
+	// mu guards regions: Refresh writes, the row searches read.
+	mu      sync.RWMutex
 	regions map[string]*Region
 }
 
@@ -127,8 +128,8 @@ func (s *Set) unmapLocked(p string) {
 // found in the store (rowSizes); a region no block size divides is refused
 // with a warning.
 func (s *Set) Infos(rowSizes []int64) []Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	out := make([]Info, 0, len(s.regions))
 	for _, r := range s.regions {
 		out = append(out, describe(r, rowSizes))
