@@ -60,14 +60,14 @@ type Config struct {
 
 // block is one published block in the index.
 type block struct {
-	rel        string
-	name       BlockName
-	size       int64
-	physical   int64
+	rel      string
+	name     BlockName
+	size     int64
+	physical int64
 	// digest is the block's size, CRC32C and samples; hasDigest is false for
 	// blocks found in the store without a record, until their first load.
-	digest    shm.Digest
-	hasDigest bool
+	digest     shm.Digest
+	hasDigest  bool
 	lastUse    int64
 	lastLookup int64
 	readers    int
