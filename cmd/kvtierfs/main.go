@@ -20,6 +20,7 @@ var commands = []command{
 	{"mount", "mount MOUNTPOINT [flags]", "serve the disk tier at MOUNTPOINT until SIGINT/SIGTERM", runMount},
 	{"stat", "stat MOUNTPOINT [--json]", "show occupancy, counters and warnings of a mount", runStat},
 	{"umount", "umount MOUNTPOINT", "unmount (lazily if busy)", runUmount},
+	{"bench", "bench SCENARIO [flags]", "replay the engine's KV offloading on real mounts and report", runBench},
 }
 
 func usage() {

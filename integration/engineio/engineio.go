@@ -54,6 +54,9 @@ func (r *Region) Row(i int) []byte {
 	return r.data[i*r.RowBytes : (i+1)*r.RowBytes]
 }
 
+// Bytes is the whole mapping, rows × row bytes (e.g. to register it for DMA).
+func (r *Region) Bytes() []byte { return r.data }
+
 // Close unmaps the region and removes its file.
 func (r *Region) Close() error {
 	err := unix.Munmap(r.data)

@@ -1,0 +1,375 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/diskbench"
+	"github.com/kvtierfs/kvtierfs/integration/engine"
+)
+
+// scenarioDisk is the raw disk-tier benchmark (package diskbench).
+const scenarioDisk = "disk"
+
+// benchScenarios lists every scenario of `kvtierfs bench`.
+var benchScenarios = append(engine.Scenarios(), scenarioDisk)
+
+// intFlag is an integer flag of the engine model that overrides a field of
+// the scenario's default configuration when given.
+type intFlag struct {
+	name, usage string
+	field       func(c *engine.Config) *int
+	scenarios   []string // the scenarios it applies to; nil means all engine scenarios
+	value       *int
+}
+
+// benchFlags is the parsed command line of `kvtierfs bench`.
+type benchFlags struct {
+	fl                       *pflag.FlagSet
+	scenario, engines, syncs string
+	rowBytes, groups, kv     string
+	hashSeed, model, gpuKind string
+	gpuDevices, replicatedKV string
+	capacity, dir            string
+	asJSON, dropCaches       bool
+	threads, blocks, lookups int
+	ints                     []intFlag
+}
+
+func newBenchFlags() *benchFlags {
+	b := &benchFlags{fl: newFlagSet("bench", "bench SCENARIO [flags]")}
+	fl := b.fl
+	fl.StringVar(&b.scenario, "scenario", "", "scenario: "+strings.Join(benchScenarios, ", ")+" (or as the first argument)")
+	fl.StringVar(&b.engines, "engine", "", "engine behaviours to run, comma-separated: stock, fixed (default stock,fixed; multinode: fixed)")
+	fl.StringVar(&b.syncs, "sync", "", "row mirroring between the nodes, comma-separated: off, on (default off; multinode: off,on; agent: on)")
+	fl.StringVar(&b.rowBytes, "row-bytes", "", fmt.Sprintf("row and block size, a multiple of 4096 (default 256KiB; disk: 8MiB; the field's row is %d)", engine.FieldRowBytes))
+	b.ints = []intFlag{
+		{name: "rows", usage: "rows of each node's primary (shm) region (eagle 64, multinode 128, long-prefix and agent 124)", field: func(c *engine.Config) *int { return &c.Rows }},
+		{name: "tokens-per-chunk", usage: "tokens per chunk, i.e. per key (default 2048)", field: func(c *engine.Config) *int { return &c.TokensPerChunk }},
+		{name: "world-size", usage: "TP world size, spread evenly over the nodes (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
+		{name: "nodes", usage: "nodes: 1 or 2, each a kvtierfs daemon, mount, store and shm region (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
+		{name: "requests", usage: "prompts (eagle 4, long-prefix 1) or agent requests (40)", field: func(c *engine.Config) *int { return &c.Requests },
+			scenarios: []string{engine.ScenarioEagle, engine.ScenarioLongPrefix, engine.ScenarioAgent}},
+		{name: "prompt-tokens", usage: "prompt length (eagle 100400, long-prefix 348000)", field: func(c *engine.Config) *int { return &c.PromptTokens },
+			scenarios: []string{engine.ScenarioEagle, engine.ScenarioLongPrefix}},
+		{name: "promote", usage: "rows multinode promotes (112)", field: func(c *engine.Config) *int { return &c.Promote },
+			scenarios: []string{engine.ScenarioMultinode}},
+		{name: "sessions", usage: "agent sessions taking turns (4)", field: func(c *engine.Config) *int { return &c.Sessions },
+			scenarios: []string{engine.ScenarioAgent}},
+		{name: "prefix-min", usage: "agent prompt length of a session's first turn (240000)", field: func(c *engine.Config) *int { return &c.PrefixMin },
+			scenarios: []string{engine.ScenarioAgent}},
+		{name: "prefix-max", usage: "agent prompt length of a session's last turn (350000)", field: func(c *engine.Config) *int { return &c.PrefixMax },
+			scenarios: []string{engine.ScenarioAgent}},
+		{name: "shared-prefix", usage: "agent tokens every session starts with (160000)", field: func(c *engine.Config) *int { return &c.SharedPrefix },
+			scenarios: []string{engine.ScenarioAgent}},
+	}
+	for i := range b.ints {
+		b.ints[i].value = fl.Int(b.ints[i].name, 0, b.ints[i].usage)
+	}
+	fl.IntVar(&b.threads, "threads", engine.DefaultIOThreads, "tier I/O threads for stores and for loads")
+	fl.StringVar(&b.kv, "kv", engine.KVMLA, "KV layout across ranks: mla (replicated) or gqa (per rank)")
+	fl.StringVar(&b.groups, "groups", "", "KV cache groups: full, sliding:TAIL:ACC, eagle:TAIL:ACC, comma-separated (eagle: full,eagle:2:8; multinode: full; else full,sliding:1:1)")
+	fl.StringVar(&b.hashSeed, "hash-seed", "0", "hash seed mixed into every chunk key (the PYTHONHASHSEED analogue)")
+	fl.StringVar(&b.model, "model", "DeepSeek-V4-Flash", "model name of the tier directories <model>_<digest12>_r0")
+	fl.StringVar(&b.gpuKind, "gpu", "auto", "CPU→GPU load stage: auto, cuda or host")
+	fl.StringVar(&b.gpuDevices, "gpu-devices", "0", "CUDA devices, comma-separated; rank r uses device r mod their count")
+	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
+	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
+	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
+	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side")
+	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent)")
+	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk: empty the page cache before each cold phase (root only)")
+	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
+	return b
+}
+
+// diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
+var (
+	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches"}
+	engineOnlyFlags = []string{"engine", "sync", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
+)
+
+func runBench(args []string) error {
+	b := newBenchFlags()
+	if err := b.fl.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	scenario, err := b.scenarioName()
+	if err != nil {
+		return usageError{err}
+	}
+	if err := b.checkApplicable(scenario); err != nil {
+		return usageError{err}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if scenario == scenarioDisk {
+		return b.runDisk(ctx, exe)
+	}
+	return b.runEngine(ctx, scenario, exe)
+}
+
+// scenarioName takes the scenario from the first argument or --scenario.
+func (b *benchFlags) scenarioName() (string, error) {
+	name := b.scenario
+	switch {
+	case b.fl.NArg() > 1:
+		return "", fmt.Errorf("expected one SCENARIO, got %d arguments: %s", b.fl.NArg(), strings.Join(b.fl.Args(), " "))
+	case b.fl.NArg() == 1 && name != "" && name != b.fl.Arg(0):
+		return "", fmt.Errorf("scenario given twice: %q and --scenario %q", b.fl.Arg(0), name)
+	case b.fl.NArg() == 1:
+		name = b.fl.Arg(0)
+	case name == "":
+		return "", fmt.Errorf("--scenario: missing; want one of %s", strings.Join(benchScenarios, ", "))
+	}
+	if !slices.Contains(benchScenarios, name) {
+		return "", fmt.Errorf("--scenario %q: want one of %s", name, strings.Join(benchScenarios, ", "))
+	}
+	return name, nil
+}
+
+// checkApplicable refuses flags the scenario does not use.
+func (b *benchFlags) checkApplicable(scenario string) error {
+	var refused []string
+	if scenario == scenarioDisk {
+		refused = engineOnlyFlags
+	} else {
+		refused = diskOnlyFlags
+	}
+	for _, f := range b.ints {
+		applies := slices.Contains(f.scenarios, scenario) || f.scenarios == nil && scenario != scenarioDisk
+		if !applies {
+			refused = append(refused, f.name)
+		}
+	}
+	for _, name := range refused {
+		if b.fl.Changed(name) {
+			return fmt.Errorf("--%s does not apply to scenario %s", name, scenario)
+		}
+	}
+	return nil
+}
+
+// engineConfig is the scenario's default configuration with the flags given.
+func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
+	cfg, err := engine.DefaultConfig(scenario)
+	if err != nil {
+		return cfg, err
+	}
+	for _, f := range b.ints {
+		if b.fl.Changed(f.name) {
+			*f.field(&cfg) = *f.value
+		}
+	}
+	if b.fl.Changed("row-bytes") {
+		n, err := parseSize("row-bytes", b.rowBytes)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.RowBytes = int(n)
+	}
+	if b.fl.Changed("groups") {
+		if cfg.Groups, err = engine.ParseGroups(b.groups); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.GPUDevices, err = parseInts("gpu-devices", b.gpuDevices); err != nil {
+		return cfg, err
+	}
+	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
+	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir = b.replicatedKV, b.capacity, b.dir
+	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
+	return cfg, nil
+}
+
+// runEngine runs the scenario once per engine and sync setting, and prints
+// the results side by side.
+func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error {
+	cfg, err := b.engineConfig(scenario, exe)
+	if err != nil {
+		return usageError{err}
+	}
+	engines, err := b.engineList(scenario)
+	if err != nil {
+		return usageError{err}
+	}
+	syncs, err := b.syncList(scenario, cfg, exe)
+	if err != nil {
+		return usageError{err}
+	}
+	var results []engine.Result
+	for _, eng := range engines {
+		for _, sync := range syncs {
+			cfg.Engine, cfg.Sync = eng, sync
+			if err := cfg.Validate(); err != nil {
+				return usageError{err}
+			}
+			res, err := engine.Run(ctx, cfg)
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
+			}
+			if err != nil {
+				return fmt.Errorf("%s, --engine %s, --sync %s: %w", scenario, eng, onOff(sync), err)
+			}
+			results = append(results, res)
+		}
+	}
+	if b.asJSON {
+		return writeJSON(os.Stdout, results)
+	}
+	if err := engine.WriteTable(os.Stdout, results); err != nil {
+		return err
+	}
+	for _, res := range results {
+		var st fusefs.Stats
+		if err := json.Unmarshal(res.Stats, &st); err != nil {
+			return fmt.Errorf("decoding the mount's stats: %w", err)
+		}
+		fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s, sync %s run:\n", res.Engine, res.Sync)
+		printStats(os.Stdout, st)
+	}
+	return nil
+}
+
+// engineList parses --engine.
+func (b *benchFlags) engineList(scenario string) ([]string, error) {
+	if !b.fl.Changed("engine") {
+		if scenario == engine.ScenarioMultinode {
+			return []string{engine.EngineFixed}, nil
+		}
+		return []string{engine.EngineStock, engine.EngineFixed}, nil
+	}
+	var engines []string
+	for _, name := range strings.Split(b.engines, ",") {
+		name = strings.TrimSpace(name)
+		if name != engine.EngineStock && name != engine.EngineFixed {
+			return nil, fmt.Errorf("--engine %q: want stock, fixed or both comma-separated", b.engines)
+		}
+		engines = append(engines, name)
+	}
+	return engines, nil
+}
+
+// syncList parses --sync. Without the flag, a default that includes "on" falls
+// back to "off" with a note when the binary cannot mirror rows yet.
+func (b *benchFlags) syncList(scenario string, cfg engine.Config, exe string) ([]bool, error) {
+	if b.fl.Changed("sync") {
+		var syncs []bool
+		for _, name := range strings.Split(b.syncs, ",") {
+			switch strings.TrimSpace(name) {
+			case "off":
+				syncs = append(syncs, false)
+			case "on":
+				syncs = append(syncs, true)
+			default:
+				return nil, fmt.Errorf("--sync %q: want off, on or both comma-separated", b.syncs)
+			}
+		}
+		return syncs, nil
+	}
+	syncs := []bool{false}
+	switch {
+	case cfg.Nodes == 1:
+	case scenario == engine.ScenarioMultinode:
+		syncs = []bool{false, true}
+	case scenario == engine.ScenarioAgent:
+		syncs = []bool{true}
+	}
+	if !slices.Contains(syncs, true) {
+		return syncs, nil
+	}
+	if err := engine.CheckSync(exe); err != nil {
+		fmt.Fprintf(os.Stderr, "kvtierfs bench: %v: running with --sync off only\n", errors.Unwrap(err))
+		return []bool{false}, nil
+	}
+	return syncs, nil
+}
+
+// runDisk runs the raw disk-tier benchmark of package diskbench.
+// diskbench has no cancellation: an interrupt lets the run finish and clean up.
+func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
+	cfg := diskbench.DefaultConfig()
+	cfg.Binary, cfg.Dir, cfg.Progress = exe, b.dir, os.Stderr
+	if cfg.Dir == "" {
+		cfg.Dir = os.TempDir()
+	}
+	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
+	if b.fl.Changed("row-bytes") {
+		n, err := parseSize("row-bytes", b.rowBytes)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.RowBytes = int(n)
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	go func() {
+		<-ctx.Done()
+		fmt.Fprintln(os.Stderr, "kvtierfs bench: interrupted: the disk benchmark finishes its run, then removes everything it created")
+	}()
+	res, err := diskbench.Run(cfg)
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted (%v)", err)
+	}
+	if err != nil {
+		return err
+	}
+	if b.asJSON {
+		return writeJSON(os.Stdout, res)
+	}
+	fmt.Printf("disk: %d blocks of %d B, %d threads, %d lookups, cold cache %v, %d loads verified\n",
+		res.Blocks, res.RowBytes, res.Threads, res.LookupKeys, res.ColdCache, res.VerifiedLoads)
+	t := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(t, "phase\tunit\tmount\tdirect\tratio\t")
+	for _, m := range res.Measurements {
+		fmt.Fprintf(t, "%s\t%s\t%.3f\t%.3f\t%.3f\t\n", m.Phase, m.Unit, m.Mount, m.Direct, m.Ratio)
+	}
+	return t.Flush()
+}
+
+// parseInts parses a comma-separated list of non-negative integers.
+func parseInts(flag, s string) ([]int, error) {
+	var out []int
+	for _, item := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(item))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--%s %q: want non-negative integers, comma-separated", flag, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,149 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// benchCommand is `kvtierfs bench` with args, its work directory in dir.
+func benchCommand(dir string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	cmd := exec.Command(mounttest.Binary(), append([]string{"bench", "--dir", dir}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	return cmd, &stdout, &stderr
+}
+
+// checkBenchCleanedUp fails if a bench process left a mount, a file in its
+// work directory, a region file or a process of its own.
+func checkBenchCleanedUp(t *testing.T, dir string, pid int) {
+	t.Helper()
+	checkCleanedUp(t, dir, fmt.Sprintf("kvtierbench_%d", pid))
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if cmdline, err := os.ReadFile(p); err == nil && bytes.Contains(cmdline, []byte(dir)) {
+			t.Errorf("a process still runs in the bench's directory: %s: %q", p, cmdline)
+		}
+	}
+}
+
+// TestBenchJSON runs the command end to end: it starts its own daemons, prints
+// one JSON object per run with the contract's fields, and removes everything.
+func TestBenchJSON(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "--scenario", "eagle", "--row-bytes", "64KiB", "--requests", "1", "--gpu", "host", "--json")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	var runs []map[string]json.RawMessage
+	if err := json.Unmarshal(stdout.Bytes(), &runs); err != nil {
+		t.Fatalf("decoding %s: %v", stdout, err)
+	}
+	if len(runs) != 2 {
+		t.Fatalf("%d runs, want stock and fixed", len(runs))
+	}
+	for _, field := range []string{"scenario", "engine", "sync", "tokens_total", "tokens_hit", "coverage", "rows_checked",
+		"rows_identical", "bytes_written", "bytes_read", "waves", "seconds", "stats"} {
+		if _, ok := runs[1][field]; !ok {
+			t.Errorf("JSON lacks %q", field)
+		}
+	}
+	var stats struct{ Disk struct{ Blocks int } }
+	if err := json.Unmarshal(runs[1]["stats"], &stats); err != nil || stats.Disk.Blocks == 0 {
+		t.Errorf("stats of the mount: %s (%v)", runs[1]["stats"], err)
+	}
+	if string(runs[0]["engine"]) != `"stock"` || string(runs[0]["tokens_hit"]) != "0" || string(runs[1]["tokens_hit"]) == "0" {
+		t.Errorf("stock then fixed, stock without hits: got %s %s, %s %s", runs[0]["engine"], runs[0]["tokens_hit"], runs[1]["engine"], runs[1]["tokens_hit"])
+	}
+}
+
+// TestBenchTable checks the human output: the table and the mount's stat.
+func TestBenchTable(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--sync", "off", "--gpu", "host")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	for _, want := range []string{"scenario multinode", "rows identical at the GPUs", "0/8", "kvtierfs stat of the head node's mount", "warnings:"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// TestBenchBadFlags: every bad flag is refused before anything starts, with
+// status 2 and a message naming the flag and what it accepts.
+func TestBenchBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nope"}, `--scenario "nope": want one of eagle, multinode, long-prefix, agent, disk`},
+		{[]string{}, "--scenario: missing"},
+		{[]string{"eagle", "--engine", "fast"}, `--engine "fast": want stock, fixed`},
+		{[]string{"multinode", "--sync", "maybe"}, `--sync "maybe": want off, on`},
+		{[]string{"eagle", "--nodes", "3"}, "--nodes 3: want 1 or 2"},
+		{[]string{"eagle", "--row-bytes", "1000"}, "--row-bytes 1000: want a positive multiple of 4096"},
+		{[]string{"eagle", "--gpu", "tpu"}, `--gpu "tpu": want auto, cuda or host`},
+		{[]string{"eagle", "--groups", "full,eagle:3:2"}, "--groups"},
+		{[]string{"eagle", "--promote", "4"}, "--promote does not apply to scenario eagle"},
+		{[]string{"eagle", "--sync", "on"}, "--sync on: needs --nodes 2"},
+		{[]string{"disk", "--engine", "stock"}, "--engine does not apply to scenario disk"},
+		{[]string{"disk", "--blocks", "0"}, "--blocks 0"},
+	} {
+		dir := t.TempDir()
+		cmd, _, stderr := benchCommand(dir, tc.args...)
+		err := cmd.Run()
+		if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("bench %v: %v, stderr %q; want status 2 and %q", tc.args, err, stderr, tc.want)
+		}
+		checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	}
+}
+
+// TestBenchInterrupt sends SIGINT while the bench stores a long prompt: it
+// stops, says so, and leaves no mount, daemon, region or file behind.
+func TestBenchInterrupt(t *testing.T) {
+	dir := t.TempDir()
+	cmd, _, stderr := benchCommand(dir, "long-prefix", "--engine", "fixed", "--row-bytes", "64KiB", "--prompt-tokens", "20000000", "--gpu", "host")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if mounted, _ := mountedUnder(dir); len(mounted) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-exited
+			t.Fatalf("the bench mounted nothing within 30 s:\n%s", stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-exited:
+		if err == nil || !strings.Contains(stderr.String(), "interrupted") {
+			t.Errorf("after SIGINT: %v, stderr %q; want a failure that says interrupted", err, stderr)
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the bench did not stop within 60 s of SIGINT:\n%s", stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+}

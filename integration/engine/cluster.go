@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
+)
+
+// ErrSyncUnavailable is returned by Run for --sync on when the kvtierfs binary's
+// `mount` has no --peer flag (row mirroring is not built in).
+var ErrSyncUnavailable = errors.New("row mirroring is not available: this kvtierfs binary's `mount` has no --peer flag")
+
+// RegionPath is the shm region file of a node: /dev/shm/vllm_offload_<id>_<node>.mmap.
+func RegionPath(id string, node int) string {
+	return fmt.Sprintf("/dev/shm/vllm_offload_%s_%d.mmap", id, node)
+}
+
+// node is one machine of the cluster: a kvtierfs daemon with its store and
+// mount, and the node's shm region.
+type node struct {
+	index      int
+	mountpoint string
+	store      string
+	region     *engineio.Region
+	daemon     *daemon.Daemon
+	log        lockedBuffer
+}
+
+// cluster is the nodes of a run and the temporary directory holding their
+// stores and mountpoints.
+type cluster struct {
+	dir   string
+	nodes []*node
+}
+
+// startCluster creates every node's region and starts its daemon. On error it
+// cleans up whatever it started.
+func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
+	if cfg.Sync {
+		if err := CheckSync(cfg.Binary); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp(cfg.Dir, "kvtierbench-")
+	if err != nil {
+		return nil, err
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
+	c := &cluster{dir: dir}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	for i := 0; i < cfg.Nodes; i++ {
+		path := RegionPath(cfg.RegionID, i)
+		if _, err := os.Lstat(path); err == nil {
+			return nil, fmt.Errorf("region %s already exists: another run is using this id", path)
+		}
+		region, err := engineio.CreateRegion(path, cfg.Rows, cfg.RowBytes)
+		if err != nil {
+			return nil, fmt.Errorf("node %d region: %w", i, err)
+		}
+		c.nodes = append(c.nodes, &node{
+			index:      i,
+			region:     region,
+			store:      filepath.Join(dir, fmt.Sprintf("store%d", i)),
+			mountpoint: filepath.Join(dir, fmt.Sprintf("mnt%d", i)),
+		})
+	}
+	peerArgs, err := c.syncArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range c.nodes {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := os.Mkdir(n.store, 0o755); err != nil {
+			return nil, err
+		}
+		args := peerArgs[n.index]
+		if cfg.Capacity != "" {
+			args = append(args, "--capacity", cfg.Capacity)
+		}
+		n.daemon, err = daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: n.mountpoint, Store: n.store,
+			ShmGlob: n.region.Path, Args: args, Log: &n.log})
+		if err != nil {
+			return nil, fmt.Errorf("node %d: %w\n%s", n.index, err, n.log.String())
+		}
+	}
+	return c, nil
+}
+
+// CheckSync returns an error wrapping ErrSyncUnavailable unless `binary mount
+// --help` lists --peer, i.e. unless the binary can mirror rows.
+func CheckSync(binary string) error {
+	out, _ := exec.Command(binary, "mount", "--help").CombinedOutput()
+	if !bytes.Contains(out, []byte("--peer")) {
+		return fmt.Errorf("--sync on: %w (%s); run with --sync off", ErrSyncUnavailable, binary)
+	}
+	return nil
+}
+
+// syncArgs returns each node's mirroring flags: with Sync, every node listens
+// on a loopback port and peers with all others, sharing a new secret file;
+// without, none.
+func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
+	args := make([][]string, len(c.nodes))
+	if !cfg.Sync {
+		return args, nil
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	secretFile := filepath.Join(c.dir, "secret")
+	if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(secret)+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	addrs := make([]string, len(c.nodes))
+	for i := range addrs {
+		port, err := freeLoopbackPort()
+		if err != nil {
+			return nil, err
+		}
+		addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	}
+	for i := range c.nodes {
+		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV}
+		for j, addr := range addrs {
+			if j != i {
+				args[i] = append(args[i], "--peer", addr)
+			}
+		}
+	}
+	return args, nil
+}
+
+// freeLoopbackPort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// stats returns the raw `kvtierfs stat --json` snapshot of the node's mount.
+func (n *node) stats() (json.RawMessage, error) {
+	raw, err := os.ReadFile(filepath.Join(n.mountpoint, fusefs.ControlDir, fusefs.StatsFile))
+	if err != nil {
+		return nil, fmt.Errorf("node %d stats: %w", n.index, err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, raw); err != nil {
+		return nil, fmt.Errorf("node %d stats: %w", n.index, err)
+	}
+	return compact.Bytes(), nil
+}
+
+// close stops every daemon, removes the regions and the temporary directory.
+// It returns the first error and the logs of daemons that failed.
+func (c *cluster) close() error {
+	var errs []error
+	for _, n := range c.nodes {
+		if n.daemon != nil {
+			if err := n.daemon.Stop(); err != nil {
+				errs = append(errs, fmt.Errorf("node %d: kvtierfs mount: %v\n%s", n.index, err, n.log.String()))
+			}
+		}
+		if err := n.region.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("node %d region: %w", n.index, err))
+		}
+	}
+	if mounted, err := mountedUnder(c.dir); err != nil || len(mounted) > 0 {
+		errs = append(errs, fmt.Errorf("not removing %s: still mounted below it: %v %v", c.dir, mounted, err))
+	} else if err := os.RemoveAll(c.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// mountedUnder lists the mount points at or below dir, from /proc/self/mountinfo.
+func mountedUnder(dir string) ([]string, error) {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var mounted []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 {
+			mp := strings.ReplaceAll(fields[4], `\040`, " ")
+			if mp == dir || strings.HasPrefix(mp, dir+"/") {
+				mounted = append(mounted, mp)
+			}
+		}
+	}
+	return mounted, nil
+}
+
+// lockedBuffer collects a daemon's output for error messages.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
