@@ -116,7 +116,7 @@ func (n *Node) ServeLoads() bool {
 // file, one row of RowBytes) into region, before the close returns. It finds
 // the row holding block and mirrors it to every peer; a non-nil error means
 // the peers may hold stale bytes and the close must fail (EIO). Without
-// peers it does nothing.
+// peers it does nothing. block must not change until LoadDone returns.
 func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error {
 	if n.mirror == nil {
 		return nil

@@ -126,18 +126,33 @@ func (m *Mirror) Stats() []PeerStats {
 // region here. It sends the non-zero pages to all peers in parallel and
 // returns nil only when each acknowledged, within the deadline, a CRC32C of
 // its row equal to that of data. Otherwise the error names every failed peer,
-// and each of them is marked down and reconnected.
+// and each of them is marked down and reconnected. data must not change
+// until MirrorRow returns.
 func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []byte) error {
 	if row < 0 || row >= region.Rows() || len(data) != region.RowBytes() {
 		return fmt.Errorf("rowsync: mirror row %d of %d bytes into a region of %d rows of %d bytes", row, len(data), region.Rows(), region.RowBytes())
 	}
-	extents, crc := scanRow(data)
+	extents := nonZeroExtents(data)
 	var payload uint64
 	for _, e := range extents {
 		payload += uint64(len(e.Data))
 	}
 	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
-	return m.each(func(p *peer) error { return p.writeRow(ctx, m.deadline, msg, crc, payload) })
+
+	// The checksum is computed while the row travels; peers wait for it
+	// only to check their acknowledgements.
+	var crc uint32
+	crcReady := make(chan struct{})
+	want := func() uint32 { <-crcReady; return crc }
+	errs := make([]error, len(m.peers))
+	var wg sync.WaitGroup
+	for i, p := range m.peers {
+		wg.Go(func() { errs[i] = p.writeRow(ctx, m.deadline, msg, payload, want) })
+	}
+	crc = Checksum(data)
+	close(crcReady)
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // SampleStore asks every peer for the CRC32C of its row holding the block key
@@ -148,21 +163,16 @@ func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row i
 		return fmt.Errorf("rowsync: sample row %d of a %d-row region", row, region.Rows())
 	}
 	msg := StoreSample{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(region.RowBytes()), CRC: crc, Key: key}
-	return m.each(func(p *peer) error {
-		theirs, err := p.sample(ctx, m.deadline, msg)
-		if err == nil {
-			g.NoteSample(key, crc, theirs, p.addr)
-		}
-		return err
-	})
-}
-
-// each runs f for every peer in parallel and joins the errors.
-func (m *Mirror) each(f func(*peer) error) error {
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
 	for i, p := range m.peers {
-		wg.Go(func() { errs[i] = f(p) })
+		wg.Go(func() {
+			theirs, err := p.sample(ctx, m.deadline, msg)
+			if err == nil {
+				g.NoteSample(key, crc, theirs, p.addr)
+			}
+			errs[i] = err
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -303,6 +313,9 @@ func (p *peer) current() (*link, error) {
 	if p.link == nil {
 		return nil, p.errorf("%w (%s)", ErrPeerDown, p.lastErr)
 	}
+	if err := p.link.failure(); err != nil {
+		return nil, p.errorf("%w (%v)", ErrPeerDown, err)
+	}
 	return p.link, nil
 }
 
@@ -310,9 +323,10 @@ func (p *peer) errorf(format string, args ...any) error {
 	return fmt.Errorf("rowsync: peer %s: %w", p.addr, fmt.Errorf(format, args...))
 }
 
-// writeRow sends msg and checks the acknowledgement against crc. Any failure
-// takes the connection down, so that the peer is unhealthy until it is back.
-func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, crc uint32, payload uint64) error {
+// writeRow sends msg and checks the acknowledgement against the CRC32C that
+// want returns. Any failure takes the connection down, so that the peer is
+// unhealthy until it is back.
+func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, payload uint64, want func() uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	l, err := p.current()
@@ -334,8 +348,8 @@ func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrit
 		err = fmt.Errorf("refused row %d: %s", msg.Row, ack.Err)
 	case ack.Row != msg.Row:
 		err = fmt.Errorf("acknowledged row %d for row %d", ack.Row, msg.Row)
-	case ack.CRC != crc:
-		err = fmt.Errorf("acknowledged row %d with CRC32C %08x, sent %08x", msg.Row, ack.CRC, crc)
+	case ack.CRC != want():
+		err = fmt.Errorf("acknowledged row %d with CRC32C %08x, sent %08x", msg.Row, ack.CRC, want())
 	default:
 		p.verified.Add(1)
 		return nil

@@ -3,6 +3,7 @@ package rowsync
 import (
 	"bytes"
 	"hash/crc32"
+	"io"
 )
 
 // ZeroRunBytes is the granularity of zero detection: a row is sent as the
@@ -35,13 +36,13 @@ func isZero(b []byte) bool {
 	return true
 }
 
-// scanRow returns the extents of the non-zero pages of row (adjacent pages
-// merged, Data aliasing row) and the CRC32C of the whole row, in one pass.
-func scanRow(row []byte) (extents []Extent, crc uint32) {
+// nonZeroExtents returns the extents of the non-zero pages of row, adjacent
+// pages merged, Data aliasing row. A non-zero page is usually told at its
+// first bytes, so this reads little more than the zero pages.
+func nonZeroExtents(row []byte) (extents []Extent) {
 	start := -1 // start of the extent being built, -1 when none
 	for off := 0; off < len(row); off += ZeroRunBytes {
 		page := row[off:min(off+ZeroRunBytes, len(row))]
-		crc = crc32.Update(crc, castagnoli, page)
 		zero := bytes.Equal(page, zeroPage[:len(page)])
 		switch {
 		case !zero && start < 0:
@@ -54,22 +55,7 @@ func scanRow(row []byte) (extents []Extent, crc uint32) {
 	if start >= 0 {
 		extents = append(extents, Extent{Off: uint64(start), Data: row[start:]})
 	}
-	return extents, crc
-}
-
-// fillRow makes row hold the extents with zeros in between and returns the
-// CRC32C of row as it now holds it, read back from row itself. The extents
-// must be sorted, disjoint and inside row (Decode guarantees it).
-func fillRow(row []byte, extents []Extent) uint32 {
-	var crc uint32
-	pos := 0
-	for _, e := range extents {
-		off := int(e.Off)
-		crc = writeAndSum(crc, row[pos:off], nil)
-		crc = writeAndSum(crc, row[off:off+len(e.Data)], e.Data)
-		pos = off + len(e.Data)
-	}
-	return writeAndSum(crc, row[pos:], nil)
+	return extents
 }
 
 // writeAndSum copies src into dst (or zeroes dst when src is nil) in chunks,
@@ -85,4 +71,17 @@ func writeAndSum(crc uint32, dst, src []byte) uint32 {
 		crc = crc32.Update(crc, castagnoli, chunk)
 	}
 	return crc
+}
+
+// readAndSum fills dst from r in chunks, reading each chunk back into the
+// running CRC32C right after it arrived.
+func readAndSum(crc uint32, dst []byte, r io.Reader) (uint32, error) {
+	for off := 0; off < len(dst); off += crcChunkBytes {
+		chunk := dst[off:min(off+crcChunkBytes, len(dst))]
+		if _, err := io.ReadFull(r, chunk); err != nil {
+			return crc, err
+		}
+		crc = crc32.Update(crc, castagnoli, chunk)
+	}
+	return crc, nil
 }

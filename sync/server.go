@@ -1,8 +1,11 @@
 package rowsync
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"sync"
@@ -131,29 +134,31 @@ func (s *Server) serve(conn net.Conn) {
 	}
 	defer s.takeSession(hello.Session, conn)()
 	from := s.inboundFor(conn.RemoteAddr())
+	var head [5]byte // length and type of a frame
 	var buf []byte
 	for {
-		frame, err := ReadFrame(conn, buf, MaxFrameBytes)
-		if err != nil {
-			return
-		}
-		buf = frame
-		msg, err := Decode(frame)
-		if err != nil {
-			s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
+		if _, err := io.ReadFull(conn, head[:]); err != nil {
 			return
 		}
 		var ack *Ack
-		switch m := msg.(type) {
-		case *RowWrite:
-			ack = s.writeRow(m)
-			if ack.Err == "" {
+		switch n := binary.BigEndian.Uint32(head[:4]); {
+		case n == 0 || n > MaxFrameBytes:
+			err = fmt.Errorf("%w: length %d, limit %d", ErrBadFrame, n, MaxFrameBytes)
+		case head[4] == typeRowWrite:
+			ack, err = receiveRow(conn, n-1, s.rowFor)
+			if err == nil && ack.Err == "" {
 				from.rows.Add(1)
 			}
-		case *StoreSample:
-			ack = s.sample(m, conn.RemoteAddr().String())
 		default:
-			s.cfg.Logf("rowsync: dropping %s: unexpected message type %d", conn.RemoteAddr(), msg.messageType())
+			buf, err = ReadFrame(io.MultiReader(bytes.NewReader(head[:]), conn), buf, maxRequestFrame)
+			if err == nil {
+				ack, err = s.request(buf, conn.RemoteAddr().String())
+			}
+		}
+		if err != nil {
+			if errors.Is(err, ErrBadFrame) {
+				s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
+			}
 			return
 		}
 		if err := WriteMessage(conn, ack); err != nil {
@@ -185,16 +190,26 @@ func (s *Server) takeSession(session uint64, conn net.Conn) (release func()) {
 	}
 }
 
-// writeRow makes the row hold m's extents, zeros elsewhere.
-func (s *Server) writeRow(m *RowWrite) *Ack {
-	ack := &Ack{Seq: m.Seq, Row: m.Row}
-	region, err := s.region(m.Rows, m.RowBytes)
+// rowFor returns the local row a RowWrite is for.
+func (s *Server) rowFor(w *RowWrite) ([]byte, error) {
+	region, err := s.region(w.Rows, w.RowBytes)
 	if err != nil {
-		ack.Err = err.Error()
-		return ack
+		return nil, err
 	}
-	ack.CRC = fillRow(region.Row(int(m.Row)), m.Extents)
-	return ack
+	return region.Row(int(w.Row)), nil
+}
+
+// request answers a frame other than a RowWrite: only a StoreSample is valid.
+func (s *Server) request(frame []byte, from string) (*Ack, error) {
+	msg, err := Decode(frame)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := msg.(*StoreSample)
+	if !ok {
+		return nil, fmt.Errorf("%w: unexpected message type %d", ErrBadFrame, msg.messageType())
+	}
+	return s.sample(m, from), nil
 }
 
 // sample answers with the CRC32C of the local row and notes the pair.

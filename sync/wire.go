@@ -23,7 +23,9 @@ import (
 // A connection starts with the handshake (Hello, Challenge, Response), during
 // which frames are limited to maxHandshakeFrame bytes. Then the client sends
 // RowWrite and StoreSample frames, possibly many before the first answer, and
-// the server answers each with an Ack carrying the same Seq, in order.
+// the server answers each with an Ack carrying the same Seq, in order. The
+// server reads a RowWrite as a stream (receiveRow), straight into its row,
+// with the checks Decode makes.
 
 // MaxFrameBytes bounds the length field of a frame: a row of MaxRowBytes plus
 // its extent headers.
@@ -38,12 +40,21 @@ const (
 	maxHandshakeFrame = 256
 	// maxAckFrame bounds the frames a Mirror reads (acks only).
 	maxAckFrame = 64 + MaxErrBytes
+	// maxRequestFrame bounds the frames a Server reads whole (all but
+	// RowWrite, which it streams).
+	maxRequestFrame = 64 + MaxKeyBytes
 )
 
 // NonceBytes and MACBytes are the sizes of handshake nonces and HMAC-SHA256 tags.
 const (
 	NonceBytes = 32
 	MACBytes   = 32
+)
+
+// Sizes of a RowWrite body before its extents, and of an extent before its data.
+const (
+	rowWriteHeadBytes = 8 + 4 + 4 + 8 + 4
+	extentHeadBytes   = 16
 )
 
 // Message types.
@@ -272,9 +283,8 @@ func Decode(frame []byte) (Message, error) {
 		d.bytes(r.MAC[:])
 		m = r
 	case typeRowWrite:
-		w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64()}
-		d.geometry(w.Row, w.Rows, w.RowBytes)
-		w.Extents = d.extents(w.RowBytes)
+		w, count := d.rowWriteHead()
+		w.Extents = d.extents(count, w.RowBytes)
 		m = w
 	case typeAck:
 		m = &Ack{Seq: d.u64(), Row: d.u32(), CRC: d.u32(), Err: d.str(MaxErrBytes)}
@@ -367,37 +377,122 @@ func (d *decoder) geometry(row, rows uint32, rowBytes uint64) {
 	}
 }
 
-// extents reads a count and that many extents, each inside a row of rowBytes
-// and after the previous one.
-func (d *decoder) extents(rowBytes uint64) []Extent {
-	count := d.u32()
-	if d.err != nil {
-		return nil
+// rowWriteHead reads a RowWrite up to its extents, checks the geometry and
+// returns the extent count.
+func (d *decoder) rowWriteHead() (*RowWrite, uint32) {
+	w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64()}
+	d.geometry(w.Row, w.Rows, w.RowBytes)
+	return w, d.u32()
+}
+
+// extentCount checks that count extents can fit in left bytes: each takes at
+// least extentHeadBytes+1, which also bounds what a decoder allocates.
+func (d *decoder) extentCount(count uint32, left uint64) {
+	if d.err == nil && uint64(count)*(extentHeadBytes+1) > left {
+		d.fail("%d extents cannot fit in %d bytes", count, left)
 	}
-	// Each extent takes at least 17 bytes, which bounds the allocation.
-	if uint64(count)*17 > uint64(len(d.b)) {
-		d.fail("%d extents cannot fit in %d bytes", count, len(d.b))
+}
+
+// extentHead reads the offset and length of extent i and checks it against
+// the end of the previous extent, the row, and the left bytes of the frame
+// that follow the extent's header.
+func (d *decoder) extentHead(i uint32, end, rowBytes, left uint64) (off, n uint64) {
+	off, n = d.u64(), d.u64()
+	switch {
+	case d.err != nil:
+	case n == 0:
+		d.fail("extent %d is empty", i)
+	case off < end:
+		d.fail("extent %d at %d overlaps or precedes the previous one (ends at %d)", i, off, end)
+	case off > rowBytes || n > rowBytes-off:
+		d.fail("extent %d (%d+%d) runs past the %d-byte row", i, off, n, rowBytes)
+	case n > left-extentHeadBytes:
+		d.fail("extent data needs %d bytes, %d left", n, left-extentHeadBytes)
+	}
+	return off, n
+}
+
+// extents reads count extents of a row of rowBytes.
+func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
+	d.extentCount(count, uint64(len(d.b)))
+	if d.err != nil {
 		return nil
 	}
 	extents := make([]Extent, count)
 	var end uint64 // end of the previous extent
-	for i := range extents {
-		off, n := d.u64(), d.u64()
-		switch {
-		case d.err != nil:
+	for i := range count {
+		if len(d.b) < extentHeadBytes {
+			d.fail("extent header needs %d bytes, %d left", extentHeadBytes, len(d.b))
 			return nil
-		case n == 0:
-			d.fail("extent %d is empty", i)
-		case off < end:
-			d.fail("extent %d at %d overlaps or precedes the previous one (ends at %d)", i, off, end)
-		case off > rowBytes || n > rowBytes-off:
-			d.fail("extent %d (%d+%d) runs past the %d-byte row", i, off, n, rowBytes)
 		}
-		extents[i] = Extent{Off: off, Data: d.take(n, "extent data")}
+		off, n := d.extentHead(i, end, rowBytes, uint64(len(d.b)))
+		data := d.take(n, "extent data")
 		if d.err != nil {
 			return nil
 		}
+		extents[i] = Extent{Off: off, Data: data}
 		end = off + n
 	}
 	return extents
+}
+
+// receiveRow is the streaming counterpart of Decode for a RowWrite whose
+// frame header (length, type) has been read: it reads the bodyLen bytes of
+// the body from r, with the same checks, straight into the row rowFor returns
+// for the RowWrite, zero-filling the gaps, and returns the Ack with the
+// CRC32C of the row as it now holds it. When rowFor fails, the body is
+// skipped and the Ack carries the error. An error return means the stream is
+// unusable: bytes that are not a valid frame (ErrBadFrame), or a read error.
+func receiveRow(r io.Reader, bodyLen uint32, rowFor func(*RowWrite) ([]byte, error)) (*Ack, error) {
+	if bodyLen < rowWriteHeadBytes {
+		return nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
+	}
+	var head [rowWriteHeadBytes]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return nil, err
+	}
+	left := uint64(bodyLen) - rowWriteHeadBytes
+	d := decoder{b: head[:]}
+	w, count := d.rowWriteHead()
+	d.extentCount(count, left)
+	if d.err != nil {
+		return nil, d.err
+	}
+	ack := &Ack{Seq: w.Seq, Row: w.Row}
+	row, err := rowFor(w)
+	if err == nil && uint64(len(row)) != w.RowBytes {
+		err = fmt.Errorf("destination row of %d bytes for a %d-byte row", len(row), w.RowBytes)
+	}
+	if err != nil {
+		ack.Err = err.Error()
+		_, err = io.CopyN(io.Discard, r, int64(left))
+		return ack, err
+	}
+	var crc uint32
+	var end uint64 // end of the previous extent
+	for i := range count {
+		if left < extentHeadBytes {
+			return nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
+		}
+		var eh [extentHeadBytes]byte
+		if _, err := io.ReadFull(r, eh[:]); err != nil {
+			return nil, err
+		}
+		d := decoder{b: eh[:]}
+		off, n := d.extentHead(i, end, w.RowBytes, left)
+		if d.err != nil {
+			return nil, d.err
+		}
+		crc = writeAndSum(crc, row[end:off], nil)
+		if crc, err = readAndSum(crc, row[off:off+n], r); err != nil {
+			return nil, err
+		}
+		left -= extentHeadBytes + n
+		end = off + n
+	}
+	if left > 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
+	}
+	ack.CRC = writeAndSum(crc, row[end:], nil)
+	return ack, nil
 }

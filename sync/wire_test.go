@@ -142,12 +142,14 @@ func TestReadFrameLimits(t *testing.T) {
 	}
 }
 
-// FuzzDecode checks that Decode never panics, and that whatever it accepts
+// FuzzDecode checks that Decode never panics, that whatever it accepts
 // re-encodes to the same bytes (the encoding is unique) and reads back
-// through ReadFrame.
+// through ReadFrame, and that the streaming receiveRow agrees with Decode on
+// every RowWrite frame whose row is small enough to allocate.
 func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b)
+		checkReceiveRow(t, b, m, err)
 		if err != nil {
 			if !errors.Is(err, ErrBadFrame) {
 				t.Fatalf("Decode error %v does not wrap ErrBadFrame", err)
@@ -161,4 +163,33 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("ReadFrame(%x) = %x, %v", b, got, err)
 		}
 	})
+}
+
+// checkReceiveRow checks that receiveRow accepts frame b exactly when Decode
+// did (m, err) and then fills the row as the decoded extents say.
+func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
+	if len(b) < 5 || b[4] != typeRowWrite || int64(binary.BigEndian.Uint32(b)) != int64(len(b)-4) {
+		return
+	}
+	row := []byte(nil)
+	rowFor := func(w *RowWrite) ([]byte, error) {
+		if w.RowBytes > 1<<16 {
+			return nil, errors.New("too large to check")
+		}
+		row = bytes.Repeat([]byte{0xee}, int(w.RowBytes))
+		return row, nil
+	}
+	ack, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), rowFor)
+	switch {
+	case err != nil && rerr == nil && row != nil:
+		t.Fatalf("receiveRow accepted what Decode refused (%v)", err)
+	case err == nil && rerr != nil:
+		t.Fatalf("receiveRow refused what Decode accepted: %v", rerr)
+	case err == nil && row != nil:
+		w := m.(*RowWrite)
+		want := applyExtents(w.RowBytes, w.Extents)
+		if !bytes.Equal(row, want) || ack.CRC != Checksum(want) || ack.Seq != w.Seq || ack.Row != w.Row {
+			t.Fatalf("receiveRow made a different row (ack %+v)", ack)
+		}
+	}
 }

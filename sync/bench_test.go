@@ -1,0 +1,137 @@
+package rowsync
+
+import (
+	"context"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// BenchmarkMirror moves 112 rows of 8,601,600 bytes, half of each zero (the
+// field's re-sync of 112 promoted rows), from one /dev/shm region to another
+// over loopback. MB/s counts row bytes in every sub-benchmark, so the ratio
+// of two sub-benchmarks is the ratio of their throughputs:
+//
+//	plain-tcp  the whole rows over one plain TCP connection, read straight
+//	           into the destination rows, one acknowledgement per batch
+//	mirror     Mirror.MirrorRow for one row after another
+//	mirror-16  MirrorRow from 16 goroutines (the engine's 16 readers)
+//	load-done  Node.LoadDone one after another: row identification among
+//	           the 112 rows plus MirrorRow, i.e. the work of one FLUSH
+//
+// The serial ones also report the latency per row (p50, p99).
+func BenchmarkMirror(b *testing.B) {
+	const rows, rowBytes = 112, 8601600
+	src, dst := shmRegion(b, rows, rowBytes), shmRegion(b, rows, rowBytes)
+	for i := range rows {
+		fillHalf(src.Row(i), uint64(i))
+		fillHalf(dst.Row(i), rows+uint64(i)) // stale rows, and every page faulted in as the engine's would be
+	}
+	ctx := context.Background()
+
+	b.Run("plain-tcp", func(b *testing.B) {
+		client, server := tcpPair(b)
+		go func() {
+			for {
+				for i := range rows {
+					if _, err := io.ReadFull(server, dst.Row(i)); err != nil {
+						return
+					}
+				}
+				server.Write([]byte{1})
+			}
+		}()
+		b.SetBytes(rows * rowBytes)
+		ack := make([]byte, 1)
+		for b.Loop() {
+			for i := range rows {
+				if _, err := client.Write(src.Row(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := io.ReadFull(client, ack); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: func(int) (*Region, error) { return dst, nil }, Logf: discard})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	m, err := NewMirror(MirrorConfig{Peers: []string{s.Addr().String()}, Secret: testSecret, Deadline: time.Minute, Logf: discard})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	waitFor(b, "peer up", m.Healthy)
+
+	b.Run("mirror", func(b *testing.B) {
+		serialRows(b, rows, rowBytes, func(i int) error { return m.MirrorRow(ctx, src, i, src.Row(i)) })
+	})
+
+	b.Run("mirror-16", func(b *testing.B) {
+		b.SetBytes(rows * rowBytes)
+		for b.Loop() {
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for range 16 {
+				wg.Go(func() {
+					for i := int(next.Add(1)) - 1; i < rows; i = int(next.Add(1)) - 1 {
+						if err := m.MirrorRow(ctx, src, i, src.Row(i)); err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}
+	})
+
+	b.Run("load-done", func(b *testing.B) {
+		n := &Node{gate: NewGate(ModeOn, nil), mirror: m}
+		serialRows(b, rows, rowBytes, func(i int) error { return n.LoadDone(ctx, src, src.Row(i)) })
+	})
+}
+
+// serialRows calls do for every row, one after another, and reports the
+// latency per row.
+func serialRows(b *testing.B, rows, rowBytes int, do func(row int) error) {
+	b.SetBytes(int64(rows * rowBytes))
+	var lat []time.Duration
+	for b.Loop() {
+		for i := range rows {
+			start := time.Now()
+			if err := do(i); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(start))
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "p50-ms/row")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1e3, "p99-ms/row")
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(b *testing.B) (client, server net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if server, err = ln.Accept(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
