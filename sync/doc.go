@@ -19,4 +19,14 @@
 //
 // Peers authenticate each other with a shared secret (see auth.go) and speak
 // length-prefixed binary frames (see wire.go).
+//
+// Locking. A Region has no lock: its rows are shared memory that the engine
+// writes from other processes, so every answer is read from the mapping
+// anew. Counters are atomics. Gate.mu guards the gate's evidence. In a
+// Mirror, peer.mu guards the peer's connection and state and is taken before
+// link.mu, which guards a connection's pending requests and failure;
+// link.writeMu serializes frames on the connection and is held for one whole
+// frame, never together with the other two. Server.mu guards the sets of
+// connections and sessions and the inbound counters, and is never held
+// while reading or writing a connection or waiting for a superseded one.
 package rowsync

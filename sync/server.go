@@ -10,7 +10,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+// acceptRetry is the pause after a failed accept.
+const acceptRetry = 100 * time.Millisecond
 
 // RegionFunc returns this node's region for rows of rowBytes bytes (the
 // sender's geometry, which the region must match). The region must stay
@@ -37,8 +41,8 @@ type Server struct {
 
 	mu       sync.Mutex // guards the fields below
 	conns    map[net.Conn]struct{}
-	sessions map[uint64]*sessionConn  // the connection serving each session
-	inbound  map[string]*inboundStats // by remote IP
+	sessions map[uint64]*sessionConn   // the connection serving each session
+	inbound  map[string]*atomic.Uint64 // rows received, by remote IP
 	closed   bool
 }
 
@@ -47,11 +51,6 @@ type Server struct {
 type sessionConn struct {
 	conn net.Conn
 	done chan struct{}
-}
-
-// inboundStats counts what one remote IP sent.
-type inboundStats struct {
-	rows atomic.Uint64
 }
 
 // StartServer listens on cfg.Listen and serves in the background until Close.
@@ -74,7 +73,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ln:       ln,
 		conns:    make(map[net.Conn]struct{}),
 		sessions: make(map[uint64]*sessionConn),
-		inbound:  make(map[string]*inboundStats),
+		inbound:  make(map[string]*atomic.Uint64),
 	}
 	s.wg.Go(s.accept)
 	return s, nil
@@ -99,11 +98,18 @@ func (s *Server) Close() error {
 	return err
 }
 
+// accept serves every connection in its own goroutine until the listener
+// closes; other accept errors (out of descriptors) are retried.
 func (s *Server) accept() {
 	for {
 		conn, err := s.ln.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return
+		}
+		if err != nil {
+			s.cfg.Logf("rowsync: accept: %v", err)
+			time.Sleep(acceptRetry)
+			continue
 		}
 		s.mu.Lock()
 		if s.closed {
@@ -133,7 +139,7 @@ func (s *Server) serve(conn net.Conn) {
 		return
 	}
 	defer s.takeSession(hello.Session, conn)()
-	from := s.inboundFor(conn.RemoteAddr())
+	received := s.inboundFor(conn.RemoteAddr())
 	var head [5]byte // length and type of a frame
 	var buf []byte
 	for {
@@ -147,7 +153,7 @@ func (s *Server) serve(conn net.Conn) {
 		case head[4] == typeRowWrite:
 			ack, err = receiveRow(conn, n-1, s.rowFor)
 			if err == nil && ack.Err == "" {
-				from.rows.Add(1)
+				received.Add(1)
 			}
 		default:
 			buf, err = ReadFrame(io.MultiReader(bytes.NewReader(head[:]), conn), buf, maxRequestFrame)
@@ -239,20 +245,20 @@ func (s *Server) region(rows uint32, rowBytes uint64) (*Region, error) {
 	return r, nil
 }
 
-// inboundFor returns the counters of addr's IP.
-func (s *Server) inboundFor(addr net.Addr) *inboundStats {
+// inboundFor returns the received-rows counter of addr's IP.
+func (s *Server) inboundFor(addr net.Addr) *atomic.Uint64 {
 	ip := addr.String()
 	if a, ok := addr.(*net.TCPAddr); ok {
 		ip = a.IP.String()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := s.inbound[ip]
-	if in == nil {
-		in = &inboundStats{}
-		s.inbound[ip] = in
+	n := s.inbound[ip]
+	if n == nil {
+		n = new(atomic.Uint64)
+		s.inbound[ip] = n
 	}
-	return in
+	return n
 }
 
 // received returns the rows received per remote IP.
@@ -260,8 +266,8 @@ func (s *Server) received() map[string]uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rows := make(map[string]uint64, len(s.inbound))
-	for ip, in := range s.inbound {
-		rows[ip] = in.rows.Load()
+	for ip, n := range s.inbound {
+		rows[ip] = n.Load()
 	}
 	return rows
 }
