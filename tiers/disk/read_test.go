@@ -1,0 +1,269 @@
+package disk
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+func TestCorruptBlockIsRemoved(t *testing.T) {
+	cases := []struct {
+		name    string
+		corrupt func(t *testing.T, p string)
+	}{
+		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*PageSize/2) }},
+		{"flipped first byte", func(t *testing.T, p string) { flipByte(t, p, 0) }},
+		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*PageSize-1) }},
+		{"truncated", func(t *testing.T, p string) {
+			if err := os.Truncate(p, PageSize); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"extended", func(t *testing.T, p string) {
+			if err := os.Truncate(p, 3*PageSize); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t, Config{Capacity: 1 << 30})
+			gone := watchRemovals(s)
+			bad := blockRel(testTier, 0, hashHex(1, 64))
+			good := blockRel(testTier, 0, hashHex(2, 64))
+			putBlock(t, s, bad, pageData(1, 2))
+			putBlock(t, s, good, pageData(2, 2))
+			if !s.Lookup(bad, 1) {
+				t.Fatal("lookup before corruption")
+			}
+			tc.corrupt(t, s.Path(bad))
+
+			r, err := s.OpenBlock(bad)
+			if r != nil {
+				t.Error("OpenBlock returned a Reader for a corrupt block")
+			}
+			wantErrno(t, err, syscall.EIO, "OpenBlock of a corrupt block")
+			var se *Error
+			if !errors.As(err, &se) || se.Path != bad {
+				t.Errorf("error %v does not name the block %s", err, bad)
+			}
+			if got := s.Counters().ChecksumFailures.Load(); got != 1 {
+				t.Errorf("ChecksumFailures = %d, want 1", got)
+			}
+			if s.Contains(bad) || s.Lookup(bad, 1) {
+				t.Error("corrupt block still in the index")
+			}
+			if exists(t, s.Path(bad)) {
+				t.Error("corrupt block still on disk (an engine pointed at the store would load it)")
+			}
+			if rel := gone.next(t); rel != bad {
+				t.Errorf("OnRemove(%q), want %q", rel, bad)
+			}
+			// Further opens see ENOENT, not another checksum failure.
+			_, err = s.OpenBlock(bad)
+			wantErrno(t, err, syscall.ENOENT, "OpenBlock after removal")
+			if got := s.Counters().ChecksumFailures.Load(); got != 1 {
+				t.Errorf("ChecksumFailures = %d after a second open, want 1", got)
+			}
+			// Nothing else is affected.
+			if got := readBlock(t, s, good); !bytes.Equal(got, pageData(2, 2)) {
+				t.Error("intact block damaged")
+			}
+			if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != 2*PageSize {
+				t.Errorf("Stats after corruption: %+v", st)
+			}
+			checkAccounting(t, s)
+			// The key can be stored again.
+			putBlock(t, s, bad, pageData(3, 2))
+			if got := readBlock(t, s, bad); !bytes.Equal(got, pageData(3, 2)) {
+				t.Error("re-stored block has wrong bytes")
+			}
+			checkAccounting(t, s)
+		})
+	}
+}
+
+// Corruption found while another load of the same block holds it open still
+// removes the block; the load in flight keeps its descriptor.
+func TestCorruptBlockWithReaderOpen(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	putBlock(t, s, rel, pageData(1, 1))
+	r1, err := s.OpenBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipByte(t, s.Path(rel), 10)
+	_, err = s.OpenBlock(rel)
+	wantErrno(t, err, syscall.EIO, "second OpenBlock after corruption")
+	if s.Contains(rel) {
+		t.Fatal("corrupt block still indexed")
+	}
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Contains(rel) {
+		t.Fatal("closing the first Reader brought the block back")
+	}
+	checkAccounting(t, s)
+}
+
+func TestOpenBlockMissing(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	for _, rel := range []string{blockRel(testTier, 0, hashHex(1, 64)), "config.json", ""} {
+		_, err := s.OpenBlock(rel)
+		wantErrno(t, err, syscall.ENOENT, "OpenBlock("+rel+")")
+	}
+	// A block file deleted behind the store's back.
+	rel := blockRel(testTier, 0, hashHex(2, 64))
+	putBlock(t, s, rel, pageData(2, 1))
+	os.Remove(s.Path(rel))
+	_, err := s.OpenBlock(rel)
+	if Errno(err) != syscall.ENOENT {
+		t.Errorf("OpenBlock of a vanished file: %v, want ENOENT", err)
+	}
+	if got := s.Counters().ChecksumFailures.Load(); got != 0 {
+		t.Errorf("ChecksumFailures = %d for a vanished file", got)
+	}
+}
+
+func TestCountRead(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	s.CountRead(8192)
+	s.CountRead(4096)
+	c := s.Counters()
+	if c.Reads.Load() != 2 || c.ReadBytes.Load() != 12288 {
+		t.Errorf("Reads=%d ReadBytes=%d", c.Reads.Load(), c.ReadBytes.Load())
+	}
+}
+
+// PinBlock pins a block without reading it; its digest is the one recorded at
+// publish, the same the engine's region rows are matched against.
+func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	gone := watchRemovals(s)
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	data := pageData(1, 4)
+	putBlock(t, s, rel, data)
+
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok := r.Digest()
+	if !ok {
+		t.Fatal("published block has no digest")
+	}
+	if want := shm.DigestOf(data); !reflect.DeepEqual(d, want) {
+		t.Errorf("Digest = %+v, want shm.DigestOf(data) = %+v", d, want)
+	}
+	if d.Size != int64(len(data)) || d.CRC != crcOf(data) {
+		t.Errorf("Digest size/crc = %d/%08x, want %d/%08x", d.Size, d.CRC, len(data), crcOf(data))
+	}
+	if err := r.Verify(); err != nil {
+		t.Errorf("Verify of an intact block: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Corrupt on disk: PinBlock does not read, Verify catches it.
+	flipByte(t, s.Path(rel), 3*PageSize)
+	r, err = s.PinBlock(rel)
+	if err != nil {
+		t.Fatalf("PinBlock reads the block: %v", err)
+	}
+	if got, _ := r.Digest(); got.CRC != crcOf(data) {
+		t.Error("Digest changed with the bytes on disk: it must be the record made at publish")
+	}
+	wantErrno(t, r.Verify(), syscall.EIO, "Verify of a corrupt block")
+	r.Close()
+	if s.Contains(rel) || exists(t, s.Path(rel)) {
+		t.Error("corrupt block kept after Verify")
+	}
+	if got := s.Counters().ChecksumFailures.Load(); got != 1 {
+		t.Errorf("ChecksumFailures = %d, want 1", got)
+	}
+	if got := gone.next(t); got != rel {
+		t.Errorf("OnRemove(%q), want %q", got, rel)
+	}
+	checkAccounting(t, s)
+
+	// A load that delivered wrong bytes (found by the caller) reports Corrupt.
+	putBlock(t, s, rel, data)
+	r, err = s.PinBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Corrupt("row 7 does not match the digest")
+	wantErrno(t, err, syscall.EIO, "Corrupt")
+	if !strings.Contains(err.Error(), "row 7 does not match the digest") {
+		t.Errorf("Corrupt error %q lacks the reason", err)
+	}
+	r.Close()
+	if s.Contains(rel) || exists(t, s.Path(rel)) {
+		t.Error("block kept after Corrupt")
+	}
+	if got := s.Counters().ChecksumFailures.Load(); got != 2 {
+		t.Errorf("ChecksumFailures = %d, want 2", got)
+	}
+	if got := gone.next(t); got != rel {
+		t.Errorf("OnRemove(%q), want %q", got, rel)
+	}
+	_, err = s.PinBlock(rel)
+	wantErrno(t, err, syscall.ENOENT, "PinBlock of a removed block")
+	checkAccounting(t, s)
+}
+
+// A block without a record has no digest until Verify adopts it.
+func TestDigestOfAdoptedBlock(t *testing.T) {
+	dir := t.TempDir()
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	data := pageData(1, 2)
+	p := filepath.Join(dir, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, ok := r.Digest(); ok {
+		t.Fatal("block without a record reports a digest before Verify")
+	}
+	if err := r.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	d, ok := r.Digest()
+	if !ok || !reflect.DeepEqual(d, shm.DigestOf(data)) {
+		t.Errorf("digest after adoption = %+v, %v; want %+v", d, ok, shm.DigestOf(data))
+	}
+	checkRecord(t, p, data)
+}
+
+// PinBlock protects from eviction like OpenBlock.
+func TestPinBlockPinsAgainstEviction(t *testing.T) {
+	s, _, gone := evictStore(t, 2, Config{})
+	put(t, s, 0)
+	put(t, s, 1)
+	r, err := s.PinBlock(evName(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, 2)
+	expectEvicted(t, s, gone, 1)
+	r.Close()
+	put(t, s, 3)
+	expectEvicted(t, s, gone, 2)
+	present(t, s, 0, 3)
+}

@@ -1,0 +1,619 @@
+package disk
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+)
+
+const testTier = "model_0123456789ab_r0"
+
+func usedBytes(s *Store) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
+func TestPublishRoundTrip(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	cases := []struct {
+		rel   string
+		pages int
+	}{
+		{blockRel(testTier, 0, hashHex(1, 64)), 3},
+		{blockRel(testTier, 0, hashHex(2, 32)), 3},
+		{blockRel(testTier, 1, hashHex(3, 64)), 3},
+	}
+	var written int64
+	for i, c := range cases {
+		data := pageData(i, c.pages)
+		mkdirFor(t, s, c.rel)
+		tmp := tmpRelFor(c.rel, 1000+i)
+		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.IsTracked(tmp) {
+			t.Errorf("%s not tracked after CreateTmp", tmp)
+		}
+		// The kernel splits the engine's single write into sequential requests.
+		for off := 0; off < len(data); off += 5000 {
+			end := min(off+5000, len(data))
+			if n, err := w.WriteAt(data[off:end], int64(off)); err != nil || n != end-off {
+				t.Fatalf("WriteAt(off %d) = %d, %v", off, n, err)
+			}
+		}
+		written += int64(len(data))
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if s.Contains(c.rel) {
+			t.Fatalf("%s visible before Publish", c.rel)
+		}
+		if err := s.Publish(tmp, c.rel); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		if exists(t, s.Path(tmp)) {
+			t.Errorf("tmp %s still on disk after Publish", tmp)
+		}
+		if s.IsTracked(tmp) {
+			t.Errorf("tmp %s still tracked after Publish", tmp)
+		}
+		onDisk, err := os.ReadFile(s.Path(c.rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(onDisk, data) {
+			t.Fatalf("store file of %s differs from the written bytes (the block must be exactly the row)", c.rel)
+		}
+		checkRecord(t, s.Path(c.rel), data)
+		if !s.Contains(c.rel) || !s.Lookup(c.rel, 1) {
+			t.Errorf("%s not found after Publish", c.rel)
+		}
+		r, err := s.OpenBlock(c.rel)
+		if err != nil {
+			t.Fatalf("OpenBlock: %v", err)
+		}
+		if r.Size() != int64(len(data)) {
+			t.Errorf("Reader.Size = %d, want %d", r.Size(), len(data))
+		}
+		got := make([]byte, len(data))
+		if _, err := r.File().ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("OpenBlock returned different bytes for %s", c.rel)
+		}
+	}
+	ctr := s.Counters()
+	if ctr.Writes.Load() != int64(len(cases)) || ctr.WriteBytes.Load() != written {
+		t.Errorf("Writes=%d WriteBytes=%d, want %d, %d", ctr.Writes.Load(), ctr.WriteBytes.Load(), len(cases), written)
+	}
+	if ctr.ChecksumFailures.Load() != 0 {
+		t.Errorf("ChecksumFailures = %d", ctr.ChecksumFailures.Load())
+	}
+	if ctr.Lookups.Load() != 3 || ctr.LookupHits.Load() != 3 {
+		t.Errorf("Lookups=%d hits=%d", ctr.Lookups.Load(), ctr.LookupHits.Load())
+	}
+	if s.Lookup(blockRel(testTier, 0, hashHex(99, 64)), 1) {
+		t.Error("Lookup of a missing block answered true")
+	}
+	if ctr.Lookups.Load() != 4 || ctr.LookupHits.Load() != 3 {
+		t.Errorf("after a miss: Lookups=%d hits=%d", ctr.Lookups.Load(), ctr.LookupHits.Load())
+	}
+	checkAccounting(t, s)
+}
+
+// A tmp reopened without O_TRUNC is not known to be written sequentially from
+// zero; Publish must then checksum the file itself.
+func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(5, 64))
+	data := pageData(5, 2)
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(data[:PageSize], 0); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w, err = s.CreateTmp(tmp, syscall.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatalf("reopening a closed tmp: %v", err)
+	}
+	if _, err := w.WriteAt(data[PageSize:], 0); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("write at 0 of a reopened 1-page tmp: %v, want EINVAL", err)
+	}
+	if _, err := w.WriteAt(data[PageSize:], PageSize); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	checkRecord(t, s.Path(rel), data)
+	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+		t.Fatal("wrong bytes")
+	}
+	checkAccounting(t, s)
+}
+
+func TestWriteNonSequentialOffset(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(7, 64))
+	mkdirFor(t, s, rel)
+	base := usedBytes(s)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := pageData(7, 1)
+	n, err := w.WriteAt(page, PageSize) // first write not at 0
+	wantErrno(t, err, syscall.EINVAL, "first write at offset 4096")
+	if n != 0 {
+		t.Errorf("refused write returned n=%d", n)
+	}
+	if _, err := w.WriteAt(page, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.WriteAt(page, 2*PageSize) // gap
+	wantErrno(t, err, syscall.EINVAL, "write leaving a gap")
+	_, err = w.WriteAt(page, 0) // rewrite
+	wantErrno(t, err, syscall.EINVAL, "rewrite at offset 0")
+	_, err = w.WriteAt(page, PageSize-1) // overlap
+	wantErrno(t, err, syscall.EINVAL, "overlapping write")
+	if got := s.Counters().RejectedWrites.Load(); got != 4 {
+		t.Errorf("RejectedWrites = %d, want 4", got)
+	}
+	if got := s.Counters().WriteBytes.Load(); got != PageSize {
+		t.Errorf("WriteBytes = %d, want %d", got, PageSize)
+	}
+	fi, err := os.Stat(s.Path(tmp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != PageSize {
+		t.Errorf("tmp has %d bytes after refused writes, want %d", fi.Size(), PageSize)
+	}
+	if usedBytes(s) != base+PageSize {
+		t.Errorf("used = %d, want %d: refused writes must not be accounted", usedBytes(s), base+PageSize)
+	}
+	w.Close()
+	if s.Contains(rel) || exists(t, s.Path(rel)) {
+		t.Fatal("a block was published by refused writes")
+	}
+	// The engine unlinks the tmp after a failed write.
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if usedBytes(s) != base {
+		t.Errorf("used = %d after RemoveTmp, want %d", usedBytes(s), base)
+	}
+	if s.Contains(rel) || exists(t, s.Path(rel)) || exists(t, s.Path(tmp)) {
+		t.Fatal("files left behind")
+	}
+	checkAccounting(t, s)
+}
+
+func TestPublishRejectsBadSizes(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	for i, size := range []int{0, 1, 100, PageSize - 1, PageSize + 1, 3*PageSize + 512} {
+		rel := blockRel(testTier, 0, hashHex(100+i, 64))
+		mkdirFor(t, s, rel)
+		tmp := tmpRelFor(rel, i)
+		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if size > 0 {
+			if _, err := w.WriteAt(pageData(i, 4)[:size], 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w.Close()
+		err = s.Publish(tmp, rel)
+		wantErrno(t, err, syscall.EINVAL, "Publish of a "+strconv.Itoa(size)+"-byte tmp")
+		if s.Contains(rel) || exists(t, s.Path(rel)) {
+			t.Fatalf("%d-byte block was published", size)
+		}
+		if !exists(t, s.Path(tmp)) || !s.IsTracked(tmp) {
+			t.Fatalf("refused Publish lost the tmp (the engine unlinks it itself)")
+		}
+		checkAccounting(t, s)
+		if err := s.RemoveTmp(tmp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Counters().Writes.Load(); got != 0 {
+		t.Errorf("Writes = %d, want 0", got)
+	}
+	if st := s.Stats(); st.Blocks != 0 || st.InFlightTmp != 0 {
+		t.Errorf("Stats = %+v, want empty", st)
+	}
+	if usedBytes(s) != 0 {
+		t.Errorf("used = %d, want 0", usedBytes(s))
+	}
+}
+
+func TestPublishRowSizeMismatch(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	a := blockRel(testTier, 0, hashHex(1, 64))
+	putBlock(t, s, a, pageData(1, 2))
+
+	// Another block of the same tier, even in another group, must be a row too.
+	for _, group := range []int{0, 1} {
+		b := blockRel(testTier, group, hashHex(2, 64))
+		tmp := writeTmp(t, s, b, pageData(2, 3))
+		err := s.Publish(tmp, b)
+		wantErrno(t, err, syscall.EINVAL, "Publish of a 3-page block into a 2-page tier")
+		if s.Contains(b) || exists(t, s.Path(b)) {
+			t.Fatal("mismatched block published")
+		}
+		if err := s.RemoveTmp(tmp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another tier has its own row size.
+	other := blockRel("other_tier_r0", 0, hashHex(3, 64))
+	putBlock(t, s, other, pageData(3, 3))
+	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*PageSize || got["other_tier_r0"] != 3*PageSize {
+		t.Errorf("RowBytes = %v", got)
+	}
+
+	// With two blocks in the tier, a replacement of a different size is refused too.
+	a2 := blockRel(testTier, 0, hashHex(4, 64))
+	putBlock(t, s, a2, pageData(4, 2))
+	tmp := writeTmp(t, s, a, pageData(5, 1))
+	wantErrno(t, s.Publish(tmp, a), syscall.EINVAL, "resizing one of two blocks")
+	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(1, 2)) {
+		t.Fatal("refused replacement changed the block")
+	}
+	s.RemoveTmp(tmp)
+	checkAccounting(t, s)
+
+	// The only block of a tier may be replaced by one of another size: the
+	// tier's row size follows it.
+	if err := s.Remove(a2); err != nil {
+		t.Fatal(err)
+	}
+	putBlock(t, s, a, pageData(6, 1))
+	if got := s.RowBytes()[testTier]; got != PageSize {
+		t.Errorf("RowBytes[%s] = %d after replacing its only block with a 1-page one", testTier, got)
+	}
+	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(6, 1)) {
+		t.Fatal("wrong bytes after replacement")
+	}
+	checkAccounting(t, s)
+}
+
+func TestPublishFromAnotherDirectory(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	h := hashHex(1, 64)
+	dest := blockRel(testTier, 0, h)
+	for _, src := range []string{
+		blockRel(testTier, 1, h),              // another group
+		blockRel("other_r0", 0, h),            // another tier
+		blockRel(testTier, 0, hashHex(2, 64)), // another hash's directory
+	} {
+		tmp := writeTmp(t, s, src, pageData(1, 1))
+		err := s.Publish(tmp, dest)
+		wantErrno(t, err, syscall.EXDEV, "Publish from "+tmp)
+		if s.Contains(dest) || exists(t, s.Path(dest)) {
+			t.Fatal("block published across directories")
+		}
+		if !s.IsTracked(tmp) || !exists(t, s.Path(tmp)) {
+			t.Fatal("refused Publish lost the tmp")
+		}
+		if err := s.RemoveTmp(tmp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkAccounting(t, s)
+}
+
+// The kernel releases a closed descriptor asynchronously, so the engine's
+// rename may arrive before the release: Publish of an open tmp publishes the
+// bytes written so far and seals the tmp against further writes.
+func TestPublishWhileWriterOpen(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := pageData(1, 2)
+	if _, err := w.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatalf("Publish before the writer's release: %v", err)
+	}
+	if !s.Contains(rel) {
+		t.Fatal("block not published")
+	}
+	// The published block is immutable: a late write through the old descriptor is refused.
+	_, err = w.WriteAt(pageData(2, 1), int64(len(data)))
+	wantErrno(t, err, syscall.EBADF, "WriteAt after Publish")
+	if fi, err := os.Stat(s.Path(rel)); err != nil || fi.Size() != int64(len(data)) {
+		t.Fatalf("block after a refused late write: %v, %v", fi, err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+		t.Fatal("wrong bytes")
+	}
+	// Publishing the same tmp again fails and leaves the block alone.
+	if err := s.Publish(tmp, rel); err == nil {
+		t.Fatal("second Publish of the same tmp succeeded")
+	}
+	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+		t.Fatal("wrong bytes after a second Publish")
+	}
+	if got := s.Counters().Writes.Load(); got != 1 {
+		t.Errorf("Writes = %d, want 1", got)
+	}
+	checkAccounting(t, s)
+}
+
+func TestPublishInvalidArguments(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	tmp := writeTmp(t, s, rel, pageData(1, 1))
+
+	// Destination is not a block name.
+	dir := rel[:len(rel)-len(hashHex(1, 64))-len(".bin")]
+	for _, dest := range []string{dir + "config.json", dir + "NOTHEX.bin", tmpRelFor(rel, 77)} {
+		wantErrno(t, s.Publish(tmp, dest), syscall.EINVAL, "Publish to "+dest)
+		if exists(t, s.Path(dest)) {
+			t.Fatalf("%s created", dest)
+		}
+	}
+	// A tmp the store did not create.
+	foreign := tmpRelFor(rel, 99)
+	if err := os.WriteFile(s.Path(foreign), pageData(2, 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, s.Publish(foreign, rel), syscall.EINVAL, "Publish of an untracked tmp")
+	if s.Contains(rel) {
+		t.Fatal("untracked tmp published")
+	}
+	// A tmp that was removed.
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, s.Publish(tmp, rel), syscall.EINVAL, "Publish of a removed tmp")
+	if s.Contains(rel) || exists(t, s.Path(rel)) {
+		t.Fatal("removed tmp published")
+	}
+	os.Remove(s.Path(foreign))
+	checkAccounting(t, s)
+}
+
+func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
+	s := openStore(t, Config{Capacity: 64 * PageSize})
+	a := blockRel(testTier, 0, hashHex(1, 64))
+	b := blockRel(testTier, 0, hashHex(2, 64))
+	putBlock(t, s, a, pageData(1, 2))
+	putBlock(t, s, b, pageData(2, 2))
+	before := s.Stats()
+
+	// Replace a while a load of the old version is in flight.
+	r, err := s.OpenBlock(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := 10; v < 15; v++ {
+		putBlock(t, s, a, pageData(v, 2))
+		checkAccounting(t, s)
+	}
+	old := make([]byte, 2*PageSize)
+	if _, err := r.File().ReadAt(old, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(old, pageData(1, 2)) {
+		t.Error("a load in flight saw a torn or new block, want the whole old one")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(14, 2)) {
+		t.Fatal("replacement not visible")
+	}
+	after := s.Stats()
+	if after.Blocks != 2 || after.LogicalBytes != before.LogicalBytes || after.PhysicalBytes != before.PhysicalBytes || after.FreeBytes != before.FreeBytes {
+		t.Errorf("stats changed by replacing a block with one of the same size:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if got := s.Counters().Writes.Load(); got != 7 {
+		t.Errorf("Writes = %d, want 7", got)
+	}
+	if got := s.Counters().Evictions.Load(); got != 0 {
+		t.Errorf("Evictions = %d, want 0", got)
+	}
+	checkAccounting(t, s)
+}
+
+func TestRemoveTmp(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+
+	// Closed tmp.
+	tmp := writeTmp(t, s, rel, pageData(1, 3))
+	if usedBytes(s) != 3*PageSize {
+		t.Fatalf("used = %d with a 3-page tmp", usedBytes(s))
+	}
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if exists(t, s.Path(tmp)) || s.IsTracked(tmp) || usedBytes(s) != 0 {
+		t.Fatalf("after RemoveTmp: exists=%v tracked=%v used=%d", exists(t, s.Path(tmp)), s.IsTracked(tmp), usedBytes(s))
+	}
+	if err := s.RemoveTmp(tmp); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("second RemoveTmp: %v, want ENOENT", err)
+	}
+
+	// Open tmp: unlinked now, its bytes stay accounted until the writer closes.
+	tmp = tmpRelFor(rel, 2)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(pageData(2, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if exists(t, s.Path(tmp)) || s.IsTracked(tmp) {
+		t.Fatal("open tmp still there after RemoveTmp")
+	}
+	if _, err := w.WriteAt(pageData(3, 1), PageSize); err != nil {
+		t.Fatalf("write to an unlinked open tmp: %v", err)
+	}
+	if usedBytes(s) != 2*PageSize {
+		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*PageSize)
+	}
+	// The same name may be created again meanwhile.
+	w2, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatalf("recreate after RemoveTmp: %v", err)
+	}
+	if _, err := w2.WriteAt(pageData(4, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if usedBytes(s) != PageSize {
+		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), PageSize)
+	}
+	w2.Close()
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatalf("Publish of the recreated tmp: %v", err)
+	}
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(4, 1)) {
+		t.Fatal("the recreated tmp's bytes were not published")
+	}
+	checkAccounting(t, s)
+}
+
+func TestCreateTmpErrors(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	mkdirFor(t, s, rel)
+	for _, bad := range []string{rel, "config.json", testTier + "/.o_direct_probe_1.tmp", rel + ".tmp"} {
+		_, err := s.CreateTmp(bad, engineCreateFlags, 0o644)
+		wantErrno(t, err, syscall.EINVAL, "CreateTmp("+bad+")")
+		if exists(t, s.Path(bad)) {
+			t.Errorf("CreateTmp(%s) created a file", bad)
+		}
+	}
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	wantErrno(t, err, syscall.EBUSY, "second CreateTmp while open")
+	if w.File() == nil || w.File().Name() != s.Path(tmp) {
+		t.Errorf("Writer.File() = %v", w.File())
+	}
+	if err := w.Sync(); err != nil {
+		t.Errorf("Sync: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if !errors.Is(err, fs.ErrExist) {
+		t.Errorf("O_EXCL CreateTmp of an existing tmp: %v, want EEXIST", err)
+	}
+	_, err = w.WriteAt(pageData(1, 1), 0)
+	wantErrno(t, err, syscall.EBADF, "WriteAt after Close")
+	missing := tmpRelFor(blockRel(testTier, 0, hashHex(2, 64)), 1)
+	if _, err := s.CreateTmp(missing, engineCreateFlags, 0o644); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("CreateTmp in a missing directory: %v, want ENOENT", err)
+	}
+	if fi, err := os.Stat(s.Path(tmp)); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("tmp mode: %v, %v", fi, err)
+	}
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	checkAccounting(t, s)
+}
+
+func TestForgetTmp(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	tmp := writeTmp(t, s, rel, pageData(1, 2))
+	if usedBytes(s) != 2*PageSize {
+		t.Fatalf("used = %d", usedBytes(s))
+	}
+	// Renamed by the FUSE layer to a name outside the block layout.
+	if err := os.Rename(s.Path(tmp), s.Path(testTier+"/notes.txt")); err != nil {
+		t.Fatal(err)
+	}
+	s.ForgetTmp(tmp)
+	if s.IsTracked(tmp) || usedBytes(s) != 0 {
+		t.Errorf("after ForgetTmp: tracked=%v used=%d", s.IsTracked(tmp), usedBytes(s))
+	}
+	s.ForgetTmp(tmp) // idempotent
+	if usedBytes(s) != 0 {
+		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
+	}
+	checkAccounting(t, s)
+}
+
+func TestRemoveBlock(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	a := blockRel(testTier, 0, hashHex(1, 64))
+	b := blockRel(testTier, 1, hashHex(2, 64))
+	putBlock(t, s, a, pageData(1, 1))
+	putBlock(t, s, b, pageData(2, 1))
+	if !s.HasBlocksUnder(testTier) || !s.HasBlocksUnder(testTier+"/") {
+		t.Error("HasBlocksUnder(tier) is false")
+	}
+	if s.HasBlocksUnder("model_0123456789") {
+		t.Error("HasBlocksUnder matched a name prefix, not a directory")
+	}
+	if err := s.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	if s.Contains(a) || s.Lookup(a, 1) || exists(t, s.Path(a)) {
+		t.Fatal("removed block still present")
+	}
+	if _, err := s.OpenBlock(a); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("OpenBlock of a removed block: %v, want ENOENT", err)
+	}
+	if err := s.Remove(a); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Remove of a missing block: %v, want ENOENT", err)
+	}
+	checkAccounting(t, s)
+	if err := s.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	if s.HasBlocksUnder(testTier) {
+		t.Error("HasBlocksUnder(tier) true with no blocks")
+	}
+	if got := s.RowBytes(); len(got) != 0 {
+		t.Errorf("RowBytes = %v with no blocks", got)
+	}
+	checkAccounting(t, s)
+}
