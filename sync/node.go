@@ -179,12 +179,9 @@ func (n *Node) Snapshot() Snapshot {
 	if n.mirror != nil {
 		for _, p := range n.mirror.peers {
 			ps := p.snapshot()
-			p.mu.Lock()
-			ip := p.remoteIP
-			p.mu.Unlock()
-			if rows, ok := received[ip]; ok {
+			if rows, ok := received[p.ip()]; ok {
 				ps.RowsReceived = rows
-				delete(received, ip)
+				delete(received, p.ip())
 			}
 			s.Peers = append(s.Peers, ps)
 		}

@@ -215,6 +215,13 @@ func (p *peer) snapshot() PeerStats {
 	return s
 }
 
+// ip returns the IP of the peer's last successful connection.
+func (p *peer) ip() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.remoteIP
+}
+
 // run connects, serves the connection until it fails, and repeats with
 // backoff until ctx is canceled.
 func (p *peer) run(ctx context.Context) {
