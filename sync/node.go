@@ -179,9 +179,10 @@ func (n *Node) Snapshot() Snapshot {
 	if n.mirror != nil {
 		for _, p := range n.mirror.peers {
 			ps := p.snapshot()
-			if rows, ok := received[p.ip()]; ok {
+			ip := p.ip()
+			if rows, ok := received[ip]; ok {
 				ps.RowsReceived = rows
-				delete(received, p.ip())
+				delete(received, ip)
 			}
 			s.Peers = append(s.Peers, ps)
 		}
