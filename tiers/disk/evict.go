@@ -1,5 +1,7 @@
 package disk
 
+import "syscall"
+
 // protectedLocked reports whether a block must not be evicted now: a load is
 // in flight, or it answered a lookup within the protection window.
 func (s *Store) protectedLocked(b *block, now int64) bool {
@@ -7,15 +9,15 @@ func (s *Store) protectedLocked(b *block, now int64) bool {
 }
 
 // pickVictimLocked chooses the block to evict: the least recently used
-// unprotected one, except that a chain loses its tail before its head.
-func (s *Store) pickVictimLocked(now int64) *block {
+// unprotected one not in chosen, except that a chain loses its tail before its head.
+func (s *Store) pickVictimLocked(now int64, chosen map[*block]bool) *block {
 	for e := s.lru.Back(); e != nil; e = e.Prev() {
 		b := e.Value.(*block)
-		if s.protectedLocked(b, now) {
+		if chosen[b] || s.protectedLocked(b, now) {
 			continue
 		}
 		if b.chain != nil {
-			if tail := s.chainTailLocked(b.chain, now); tail != nil {
+			if tail := s.chainTailLocked(b.chain, now, chosen); tail != nil {
 				return tail
 			}
 		}
@@ -24,13 +26,42 @@ func (s *Store) pickVictimLocked(now int64) *block {
 	return nil
 }
 
-// chainTailLocked is the last present, unprotected member of a chain.
-func (s *Store) chainTailLocked(c *chain, now int64) *block {
+// chainTailLocked is the last present, unprotected member of a chain not in chosen.
+func (s *Store) chainTailLocked(c *chain, now int64, chosen map[*block]bool) *block {
 	for i := len(c.members) - 1; i >= 0; i-- {
 		m := c.members[i]
-		if m.present && m.chain == c && !s.protectedLocked(m, now) {
+		if m.present && m.chain == c && !chosen[m] && !s.protectedLocked(m, now) {
 			return m
 		}
+	}
+	return nil
+}
+
+// makeRoomLocked evicts blocks until n more bytes fit, choosing every victim
+// before evicting any: when the room cannot be made, nothing is evicted and
+// the write fails with ENOSPC.
+func (s *Store) makeRoomLocked(n int64, forRel string) error {
+	need := s.used + n - s.limitLocked()
+	if need <= 0 {
+		return nil
+	}
+	now := s.nowNano()
+	chosen := make(map[*block]bool)
+	var victims []*block
+	for freed := int64(0); freed < need; {
+		v := s.pickVictimLocked(now, chosen)
+		if v == nil {
+			s.counters.NoSpace.Add(1)
+			return newError("write", forRel, syscall.ENOSPC,
+				"store full: %d bytes used of %d and every block is protected (read in flight or looked up in the last %s)",
+				s.used, s.limitLocked(), s.cfg.LookupProtect)
+		}
+		chosen[v] = true
+		victims = append(victims, v)
+		freed += v.physical
+	}
+	for _, v := range victims {
+		s.evictLocked(v)
 	}
 	return nil
 }
@@ -75,6 +106,18 @@ func (s *Store) pruneStreamsLocked(now int64) {
 	for id, st := range s.streams {
 		if now-st.lastAt > int64(chainGap) {
 			delete(s.streams, id)
+		}
+	}
+}
+
+// replaceInChainLocked puts a republished block in its predecessor's chain slot.
+func (s *Store) replaceInChainLocked(old, b *block) {
+	if old.chain == nil {
+		return
+	}
+	for i, m := range old.chain.members {
+		if m == old {
+			old.chain.members[i] = b
 		}
 	}
 }

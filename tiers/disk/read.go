@@ -1,6 +1,8 @@
 package disk
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"syscall"
 
@@ -69,22 +71,25 @@ func (s *Store) OpenBlock(rel string) (*Reader, error) {
 // counts as done: Verify, or find them in the engine's region by Digest.
 func (s *Store) PinBlock(rel string) (*Reader, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	b := s.blocks[rel]
 	if b == nil {
-		s.mu.Unlock()
 		return nil, newError("open", rel, syscall.ENOENT, "no such block")
 	}
-	b.readers++
-	s.mu.Unlock()
-
-	r := &Reader{s: s, b: b}
+	// Opened under the lock, so a concurrent Publish cannot swap the file
+	// between the index entry and the descriptor.
 	f, err := os.Open(s.Path(rel))
+	if errors.Is(err, fs.ErrNotExist) {
+		s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel))
+		s.dropLocked(b)
+		s.queueRemoval(rel)
+		return nil, newError("open", rel, syscall.ENOENT, "block file vanished from the store")
+	}
 	if err != nil {
-		r.Close()
 		return nil, err
 	}
-	r.file = f
-	return r, nil
+	b.readers++
+	return &Reader{s: s, b: b, file: f}, nil
 }
 
 // Digest returns the block's digest; ok is false for a block found in the
@@ -127,8 +132,16 @@ func (r *Reader) Verify() error {
 	if err := writeDigest(f, d); err != nil {
 		return err
 	}
+	_, physical, err := fileSize(f)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	b.digest, b.hasDigest = d, true
+	if b.present {
+		s.used += physical - b.physical
+	}
+	b.physical = physical
 	s.mu.Unlock()
 	s.cfg.Logger.Info("adopted block without checksum record", "path", s.Path(b.rel))
 	return nil

@@ -90,9 +90,14 @@ type lookupStream struct {
 // tmpFile is a staging file being written through the store. Its mutex guards
 // size, crc, sealed and the Writer's file; open and orphaned are guarded by Store.mu.
 type tmpFile struct {
-	mu         sync.Mutex
-	sealed     bool
-	size       int64
+	mu     sync.Mutex
+	sealed bool
+	// refused is set when a write was rejected: the tmp cannot hold a whole row.
+	refused bool
+	size    int64
+	// allocated is what the tmp counts against the capacity: the bytes
+	// written, without the zero pages left as holes.
+	allocated  int64
 	crc        uint32
 	sequential bool
 	open       bool
@@ -269,14 +274,61 @@ func (s *Store) rebuild() error {
 	if err != nil {
 		return fmt.Errorf("indexing store %s: %w", s.root, err)
 	}
+	found, skipped := s.consistentSizes(found)
 	sort.Slice(found, func(i, j int) bool { return found[i].lastUse > found[j].lastUse })
 	for _, b := range found {
 		s.insertLocked(b)
 		s.lru.MoveToBack(b.lru)
 	}
+	evicted := 0
+	for s.used > s.limitLocked() {
+		victim := s.pickVictimLocked(s.nowNano(), nil)
+		if victim == nil {
+			break
+		}
+		s.evictLocked(victim)
+		evicted++
+	}
 	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
-		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped)
+		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped, "odd_size_files_ignored", skipped,
+		"evicted_to_fit_capacity", evicted)
 	return nil
+}
+
+// consistentSizes keeps the blocks whose size is a positive page multiple and
+// the most common size of their tier; the others are logged and left
+// unindexed (they answer lookups as absent).
+func (s *Store) consistentSizes(found []*block) ([]*block, int) {
+	counts := make(map[string]map[int64]int)
+	for _, b := range found {
+		if counts[b.name.Tier] == nil {
+			counts[b.name.Tier] = make(map[int64]int)
+		}
+		counts[b.name.Tier][b.size]++
+	}
+	row := make(map[string]int64)
+	for tier, sizes := range counts {
+		best := int64(0)
+		for size, n := range sizes {
+			valid := size > 0 && size%PageSize == 0
+			if valid && (best == 0 || n > sizes[best] || n == sizes[best] && size > best) {
+				best = size
+			}
+		}
+		row[tier] = best
+	}
+	kept := found[:0]
+	skipped := 0
+	for _, b := range found {
+		if b.size != row[b.name.Tier] {
+			s.cfg.Logger.Warn("ignoring block file whose size is not its tier's row size", "path", s.Path(b.rel),
+				"size", b.size, "row_bytes", row[b.name.Tier])
+			skipped++
+			continue
+		}
+		kept = append(kept, b)
+	}
+	return kept, skipped
 }
 
 // readBlockMeta builds an index entry from a block file and its checksum xattr.

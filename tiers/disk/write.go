@@ -1,6 +1,7 @@
 package disk
 
 import (
+	"encoding/binary"
 	"hash/crc32"
 	"os"
 	"path"
@@ -45,9 +46,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		return nil, err
 	}
 	if old, ok := s.tmps[rel]; ok {
-		s.used -= old.size
+		s.used -= old.allocated
 	}
-	t := &tmpFile{size: size, sequential: size == 0, open: true}
+	t := &tmpFile{size: size, allocated: size, sequential: size == 0, open: true}
 	s.used += size
 	s.tmps[rel] = t
 	return &Writer{s: s, rel: rel, tmp: t, file: f}, nil
@@ -68,26 +69,72 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	}
 	if off != w.tmp.size {
 		w.s.counters.RejectedWrites.Add(1)
+		w.tmp.refused = true
 		return 0, newError("write", w.rel, syscall.EINVAL,
 			"block rows are written in one sequential write: got offset %d after %d bytes", off, w.tmp.size)
 	}
-	if err := w.s.reserve(int64(len(p)), w.rel); err != nil {
+	runs := nonZeroRuns(p, off)
+	var data int64
+	for _, r := range runs {
+		data += int64(r.end - r.start)
+	}
+	if err := w.s.reserve(data, w.rel); err != nil {
 		return 0, err
 	}
-	n, err := unix.Pwrite(int(w.file.Fd()), p, off)
-	if n < 0 {
-		n = 0
-	}
-	if unused := int64(len(p) - n); unused > 0 {
-		w.s.release(unused)
+	w.tmp.allocated += data
+	n := len(p)
+	var werr error
+	for _, r := range runs {
+		if _, err := unix.Pwrite(int(w.file.Fd()), p[r.start:r.end], off+int64(r.start)); err != nil {
+			n, werr = r.start, err
+			break
+		}
 	}
 	w.tmp.crc = crc32.Update(w.tmp.crc, castagnoli, p[:n])
 	w.tmp.size += int64(n)
-	if err != nil {
-		return n, newError("write", w.rel, Errno(err), "store write failed: %v", err)
+	if werr != nil {
+		return n, newError("write", w.rel, Errno(werr), "store write failed: %v", werr)
 	}
 	w.s.counters.WriteBytes.Add(int64(n))
 	return n, nil
+}
+
+// run is a byte range [start, end) of a write buffer.
+type run struct{ start, end int }
+
+// nonZeroRuns splits a write at offset off into runs of pages that hold a
+// non-zero byte; all-zero pages are left as holes in the store file, so
+// sparse rows (the zero slots of other nodes) cost no disk.
+func nonZeroRuns(p []byte, off int64) []run {
+	var runs []run
+	for start := 0; start < len(p); {
+		end := min(len(p), start+PageSize-int((off+int64(start))%PageSize))
+		if !isZero(p[start:end]) {
+			if len(runs) > 0 && runs[len(runs)-1].end == start {
+				runs[len(runs)-1].end = end
+			} else {
+				runs = append(runs, run{start, end})
+			}
+		}
+		start = end
+	}
+	return runs
+}
+
+// isZero reports whether every byte of p is zero.
+func isZero(p []byte) bool {
+	for len(p) >= 8 {
+		if binary.LittleEndian.Uint64(p) != 0 {
+			return false
+		}
+		p = p[8:]
+	}
+	for _, b := range p {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Close closes the tmp file; the tmp stays ready for Publish or RemoveTmp.
@@ -102,26 +149,19 @@ func (w *Writer) Close() error {
 	w.s.mu.Lock()
 	w.tmp.open = false
 	if w.tmp.orphaned {
-		w.s.used -= w.tmp.size
+		w.s.used -= w.tmp.allocated
 	}
 	w.s.mu.Unlock()
 	return err
 }
 
 // reserve makes room for n more bytes, evicting blocks if needed; it fails with
-// ENOSPC when the capacity or the filesystem reserve cannot be met.
+// ENOSPC, evicting nothing, when the capacity or the filesystem reserve cannot be met.
 func (s *Store) reserve(n int64, forRel string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.used+n > s.limitLocked() {
-		victim := s.pickVictimLocked(s.nowNano())
-		if victim == nil {
-			s.counters.NoSpace.Add(1)
-			return newError("write", forRel, syscall.ENOSPC,
-				"store full: %d bytes used of %d and every block is protected (read in flight or looked up in the last %s)",
-				s.used, s.limitLocked(), s.cfg.LookupProtect)
-		}
-		s.evictLocked(victim)
+	if err := s.makeRoomLocked(n, forRel); err != nil {
+		return err
 	}
 	s.used += n
 	return nil
@@ -168,15 +208,25 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if t.sealed {
 		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was already published")
 	}
+	if t.refused {
+		return newError("rename", tmpRel, syscall.EINVAL, "a write to this tmp file was refused: it does not hold a whole row")
+	}
 	if t.size == 0 || t.size%PageSize != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, PageSize)
 	}
-	f, err := os.Open(s.Path(tmpRel))
+	f, err := os.OpenFile(s.Path(tmpRel), os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	if size, _, err := fileSize(f); err != nil {
+		return err
+	} else if size < t.size {
+		if err := f.Truncate(t.size); err != nil {
+			return err
+		}
+	}
 	crc := t.crc
 	if !t.sequential {
 		if crc, err = fileCRC(f, t.size); err != nil {
@@ -203,17 +253,25 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 				"block size %d differs from the %d-byte rows of the other blocks in %s", t.size, want, name.Tier)
 		}
 	}
+	if extra := physical - t.allocated; extra > 0 {
+		if err := s.makeRoomLocked(extra, destRel); err != nil {
+			return err
+		}
+	}
 	if err := unix.Rename(s.Path(tmpRel), s.Path(destRel)); err != nil {
 		return err
 	}
 	t.sealed = true
 	delete(s.tmps, tmpRel)
-	s.used -= t.size
+	s.used -= t.allocated
+	b := &block{rel: destRel, name: name, size: t.size, physical: physical,
+		digest: digest, hasDigest: true, lastUse: s.nowNano(), present: true}
 	if old := s.blocks[destRel]; old != nil {
+		b.lastLookup, b.chain = old.lastLookup, old.chain
+		s.replaceInChainLocked(old, b)
 		s.dropLocked(old)
 	}
-	s.insertLocked(&block{rel: destRel, name: name, size: t.size, physical: physical,
-		digest: digest, hasDigest: true, lastUse: s.nowNano(), present: true})
+	s.insertLocked(b)
 	s.counters.Writes.Add(1)
 	return nil
 }
@@ -230,7 +288,7 @@ func (s *Store) RemoveTmp(rel string) error {
 		if t.open {
 			t.orphaned = true
 		} else {
-			s.used -= t.size
+			s.used -= t.allocated
 		}
 	}
 	return nil
@@ -242,7 +300,7 @@ func (s *Store) ForgetTmp(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t, ok := s.tmps[rel]; ok {
-		s.used -= t.size
+		s.used -= t.allocated
 		delete(s.tmps, rel)
 	}
 }

@@ -131,9 +131,6 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reopening a closed tmp: %v", err)
 	}
-	if _, err := w.WriteAt(data[PageSize:], 0); !errors.Is(err, syscall.EINVAL) {
-		t.Fatalf("write at 0 of a reopened 1-page tmp: %v, want EINVAL", err)
-	}
 	if _, err := w.WriteAt(data[PageSize:], PageSize); err != nil {
 		t.Fatal(err)
 	}
@@ -616,4 +613,33 @@ func TestRemoveBlock(t *testing.T) {
 		t.Errorf("RowBytes = %v with no blocks", got)
 	}
 	checkAccounting(t, s)
+}
+
+// TestPublishRefusesTmpWithRefusedWrite checks that a tmp file one of whose
+// writes was refused can never become a block, even if later writes fill it.
+func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(6, 64))
+	data := pageData(6, 2)
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(data[PageSize:], PageSize); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("write at an odd offset: %v, want EINVAL", err)
+	}
+	for off := 0; off < len(data); off += PageSize {
+		if _, err := w.WriteAt(data[off:off+PageSize], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	if err := s.Publish(tmp, rel); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("publish after a refused write: %v, want EINVAL", err)
+	}
+	if s.Contains(rel) {
+		t.Fatal("a tmp with a refused write was published")
+	}
 }
