@@ -22,6 +22,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 
+	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -59,6 +60,10 @@ type Options struct {
 	EntryTimeout, NegativeTimeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
+	// Sync mirrors loaded rows to the peer ranks; nil on a single node.
+	Sync *rowsync.Node
+	// SyncRegions maps regions for Sync; required with Sync.
+	SyncRegions *SyncRegions
 }
 
 // FS is a mounted kvtierfs.
@@ -75,10 +80,14 @@ type FS struct {
 	server       *fuse.Server
 	control      *fs.Inode
 	done         chan struct{}
+	sync         *rowsync.Node
+	syncRegions  *SyncRegions
 
 	// rowsIdentified counts loads proven by finding their row in a region;
 	// rowsUnidentified those that fell back to reading the block file.
 	rowsIdentified, rowsUnidentified atomic.Int64
+	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
+	lookupsWithheld atomic.Int64
 }
 
 // regionRefresh is how often the shm regions are looked for again.
@@ -96,7 +105,10 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		opts.NegativeTimeout = DefaultNegativeTimeout
 	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
-		entryTimeout: opts.EntryTimeout, done: make(chan struct{})}
+		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions}
+	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
+		return nil, fmt.Errorf("row mirroring needs the shm regions")
+	}
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err

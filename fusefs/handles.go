@@ -69,12 +69,17 @@ type blockHandle struct {
 	fsys  *FS
 	start time.Time
 
-	mu       sync.Mutex
-	digest   shm.Digest
-	before   []shm.RowRef
-	verified bool
-	err      syscall.Errno
-	row      shm.RowRef
+	mu sync.Mutex
+	// digest and before are set when the load is proven at FLUSH in a region row.
+	digest shm.Digest
+	before []shm.RowRef
+	// verifiedAtOpen is set when the block file was verified at open.
+	verifiedAtOpen bool
+	// flushed, err, identified and row are the outcome of the first FLUSH.
+	flushed    bool
+	err        syscall.Errno
+	identified bool
+	row        shm.RowRef
 }
 
 // openBlock pins a block and chooses how its load will be proven.
@@ -92,7 +97,7 @@ func (f *FS) openBlock(rel string) (*blockHandle, error) {
 		r.Close()
 		return nil, err
 	}
-	h.verified = true
+	h.verifiedAtOpen = true
 	return h, nil
 }
 
@@ -129,25 +134,37 @@ func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 var _ = (fs.FileFlusher)((*blockHandle)(nil))
 
 // Flush is the barrier before the engine counts the load as done: it fails
-// with EIO unless the load's bytes are proven.
+// with EIO unless the load's bytes are proven and, on a multi-node group,
+// every peer holds the same row. Later flushes (dup'd descriptors) repeat
+// the first outcome.
 func (h *blockHandle) Flush(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.verified || h.err != 0 {
-		return h.err
+	if !h.flushed {
+		h.flushed = true
+		if h.err = h.prove(); h.err == 0 {
+			h.err = h.fsys.mirror(ctx, h)
+		}
+	}
+	return h.err
+}
+
+// prove checks the bytes of the load: found in a row of the engine's region
+// that did not hold them at open, or else by reading the block file again.
+func (h *blockHandle) prove() syscall.Errno {
+	if h.verifiedAtOpen {
+		return 0
 	}
 	if ref, ok := h.fsys.regions.Confirm(h.digest, h.before); ok {
-		h.verified, h.row = true, ref
+		h.identified, h.row = true, ref
 		h.fsys.rowsIdentified.Add(1)
 		return 0
 	}
 	h.fsys.rowsUnidentified.Add(1)
 	if err := h.r.Verify(); err != nil {
 		h.fsys.logger.Error("load failed verification at close", "err", err)
-		h.err = disk.Errno(err)
-		return h.err
+		return disk.Errno(err)
 	}
-	h.verified = true
 	return 0
 }
 

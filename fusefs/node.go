@@ -66,6 +66,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if !present {
 			return nil, syscall.ENOENT
 		}
+		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
+			// A load now could not reach every rank: the engine must not even try.
+			n.fsys.lookupsWithheld.Add(1)
+			return nil, syscall.ENOENT
+		}
 	case disk.BlockTmp:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
@@ -175,7 +180,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if flags != 0 {
 			return syscall.EINVAL
 		}
-		return n.errno(n.fsys.store.Publish(srcRel, dstRel))
+		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
+			return n.errno(err)
+		}
+		n.fsys.sampleStore(ctx, dstRel)
+		return 0
 	case n.fsys.store.HasBlocksUnder(srcRel):
 		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)
 		return syscall.EBUSY

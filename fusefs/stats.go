@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -15,7 +16,10 @@ type Stats struct {
 	Groups     map[string]disk.GroupStats `json:"groups"`
 	Primary    Primary                    `json:"primary"`
 	Counters   Counters                   `json:"counters"`
-	Warnings   []Warning                  `json:"warnings"`
+	// Peers and Replication describe row mirroring; empty on a single node.
+	Peers       []rowsync.PeerStats   `json:"peers"`
+	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
+	Warnings    []Warning             `json:"warnings"`
 }
 
 // Primary describes the engine's primary (shm) tier as seen from this node.
@@ -38,6 +42,11 @@ type Counters struct {
 	// region; RowsUnidentified loads that fell back to re-reading the file.
 	RowsIdentified   int64 `json:"rows_identified"`
 	RowsUnidentified int64 `json:"rows_unidentified"`
+	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
+	// present blocks answered absent while mirroring was impossible.
+	RowsMirrored    int64 `json:"rows_mirrored"`
+	LookupsWithheld int64 `json:"lookups_withheld"`
+	AuthFailures    int64 `json:"auth_failures"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -67,7 +76,17 @@ func (f *FS) Stats() Stats {
 			RowsIdentified:   f.rowsIdentified.Load(),
 			RowsUnidentified: f.rowsUnidentified.Load(),
 		},
+		Peers:    []rowsync.PeerStats{},
 		Warnings: []Warning{},
+	}
+	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
+	if f.sync != nil {
+		snap := f.sync.Snapshot()
+		st.Peers = snap.Peers
+		st.Replication = &snap.Replication
+		st.Counters.RowsMirrored = int64(snap.RowsMirrored)
+		st.Counters.AuthFailures = int64(snap.AuthFailures)
+		st.Warnings = append(st.Warnings, syncWarnings(snap)...)
 	}
 	if f.regions != nil {
 		if err := f.regions.Refresh(); err != nil {
@@ -94,6 +113,24 @@ func (f *FS) Stats() Stats {
 			st.Counters.NoSpace)})
 	}
 	return st
+}
+
+// syncWarnings names what keeps rows from being mirrored.
+func syncWarnings(snap rowsync.Snapshot) []Warning {
+	var out []Warning
+	for _, p := range snap.Peers {
+		if p.State != rowsync.StateUp && p.State != rowsync.StateInbound {
+			out = append(out, Warning{Code: "peer_down", Message: fmt.Sprintf(
+				"peer %s is %s (%s): lookups answer absent and loads fail until it is back; check the peer daemon and the network",
+				p.Addr, p.State, p.LastError)})
+		}
+	}
+	if r := snap.Replication; len(snap.Peers) > 0 && !r.Allowed {
+		out = append(out, Warning{Code: "mirroring_off", Message: fmt.Sprintf(
+			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
+			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})
+	}
+	return out
 }
 
 // rowSizes lists the distinct block sizes of the store's tiers.

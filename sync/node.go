@@ -141,6 +141,43 @@ func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error
 	return nil
 }
 
+// MirrorLoadedRow mirrors a row that the caller has already identified as the
+// destination of a load and verified (the filesystem finds it from the
+// block's digest at FLUSH). Like LoadDone, a non-nil error means the peers may
+// hold stale bytes and the close must fail; without peers it does nothing.
+func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int) error {
+	if n.mirror == nil {
+		return nil
+	}
+	if !n.gate.Allowed() {
+		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
+	}
+	if err := n.mirror.MirrorRow(ctx, region, row, region.Row(row)); err != nil {
+		return err
+	}
+	n.rowsMirrored.Add(1)
+	return nil
+}
+
+// Mirrors reports whether the node has peers to mirror loaded rows to.
+func (n *Node) Mirrors() bool { return n.mirror != nil }
+
+// WantStoreSample is called once per stored block and says whether the
+// replication gate wants this store sampled with SampleStoredRow.
+func (n *Node) WantStoreSample() bool { return n.mirror != nil && n.gate.WantSample() }
+
+// SampleStoredRow is StoreDone for a caller that has already found the row
+// holding the stored block, knows its CRC32C and got true from WantStoreSample.
+func (n *Node) SampleStoredRow(ctx context.Context, region *Region, row int, key string, crc uint32) error {
+	if n.mirror == nil {
+		return nil
+	}
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("rowsync: key of %d bytes, limit %d", len(key), MaxKeyBytes)
+	}
+	return n.mirror.SampleStore(ctx, n.gate, region, row, key, crc)
+}
+
 // StoreDone is called when the engine has written block key (a whole row of
 // region) to the store, before that write's close returns, so that the source
 // row is still pinned on every node. For the stores the gate samples, it

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -43,6 +44,11 @@ type mountConfig struct {
 	metricsAddr   string
 	lookupProtect time.Duration
 	debug         bool
+	listen        string
+	peers         []string
+	secretFile    string
+	replicated    rowsync.Mode
+	syncDeadline  time.Duration
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -54,6 +60,12 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.StringVar(&c.shmGlob, "shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	fl.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9477", "address of the Prometheus /metrics endpoint; empty disables it")
 	fl.DurationVar(&c.lookupProtect, "lookup-protect", disk.DefaultLookupProtect, "keep blocks that answered a lookup this long from eviction")
+	fl.StringVar(&c.listen, "listen", "", "address where peers send mirrored rows, e.g. 0.0.0.0:7470 (multi-node)")
+	fl.StringArrayVar(&c.peers, "peer", nil, "address of a peer daemon to mirror loaded rows to; repeat for each (multi-node)")
+	fl.StringVar(&c.secretFile, "secret-file", "", "file holding the secret shared by all peers (at least 16 bytes); required with --listen or --peer")
+	c.replicated = rowsync.ModeAuto
+	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
+	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	fl.BoolVar(&c.debug, "debug", false, "log every FUSE request and debug events")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
@@ -67,6 +79,12 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if c.lookupProtect <= 0 {
 		return c, usageError{fmt.Errorf("--lookup-protect %s: want a positive duration such as 600s or 10m", c.lookupProtect)}
+	}
+	if c.syncDeadline <= 0 {
+		return c, usageError{fmt.Errorf("--sync-deadline %s: want a positive duration such as 2s", c.syncDeadline)}
+	}
+	if (c.listen != "" || len(c.peers) > 0) && c.secretFile == "" {
+		return c, usageError{fmt.Errorf("--listen and --peer need --secret-file: peers authenticate each other with a shared secret")}
 	}
 	if c.store == defaultStore() {
 		if err := os.MkdirAll(c.store, 0o755); err != nil {
@@ -105,6 +123,16 @@ func runMount(args []string) error {
 		logger.Warn("shm regions", "err", err)
 	}
 
+	syncRegions := fusefs.NewSyncRegions(regions)
+	defer syncRegions.Close()
+	node, err := startSync(c, syncRegions, logger)
+	if err != nil {
+		return err
+	}
+	if node != nil {
+		defer node.Close()
+	}
+
 	reg := prometheus.NewRegistry()
 	var metricsListener net.Listener
 	if c.metricsAddr != "" {
@@ -113,7 +141,8 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
-	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg, Debug: c.debug})
+	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
+		Debug: c.debug, Sync: node, SyncRegions: syncRegions})
 	if err != nil {
 		return err
 	}
@@ -171,4 +200,23 @@ func prepareMountpoint(mnt string) error {
 		return fmt.Errorf("mountpoint %s is not a directory", mnt)
 	}
 	return nil
+}
+
+// startSync starts row mirroring when peers are configured; nil on a single node.
+func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) (*rowsync.Node, error) {
+	if c.listen == "" && len(c.peers) == 0 {
+		return nil, nil
+	}
+	secret, err := rowsync.ReadSecretFile(c.secretFile)
+	if err != nil {
+		return nil, fmt.Errorf("--secret-file: %w", err)
+	}
+	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
+		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local,
+		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
+	if err != nil {
+		return nil, fmt.Errorf("starting row mirroring: %w", err)
+	}
+	logger.Info("row mirroring", "listen", node.Addr(), "peers", c.peers, "replicated_kv", c.replicated.String())
+	return node, nil
 }

@@ -27,6 +27,8 @@ type Options struct {
 	ShmGlob string
 	// Args are extra flags for `kvtierfs mount`.
 	Args []string
+	// Wrapper runs the daemon under another command, e.g. `ip netns exec NS`.
+	Wrapper []string
 	// Log receives the daemon's stdout and stderr; nil discards them.
 	Log io.Writer
 }
@@ -48,7 +50,8 @@ const startTimeout = 20 * time.Second
 func Start(opts Options) (*Daemon, error) {
 	args := append([]string{"mount", opts.Mountpoint, "--store", opts.Store, "--metrics-addr", "", "--shm-glob", opts.ShmGlob}, opts.Args...)
 	d := &Daemon{Mountpoint: opts.Mountpoint, Store: opts.Store, exited: make(chan struct{})}
-	d.cmd = exec.Command(opts.Binary, args...)
+	argv := append(append(append([]string{}, opts.Wrapper...), opts.Binary), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	if opts.Log != nil {
 		d.cmd.Stdout, d.cmd.Stderr = opts.Log, opts.Log
 	}

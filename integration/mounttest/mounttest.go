@@ -61,6 +61,8 @@ type Options struct {
 	ShmGlob string
 	// Args are extra flags for `kvtierfs mount`.
 	Args []string
+	// Wrapper runs the daemon under another command, e.g. `ip netns exec NS`.
+	Wrapper []string
 }
 
 // Daemon is a running `kvtierfs mount` tied to a test.
@@ -93,7 +95,7 @@ func Launch(t testing.TB, opts Options) (*Daemon, error) {
 	}
 	log := &syncBuffer{}
 	d, err := daemon.Start(daemon.Options{Binary: binary, Mountpoint: opts.Mountpoint, Store: opts.Store,
-		ShmGlob: opts.ShmGlob, Args: opts.Args, Log: log})
+		ShmGlob: opts.ShmGlob, Args: opts.Args, Wrapper: opts.Wrapper, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, log.String())
 	}

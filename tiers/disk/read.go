@@ -20,6 +20,9 @@ type Reader struct {
 // pass through to it read the pages the verification just brought in.
 func (r *Reader) File() *os.File { return r.file }
 
+// Path is the block's store-relative path.
+func (r *Reader) Path() string { return r.b.rel }
+
 // Size is the block's size in bytes.
 func (r *Reader) Size() int64 { return r.b.size }
 
@@ -41,6 +44,18 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 	s.lru.MoveToFront(b.lru)
 	s.extendChainLocked(b, stream, now)
 	return true
+}
+
+// Digest returns a present block's digest; ok is false for an absent block
+// or one without a digest record yet.
+func (s *Store) Digest(rel string) (shm.Digest, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.blocks[rel]
+	if b == nil || !b.hasDigest {
+		return shm.Digest{}, false
+	}
+	return b.digest, true
 }
 
 // Contains reports whether a block is present without recording a lookup.

@@ -83,3 +83,20 @@ func (s *Set) eachRowLocked(size int64, fn func(ref RowRef, row []byte) bool) {
 		}
 	}
 }
+
+// PathFor returns the region made of rows of rowBytes bytes; ok is false when
+// none or several regions are.
+func (s *Set) PathFor(rowBytes int64) (string, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var found []string
+	for path, r := range s.regions {
+		if rowBytes > 0 && r.Size >= rowBytes && r.Size%rowBytes == 0 {
+			found = append(found, path)
+		}
+	}
+	if len(found) != 1 {
+		return "", false
+	}
+	return found[0], true
+}

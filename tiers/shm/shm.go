@@ -62,6 +62,9 @@ func (s *Set) Refresh() error {
 	if err != nil {
 		return err
 	}
+	if !s.changed(paths) {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen := make(map[string]bool, len(paths))
@@ -92,6 +95,24 @@ func (s *Set) Refresh() error {
 		return fmt.Errorf("mapping shm regions: %v", errs)
 	}
 	return nil
+}
+
+// changed reports whether the regions matching the glob differ from the
+// mapped ones, so that a Refresh with nothing to do never blocks readers.
+func (s *Set) changed(paths []string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if len(paths) != len(s.regions) {
+		return true
+	}
+	for _, p := range paths {
+		r, ok := s.regions[p]
+		st, err := os.Stat(p)
+		if !ok || err != nil || st.Size() != r.Size {
+			return true
+		}
+	}
+	return false
 }
 
 // mapRegion maps a region file read-only.
