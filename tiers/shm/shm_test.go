@@ -1,0 +1,120 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+const testRow = 64 << 10
+
+// fill writes deterministic bytes for block i into the first half of row and zeroes the rest.
+func fill(row []byte, i int) {
+	x := uint64(i)*0x9E3779B97F4A7C15 | 1
+	for off := 0; off < len(row)/2; off += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(row[off:], x)
+	}
+	clear(row[len(row)/2:])
+}
+
+// regionFile writes a region file of n rows, row r holding block r, and
+// returns a Set mapping it.
+func regionFile(t *testing.T, n int) (*Set, []byte, string) {
+	t.Helper()
+	data := make([]byte, n*testRow)
+	for r := 0; r < n; r++ {
+		fill(data[r*testRow:(r+1)*testRow], r)
+	}
+	path := filepath.Join(t.TempDir(), "vllm_offload_test.mmap")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set, err := NewSet(filepath.Join(filepath.Dir(path), "*.mmap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(set.Close)
+	return set, data, path
+}
+
+func TestDigestSamplesNonZeroWindows(t *testing.T) {
+	row := make([]byte, testRow)
+	fill(row, 3)
+	d := DigestOf(row)
+	if d.Size != testRow || d.CRC != CRC32C(row) || len(d.Samples) != maxSamples {
+		t.Fatalf("digest %+v", d)
+	}
+	for _, s := range d.Samples {
+		if s.Value == 0 || int(s.Off) >= testRow/2 {
+			t.Fatalf("sample %+v lies in the zero half or is zero", s)
+		}
+	}
+	b, _ := d.MarshalBinary()
+	var back Digest
+	if err := back.UnmarshalBinary(b); err != nil || fmt.Sprint(back) != fmt.Sprint(d) {
+		t.Fatalf("round trip: %v %+v", err, back)
+	}
+	for _, bad := range [][]byte{b[:5], append(b, 0), func() []byte { c := append([]byte{}, b...); c[12] = 200; return c }()} {
+		if err := back.UnmarshalBinary(bad); err == nil {
+			t.Fatalf("malformed record %x accepted", bad)
+		}
+	}
+}
+
+func TestConfirmFindsTheNewRowOnly(t *testing.T) {
+	set, data, _ := regionFile(t, 8)
+	d := DigestOf(data[2*testRow : 3*testRow])
+	before := set.Candidates(d)
+	if len(before) != 1 || before[0].Row != 2 {
+		t.Fatalf("candidates %+v, want row 2", before)
+	}
+	if _, ok := set.Confirm(d, before); ok {
+		t.Fatal("a row that held the block before the load proved the load")
+	}
+	if ref, ok := set.Confirm(d, nil); !ok || ref.Row != 2 {
+		t.Fatalf("confirm without history: %+v %v", ref, ok)
+	}
+	if !set.Fits(testRow) || set.Fits(testRow*3) || set.Fits(1000) {
+		t.Fatal("Fits disagrees with the region geometry")
+	}
+}
+
+func TestConfirmRejectsWrongBytes(t *testing.T) {
+	set, data, path := regionFile(t, 4)
+	d := DigestOf(data[1*testRow : 2*testRow])
+	// Row 3 receives the block's bytes with one flipped byte past the samples.
+	row := append([]byte{}, data[1*testRow:2*testRow]...)
+	row[testRow/2-1] ^= 1
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(row, 3*testRow)
+	f.Close()
+	if ref, ok := set.Confirm(d, []RowRef{{Region: path, Row: 1}}); ok {
+		t.Fatalf("wrong bytes in row %d proved the load", ref.Row)
+	}
+}
+
+func TestInfosWarnOnGeometry(t *testing.T) {
+	set, _, _ := regionFile(t, 4)
+	infos := set.Infos([]int64{testRow})
+	if len(infos) != 1 || infos[0].Rows != 4 || infos[0].Warning != "" {
+		t.Fatalf("infos %+v", infos)
+	}
+	infos = set.Infos([]int64{3 * testRow})
+	if infos[0].Rows != 0 || infos[0].Warning == "" {
+		t.Fatalf("region not a multiple of the row size: %+v, want a warning", infos[0])
+	}
+	if _, err := NewSet("/dev/shm/[x"); err == nil {
+		t.Fatal("malformed glob accepted")
+	}
+}
