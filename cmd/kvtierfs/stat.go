@@ -80,6 +80,18 @@ func printStats(w io.Writer, st fusefs.Stats) {
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
 	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)
+	fmt.Fprintf(t, "loads proven\t%d in their shm row, %d by re-reading the block\n", c.RowsIdentified, c.RowsUnidentified)
+	if r := st.Replication; r != nil {
+		fmt.Fprintf(t, "replication\t--replicated-kv %s, mirroring %s (%s; %d samples, %d mismatches), %d rows mirrored, %d lookups withheld\n",
+			r.Mode, map[bool]string{true: "on", false: "off"}[r.Allowed], r.DecidedBy, r.Samples, r.Mismatches, c.RowsMirrored, c.LookupsWithheld)
+	}
+	for _, p := range st.Peers {
+		fmt.Fprintf(t, "  peer %s\t%s, %d rows sent (%d verified), %d received, %s", p.Addr, p.State, p.RowsSent, p.Verified, p.RowsReceived, formatBytes(int64(p.Bytes)))
+		if p.LastError != "" {
+			fmt.Fprintf(t, ", last error: %s", p.LastError)
+		}
+		fmt.Fprintln(t)
+	}
 	t.Flush()
 	if len(st.Warnings) == 0 {
 		fmt.Fprintln(w, "warnings: none")
