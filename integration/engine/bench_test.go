@@ -82,6 +82,25 @@ func TestBenchTable(t *testing.T) {
 	}
 }
 
+// TestBenchDisk checks that the disk scenario reaches package diskbench.
+func TestBenchDisk(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "disk", "--row-bytes", "64KiB", "--blocks", "8", "--lookups", "16",
+		"--threads", "2", "--drop-caches=false", "--json")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench disk: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	var res struct {
+		Blocks        int               `json:"blocks"`
+		VerifiedLoads int               `json:"verified_loads"`
+		Measurements  []json.RawMessage `json:"measurements"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || res.Blocks != 8 || res.VerifiedLoads != 8 || len(res.Measurements) == 0 {
+		t.Fatalf("bench disk --json: %+v (%v):\n%s", res, err, stdout)
+	}
+}
+
 // TestBenchBadFlags: every bad flag is refused before anything starts, with
 // status 2 and a message naming the flag and what it accepts.
 func TestBenchBadFlags(t *testing.T) {

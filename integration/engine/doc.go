@@ -31,15 +31,17 @@
 //
 // EngineStock is the engine as the field report found it. Its store filter
 // keeps only {acc-tail … acc-1} of each alignment segment of a windowed group,
-// EAGLE included (staging.StockRetained). Its lookup runs the engine's match
-// rule with a presence check that promotes: a key resident in the primary tier
-// is a hit; a key on disk reserves a primary row for its promotion (RETRY); a
-// key on disk with no row left, or absent, is a MISS. A vetoed lookup (hit 0)
-// drops its reservations unread; otherwise the reserved rows are promoted and
-// the lookup runs again at the next step until nothing is left to promote.
-// Once the primary tier is full, keys on disk answer MISS and the AND of the
-// groups vetoes the hit, with the summed RETRY of the probe pinned at the row
-// count (DESIGN §3, failures 1 and 3).
+// EAGLE included (staging.StockRetained). Each step of its lookup walks every
+// key of every group in prefix order, as the manager's lookup does, and
+// confirms a key by promoting it: a key resident in the primary tier is a hit;
+// a key on disk reserves a primary row for its promotion (RETRY); a key on
+// disk with no row left, or absent, is a MISS. The engine's match rule then
+// runs on the hits and RETRYs. A vetoed lookup (hit 0) drops its reservations
+// unread (this model's choice: the "0 bytes read back"); otherwise the
+// reserved rows are promoted and the lookup runs again at the next step until
+// nothing is left to promote. Once the primary tier is full, keys on disk
+// answer MISS and the AND of the groups vetoes the hit, with the summed RETRY
+// of the step pinned at the row count (DESIGN §3, failures 1 and 3).
 //
 // EngineFixed keeps {0} ∪ {acc-tail … acc-1} for EAGLE groups
 // (staging.Retained), matches without staging (staging.Match over the primary

@@ -108,8 +108,12 @@ func newKVIndex() *kvIndex {
 	return &kvIndex{fingerprints: make(map[kvSource]uint64)}
 }
 
-// record stores the fingerprint of slot, which holds src's KV.
+// record stores the fingerprint of slot, which holds src's KV, unless it is
+// known already (KV bytes are a function of src).
 func (k *kvIndex) record(src kvSource, slot []byte) {
+	if _, known := k.expected(src); known {
+		return
+	}
 	fp := gpu.FingerprintHost(slot)
 	k.mu.Lock()
 	k.fingerprints[src] = fp

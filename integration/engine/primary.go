@@ -14,7 +14,9 @@ type primaryTier struct {
 	free     []int // free rows, in the order they became free
 	lru      *list.List
 	lruEntry []*list.Element
-	peakUsed int
+	// pinned is the number of rows with refs > 0, peakPinned its maximum: the
+	// most rows requests held at once.
+	pinned, peakPinned int
 }
 
 func newPrimaryTier(rows int) *primaryTier {
@@ -47,17 +49,11 @@ func (p *primaryTier) reset() {
 // rows is the number of rows of the region.
 func (p *primaryTier) rows() int { return len(p.holds) }
 
-// used is the number of rows that hold a block or are pinned.
-func (p *primaryTier) used() int { return p.rows() - len(p.free) }
-
 // find returns the row that holds block.
 func (p *primaryTier) find(block blockKey) (int, bool) {
 	row, ok := p.byBlock[block]
 	return row, ok
 }
-
-// available is the number of rows alloc can still return.
-func (p *primaryTier) available() int { return len(p.free) + p.lru.Len() }
 
 // alloc returns a pinned row that holds no block: a free row, else the least
 // recently used cached row, whose block is dropped. ok is false when every
@@ -75,7 +71,7 @@ func (p *primaryTier) alloc() (row int, ok bool) {
 		return 0, false
 	}
 	p.refs[row] = 1
-	p.peakUsed = max(p.peakUsed, p.used())
+	p.countPin()
 	return row, true
 }
 
@@ -112,13 +108,24 @@ func (p *primaryTier) pin(row int) {
 		p.lru.Remove(e)
 		p.lruEntry[row] = nil
 	}
+	if p.refs[row] == 0 {
+		p.countPin()
+	}
 	p.refs[row]++
+}
+
+func (p *primaryTier) countPin() {
+	p.pinned++
+	p.peakPinned = max(p.peakPinned, p.pinned)
 }
 
 // unpin releases a reference; the last one makes the row the most recently
 // used cached row, or free if it holds no block.
 func (p *primaryTier) unpin(row int) {
 	p.refs[row]--
+	if p.refs[row] == 0 {
+		p.pinned--
+	}
 	switch {
 	case p.refs[row] > 0:
 	case p.holds[row]:

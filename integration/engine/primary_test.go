@@ -4,6 +4,9 @@ import "testing"
 
 func block(i int) blockKey { return blockKey{group: 0, hash: string(rune('a' + i))} }
 
+// counts returns the free and the cached (evictable) rows.
+func (p *primaryTier) counts() (free, cached int) { return len(p.free), p.lru.Len() }
+
 // TestPrimaryTierLRU: free rows first, then the least recently used cached
 // row; pinned rows are never evicted; an eviction forgets the block.
 func TestPrimaryTierLRU(t *testing.T) {
@@ -23,8 +26,8 @@ func TestPrimaryTierLRU(t *testing.T) {
 	p.unpin(2) // 1, 0, 2
 	p.pin(1)   // touched: 0, 2
 	p.unpin(1) // 0, 2, 1
-	if p.available() != 3 {
-		t.Fatalf("available %d, want 3", p.available())
+	if free, cached := p.counts(); free != 0 || cached != 3 {
+		t.Fatalf("%d free, %d cached rows, want 0 and 3", free, cached)
 	}
 	row, ok := p.alloc()
 	if !ok || row != 0 {
@@ -34,11 +37,11 @@ func TestPrimaryTierLRU(t *testing.T) {
 		t.Fatal("evicted block still found")
 	}
 	p.unpin(row) // holds nothing: free again
-	if p.used() != 2 || p.available() != 3 {
-		t.Fatalf("used %d available %d, want 2 and 3", p.used(), p.available())
+	if free, cached := p.counts(); free != 1 || cached != 2 {
+		t.Fatalf("%d free, %d cached rows, want 1 and 2", free, cached)
 	}
-	if p.peakUsed != 3 {
-		t.Fatalf("peak %d, want 3", p.peakUsed)
+	if p.peakPinned != 3 || p.pinned != 0 {
+		t.Fatalf("peak pinned %d, now %d; want 3, 0", p.peakPinned, p.pinned)
 	}
 }
 
@@ -55,11 +58,11 @@ func TestPrimaryTierAssignMovesBlock(t *testing.T) {
 	if row, _ := p.find(block(0)); row != b {
 		t.Fatalf("block in row %d, want %d", row, b)
 	}
-	if p.used() != 1 {
-		t.Fatalf("%d rows used, want 1", p.used())
+	if free, cached := p.counts(); free != 1 || cached != 1 {
+		t.Fatalf("%d free, %d cached rows, want 1 and 1", free, cached)
 	}
 	p.reset()
-	if p.used() != 0 || p.available() != 2 {
-		t.Fatalf("after reset: used %d available %d", p.used(), p.available())
+	if free, cached := p.counts(); free != 2 || cached != 0 {
+		t.Fatalf("after reset: %d free, %d cached rows, want 2 and 0", free, cached)
 	}
 }

@@ -52,7 +52,7 @@ type Result struct {
 	// LoadGBps is BytesRead over the time spent in promotions.
 	LoadGBps float64 `json:"load_gbps"`
 	// PrimaryRows is the rows of each primary region, PrimaryPeakRows the most
-	// in use at once.
+	// rows pinned at once (reserved, staged or being stored).
 	PrimaryRows     int `json:"primary_rows"`
 	PrimaryPeakRows int `json:"primary_peak_rows"`
 	// GPU names the load stage's backends as kind:device.
@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if s.loadSeconds > 0 {
 		res.LoadGBps = float64(res.BytesRead) / s.loadSeconds / 1e9
 	}
-	res.PrimaryPeakRows = s.primary.peakUsed
+	res.PrimaryPeakRows = s.primary.peakPinned
 	for _, n := range cl.nodes {
 		stats, err := n.stats()
 		if err != nil {

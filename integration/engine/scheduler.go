@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -156,14 +157,15 @@ type reservation struct {
 	row   int
 }
 
-// lookupStock is the stock engine's lookup (see the package doc): the match
-// rule with a presence check that reserves a row per key found on disk,
-// repeated step after step until nothing is left to promote, then one load
-// of the hit from the primary tier. It returns the hit in chunks.
+// lookupStock is the stock engine's lookup (see the package doc): each step
+// walks every key of every group, reserving a row per key found on disk, and
+// runs the match rule on the keys resident or reserved; it repeats until
+// nothing is left to promote, then loads the hit from the primary tier. It
+// returns the hit in chunks.
 func (s *scheduler) lookupStock(ctx context.Context, keys []string) (int, error) {
-	held := map[int]bool{}
+	held := newRowSet()
 	defer func() {
-		for row := range held {
+		for _, row := range held.rows {
 			s.primary.unpin(row)
 		}
 	}()
@@ -172,26 +174,8 @@ func (s *scheduler) lookupStock(ctx context.Context, keys []string) (int, error)
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		var reserved []reservation
-		present := func(group int, hash string) bool {
-			b := blockKey{group: group, hash: hash}
-			if row, ok := s.primary.find(b); ok {
-				if !held[row] {
-					s.primary.pin(row)
-					held[row] = true
-				}
-				return true
-			}
-			if !s.exists(b) {
-				return false
-			}
-			row, ok := s.primary.alloc()
-			if !ok {
-				return false // MISS: the primary tier is full
-			}
-			reserved = append(reserved, reservation{block: b, row: row})
-			return true // RETRY
-		}
+		found, reserved := s.stockWalk(keys, held)
+		present := func(group int, hash string) bool { return found[blockKey{group: group, hash: hash}] }
 		match, err := staging.Match(req, present)
 		if err != nil {
 			return 0, err
@@ -228,13 +212,83 @@ func (s *scheduler) lookupStock(ctx context.Context, keys []string) (int, error)
 				continue
 			}
 			s.primary.assign(rows[i], blocks[i])
-			held[rows[i]] = true
+			held.add(rows[i])
 		}
 		s.res.Waves++
 		if failed {
 			return 0, nil
 		}
 	}
+}
+
+// stockWalk is one step of the stock manager's lookup: every key of every
+// group, groups in the engine's lookup order, keys in prefix order. A key
+// resident in the primary tier is a hit (pinned for the request in held); a
+// key on disk reserves a row for its promotion (RETRY); a key on disk with no
+// row left, or absent, is a MISS. It returns the keys that were hits or
+// RETRY, and the reservations.
+func (s *scheduler) stockWalk(keys []string, held *rowSet) (map[blockKey]bool, []reservation) {
+	found := make(map[blockKey]bool)
+	var reserved []reservation
+	for _, group := range s.lookupOrder() {
+		for _, hash := range keys {
+			b := blockKey{group: group, hash: hash}
+			if row, ok := s.primary.find(b); ok {
+				if held.add(row) {
+					s.primary.pin(row)
+				}
+				found[b] = true
+				continue
+			}
+			if !s.exists(b) {
+				continue
+			}
+			if row, ok := s.primary.alloc(); ok {
+				reserved = append(reserved, reservation{block: b, row: row})
+				found[b] = true
+			}
+		}
+	}
+	return found, reserved
+}
+
+// rowSet is a set of rows that remembers the order they were added in, so
+// releasing them leaves the same LRU order on every run.
+type rowSet struct {
+	has  map[int]bool
+	rows []int
+}
+
+func newRowSet() *rowSet { return &rowSet{has: map[int]bool{}} }
+
+// add adds row and reports whether it was new.
+func (r *rowSet) add(row int) bool {
+	if r.has[row] {
+		return false
+	}
+	r.has[row] = true
+	r.rows = append(r.rows, row)
+	return true
+}
+
+// lookupOrder is the engine's order of the groups' lookups: full attention by
+// group id, then windowed groups by window, largest first.
+func (s *scheduler) lookupOrder() []int {
+	order := make([]int, len(s.cfg.Groups))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		ga, gb := s.cfg.Groups[a], s.cfg.Groups[b]
+		if fullA, fullB := ga.Kind == staging.KindFull, gb.Kind == staging.KindFull; fullA != fullB {
+			if fullA {
+				return -1
+			}
+			return 1
+		}
+		return gb.Tail - ga.Tail
+	})
+	return order
 }
 
 // lookupFixed is the fixed engine's lookup: match without staging, then stage
@@ -360,6 +414,7 @@ func (s *scheduler) prefill(ctx context.Context, keys []string, hit int) error {
 			}
 		}
 	}
+	done := 0
 	for len(pending) > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -397,7 +452,8 @@ func (s *scheduler) prefill(ctx context.Context, keys []string, hit int) error {
 			s.primary.assign(row, batch[i])
 			s.primary.unpin(row)
 		}
-		s.progress("prefill: %d blocks stored, %d to go", len(batch), len(pending))
+		done += len(batch)
+		s.progress("prefill: %d of %d blocks stored", done, done+len(pending))
 	}
 	return nil
 }

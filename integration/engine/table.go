@@ -44,7 +44,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	row("rows promoted", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.RowsPromoted) })
 	row("waves", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.Waves) })
 	row("peak summed RETRY per probe", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.RetryPeak) })
-	row("primary rows peak/total", func(r Result, _ fusefs.Stats) string {
+	row("primary rows pinned peak/total", func(r Result, _ fusefs.Stats) string {
 		return fmt.Sprintf("%d/%d", r.PrimaryPeakRows, r.PrimaryRows)
 	})
 	row("bytes written", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesWritten)/1e6) })
