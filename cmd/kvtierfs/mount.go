@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -44,6 +45,7 @@ type mountConfig struct {
 	metricsAddr   string
 	lookupProtect time.Duration
 	debug         bool
+	debugFUSE     bool
 	listen        string
 	peers         []string
 	secretFile    string
@@ -66,7 +68,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	c.replicated = rowsync.ModeAuto
 	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
-	fl.BoolVar(&c.debug, "debug", false, "log every FUSE request and debug events")
+	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
+	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
 		return c, err
@@ -100,7 +103,7 @@ func runMount(args []string) error {
 		return err
 	}
 	level := slog.LevelInfo
-	if c.debug {
+	if c.debug || c.debugFUSE {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -142,12 +145,18 @@ func runMount(args []string) error {
 		defer metricsListener.Close()
 	}
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debug, Sync: node, SyncRegions: syncRegions})
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions})
 	if err != nil {
 		return err
 	}
 	if metricsListener != nil {
-		go http.Serve(metricsListener, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if c.debug {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
+		go http.Serve(metricsListener, mux)
 	}
 	st := store.Stats()
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,

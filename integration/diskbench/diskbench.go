@@ -104,6 +104,11 @@ type run struct {
 // tierDir is the engine's per-model directory used by the benchmark.
 const tierDir = "Bench_000000000000_r0"
 
+// sourceRows is how many distinct rows the stores come from: block i holds
+// row i mod sourceRows, so blocks loaded at the same time always differ, as
+// the engine's do, without filling a row per block inside the timed phases.
+const sourceRows = 64
+
 // Run performs the benchmark. Everything it creates is removed before it returns.
 func Run(cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
@@ -120,12 +125,12 @@ func Run(cfg Config) (Result, error) {
 	}
 	defer os.RemoveAll(work)
 	regionPath := fmt.Sprintf("/dev/shm/vllm_offload_kvtierbench_%d.mmap", os.Getpid())
-	region, err := engineio.CreateRegion(regionPath, 2*cfg.Threads, cfg.RowBytes)
+	region, err := engineio.CreateRegion(regionPath, sourceRows+cfg.Threads, cfg.RowBytes)
 	if err != nil {
 		return res, err
 	}
 	defer region.Close()
-	for i := 0; i < cfg.Threads; i++ {
+	for i := 0; i < sourceRows; i++ {
 		fillRow(region.Row(i), uint64(i))
 	}
 	d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"),
@@ -175,10 +180,15 @@ func fillRow(row []byte, seed uint64) {
 	}
 }
 
-// sourceRow is the region row whose bytes block i holds: the first Threads
-// rows hold distinct content, the loads land in the others.
+// sourceRow is the region row whose bytes block i holds; loads land in the
+// rows after the sources, one per thread.
 func (r *run) sourceRow(i int) []byte {
-	return r.region.Row(i % r.cfg.Threads)
+	return r.region.Row(i % sourceRows)
+}
+
+// loadRow is the row thread loads into.
+func (r *run) loadRow(thread int) []byte {
+	return r.region.Row(sourceRows + thread)
 }
 
 // parallel runs fn(thread, i) for every block on cfg.Threads threads and returns the wall time.
@@ -233,6 +243,7 @@ func (r *run) stores(res *Result) error {
 	if err != nil {
 		return fmt.Errorf("stores through the mount: %w", err)
 	}
+	unix.Sync() // each side starts with no dirty pages of the other
 	direct, err := storeAll(r.bare)
 	if err != nil {
 		return fmt.Errorf("stores on the bare directory: %w", err)
@@ -245,7 +256,7 @@ func (r *run) stores(res *Result) error {
 // loadAll loads every block from a tier into the thread's load row.
 func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
 	return r.parallel(func(thread, i int) error {
-		return tier.Load(tier.BlockPath(tierDir, 0, key(i)), r.region.Row(r.cfg.Threads+thread))
+		return tier.Load(tier.BlockPath(tierDir, 0, key(i)), r.loadRow(thread))
 	})
 }
 
@@ -340,7 +351,7 @@ func (r *run) lookups(res *Result) error {
 // verify loads every block through the mount once more and compares it in full.
 func (r *run) verify(res *Result) error {
 	for i := 0; i < r.cfg.Blocks; i++ {
-		got := r.region.Row(r.cfg.Threads)
+		got := r.loadRow(0)
 		if err := r.mount.Load(r.mount.BlockPath(tierDir, 0, key(i)), got); err != nil {
 			return err
 		}

@@ -102,6 +102,10 @@ type tmpFile struct {
 	sequential bool
 	open       bool
 	orphaned   bool
+	// expect is the tier's row size when the tmp was created (0 if unknown);
+	// probes holds the digest's probe windows for a block of that size.
+	expect int64
+	probes map[int64]uint64
 }
 
 // Store is the block store. All methods are safe for concurrent use.

@@ -2,12 +2,15 @@ package disk
 
 import (
 	"encoding/binary"
+	"errors"
 	"hash/crc32"
 	"os"
 	"path"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // Writer writes one block tmp file. The engine writes a row with one write()
@@ -20,16 +23,25 @@ type Writer struct {
 	rel  string
 	tmp  *tmpFile
 	file *os.File
+	// bounce is a page-aligned buffer for O_DIRECT writes (FUSE hands the
+	// daemon unaligned request payloads); nil for buffered writes.
+	bounce []byte
 }
 
+// bounceBytes is the size of an O_DIRECT writer's bounce buffer: one FUSE request.
+const bounceBytes = 1 << 20
+
 // CreateTmp creates the tmp file of a block (a BlockTmp path) with the caller's
-// open flags (O_EXCL is honoured; O_DIRECT and O_APPEND are dropped: the store
-// writes through its page cache and checksums as the bytes arrive).
+// open flags: O_EXCL is honoured, O_APPEND dropped, and O_DIRECT kept, so an
+// engine writing O_DIRECT writes to the disk as it would without the mount,
+// not into dirty pages the kernel then throttles.
 func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
-	if kind, _ := Classify(rel); kind != BlockTmp {
+	kind, name := Classify(rel)
+	if kind != BlockTmp {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
 	}
-	flags &^= syscall.O_DIRECT | syscall.O_APPEND | syscall.O_ACCMODE
+	direct := flags&syscall.O_DIRECT != 0
+	flags &^= syscall.O_APPEND | syscall.O_ACCMODE
 	flags |= syscall.O_CREAT | syscall.O_RDWR | syscall.O_CLOEXEC
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -37,6 +49,11 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		return nil, newError("create", rel, syscall.EBUSY, "tmp file is already open for writing")
 	}
 	f, err := os.OpenFile(s.Path(rel), flags, os.FileMode(mode&0o7777))
+	if direct && errors.Is(err, syscall.EINVAL) {
+		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
+		direct = false
+		f, err = os.OpenFile(s.Path(rel), flags&^syscall.O_DIRECT, os.FileMode(mode&0o7777))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -49,9 +66,20 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		s.used -= old.allocated
 	}
 	t := &tmpFile{size: size, allocated: size, sequential: size == 0, open: true}
+	if rowBytes, ok := s.rowBytes[name.Tier]; ok && size == 0 {
+		t.expect = rowBytes
+		t.probes = make(map[int64]uint64)
+	}
 	s.used += size
 	s.tmps[rel] = t
-	return &Writer{s: s, rel: rel, tmp: t, file: f}, nil
+	w := &Writer{s: s, rel: rel, tmp: t, file: f}
+	if direct {
+		if w.bounce, err = unix.Mmap(-1, 0, bounceBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return w, nil
 }
 
 // File is the open tmp file, for attribute calls of the FUSE layer.
@@ -85,18 +113,71 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	n := len(p)
 	var werr error
 	for _, r := range runs {
-		if _, err := unix.Pwrite(int(w.file.Fd()), p[r.start:r.end], off+int64(r.start)); err != nil {
+		if err := w.pwrite(p[r.start:r.end], off+int64(r.start)); err != nil {
 			n, werr = r.start, err
 			break
 		}
 	}
 	w.tmp.crc = crc32.Update(w.tmp.crc, castagnoli, p[:n])
+	w.tmp.captureProbes(p[:n], off)
 	w.tmp.size += int64(n)
 	if werr != nil {
 		return n, newError("write", w.rel, Errno(werr), "store write failed: %v", werr)
 	}
 	w.s.counters.WriteBytes.Add(int64(n))
 	return n, nil
+}
+
+// pwrite writes data at off, through the bounce buffer for O_DIRECT; a piece
+// O_DIRECT cannot take (not page aligned) is written buffered.
+func (w *Writer) pwrite(data []byte, off int64) error {
+	fd := int(w.file.Fd())
+	if w.bounce == nil || off%PageSize != 0 || len(data)%PageSize != 0 {
+		if w.bounce != nil {
+			if err := setDirect(fd, false); err != nil {
+				return err
+			}
+			defer setDirect(fd, true)
+		}
+		_, err := unix.Pwrite(fd, data, off)
+		return err
+	}
+	for len(data) > 0 {
+		chunk := copy(w.bounce, data)
+		if _, err := unix.Pwrite(fd, w.bounce[:chunk], off); err != nil {
+			return err
+		}
+		data, off = data[chunk:], off+int64(chunk)
+	}
+	return nil
+}
+
+// setDirect turns O_DIRECT on or off for an open file.
+func setDirect(fd int, on bool) error {
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	if on {
+		flags |= unix.O_DIRECT
+	} else {
+		flags &^= unix.O_DIRECT
+	}
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags)
+	return err
+}
+
+// captureProbes keeps the digest's probe windows of a tmp whose final size is
+// expected to be its tier's row size, so Publish need not read them back.
+func (t *tmpFile) captureProbes(p []byte, off int64) {
+	if t.probes == nil {
+		return
+	}
+	for _, o := range shm.ProbeOffsets(t.expect) {
+		if o >= off && o+8 <= off+int64(len(p)) {
+			t.probes[o] = binary.LittleEndian.Uint64(p[o-off:])
+		}
+	}
 }
 
 // run is a byte range [start, end) of a write buffer.
@@ -146,6 +227,10 @@ func (w *Writer) Close() error {
 	}
 	err := w.file.Close()
 	w.file = nil
+	if w.bounce != nil {
+		unix.Munmap(w.bounce)
+		w.bounce = nil
+	}
 	w.s.mu.Lock()
 	w.tmp.open = false
 	if w.tmp.orphaned {
@@ -233,7 +318,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
-	digest, err := digestFile(f, t.size, crc)
+	digest, err := t.digest(f, crc)
 	if err != nil {
 		return err
 	}
@@ -274,6 +359,16 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	s.insertLocked(b)
 	s.counters.Writes.Add(1)
 	return nil
+}
+
+// digest builds the published block's digest from the probe windows captured
+// while it was written, or by reading them from the file.
+func (t *tmpFile) digest(f *os.File, crc uint32) (shm.Digest, error) {
+	offsets := shm.ProbeOffsets(t.size)
+	if t.expect != t.size || !t.sequential || len(t.probes) != len(offsets) {
+		return digestFile(f, t.size, crc)
+	}
+	return shm.NewDigest(t.size, crc, func(off int64) (uint64, error) { return t.probes[off], nil })
 }
 
 // RemoveTmp unlinks a tmp file and returns its bytes to the capacity.

@@ -47,11 +47,7 @@ func NewDigest(size int64, crc uint32, readAt func(off int64) (uint64, error)) (
 		return d, nil
 	}
 	var all, nonZero []Sample
-	for i := range probeWindows {
-		off := (size - 8) * int64(i) / (probeWindows - 1) &^ 7
-		if len(all) > 0 && int64(all[len(all)-1].Off) == off {
-			continue
-		}
+	for _, off := range ProbeOffsets(size) {
 		v, err := readAt(off)
 		if err != nil {
 			return d, err
@@ -71,6 +67,22 @@ func NewDigest(size int64, crc uint32, readAt func(off int64) (uint64, error)) (
 		d.Samples = append(d.Samples, pool[j*len(pool)/k])
 	}
 	return d, nil
+}
+
+// ProbeOffsets lists the windows NewDigest reads for a block of size bytes,
+// so that a writer can capture them as the bytes stream past.
+func ProbeOffsets(size int64) []int64 {
+	if size < 8 {
+		return nil
+	}
+	var out []int64
+	for i := range probeWindows {
+		off := (size - 8) * int64(i) / (probeWindows - 1) &^ 7
+		if len(out) == 0 || out[len(out)-1] != off {
+			out = append(out, off)
+		}
+	}
+	return out
 }
 
 // DigestOf computes the digest of bytes in memory.
