@@ -159,8 +159,12 @@ func runMount(args []string) error {
 		go http.Serve(metricsListener, mux)
 	}
 	st := store.Stats()
+	metricsAt := "disabled"
+	if metricsListener != nil {
+		metricsAt = "http://" + metricsListener.Addr().String() + "/metrics"
+	}
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
-		"capacity", formatBytes(st.CapacityBytes), "metrics", c.metricsAddr)
+		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt)
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
