@@ -162,13 +162,30 @@ func TestMultinodeSyncOn(t *testing.T) {
 	}
 }
 
-// TestSyncOnWithoutMirroring: --sync on with a binary that cannot mirror fails
-// with ErrSyncUnavailable before starting anything.
-func TestSyncOnWithoutMirroring(t *testing.T) {
-	if CheckSync(mounttest.Binary()) == nil {
-		t.Skip("this kvtierfs mirrors rows")
+// TestMultinodeGQASyncOn: a head-sharded cache must not be mirrored; with
+// --replicated-kv auto the filesystem decides so from store samples and then
+// answers lookups "absent", so no rank ever loads wrong KV.
+func TestMultinodeGQASyncOn(t *testing.T) {
+	if err := CheckSync(mounttest.Binary()); err != nil {
+		t.Skipf("SKIP until `kvtierfs mount` mirrors rows: %v", err)
 	}
 	cfg := multinodeConfig(t, true)
+	cfg.KV = KVGQA
+	res := run(t, cfg)
+	if res.RowsIdentical != res.RowsChecked {
+		t.Errorf("GQA, sync on: %d/%d rows identical: a rank loaded wrong KV", res.RowsIdentical, res.RowsChecked)
+	}
+}
+
+// TestSyncOnWithoutMirroring: --sync on with a binary whose mount cannot
+// mirror fails with ErrSyncUnavailable before starting anything.
+func TestSyncOnWithoutMirroring(t *testing.T) {
+	oldMount := filepath.Join(t.TempDir(), "kvtierfs")
+	if err := os.WriteFile(oldMount, []byte("#!/bin/sh\necho 'Usage: kvtierfs mount MOUNTPOINT [flags]'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := multinodeConfig(t, true)
+	cfg.Binary = oldMount
 	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrSyncUnavailable) {
 		t.Fatalf("got %v, want ErrSyncUnavailable", err)
 	}
@@ -205,6 +222,26 @@ func TestAgent(t *testing.T) {
 	}
 	if res.Waves <= int64(fixed.Requests) || res.RowsIdentical != res.RowsChecked {
 		t.Errorf("fixed: %d waves for %d requests, %d/%d rows identical", res.Waves, fixed.Requests, res.RowsIdentical, res.RowsChecked)
+	}
+}
+
+// TestAgentTwoNodes: the agent workload with TP=2 across two nodes. Without
+// mirroring, rank 1 loads stale KV for every promoted row; with it, every row
+// is right on both GPUs.
+func TestAgentTwoNodes(t *testing.T) {
+	for _, sync := range []bool{false, true} {
+		if err := CheckSync(mounttest.Binary()); sync && err != nil {
+			t.Skipf("SKIP sync on until `kvtierfs mount` mirrors rows: %v", err)
+		}
+		cfg := agentConfig(t, EngineFixed)
+		cfg.Nodes, cfg.WorldSize, cfg.Sync, cfg.Requests = 2, 2, sync, 6
+		res := run(t, cfg)
+		if res.RowsChecked == 0 || res.Coverage < 0.5 {
+			t.Fatalf("sync %v: coverage %.4f, %d rows loaded", sync, res.Coverage, res.RowsChecked)
+		}
+		if identical := res.RowsIdentical == res.RowsChecked; identical != sync {
+			t.Errorf("sync %v: %d/%d rows identical at the GPUs", sync, res.RowsIdentical, res.RowsChecked)
+		}
 	}
 }
 
