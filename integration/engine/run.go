@@ -110,15 +110,18 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	for _, note := range stage.notes {
 		reporter.always("%s", note)
 	}
-	s, err := newScheduler(cfg, cl.nodes[0], workers, &res, reporter)
+	var s *scheduler
+	onSignalFreeThread(func() {
+		if s, err = newScheduler(cfg, cl.nodes[0], workers, &res, reporter); err != nil {
+			return
+		}
+		start := time.Now()
+		err = runScenario(ctx, s)
+		res.Seconds = time.Since(start).Seconds()
+	})
 	if err != nil {
 		return res, err
 	}
-	start := time.Now()
-	if err := runScenario(ctx, s); err != nil {
-		return res, err
-	}
-	res.Seconds = time.Since(start).Seconds()
 	if res.TokensTotal > 0 {
 		res.Coverage = float64(res.TokensHit) / float64(res.TokensTotal)
 	}
