@@ -143,7 +143,10 @@ func (h *blockHandle) Flush(ctx context.Context) syscall.Errno {
 	if !h.flushed {
 		h.flushed = true
 		if h.err = h.prove(); h.err == 0 {
-			h.err = h.fsys.mirror(ctx, h)
+			// A signal to the closing thread makes the kernel send an
+			// INTERRUPT, but it still waits for this answer: finish the
+			// mirror (bounded by --sync-deadline) instead of failing the load.
+			h.err = h.fsys.mirror(context.WithoutCancel(ctx), h)
 		}
 	}
 	return h.err

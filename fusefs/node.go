@@ -183,7 +183,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
-		n.fsys.sampleStore(ctx, dstRel)
+		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
 	case n.fsys.store.HasBlocksUnder(srcRel):
 		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)

@@ -16,10 +16,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
@@ -334,5 +337,47 @@ func TestMirrorOverVeth(t *testing.T) {
 	const chunks = rows / 2
 	if identical := promoteAll(t, head, peer, chunks); identical != chunks {
 		t.Fatalf("over veth: %d of %d promoted rows identical, want all", identical, chunks)
+	}
+}
+
+// TestSignalsDuringCloseDoNotFailLoads promotes rows from a thread that keeps
+// receiving signals (as any engine thread may): the kernel interrupts the
+// FLUSH, but mirroring completes and every load succeeds with identical rows.
+func TestSignalsDuringCloseDoNotFailLoads(t *testing.T) {
+	addr := freeAddr(t)
+	head, peer, _ := twoNodes(t, true, nil, nil, addr, addr)
+	const chunks = rows / 2
+	storeChunks(t, head, peer, chunks, true)
+
+	tids := make(chan int, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tids <- unix.Gettid()
+		for i := 0; i < chunks; i++ {
+			same, err := promote(head, peer, i, chunks+i)
+			if err == nil && !same {
+				err = fmt.Errorf("chunk %d: peer row stale after a successful load", i)
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	tid := <-tids
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+			unix.Tgkill(os.Getpid(), tid, unix.SIGURG)
+			time.Sleep(200 * time.Microsecond)
+		}
 	}
 }
