@@ -1,0 +1,417 @@
+package staging
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Field diagnostics (issue 4): the filesystem sees every store, lookup and
+// load of the engine, which is enough to name the failures that cost the
+// field weeks. Each rule needs evidence over a sliding window, so a short
+// burst or a fresh mount does not trigger it.
+
+// Warning codes, the Code of the warnings Diagnostics reports.
+const (
+	// WarnWriteOnlyGroup: a KV group is stored but never read while other
+	// groups of the same tier are read (EAGLE store filter, DESIGN §3.1).
+	WarnWriteOnlyGroup = "write_only_group"
+	// WarnHashSeedDrift: lookups find almost nothing, the store holds many
+	// blocks never looked up and new ones keep arriving (PYTHONHASHSEED).
+	WarnHashSeedDrift = "hash_seed_drift"
+	// WarnPrimaryTierExhausted: keys answer present but are not read, as
+	// many as the primary region has rows (DESIGN §3.3).
+	WarnPrimaryTierExhausted = "primary_tier_exhausted"
+	// WarnWriteOnlyTier: many bytes written to the tier, none read.
+	WarnWriteOnlyTier = "write_only_tier"
+)
+
+// Warning is a diagnosed failure: its code and a message with the evidence
+// and what to do.
+type Warning struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// DiagnosticsOptions are the windows and thresholds of the diagnostics.
+// Zero fields take the defaults.
+type DiagnosticsOptions struct {
+	// Window is how far back the rules look; none fires before the mount
+	// has been up for a whole window. Default 10 minutes.
+	Window time.Duration
+	// ReadGrace is how long a key that answered present may go unread
+	// before it counts as waiting. Default 30 seconds.
+	ReadGrace time.Duration
+	// MinStoredBytes is the bytes a group (write_only_group) or the whole
+	// tier (write_only_tier) must have stored in the window. Default 1 GiB.
+	MinStoredBytes int64
+	// MinLookups is the lookups in the window hash_seed_drift needs.
+	// Default 1000.
+	MinLookups int64
+	// MaxHitRatio is the largest share of lookups answering present that
+	// still counts as finding almost nothing. Default 0.01.
+	MaxHitRatio float64
+	// MinStores is the blocks stored in the window hash_seed_drift needs.
+	// Default 100.
+	MinStores int64
+	// MinNeverLookedUp is the stored blocks never looked up since the mount
+	// that hash_seed_drift needs; they must also be half the store or more.
+	// Default 1000.
+	MinNeverLookedUp int64
+	// MinWaiting is the fewest waiting keys primary_tier_exhausted needs.
+	// Default 64.
+	MinWaiting int
+	// PinTolerance is how close to the primary region's row count counts as
+	// pinned at it, as a fraction of the rows. Default 0.1.
+	PinTolerance float64
+	// MaxTrackedKeys bounds the keys remembered as waiting. Default 1<<18.
+	MaxTrackedKeys int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// StoreState is what the diagnostics need to know beyond the events, read
+// when the warnings are computed.
+type StoreState struct {
+	// Blocks is the number of blocks in the store.
+	Blocks int64
+	// NeverLookedUp is the number of those never looked up since the mount.
+	NeverLookedUp int64
+	// PrimaryRows is the row count of the engine's primary (shm) region;
+	// 0 when unknown, which disables primary_tier_exhausted.
+	PrimaryRows int
+}
+
+// Diagnostics turns the filesystem's events into warnings. Its methods are
+// safe for concurrent use; mu guards all its state.
+type Diagnostics struct {
+	opts  DiagnosticsOptions
+	start time.Time
+
+	mu      sync.Mutex
+	groups  map[chainID]*window // per tier directory and group
+	waiting map[Key]*presence   // keys that answered present and have not been read since
+}
+
+// presence is when a waiting key first and last answered present.
+type presence struct {
+	first, last time.Time
+}
+
+// NewDiagnostics starts the diagnostics; the mount's uptime counts from now.
+func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
+	if opts.Window <= 0 {
+		opts.Window = 10 * time.Minute
+	}
+	if opts.ReadGrace <= 0 {
+		opts.ReadGrace = 30 * time.Second
+	}
+	if opts.MinStoredBytes <= 0 {
+		opts.MinStoredBytes = 1 << 30
+	}
+	if opts.MinLookups <= 0 {
+		opts.MinLookups = 1000
+	}
+	if opts.MaxHitRatio <= 0 {
+		opts.MaxHitRatio = 0.01
+	}
+	if opts.MinStores <= 0 {
+		opts.MinStores = 100
+	}
+	if opts.MinNeverLookedUp <= 0 {
+		opts.MinNeverLookedUp = 1000
+	}
+	if opts.MinWaiting <= 0 {
+		opts.MinWaiting = 64
+	}
+	if opts.PinTolerance <= 0 {
+		opts.PinTolerance = 0.1
+	}
+	if opts.MaxTrackedKeys <= 0 {
+		opts.MaxTrackedKeys = 1 << 18
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Diagnostics{
+		opts:    opts,
+		start:   opts.Now(),
+		groups:  make(map[chainID]*window),
+		waiting: make(map[Key]*presence),
+	}
+}
+
+// Stored records a block stored (its rename landed) with its size.
+func (d *Diagnostics) Stored(key Key, bytes int64) {
+	d.count(key, func(t *tally) {
+		t.storedBlocks++
+		t.storedBytes += bytes
+	})
+}
+
+// Read records a load of a block (its open for a load, or the bytes
+// served), with its size.
+func (d *Diagnostics) Read(key Key, bytes int64) {
+	d.mu.Lock()
+	_, wasWaiting := d.waiting[key]
+	delete(d.waiting, key)
+	d.mu.Unlock()
+	d.count(key, func(t *tally) {
+		t.readBlocks++
+		t.readBytes += bytes
+		if wasWaiting {
+			t.waitedReads++
+		}
+	})
+}
+
+// LookedUp records the answer to a lookup of key.
+func (d *Diagnostics) LookedUp(key Key, present bool) {
+	now := d.opts.Now()
+	d.mu.Lock()
+	if present {
+		if p := d.waiting[key]; p != nil {
+			p.last = now
+		} else {
+			if len(d.waiting) >= d.opts.MaxTrackedKeys {
+				d.countWaitingLocked(now)
+			}
+			if len(d.waiting) < d.opts.MaxTrackedKeys {
+				d.waiting[key] = &presence{first: now, last: now}
+			}
+		}
+	}
+	d.mu.Unlock()
+	d.count(key, func(t *tally) {
+		t.lookups++
+		if present {
+			t.lookupHits++
+		}
+	})
+}
+
+// count applies add to the current bucket of key's group; other paths are
+// ignored.
+func (d *Diagnostics) count(key Key, add func(*tally)) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	epoch := d.epoch(d.opts.Now())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := d.groups[id]
+	if w == nil {
+		w = &window{}
+		d.groups[id] = w
+	}
+	add(w.at(epoch))
+}
+
+// Warnings returns the failures diagnosed now, sorted by code and subject;
+// a healthy workload gets none.
+func (d *Diagnostics) Warnings(st StoreState) []Warning {
+	now := d.opts.Now()
+	epoch := d.epoch(now)
+	fullWindow := now.Sub(d.start) >= d.opts.Window
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tiers := make(map[string]map[int]tally)
+	var total tally
+	for id, w := range d.groups {
+		sum := w.sum(epoch)
+		if tiers[id.tier] == nil {
+			tiers[id.tier] = make(map[int]tally)
+		}
+		tiers[id.tier][id.group] = sum
+		total.add(sum)
+	}
+	var warnings []Warning
+	if fullWindow {
+		warnings = append(warnings, d.writeOnlyGroups(tiers)...)
+		if w, ok := d.writeOnlyTier(total); ok {
+			warnings = append(warnings, w)
+		}
+	}
+	if w, ok := d.hashSeedDrift(total, st); ok {
+		warnings = append(warnings, w)
+	}
+	if w, ok := d.primaryTierExhaustedLocked(now, total, st); ok {
+		warnings = append(warnings, w)
+	}
+	slices.SortStableFunc(warnings, func(a, b Warning) int { return cmp.Compare(a.Code, b.Code) })
+	return warnings
+}
+
+// writeOnlyGroups finds the groups that stored MinStoredBytes in the window
+// and read nothing while another group of the same tier read something.
+func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning {
+	var warnings []Warning
+	for _, tier := range slices.Sorted(maps.Keys(tiers)) {
+		groups := tiers[tier]
+		var readGroups []string
+		var readBytes int64
+		for _, g := range slices.Sorted(maps.Keys(groups)) {
+			if groups[g].readBlocks > 0 {
+				readGroups = append(readGroups, strconv.Itoa(g))
+				readBytes += groups[g].readBytes
+			}
+		}
+		if len(readGroups) == 0 {
+			continue
+		}
+		for _, g := range slices.Sorted(maps.Keys(groups)) {
+			t := groups[g]
+			if t.readBlocks > 0 || t.storedBytes < d.opts.MinStoredBytes {
+				continue
+			}
+			warnings = append(warnings, Warning{Code: WarnWriteOnlyGroup, Message: fmt.Sprintf(
+				"tier %s, group %d: %s stored in %d blocks and none read in the last %s, while group(s) %s read %s "+
+					"(group %d: %d lookups, %d present). The engine stores this group but never gets a hit on it, and groups are ANDed, "+
+					"so it vetoes hits. With an EAGLE/MTP draft group this is the engine's store filter keeping only chunks {acc-tail … acc-1} of "+
+					"each segment: keep {0} ∪ {acc-tail … acc-1} for EAGLE groups (staging.Retained), or stop storing the group.",
+				tier, g, formatBytes(t.storedBytes), t.storedBlocks, d.opts.Window, strings.Join(readGroups, ","), formatBytes(readBytes),
+				g, t.lookups, t.lookupHits)})
+		}
+	}
+	return warnings
+}
+
+// writeOnlyTier fires when the whole tier stored MinStoredBytes in the
+// window and read nothing.
+func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
+	if total.readBlocks > 0 || total.storedBytes < d.opts.MinStoredBytes {
+		return Warning{}, false
+	}
+	return Warning{Code: WarnWriteOnlyTier, Message: fmt.Sprintf(
+		"%s written in %d blocks and nothing read in the last %s (%d lookups, %d answered present). "+
+			"The tier costs disk writes and serves no load. If lookups answer present, the engine vetoes its hits: "+
+			"check EAGLE/MTP groups (write_only_group, staging.Retained) and the primary tier (primary_tier_exhausted); "+
+			"if they miss, check that every engine process has the same PYTHONHASHSEED; if there are no lookups, "+
+			"check that the engine's secondary_tiers config points its loads at this mount.",
+		formatBytes(total.storedBytes), total.storedBlocks, d.opts.Window, total.lookups, total.lookupHits)}, true
+}
+
+// hashSeedDrift fires when lookups in the window hit at most MaxHitRatio,
+// new blocks keep being stored and the store holds many blocks (half or
+// more) never looked up since the mount.
+func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) {
+	if total.lookups < d.opts.MinLookups || float64(total.lookupHits) > d.opts.MaxHitRatio*float64(total.lookups) ||
+		total.storedBlocks < d.opts.MinStores ||
+		st.NeverLookedUp < d.opts.MinNeverLookedUp || 2*st.NeverLookedUp < st.Blocks {
+		return Warning{}, false
+	}
+	return Warning{Code: WarnHashSeedDrift, Message: fmt.Sprintf(
+		"lookups found %d of %d keys (%.2f%%) in the last %s while %d new blocks were stored, and %d of the %d blocks in the store "+
+			"were never looked up since the mount. The engine's chunk hashes no longer match the stored ones: its processes use different "+
+			"hash seeds. Set the same PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) for every engine process on every node and keep it "+
+			"across restarts; blocks stored under another seed are never found again and age out by eviction.",
+		total.lookupHits, total.lookups, 100*float64(total.lookupHits)/float64(total.lookups), d.opts.Window,
+		total.storedBlocks, st.NeverLookedUp, st.Blocks)}, true
+}
+
+// primaryTierExhaustedLocked fires when the keys that answered present in the
+// window and have gone unread for ReadGrace number at least MinWaiting and
+// about the primary region's row count or more, while the keys read after
+// answering present stay at about the row count or fewer: the engine can
+// only take as many blocks as it has rows.
+func (d *Diagnostics) primaryTierExhaustedLocked(now time.Time, total tally, st StoreState) (Warning, bool) {
+	waiting := d.countWaitingLocked(now)
+	rows := float64(st.PrimaryRows)
+	if st.PrimaryRows <= 0 || waiting < d.opts.MinWaiting ||
+		float64(waiting) < (1-d.opts.PinTolerance)*rows || float64(total.waitedReads) > (1+d.opts.PinTolerance)*rows {
+		return Warning{}, false
+	}
+	return Warning{Code: WarnPrimaryTierExhausted, Message: fmt.Sprintf(
+		"%d keys answered present in the last %s and were not read within %s, while %d were read after answering present; "+
+			"the primary region has %d rows. The engine's lookup takes a primary-tier row for every key it confirms, so once the rows "+
+			"are taken the keys on disk answer MISS and the hit is vetoed. Match without staging (MOUNTPOINT/.kvtier/match, "+
+			"staging.Match) and load the hit in waves, or give the primary tier more rows (cpu_bytes_to_use).",
+		waiting, d.opts.Window, d.opts.ReadGrace, total.waitedReads, st.PrimaryRows)}, true
+}
+
+// countWaitingLocked forgets the keys that last answered present before
+// the window and returns how many of the others have waited ReadGrace.
+func (d *Diagnostics) countWaitingLocked(now time.Time) int {
+	waiting := 0
+	for key, p := range d.waiting {
+		switch {
+		case now.Sub(p.last) > d.opts.Window:
+			delete(d.waiting, key)
+		case now.Sub(p.first) >= d.opts.ReadGrace:
+			waiting++
+		}
+	}
+	return waiting
+}
+
+// epoch is the window bucket that holds time t.
+func (d *Diagnostics) epoch(t time.Time) int64 {
+	return int64(t.Sub(d.start) / (d.opts.Window / windowBuckets))
+}
+
+// windowBuckets is the resolution of a window.
+const windowBuckets = 20
+
+// tally counts one group's events.
+type tally struct {
+	storedBlocks, storedBytes int64
+	readBlocks, readBytes     int64
+	lookups, lookupHits       int64
+	waitedReads               int64 // reads of keys that were waiting: answered present, not read since
+}
+
+func (t *tally) add(o tally) {
+	t.storedBlocks += o.storedBlocks
+	t.storedBytes += o.storedBytes
+	t.readBlocks += o.readBlocks
+	t.readBytes += o.readBytes
+	t.lookups += o.lookups
+	t.lookupHits += o.lookupHits
+	t.waitedReads += o.waitedReads
+}
+
+// window is a ring of tallies, one per bucket of Window/windowBuckets.
+type window struct {
+	buckets [windowBuckets]tally
+	epochs  [windowBuckets]int64 // the epoch each bucket counts
+}
+
+// at returns the bucket of epoch, emptied if it last counted an older one.
+func (w *window) at(epoch int64) *tally {
+	i := epoch % windowBuckets
+	if w.epochs[i] != epoch {
+		w.buckets[i], w.epochs[i] = tally{}, epoch
+	}
+	return &w.buckets[i]
+}
+
+// sum adds up the buckets of the window that ends at epoch.
+func (w *window) sum(epoch int64) tally {
+	var total tally
+	for i := range w.buckets {
+		if age := epoch - w.epochs[i]; age >= 0 && age < windowBuckets {
+			total.add(w.buckets[i])
+		}
+	}
+	return total
+}
+
+// formatBytes writes n with a binary unit: "512 B", "1.5 GiB".
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	value, exp := float64(n)/unit, 0
+	for value >= unit && exp < 4 {
+		value /= unit
+		exp++
+	}
+	return strconv.FormatFloat(value, 'f', 1, 64) + " " + "KMGTP"[exp:exp+1] + "iB"
+}

@@ -1,0 +1,658 @@
+package staging
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+)
+
+// Wave staging (issue 4, DESIGN §3 failure 3): lookups never stage; a read
+// of a block whose successors are known stages the next wave of them into
+// RAM so the engine's next loads are served from memory.
+//
+// Chains. The engine looks a request's keys up in prefix order, one batch
+// per request per scheduler step, from one thread; it stores a request's
+// chunks together. The Stager learns, per tier and KV group, a successor
+// link between consecutive present keys of a lookup batch (a batch is the
+// run of one thread's lookups; a pause longer than Options.BatchGap, or a
+// key the batch already listed, starts a new one; an absent key breaks the
+// link) and, weaker, between consecutive stores. Links learnt from lookups
+// win over links learnt from stores; the latest lookup wins over older ones.
+//
+// Waves. A read (Take or NoteRead) of a known key walks its successors and
+// queues fetches of the present ones, up to Options.WaveBlocks blocks ahead,
+// skipping those already staged, in flight or read in the current pass.
+// Options.QueueDepth workers run the fetches through the caller's Fetch.
+// Every Take tops the wave up from the block taken.
+//
+// Budget. Staged bytes plus reservations of queued and in-flight fetches
+// never exceed Options.Budget. A chain may hold at most budget / active
+// chains (those holding staged or in-flight bytes, counting the one asking):
+// a chain under its share that finds the budget full evicts the farthest
+// staged blocks of chains over theirs. A fetch reserves its chain's block
+// size, learnt from the chain's latest fetch (before that, from any
+// chain's); the very first fetch, of unknown size, runs alone and is
+// checked against the budget when it arrives.
+//
+// Correctness. Staged bytes are only those Fetch returned (the caller
+// verifies them). Every staged or queued block is an entry with a
+// generation number unique over the Stager's life; Invalidate, NoteStore
+// and an absent lookup drop the entry, so a fetch that completes afterwards
+// finds its entry gone and is discarded, and the cache key (the
+// generation) of a dropped entry is never served.
+
+// Fetch reads the block key from the store, verifies it (checksum) and
+// returns its bytes. The Stager keeps and serves the returned slice as is,
+// so it must not be modified afterwards. Fetch is called from the Stager's
+// worker goroutines, at most Options.QueueDepth at a time.
+type Fetch func(key Key) ([]byte, error)
+
+// Options configure a Stager. Zero fields take the defaults.
+type Options struct {
+	// Budget is the most bytes staging holds at once (--staging-bytes):
+	// staged blocks plus fetches queued or in flight. Default DefaultBudget().
+	Budget int64
+	// QueueDepth is the number of fetches run in parallel. Default
+	// DefaultQueueDepth.
+	QueueDepth int
+	// WaveBlocks is how many blocks of a chain are kept staged or in flight
+	// ahead of the engine's latest read. Default DefaultWaveBlocks.
+	WaveBlocks int
+	// BatchGap separates lookup batches of one thread, and groups stores of a
+	// chain: events further apart are not linked. Default DefaultBatchGap.
+	BatchGap time.Duration
+	// MaxKeys bounds the keys remembered for chain learning; when reached,
+	// every learnt link is forgotten and learning starts over. Default
+	// DefaultMaxKeys.
+	MaxKeys int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Option defaults.
+const (
+	// DefaultQueueDepth is the default number of parallel fetches.
+	DefaultQueueDepth = 4
+	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
+	DefaultWaveBlocks = 32
+	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
+	// tier's chains use the same.
+	DefaultBatchGap = time.Second
+	// DefaultMaxKeys is the default bound on remembered keys (about 50 MB).
+	DefaultMaxKeys = 1 << 18
+)
+
+// maxCursors bounds the (thread, chain) lookup cursors kept before idle
+// ones are forgotten.
+const maxCursors = 1024
+
+// Stats is a snapshot of staging: the "staging" object of `kvtierfs stat`
+// and the staging metrics.
+type Stats struct {
+	// BudgetBytes is the staging budget.
+	BudgetBytes int64 `json:"budget_bytes"`
+	// Bytes is the size of the verified blocks staged now, ready to serve.
+	Bytes int64 `json:"bytes"`
+	// Chains is the number of chains streaming now: holding staged blocks or
+	// fetches in flight.
+	Chains int `json:"chains"`
+	// Waves counts the times a chain holding nothing started staging.
+	Waves int64 `json:"waves"`
+	// Hits counts loads (Take) served from staging.
+	Hits int64 `json:"hits"`
+	// Misses counts loads (Take) of blocks that were not staged.
+	Misses int64 `json:"misses"`
+	// WastedBytes counts bytes fetched for staging that never served a load:
+	// evicted, invalidated, discarded on arrival or left at Close.
+	WastedBytes int64 `json:"wasted_bytes"`
+}
+
+// Stager stages the blocks that follow a read into a RAM cache (see the
+// comment at the top of this file). Its methods are safe for concurrent use.
+//
+// Lock discipline: mu guards every field below it. mu is never held while
+// calling Fetch or the cache's Set, Wait, Del or Close: those may wait for
+// ristretto's goroutine, which calls onEvict, which takes mu. The cache's
+// Get never blocks and is called with mu held. An entry's done channel is
+// closed with mu held and waited on without it.
+type Stager struct {
+	fetch   Fetch
+	opts    Options
+	cache   *ristretto.Cache[uint64, *stagedBlock]
+	workers sync.WaitGroup
+
+	mu       sync.Mutex
+	work     *sync.Cond // signalled when the queue grows or the Stager closes
+	settled  *sync.Cond // broadcast when pending drops to zero
+	closed   bool
+	chains   map[chainID]*chain
+	cursors  map[cursorID]*cursor
+	keys     int            // nodes over all chains
+	entries  map[Key]*entry // live entries: queued, fetching or staged
+	queue    []*entry       // fetches to run, oldest first; dropped ones are skipped
+	pending  int            // entries queued or fetching, dropped fetches included until they return
+	used     int64          // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64          // highest used so far
+	staged   int64          // bytes of staged entries
+	counters Stats          // Waves, Hits, Misses and WastedBytes
+	lastGen  uint64         // generation of the newest entry
+	lastRun  uint64         // id of the newest lookup batch
+	evicted  []uint64       // generations reclaimLocked dropped, for the caller to delete from the cache
+	// lastBlockBytes is the size of the latest block fetched, the reservation
+	// of a chain's fetches until the chain has fetched a block of its own.
+	lastBlockBytes int64
+}
+
+// stagedBlock is a cache value: the block's bytes and its key, which
+// onEvict needs.
+type stagedBlock struct {
+	key  Key
+	data []byte
+}
+
+type entryState uint8
+
+const (
+	queued entryState = iota
+	fetching
+	staged
+	dropped // out of entries: taken, invalidated, evicted, discarded or closed
+)
+
+// entry is one block in staging. Its gen is unique over the Stager's life
+// and is its cache key.
+type entry struct {
+	key   Key
+	chain *chain
+	gen   uint64
+	state entryState
+	cost  int64         // bytes reserved (the chain's block size; 0 if unknown) until staged, then the block's size
+	done  chan struct{} // closed when the entry stops fetching
+}
+
+// chain is the learnt order of one tier and group's keys and the staging
+// state of their blocks.
+type chain struct {
+	nodes      map[Key]*node
+	held       int64    // used by this chain's entries
+	ahead      []*entry // this chain's live entries in the order they were queued
+	blockBytes int64    // size of the chain's latest fetched block; 0 before the first
+	reads      uint64   // reads of this chain so far
+	passStart  uint64   // reads before the current pass over the chain began
+	lastRead   Key      // the key read most recently
+	lastStored Key
+	storedAt   time.Time
+}
+
+// node is what is known of one key of a chain.
+type node struct {
+	next           Key    // successor in prefix order; "" if none learnt
+	nextFromLookup bool   // next came from a lookup batch, which store order does not override
+	present        bool   // the store holds the block, as last seen
+	run            uint64 // the latest lookup batch that listed the key
+	readSeq        uint64 // chain.reads just after the key's latest read; 0 if never read
+}
+
+type cursorID struct {
+	stream uint32
+	chain  chainID
+}
+
+// cursor is where one thread's current lookup batch is in one chain.
+type cursor struct {
+	run  uint64
+	prev Key // the batch's latest present key; "" after an absent one
+	at   time.Time
+}
+
+// NewStager starts a Stager that fetches blocks with fetch. Call Close to
+// stop its workers.
+func NewStager(fetch Fetch, opts Options) (*Stager, error) {
+	if fetch == nil {
+		return nil, errors.New("staging: nil Fetch")
+	}
+	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
+		return nil, errors.New("staging: negative option")
+	}
+	if opts.Budget == 0 {
+		opts.Budget = DefaultBudget()
+	}
+	if opts.QueueDepth == 0 {
+		opts.QueueDepth = DefaultQueueDepth
+	}
+	if opts.WaveBlocks == 0 {
+		opts.WaveBlocks = DefaultWaveBlocks
+	}
+	if opts.BatchGap == 0 {
+		opts.BatchGap = DefaultBatchGap
+	}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Stager{
+		fetch:   fetch,
+		opts:    opts,
+		chains:  make(map[chainID]*chain),
+		cursors: make(map[cursorID]*cursor),
+		entries: make(map[Key]*entry),
+	}
+	s.work = sync.NewCond(&s.mu)
+	s.settled = sync.NewCond(&s.mu)
+	// The Stager's own accounting keeps the cache within Budget; the cache's
+	// limit is a backstop set above it, so that its admission policy, which
+	// sees deletions late, never rejects or evicts an admitted block.
+	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *stagedBlock]{
+		NumCounters:        min(max(10*(opts.Budget>>16), 1<<10), 1<<20),
+		MaxCost:            2 * opts.Budget,
+		BufferItems:        64,
+		IgnoreInternalCost: true,
+		OnEvict:            s.onEvict,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.cache = cache
+	for range opts.QueueDepth {
+		s.workers.Go(s.worker)
+	}
+	return s, nil
+}
+
+// NoteLookup records the answer to the engine's lookup of key by thread
+// stream (the FUSE caller's thread id): present keys looked up one after
+// the other by a thread are linked in prefix order. An absent answer also
+// drops any staged copy of key. Paths that are not block keys are ignored.
+// A lookup never fetches anything.
+func (s *Stager) NoteLookup(key Key, stream uint32, present bool) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	now := s.opts.Now()
+	c := s.chainLocked(id)
+	cur := s.cursorLocked(cursorID{stream: stream, chain: id}, now)
+	if now.Sub(cur.at) > s.opts.BatchGap {
+		cur.run, cur.prev = s.newRunLocked(), ""
+	}
+	cur.at = now
+	var stale uint64
+	if !present {
+		if n := c.nodes[key]; n != nil {
+			n.present = false
+		}
+		if e := s.entries[key]; e != nil {
+			stale = s.dropLocked(e, true)
+		}
+		cur.prev = ""
+	} else {
+		n := s.nodeLocked(c, key)
+		n.present = true
+		if n.run == cur.run { // listed again: the thread started over
+			cur.run, cur.prev = s.newRunLocked(), ""
+		}
+		n.run = cur.run
+		if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
+			p.next, p.nextFromLookup = key, true
+		}
+		cur.prev = key
+	}
+	s.mu.Unlock()
+	s.uncache(stale)
+}
+
+// NoteStore records that key was stored (its rename landed): the block is
+// present with new bytes, so any staged or in-flight copy is dropped, and
+// key is linked after the chain's previous store when that was within
+// BatchGap and no lookup linked it already.
+func (s *Stager) NoteStore(key Key) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	var stale uint64
+	if e := s.entries[key]; e != nil {
+		stale = s.dropLocked(e, true)
+	}
+	now := s.opts.Now()
+	c := s.chainLocked(id)
+	s.nodeLocked(c, key).present = true
+	if p := c.nodes[c.lastStored]; p != nil && c.lastStored != key && now.Sub(c.storedAt) <= s.opts.BatchGap && !p.nextFromLookup {
+		p.next = key
+	}
+	c.lastStored, c.storedAt = key, now
+	s.mu.Unlock()
+	s.uncache(stale)
+}
+
+// NoteRead records that the engine loads key without taking staged bytes
+// and stages the wave that follows it. Take does the same for the loads it
+// answers; call NoteRead only for loads that do not go through Take.
+func (s *Stager) NoteRead(key Key) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	if !s.closed {
+		s.noteReadLocked(id, key)
+	}
+	evicted := s.takeEvictedLocked()
+	s.mu.Unlock()
+	s.uncache(evicted...)
+}
+
+// Take is the engine's load of key (call it when the block is opened for a
+// load). If the block is staged, Take removes it from staging and returns
+// its verified bytes, which the caller then owns; if a fetch of it is in
+// flight, Take waits for that fetch first. Either way it stages the wave
+// that follows key. It returns false when the block is not staged: the
+// caller reads it from the store. Paths that are not block keys return
+// false and count nothing.
+func (s *Stager) Take(key Key) ([]byte, bool) {
+	id, ok := parseKey(key)
+	if !ok {
+		return nil, false
+	}
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, false
+		}
+		e := s.entries[key]
+		if e != nil && e.state == fetching {
+			done := e.done
+			s.mu.Unlock()
+			<-done
+			continue
+		}
+		var block *stagedBlock
+		var taken uint64
+		if e != nil {
+			if e.state == staged {
+				block, _ = s.cache.Get(e.gen)
+			}
+			// A queued fetch is cancelled: the caller reads the block itself.
+			taken = s.dropLocked(e, e.state == staged && block == nil)
+		}
+		if block != nil {
+			s.counters.Hits++
+		} else {
+			s.counters.Misses++
+		}
+		s.noteReadLocked(id, key)
+		evicted := s.takeEvictedLocked()
+		s.mu.Unlock()
+		s.uncache(append(evicted, taken)...)
+		if block == nil {
+			return nil, false
+		}
+		return block.data, true
+	}
+}
+
+// Invalidate drops any staged copy of key and discards any fetch of it in
+// flight or queued, and marks it absent until a lookup or store says
+// otherwise. Call it whenever the block is overwritten, removed, evicted or
+// fails its checksum, before the operation is answered.
+func (s *Stager) Invalidate(key Key) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	if c := s.chains[id]; c != nil {
+		if n := c.nodes[key]; n != nil {
+			n.present = false
+		}
+	}
+	var stale uint64
+	if e := s.entries[key]; e != nil {
+		stale = s.dropLocked(e, true)
+	}
+	s.mu.Unlock()
+	s.uncache(stale)
+}
+
+// Stats returns a snapshot of the staging counters.
+func (s *Stager) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.counters
+	st.BudgetBytes = s.opts.Budget
+	st.Bytes = s.staged
+	for _, c := range s.chains {
+		if c.held > 0 {
+			st.Chains++
+		}
+	}
+	return st
+}
+
+// Settle waits until no fetch is queued or in flight: every fetch started
+// so far has been staged, discarded or failed. Tests and benchmarks use it
+// to observe staging deterministically.
+func (s *Stager) Settle() {
+	s.mu.Lock()
+	for s.pending > 0 {
+		s.settled.Wait()
+	}
+	s.mu.Unlock()
+}
+
+// Close drops everything staged (counted as wasted), discards queued and
+// in-flight fetches, waits for the workers to return and frees the cache.
+// Afterwards Take answers false and the Note methods do nothing.
+func (s *Stager) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	for _, e := range s.entries {
+		s.dropLocked(e, true)
+	}
+	s.queue = nil
+	s.work.Broadcast()
+	s.mu.Unlock()
+	s.workers.Wait()
+	s.cache.Close()
+}
+
+// worker runs queued fetches until Close.
+func (s *Stager) worker() {
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !s.closed {
+			s.work.Wait()
+		}
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		e := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		if e.state != queued {
+			s.mu.Unlock()
+			continue
+		}
+		e.state = fetching
+		s.mu.Unlock()
+		data, err := s.fetch(e.key)
+		s.complete(e, data, err)
+	}
+}
+
+// complete stages the result of e's fetch, or discards it when e was
+// dropped meanwhile, the fetch failed or the block does not fit the budget.
+// A chain's first fetch (a probe, reserving nothing) teaches it its block
+// size and then resumes the wave after the chain's latest read.
+func (s *Stager) complete(e *entry, data []byte, err error) {
+	probe := e.cost == 0
+	var unwanted uint64
+	s.mu.Lock()
+	if err == nil && len(data) > 0 {
+		e.chain.blockBytes = int64(len(data))
+		s.lastBlockBytes = e.chain.blockBytes
+	}
+	if s.acceptLocked(e, data, err) {
+		s.mu.Unlock()
+		set := s.cache.Set(e.gen, &stagedBlock{key: e.key, data: data}, e.cost)
+		s.cache.Wait() // the block is in the cache before Take can look for it
+		s.mu.Lock()
+		unwanted = s.publishLocked(e, set)
+	}
+	if probe && !s.closed && e.chain.lastRead != "" {
+		s.stageAfterLocked(e.chain, e.chain.lastRead)
+	}
+	evicted := s.takeEvictedLocked()
+	s.finishPendingLocked()
+	s.mu.Unlock()
+	s.uncache(append(evicted, unwanted)...)
+}
+
+// acceptLocked decides whether a fetched block may be staged and, if so,
+// turns e's reservation into the block's real size.
+func (s *Stager) acceptLocked(e *entry, data []byte, err error) bool {
+	size := int64(len(data))
+	switch {
+	case e.state == dropped:
+		s.abandonLocked(e, size)
+		return false
+	case err != nil:
+		if n := e.chain.nodes[e.key]; n != nil {
+			n.present = false
+		}
+		s.abandonLocked(e, 0)
+		return false
+	}
+	if s.used-e.cost+size > s.opts.Budget {
+		s.abandonLocked(e, size)
+		return false
+	}
+	s.reserveLocked(e.chain, size-e.cost)
+	e.cost = size
+	return true
+}
+
+// publishLocked makes e servable once its block is in the cache. When e
+// was dropped meanwhile, or the cache did not keep the block, it returns
+// e.gen for the caller to delete from the cache after unlocking; else 0.
+func (s *Stager) publishLocked(e *entry, set bool) (unwanted uint64) {
+	if _, kept := s.cache.Get(e.gen); e.state == dropped || !set || !kept {
+		s.abandonLocked(e, e.cost)
+		return e.gen
+	}
+	e.state = staged
+	s.staged += e.cost
+	close(e.done)
+	return 0
+}
+
+// abandonLocked gives back the reservation of e, a fetching entry whose
+// result will not be staged, and counts the fetched bytes as wasted.
+func (s *Stager) abandonLocked(e *entry, fetched int64) {
+	if e.state != dropped {
+		s.dropLocked(e, false)
+	}
+	s.releaseLocked(e)
+	s.counters.WastedBytes += fetched
+}
+
+// dropLocked removes e from staging. A queued entry gives its reservation
+// back now; a fetching one is marked dropped, wakes its waiters and gives
+// its reservation back when its fetch returns; a staged one gives its bytes
+// back (counted as wasted if wasted is set) and dropLocked returns its gen,
+// which the caller must delete from the cache after unlocking; else 0.
+func (s *Stager) dropLocked(e *entry, wasted bool) (staleGen uint64) {
+	if s.entries[e.key] == e {
+		delete(s.entries, e.key)
+	}
+	if i := slices.Index(e.chain.ahead, e); i >= 0 {
+		e.chain.ahead = slices.Delete(e.chain.ahead, i, i+1)
+	}
+	was := e.state
+	e.state = dropped
+	switch was {
+	case queued:
+		s.releaseLocked(e)
+		s.finishPendingLocked()
+	case fetching:
+		close(e.done)
+	case staged:
+		s.releaseLocked(e)
+		s.staged -= e.cost
+		if wasted {
+			s.counters.WastedBytes += e.cost
+		}
+		return e.gen
+	}
+	return 0
+}
+
+// onEvict is the cache's eviction callback. The budget keeps the cache from
+// evicting, but should it evict, the entry is dropped as wasted.
+func (s *Stager) onEvict(item *ristretto.Item[*stagedBlock]) {
+	if item.Value == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[item.Value.key]; e != nil && e.gen == item.Key && e.state == staged {
+		s.dropLocked(e, true)
+	}
+}
+
+// uncache deletes the blocks of generations gens from the cache; 0 is no
+// block. Called without mu.
+func (s *Stager) uncache(gens ...uint64) {
+	for _, gen := range gens {
+		if gen != 0 {
+			s.cache.Del(gen)
+		}
+	}
+}
+
+// takeEvictedLocked returns and forgets the generations reclaimLocked
+// dropped, which the caller deletes from the cache after unlocking.
+func (s *Stager) takeEvictedLocked() []uint64 {
+	evicted := s.evicted
+	s.evicted = nil
+	return evicted
+}
+
+func (s *Stager) reserveLocked(c *chain, bytes int64) {
+	s.used += bytes
+	c.held += bytes
+	s.peakUsed = max(s.peakUsed, s.used)
+}
+
+func (s *Stager) releaseLocked(e *entry) {
+	s.used -= e.cost
+	e.chain.held -= e.cost
+}
+
+func (s *Stager) finishPendingLocked() {
+	s.pending--
+	if s.pending == 0 {
+		s.settled.Broadcast()
+	}
+}

@@ -1,0 +1,193 @@
+package staging
+
+import "time"
+
+// Chain learning and wave scheduling of the Stager. Every function here is
+// called with Stager.mu held.
+
+// chainLocked returns the chain of id, creating it.
+func (s *Stager) chainLocked(id chainID) *chain {
+	c := s.chains[id]
+	if c == nil {
+		c = &chain{nodes: make(map[Key]*node)}
+		s.chains[id] = c
+	}
+	return c
+}
+
+// nodeLocked returns key's node in c, creating it. When the Stager already
+// remembers MaxKeys keys, every chain's links are forgotten first.
+func (s *Stager) nodeLocked(c *chain, key Key) *node {
+	if n := c.nodes[key]; n != nil {
+		return n
+	}
+	if s.keys >= s.opts.MaxKeys {
+		for _, other := range s.chains {
+			clear(other.nodes)
+			other.lastStored = ""
+		}
+		s.keys = 0
+	}
+	n := &node{}
+	c.nodes[key] = n
+	s.keys++
+	return n
+}
+
+// cursorLocked returns the lookup cursor of id, creating it; creating one
+// when maxCursors are kept first forgets those idle for over BatchGap.
+func (s *Stager) cursorLocked(id cursorID, now time.Time) *cursor {
+	if cur := s.cursors[id]; cur != nil {
+		return cur
+	}
+	if len(s.cursors) >= maxCursors {
+		for other, cur := range s.cursors {
+			if now.Sub(cur.at) > s.opts.BatchGap {
+				delete(s.cursors, other)
+			}
+		}
+	}
+	cur := &cursor{}
+	s.cursors[id] = cur
+	return cur
+}
+
+// newRunLocked returns the id of a new lookup batch; ids start at 1, so a
+// node never listed (run 0) is in no batch.
+func (s *Stager) newRunLocked() uint64 {
+	s.lastRun++
+	return s.lastRun
+}
+
+// walkLimit bounds a wave's walk to walkLimit × WaveBlocks links.
+const walkLimit = 4
+
+// readInPass reports whether n was read in the current pass over c: such a
+// key is not staged again until a new pass starts.
+func (c *chain) readInPass(n *node) bool {
+	return n.readSeq > c.passStart
+}
+
+// noteReadLocked records a read of key and stages the wave after it. Reading
+// a key again within its pass starts a new pass over the chain (the engine
+// loads the prefix again, for another request).
+func (s *Stager) noteReadLocked(id chainID, key Key) {
+	c := s.chains[id]
+	if c == nil {
+		return
+	}
+	n := c.nodes[key]
+	if n == nil {
+		return
+	}
+	if c.readInPass(n) {
+		c.passStart = c.reads
+	}
+	c.reads++
+	n.readSeq = c.reads
+	c.lastRead = key
+	s.stageAfterLocked(c, key)
+}
+
+// stageAfterLocked follows c's links from key and queues fetches of the
+// present blocks not yet staged, in flight or read in this pass, until
+// WaveBlocks blocks after key are staged or in flight, admission refuses, or
+// the links end. At most walkLimit × WaveBlocks links are followed, which
+// also ends a walk caught in a cycle of links.
+func (s *Stager) stageAfterLocked(c *chain, key Key) {
+	startsWave := len(c.ahead) == 0
+	queuedAny := false
+	ahead := 0
+	n := c.nodes[key]
+	for steps := 0; n != nil && ahead < s.opts.WaveBlocks && steps < walkLimit*s.opts.WaveBlocks; steps++ {
+		key = n.next
+		if n = c.nodes[key]; n == nil {
+			break
+		}
+		if !n.present || c.readInPass(n) {
+			continue
+		}
+		if s.entries[key] != nil {
+			ahead++
+			continue
+		}
+		reservation, ok := s.admitLocked(c)
+		if !ok {
+			break
+		}
+		s.enqueueLocked(c, key, reservation)
+		queuedAny = true
+		ahead++
+	}
+	if startsWave && queuedAny {
+		s.counters.Waves++
+	}
+}
+
+// admitLocked decides whether c may queue one more fetch and returns the
+// bytes to reserve for it: c's block size, else the latest block size of
+// any chain, else 0 for a probe, which may only be c's only fetch queued or
+// in flight and whose size the budget checks on arrival. A chain may hold up to
+// its fair share, budget / active chains; under it, a chain that finds the
+// budget full evicts staged blocks of chains over their share.
+func (s *Stager) admitLocked(c *chain) (int64, bool) {
+	size := c.blockBytes
+	if size == 0 {
+		size = s.lastBlockBytes
+	}
+	if size == 0 {
+		return 0, len(c.ahead) == 0
+	}
+	active := 0
+	for _, other := range s.chains {
+		if other.held > 0 || other == c {
+			active++
+		}
+	}
+	share := s.opts.Budget / int64(active)
+	if c.held+size > share {
+		return 0, false
+	}
+	if over := s.used + size - s.opts.Budget; over > 0 {
+		s.reclaimLocked(over, share)
+	}
+	return size, s.used+size <= s.opts.Budget
+}
+
+// reclaimLocked evicts staged blocks, counted as wasted, until need bytes
+// are freed or no chain holding more than share has a staged block left:
+// each time the farthest-ahead staged block of the chain most over its share.
+func (s *Stager) reclaimLocked(need, share int64) {
+	for need > 0 {
+		var victim *entry
+		var excess int64
+		for _, c := range s.chains {
+			if c.held-share <= excess {
+				continue
+			}
+			for i := len(c.ahead) - 1; i >= 0; i-- {
+				if c.ahead[i].state == staged {
+					victim, excess = c.ahead[i], c.held-share
+					break
+				}
+			}
+		}
+		if victim == nil {
+			return
+		}
+		need -= victim.cost
+		s.evicted = append(s.evicted, s.dropLocked(victim, true))
+	}
+}
+
+// enqueueLocked queues a fetch of key for c, reserving reservation bytes.
+func (s *Stager) enqueueLocked(c *chain, key Key, reservation int64) {
+	s.lastGen++
+	e := &entry{key: key, chain: c, gen: s.lastGen, state: queued, cost: reservation, done: make(chan struct{})}
+	s.entries[key] = e
+	c.ahead = append(c.ahead, e)
+	s.queue = append(s.queue, e)
+	s.reserveLocked(c, reservation)
+	s.pending++
+	s.work.Signal()
+}
