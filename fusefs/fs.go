@@ -22,6 +22,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
@@ -64,6 +65,10 @@ type Options struct {
 	Sync *rowsync.Node
 	// SyncRegions maps regions for Sync; required with Sync.
 	SyncRegions *SyncRegions
+	// Stager stages the blocks that follow a load in RAM; nil disables staging.
+	Stager *staging.Stager
+	// Diagnostics names the field failures in stat; nil means the defaults.
+	Diagnostics *staging.Diagnostics
 }
 
 // FS is a mounted kvtierfs.
@@ -82,6 +87,8 @@ type FS struct {
 	done         chan struct{}
 	sync         *rowsync.Node
 	syncRegions  *SyncRegions
+	stager       *staging.Stager
+	diagnostics  *staging.Diagnostics
 
 	// rowsIdentified counts loads proven by finding their row in a region;
 	// rowsUnidentified those that fell back to reading the block file.
@@ -105,7 +112,11 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		opts.NegativeTimeout = DefaultNegativeTimeout
 	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
-		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions}
+		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
+		stager: opts.Stager, diagnostics: opts.Diagnostics}
+	if f.diagnostics == nil {
+		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
+	}
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
 	}
@@ -196,8 +207,34 @@ func (f *FS) addControl(ctx context.Context) {
 	f.control = dir
 }
 
-// forget drops a block the store removed by itself from the kernel's caches.
+// noteLookup tells staging and the diagnostics about a block lookup.
+func (f *FS) noteLookup(rel string, thread uint32, present bool) {
+	if f.stager != nil {
+		f.stager.NoteLookup(staging.Key(rel), thread, present)
+	}
+	f.diagnostics.LookedUp(staging.Key(rel), present)
+}
+
+// noteStore tells staging and the diagnostics about a published block.
+func (f *FS) noteStore(rel string) {
+	if f.stager != nil {
+		f.stager.NoteStore(staging.Key(rel))
+	}
+	if d, ok := f.store.Digest(rel); ok {
+		f.diagnostics.Stored(staging.Key(rel), d.Size)
+	}
+}
+
+// invalidate drops any staged copy of a block that is replaced or removed.
+func (f *FS) invalidate(rel string) {
+	if f.stager != nil {
+		f.stager.Invalidate(staging.Key(rel))
+	}
+}
+
+// forget drops a block the store removed by itself from staging and the kernel's caches.
 func (f *FS) forget(rel string) {
+	f.invalidate(rel)
 	dir, name := path.Split(rel)
 	parent := f.root.EmbeddedInode()
 	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {

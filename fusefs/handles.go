@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -75,6 +76,10 @@ type blockHandle struct {
 	before []shm.RowRef
 	// verifiedAtOpen is set when the block file was verified at open.
 	verifiedAtOpen bool
+	// staged holds the block's verified bytes when staging had them; the
+	// load is then served from memory, and servedStaged records that it was.
+	staged       []byte
+	servedStaged bool
 	// flushed, err, identified and row are the outcome of the first FLUSH.
 	flushed    bool
 	err        syscall.Errno
@@ -89,8 +94,15 @@ func (f *FS) openBlock(rel string) (*blockHandle, error) {
 		return nil, err
 	}
 	h := &blockHandle{r: r, fsys: f, start: time.Now()}
+	if f.stager != nil {
+		h.staged, _ = f.stager.Take(staging.Key(rel))
+		f.diagnostics.Read(staging.Key(rel), r.Size())
+	}
 	if d, ok := r.Digest(); ok && f.regions != nil && f.regions.Fits(d.Size) {
 		h.digest, h.before = d, f.regions.Candidates(d)
+		return h, nil
+	}
+	if h.staged != nil {
 		return h, nil
 	}
 	if err := r.Verify(); err != nil {
@@ -101,10 +113,23 @@ func (f *FS) openBlock(rel string) (*blockHandle, error) {
 	return h, nil
 }
 
+// openFlags are the FUSE open flags: a staged load is served by the daemon
+// from memory, the others pass through to the store file.
+func (h *blockHandle) openFlags() uint32 {
+	if h.staged != nil {
+		return fuse.FOPEN_DIRECT_IO
+	}
+	return 0
+}
+
 var _ = (fs.FilePassthroughFder)((*blockHandle)(nil))
 
-// PassthroughFd hands the verified store file to the kernel.
+// PassthroughFd hands the store file to the kernel, unless the load is
+// served from staged memory.
 func (h *blockHandle) PassthroughFd() (int, bool) {
+	if h.staged != nil {
+		return 0, false
+	}
 	return int(h.r.File().Fd()), true
 }
 
@@ -113,6 +138,13 @@ var _ = (fs.FileReader)((*blockHandle)(nil))
 // Read fills dest completely unless the block ends first: a short read makes
 // the engine delete the block.
 func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if h.staged != nil {
+		h.mu.Lock()
+		h.servedStaged = true
+		h.mu.Unlock()
+		end := min(int64(len(h.staged)), off+int64(len(dest)))
+		return fuse.ReadResultData(h.staged[min(off, end):end]), 0
+	}
 	fd := int(h.r.File().Fd())
 	n := 0
 	for n < len(dest) {
@@ -158,12 +190,18 @@ func (h *blockHandle) prove() syscall.Errno {
 	if h.verifiedAtOpen {
 		return 0
 	}
+	if h.servedStaged && (h.fsys.sync == nil || !h.fsys.sync.Mirrors() || h.fsys.regions == nil || !h.fsys.regions.Fits(h.digest.Size)) {
+		return 0 // served from verified memory; no row to find for mirroring
+	}
 	if ref, ok := h.fsys.regions.Confirm(h.digest, h.before); ok {
 		h.identified, h.row = true, ref
 		h.fsys.rowsIdentified.Add(1)
 		return 0
 	}
 	h.fsys.rowsUnidentified.Add(1)
+	if h.servedStaged {
+		return 0
+	}
 	if err := h.r.Verify(); err != nil {
 		h.fsys.logger.Error("load failed verification at close", "err", err)
 		return disk.Errno(err)

@@ -2,6 +2,8 @@ package fusefs
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtierfs/kvtierfs/staging"
 )
 
 // metrics are the Prometheus view of the mount: the store's counters read at
@@ -64,6 +66,29 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		value := g.value
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
 			func() float64 { return float64(value(f.Stats())) }))
+	}
+	if st := f.stager; st != nil {
+		staged := []struct {
+			name, help string
+			counter    bool
+			value      func(s staging.Stats) int64
+		}{
+			{"kvtierfs_staging_budget_bytes", "RAM budget of wave staging.", false, func(s staging.Stats) int64 { return s.BudgetBytes }},
+			{"kvtierfs_staging_bytes", "Verified block bytes staged now.", false, func(s staging.Stats) int64 { return s.Bytes }},
+			{"kvtierfs_staging_chains", "Chains streaming now.", false, func(s staging.Stats) int64 { return int64(s.Chains) }},
+			{"kvtierfs_staging_waves_total", "Waves started.", true, func(s staging.Stats) int64 { return s.Waves }},
+			{"kvtierfs_staging_hits_total", "Loads served from staging.", true, func(s staging.Stats) int64 { return s.Hits }},
+			{"kvtierfs_staging_misses_total", "Loads of blocks that were not staged.", true, func(s staging.Stats) int64 { return s.Misses }},
+			{"kvtierfs_staging_wasted_bytes_total", "Bytes staged that never served a load.", true, func(s staging.Stats) int64 { return s.WastedBytes }},
+		}
+		for _, m := range staged {
+			value := func() float64 { return float64(m.value(st.Stats())) }
+			if m.counter {
+				collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: m.name, Help: m.help}, value))
+			} else {
+				collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: m.name, Help: m.help}, value))
+			}
+		}
 	}
 	for _, col := range collectors {
 		if err := reg.Register(col); err != nil {

@@ -62,6 +62,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case disk.Block:
 		start := time.Now()
 		present := n.fsys.store.Lookup(rel, callerThread(ctx))
+		n.fsys.noteLookup(rel, callerThread(ctx), present)
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
 		if !present {
 			return nil, syscall.ENOENT
@@ -149,7 +150,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
-		return h, 0, 0
+		return h, h.openFlags(), 0
 	case kind == disk.BlockTmp && writing && n.fsys.store.IsTracked(rel):
 		return nil, 0, syscall.EBUSY
 	}
@@ -180,9 +181,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if flags != 0 {
 			return syscall.EINVAL
 		}
+		n.fsys.invalidate(dstRel)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
+		n.fsys.noteStore(dstRel)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
 	case n.fsys.store.HasBlocksUnder(srcRel):
@@ -206,6 +209,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	rel := n.rel(name)
 	switch kind, _ := disk.Classify(rel); {
 	case kind == disk.Block:
+		n.fsys.invalidate(rel)
 		return n.errno(n.fsys.store.Remove(rel))
 	case kind == disk.BlockTmp && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))

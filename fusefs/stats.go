@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
@@ -16,6 +17,8 @@ type Stats struct {
 	Groups     map[string]disk.GroupStats `json:"groups"`
 	Primary    Primary                    `json:"primary"`
 	Counters   Counters                   `json:"counters"`
+	// Staging describes wave staging; absent when it is disabled.
+	Staging *staging.Stats `json:"staging,omitempty"`
 	// Peers and Replication describe row mirroring; empty on a single node.
 	Peers       []rowsync.PeerStats   `json:"peers"`
 	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
@@ -80,6 +83,10 @@ func (f *FS) Stats() Stats {
 		Warnings: []Warning{},
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
+	if f.stager != nil {
+		ss := f.stager.Stats()
+		st.Staging = &ss
+	}
 	if f.sync != nil {
 		snap := f.sync.Snapshot()
 		st.Peers = snap.Peers
@@ -101,6 +108,13 @@ func (f *FS) Stats() Stats {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
 			st.Warnings = append(st.Warnings, Warning{Code: "shm_geometry", Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
 		}
+	}
+	primaryRows := 0
+	for _, r := range st.Primary.Regions {
+		primaryRows = max(primaryRows, int(r.Rows))
+	}
+	for _, w := range f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: f.store.NeverLookedUp(), PrimaryRows: primaryRows}) {
+		st.Warnings = append(st.Warnings, Warning{Code: w.Code, Message: w.Message})
 	}
 	if st.Counters.ChecksumFailures > 0 {
 		st.Warnings = append(st.Warnings, Warning{Code: "checksum_failures", Message: fmt.Sprintf(

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
@@ -51,6 +52,10 @@ type mountConfig struct {
 	secretFile    string
 	replicated    rowsync.Mode
 	syncDeadline  time.Duration
+	stagingBytes  int64
+	stagingDepth  int
+	diagWindow    time.Duration
+	diagMinBytes  int64
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -68,6 +73,10 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	c.replicated = rowsync.ModeAuto
 	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
+	stagingBytes := fl.String("staging-bytes", "", "RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10% of RAM, at most 4GiB)")
+	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "blocks staging reads from the store in parallel")
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload")
+	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	mnt, err := parseArgs(fl, args)
@@ -82,6 +91,23 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if c.lookupProtect <= 0 {
 		return c, usageError{fmt.Errorf("--lookup-protect %s: want a positive duration such as 600s or 10m", c.lookupProtect)}
+	}
+	c.stagingBytes = staging.DefaultBudget()
+	if *stagingBytes == "0" {
+		c.stagingBytes = 0
+	} else if *stagingBytes != "" {
+		if c.stagingBytes, err = parseSize("staging-bytes", *stagingBytes); err != nil {
+			return c, usageError{err}
+		}
+	}
+	if c.diagMinBytes, err = parseSize("diagnostics-min-bytes", *diagMinBytes); err != nil {
+		return c, usageError{err}
+	}
+	if c.stagingDepth <= 0 {
+		return c, usageError{fmt.Errorf("--staging-depth %d: want at least 1", c.stagingDepth)}
+	}
+	if c.diagWindow <= 0 {
+		return c, usageError{fmt.Errorf("--diagnostics-window %s: want a positive duration such as 10m", c.diagWindow)}
 	}
 	if c.syncDeadline <= 0 {
 		return c, usageError{fmt.Errorf("--sync-deadline %s: want a positive duration such as 2s", c.syncDeadline)}
@@ -144,8 +170,17 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
+	var stager *staging.Stager
+	if c.stagingBytes > 0 {
+		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
+			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
+			return err
+		}
+		defer stager.Close()
+	}
+	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions})
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, Stager: stager, Diagnostics: diagnostics})
 	if err != nil {
 		return err
 	}

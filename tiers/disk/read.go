@@ -162,6 +162,32 @@ func (r *Reader) Verify() error {
 	return nil
 }
 
+// ReadBlock reads a whole block into a new buffer and checks it against its
+// digest in the same pass: the copy staging serves loads from. A mismatch
+// removes the block and returns EIO.
+func (s *Store) ReadBlock(rel string) ([]byte, error) {
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	d, ok := r.Digest()
+	if !ok {
+		if err := r.Verify(); err != nil {
+			return nil, err
+		}
+		d, _ = r.Digest()
+	}
+	buf := make([]byte, r.b.size)
+	if _, err := r.file.ReadAt(buf, 0); err != nil {
+		return nil, s.corrupt(r.b, "reading %d bytes: %v", r.b.size, err)
+	}
+	if crc := shm.CRC32C(buf); crc != d.CRC {
+		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
+	}
+	return buf, nil
+}
+
 // Corrupt reports that a load of this block delivered bytes that do not match
 // its digest: the block is removed and the error (EIO) describes it.
 func (r *Reader) Corrupt(reason string) error {

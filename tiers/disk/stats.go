@@ -71,3 +71,16 @@ func (s *Store) Stats() Stats {
 	st.FreeBytes = max(0, limit-s.used)
 	return st
 }
+
+// NeverLookedUp counts the blocks no lookup has found since the store was opened.
+func (s *Store) NeverLookedUp() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, b := range s.blocks {
+		if b.lastLookup == 0 {
+			n++
+		}
+	}
+	return n
+}
