@@ -3,10 +3,13 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/kvtierfs/kvtierfs/staging"
 )
 
 // statsFile is MOUNTPOINT/.kvtier/stats.json: each open takes a snapshot that
@@ -51,4 +54,98 @@ func (h *snapshotHandle) Read(ctx context.Context, dest []byte, off int64) (fuse
 		return fuse.ReadResultData(nil), 0
 	}
 	return fuse.ReadResultData(h.data[off:min(int64(len(h.data)), off+int64(len(dest)))]), 0
+}
+
+// MatchFile is the name of the batched-match control file inside ControlDir:
+// write a request (staging's JSON), then read the answer on the same
+// descriptor. Matching probes the index only: it stages and pins nothing.
+const MatchFile = "match"
+
+// matchFile is MOUNTPOINT/.kvtier/match.
+type matchFile struct {
+	fs.Inode
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*matchFile)(nil))
+
+// Getattr reports a file anyone may write requests to.
+func (m *matchFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o666
+	return 0
+}
+
+var _ = (fs.NodeSetattrer)((*matchFile)(nil))
+
+// Setattr accepts the truncation of an O_TRUNC open; each descriptor holds its own request.
+func (m *matchFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o666
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*matchFile)(nil))
+
+// Open starts an empty request.
+func (m *matchFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return &matchHandle{fsys: m.fsys, stream: m.fsys.matchStreams.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// matchHandle collects one request and serves its answer. mu guards both.
+type matchHandle struct {
+	fsys   *FS
+	stream uint32
+
+	mu      sync.Mutex
+	request []byte
+	answer  []byte
+}
+
+var _ = (fs.FileWriter)((*matchHandle)(nil))
+
+// Write appends to the request; writing again after reading starts a new one.
+func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.answer != nil {
+		h.request, h.answer = nil, nil
+	}
+	if len(h.request)+len(data) > staging.MaxRequestBytes {
+		return 0, syscall.EFBIG
+	}
+	h.request = append(h.request, data...)
+	return uint32(len(data)), 0
+}
+
+var _ = (fs.FileReader)((*matchHandle)(nil))
+
+// Read answers the request written so far.
+func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.answer == nil {
+		h.answer = h.fsys.match(h.request, h.stream)
+	}
+	if off >= int64(len(h.answer)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(h.answer[off:min(int64(len(h.answer)), off+int64(len(dest)))]), 0
+}
+
+// match answers one encoded request: a key is present when the index holds
+// its block and a load of it could be served now. Each probe counts as a
+// lookup (protection, chains, diagnostics), as the engine's lookups do.
+func (f *FS) match(request []byte, stream uint32) []byte {
+	req, err := staging.DecodeMatchRequest(request)
+	if err != nil {
+		return staging.EncodeMatchResult(staging.MatchResult{}, err)
+	}
+	serving := f.sync == nil || f.sync.ServeLoads()
+	res, err := staging.Match(req, func(group int, key string) bool {
+		rel := staging.BlockPath(req.Tier, group, key)
+		present := f.store.Lookup(rel, stream)
+		f.noteLookup(rel, stream, present)
+		return present && serving
+	})
+	f.matches.Add(1)
+	return append(staging.EncodeMatchResult(res, err), '\n')
 }

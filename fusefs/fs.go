@@ -95,6 +95,9 @@ type FS struct {
 	rowsIdentified, rowsUnidentified atomic.Int64
 	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
 	lookupsWithheld atomic.Int64
+	// matches counts batched match requests; matchStreams numbers them.
+	matches      atomic.Int64
+	matchStreams atomic.Uint32
 }
 
 // regionRefresh is how often the shm regions are looked for again.
@@ -204,6 +207,7 @@ func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
 	dir := root.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
 	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
+	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir
 }
 

@@ -49,7 +49,9 @@ type Counters struct {
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`
 	LookupsWithheld int64 `json:"lookups_withheld"`
-	AuthFailures    int64 `json:"auth_failures"`
+	// Matches counts batched match requests answered through .kvtier/match.
+	Matches      int64 `json:"matches"`
+	AuthFailures int64 `json:"auth_failures"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -83,6 +85,7 @@ func (f *FS) Stats() Stats {
 		Warnings: []Warning{},
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
+	st.Counters.Matches = f.matches.Load()
 	if f.stager != nil {
 		ss := f.stager.Stats()
 		st.Staging = &ss
