@@ -35,7 +35,11 @@ func Scenarios() []string {
 
 // Engine behaviours (see the package doc).
 const (
+	// EngineStock is the engine as the field found it: the old store filter
+	// and a lookup that promotes every key it confirms.
 	EngineStock = "stock"
+	// EngineFixed keeps the EAGLE segment head, matches without staging and
+	// stages the hit in waves.
 	EngineFixed = "fixed"
 )
 

@@ -65,11 +65,14 @@ type Result struct {
 	PeerStats []json.RawMessage `json:"peer_stats,omitempty"`
 }
 
-// Geometry is the shape of a run.
+// Geometry is the shape of a run, as configured (see Config).
 type Geometry struct {
-	RowBytes       int    `json:"row_bytes"`
-	SlotBytes      int    `json:"slot_bytes"`
-	Rows           int    `json:"rows"`
+	// RowBytes and SlotBytes are the sizes of a row and of one rank's slot.
+	RowBytes  int `json:"row_bytes"`
+	SlotBytes int `json:"slot_bytes"`
+	// Rows is the rows of each node's region.
+	Rows int `json:"rows"`
+	// TokensPerChunk, WorldSize, Nodes, KV and Groups are Config's.
 	TokensPerChunk int    `json:"tokens_per_chunk"`
 	WorldSize      int    `json:"world_size"`
 	Nodes          int    `json:"nodes"`
