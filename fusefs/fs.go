@@ -219,6 +219,23 @@ func (f *FS) noteLookup(rel string, thread uint32, present bool) {
 	f.diagnostics.LookedUp(staging.Key(rel), present)
 }
 
+// noteMissedDir counts a lookup that failed at a missing directory of the
+// tier layout (`<tier>/<h[0:3]>` or `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most
+// absent keys end there, never reaching their block's name.
+func (f *FS) noteMissedDir(rel string) {
+	parts := strings.Split(rel, "/")
+	switch {
+	case len(parts) == 2 && len(parts[1]) == 3:
+		f.store.CountMissedLookup()
+		f.diagnostics.MissedLookup(parts[0], -1)
+	case len(parts) == 3:
+		if g, ok := disk.GroupOfDir(parts[2]); ok {
+			f.store.CountMissedLookup()
+			f.diagnostics.MissedLookup(parts[0], g)
+		}
+	}
+}
+
 // noteStore tells staging and the diagnostics about a published block.
 func (f *FS) noteStore(rel string) {
 	if f.stager != nil {

@@ -96,8 +96,8 @@ func (f *FS) openBlock(rel string) (*blockHandle, error) {
 	h := &blockHandle{r: r, fsys: f, start: time.Now()}
 	if f.stager != nil {
 		h.staged, _ = f.stager.Take(staging.Key(rel))
-		f.diagnostics.Read(staging.Key(rel), r.Size())
 	}
+	f.diagnostics.Read(staging.Key(rel), r.Size())
 	if d, ok := r.Digest(); ok && f.regions != nil && f.regions.Fits(d.Size) {
 		h.digest, h.before = d, f.regions.Candidates(d)
 		return h, nil

@@ -75,7 +75,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case disk.BlockTmp:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
-	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	if errno == syscall.ENOENT {
+		n.fsys.noteMissedDir(rel)
+	}
+	return child, errno
 }
 
 // cached sets the kernel's entry timeout on a successful entry reply:

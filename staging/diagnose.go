@@ -195,6 +195,14 @@ func (d *Diagnostics) LookedUp(key Key, present bool) {
 	})
 }
 
+// MissedLookup records a lookup that failed before reaching a block: a
+// directory of the tier layout (`<h[0:3]>` or `<h[3:5]>_g<group>`) is
+// missing, as it is for most absent keys. group is -1 when the path did not
+// get as far as the group directory.
+func (d *Diagnostics) MissedLookup(tier string, group int) {
+	d.add(chainID{tier: tier, group: group}, func(t *tally) { t.lookups++ })
+}
+
 // count applies add to the current bucket of key's group; other paths are
 // ignored.
 func (d *Diagnostics) count(key Key, add func(*tally)) {
@@ -202,6 +210,11 @@ func (d *Diagnostics) count(key Key, add func(*tally)) {
 	if !ok {
 		return
 	}
+	d.add(id, add)
+}
+
+// add applies add to the current bucket of a tier group.
+func (d *Diagnostics) add(id chainID, add func(*tally)) {
 	epoch := d.epoch(d.opts.Now())
 	d.mu.Lock()
 	defer d.mu.Unlock()

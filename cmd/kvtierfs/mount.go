@@ -75,7 +75,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	stagingBytes := fl.String("staging-bytes", "", "RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10% of RAM, at most 4GiB)")
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "blocks staging reads from the store in parallel")
-	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload")
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
@@ -178,7 +178,8 @@ func runMount(args []string) error {
 		}
 		defer stager.Close()
 	}
-	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
+	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes,
+		ReadGrace: min(30*time.Second, c.diagWindow/4)})
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, Stager: stager, Diagnostics: diagnostics})
 	if err != nil {

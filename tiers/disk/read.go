@@ -58,6 +58,10 @@ func (s *Store) Digest(rel string) (shm.Digest, bool) {
 	return b.digest, true
 }
 
+// CountMissedLookup counts a block lookup that failed before reaching the
+// block's name (a directory of the layout is missing).
+func (s *Store) CountMissedLookup() { s.counters.Lookups.Add(1) }
+
 // Contains reports whether a block is present without recording a lookup.
 func (s *Store) Contains(rel string) bool {
 	s.mu.Lock()
