@@ -21,11 +21,18 @@ import (
 	"github.com/kvtierfs/kvtierfs/integration/engine"
 )
 
-// scenarioDisk is the raw disk-tier benchmark (package diskbench).
-const scenarioDisk = "disk"
+// scenarioDisk and scenarioChain are the raw disk-tier and wave-staging
+// benchmarks of package diskbench.
+const (
+	scenarioDisk  = "disk"
+	scenarioChain = "chain"
+)
 
 // benchScenarios lists every scenario of `kvtierfs bench`.
-var benchScenarios = append(engine.Scenarios(), scenarioDisk)
+var benchScenarios = append(engine.Scenarios(), scenarioDisk, scenarioChain)
+
+// rawScenario reports whether a scenario drives the I/O directly rather than through the engine model.
+func rawScenario(name string) bool { return name == scenarioDisk || name == scenarioChain }
 
 // intFlag is an integer flag of the engine model that overrides a field of
 // the scenario's default configuration when given.
@@ -45,6 +52,8 @@ type benchFlags struct {
 	gpuDevices, replicatedKV string
 	capacity, dir            string
 	asJSON, dropCaches       bool
+	halfZero                 bool
+	stagingBytes             string
 	threads, blocks, lookups int
 	ints                     []intFlag
 }
@@ -89,16 +98,18 @@ func newBenchFlags() *benchFlags {
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
-	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side")
-	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent)")
-	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk: empty the page cache before each cold phase (root only)")
+	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side; chain: the chain's length (default 222)")
+	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent); chain: keys matched")
+	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the page cache before each cold phase (root only)")
+	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
+	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
 	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
 	return b
 }
 
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
-	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches"}
+	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes"}
 	engineOnlyFlags = []string{"engine", "sync", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
 )
 
@@ -123,8 +134,11 @@ func runBench(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if scenario == scenarioDisk {
+	switch scenario {
+	case scenarioDisk:
 		return b.runDisk(ctx, exe)
+	case scenarioChain:
+		return b.runChain(exe)
 	}
 	return b.runEngine(ctx, scenario, exe)
 }
@@ -151,13 +165,17 @@ func (b *benchFlags) scenarioName() (string, error) {
 // checkApplicable refuses flags the scenario does not use.
 func (b *benchFlags) checkApplicable(scenario string) error {
 	var refused []string
-	if scenario == scenarioDisk {
+	switch {
+	case scenario == scenarioDisk:
+		refused = []string{"half-zero", "staging-bytes"}
+		refused = append(refused, engineOnlyFlags...)
+	case rawScenario(scenario):
 		refused = engineOnlyFlags
-	} else {
+	default:
 		refused = diskOnlyFlags
 	}
 	for _, f := range b.ints {
-		applies := slices.Contains(f.scenarios, scenario) || f.scenarios == nil && scenario != scenarioDisk
+		applies := slices.Contains(f.scenarios, scenario) || f.scenarios == nil && !rawScenario(scenario)
 		if !applies {
 			refused = append(refused, f.name)
 		}
@@ -324,9 +342,14 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
-		<-ctx.Done()
-		fmt.Fprintln(os.Stderr, "kvtierfs bench: interrupted: the disk benchmark finishes its run, then removes everything it created")
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "kvtierfs bench: interrupted: the disk benchmark finishes its run, then removes everything it created")
+		case <-finished:
+		}
 	}()
 	res, err := diskbench.Run(cfg)
 	if ctx.Err() != nil {
@@ -345,6 +368,53 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 	for _, m := range res.Measurements {
 		fmt.Fprintf(t, "%s\t%s\t%.3f\t%.3f\t%.3f\t\n", m.Phase, m.Unit, m.Mount, m.Direct, m.Ratio)
 	}
+	return t.Flush()
+}
+
+// runChain runs the wave-staging benchmark of package diskbench.
+func (b *benchFlags) runChain(exe string) error {
+	cfg := diskbench.DefaultChainConfig()
+	cfg.Binary, cfg.Dir, cfg.Progress = exe, b.dir, os.Stderr
+	if cfg.Dir == "" {
+		cfg.Dir = os.TempDir()
+	}
+	cfg.Threads, cfg.DropCaches, cfg.HalfZero = b.threads, b.dropCaches, b.halfZero
+	if b.fl.Changed("blocks") {
+		cfg.Blocks = b.blocks
+	}
+	if b.fl.Changed("lookups") {
+		cfg.MatchKeys = b.lookups
+	}
+	var err error
+	if cfg.StagingBytes, err = parseSize("staging-bytes", b.stagingBytes); err != nil {
+		return usageError{err}
+	}
+	if b.fl.Changed("row-bytes") {
+		n, err := parseSize("row-bytes", b.rowBytes)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.RowBytes = int(n)
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	res, err := diskbench.RunChain(cfg)
+	if err != nil {
+		return err
+	}
+	if b.asJSON {
+		return writeJSON(os.Stdout, res)
+	}
+	fmt.Printf("chain: %d blocks of %d B looked up in order, then loaded by %d threads; half-zero rows %v, cold cache %v, %d loads verified\n",
+		res.Blocks, res.RowBytes, res.Threads, res.HalfZero, res.ColdCache, res.VerifiedLoads)
+	t := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(t, "measure\tvalue\tbaseline\tratio\t")
+	fmt.Fprintf(t, "loads, staging on (GB/s) vs direct\t%.3f\t%.3f\t%.2f\t\n", res.StagingOn, res.Direct, res.StagingOn/res.Direct)
+	fmt.Fprintf(t, "loads, staging off (GB/s) vs direct\t%.3f\t%.3f\t%.2f\t\n", res.StagingOff, res.Direct, res.StagingOff/res.Direct)
+	fmt.Fprintf(t, "staged load (ms) vs memcpy of a row\t%.3f\t%.3f\t%.2f\t\n", res.StagedLoadMillis, res.MemcpyMillis, res.StagedLoadMillis/res.MemcpyMillis)
+	fmt.Fprintf(t, "match of %d keys (ms) vs faccessat each\t%.3f\t%.3f\t%.1f\t\n", res.MatchKeys, res.MatchMillis, res.FaccessatMillis, res.FaccessatMillis/res.MatchMillis)
+	fmt.Fprintf(t, "loads served from staging\t%d\t%d\t\t\n", res.StagingHits, res.Blocks)
 	return t.Flush()
 }
 

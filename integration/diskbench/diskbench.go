@@ -193,17 +193,23 @@ func (r *run) loadRow(thread int) []byte {
 
 // parallel runs fn(thread, i) for every block on cfg.Threads threads and returns the wall time.
 func (r *run) parallel(fn func(thread, i int) error) (time.Duration, error) {
+	return parallel(r.cfg.Threads, r.cfg.Blocks, fn)
+}
+
+// parallel runs fn(thread, i) for i in [0, n), in order, on threads workers,
+// and returns the wall time and the first error.
+func parallel(threads, n int, fn func(thread, i int) error) (time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	start := time.Now()
-	for t := 0; t < r.cfg.Threads; t++ {
+	for t := 0; t < threads; t++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= r.cfg.Blocks {
+				if i >= n {
 					return
 				}
 				if err := fn(t, i); err != nil {
@@ -261,8 +267,11 @@ func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
 }
 
 // dropCaches writes back and empties the page cache.
-func (r *run) dropCaches() error {
-	if !r.cfg.DropCaches {
+func (r *run) dropCaches() error { return dropCaches(r.cfg.DropCaches) }
+
+// dropCaches writes back and, when enabled, empties the page cache.
+func dropCaches(enabled bool) error {
+	if !enabled {
 		return nil
 	}
 	unix.Sync()

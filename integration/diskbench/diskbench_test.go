@@ -53,3 +53,28 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestRunChainSmall runs the staging benchmark at CI size, with half-zero
+// rows: every phase measures, staging serves loads from memory, the batched
+// match finds the whole chain, and loads verify.
+func TestRunChainSmall(t *testing.T) {
+	cfg := diskbench.ChainConfig{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 40,
+		Threads: 4, HalfZero: true, StagingBytes: 1 << 20, MatchKeys: 200, Progress: os.Stderr}
+	res, err := diskbench.RunChain(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(res.StagingOff > 0 && res.StagingOn > 0 && res.Direct > 0 && res.StagedLoadMillis > 0 && res.MatchMillis > 0) {
+		t.Fatalf("a phase did not measure: %+v", res)
+	}
+	if res.StagingHits == 0 {
+		t.Fatalf("no load was served from staging: %+v", res)
+	}
+	if res.VerifiedLoads != 2*cfg.Blocks {
+		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, 2*cfg.Blocks)
+	}
+	left, _ := os.ReadDir(cfg.Dir)
+	if len(left) != 0 {
+		t.Fatalf("the benchmark left %d entries in its work directory", len(left))
+	}
+}
