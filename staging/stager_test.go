@@ -204,7 +204,7 @@ func TestParseKey(t *testing.T) {
 		{Key(tierA + "/abc/de_g/" + hash + ".bin"), chainID{}, false},
 		{Key(tierA + "/abc/de/" + hash + ".bin"), chainID{}, false},
 		{Key("/abc/de_g0/" + hash + ".bin"), chainID{}, false},
-		{Key(tierA + "/x/abc/de_g0/" + hash + ".bin"), chainID{}, false},
+		{Key(tierA + "/x/abc/de_g0/" + hash + ".bin"), chainID{tierA, 0}, true}, // directories are opaque: any depth
 		{Key(tierA + "/abc/de_g0"), chainID{}, false},
 	} {
 		id, ok := parseKey(tc.key)

@@ -332,12 +332,8 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 		cfg.Dir = os.TempDir()
 	}
 	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
-	if b.fl.Changed("row-bytes") {
-		n, err := parseSize("row-bytes", b.rowBytes)
-		if err != nil {
-			return usageError{err}
-		}
-		cfg.RowBytes = int(n)
+	if err := b.rowBytesInto(&cfg.RowBytes); err != nil {
+		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
@@ -389,12 +385,8 @@ func (b *benchFlags) runChain(exe string) error {
 	if cfg.StagingBytes, err = parseSize("staging-bytes", b.stagingBytes); err != nil {
 		return usageError{err}
 	}
-	if b.fl.Changed("row-bytes") {
-		n, err := parseSize("row-bytes", b.rowBytes)
-		if err != nil {
-			return usageError{err}
-		}
-		cfg.RowBytes = int(n)
+	if err := b.rowBytesInto(&cfg.RowBytes); err != nil {
+		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
@@ -416,6 +408,19 @@ func (b *benchFlags) runChain(exe string) error {
 	fmt.Fprintf(t, "match of %d keys (ms) vs faccessat each\t%.3f\t%.3f\t%.1f\t\n", res.MatchKeys, res.MatchMillis, res.FaccessatMillis, res.FaccessatMillis/res.MatchMillis)
 	fmt.Fprintf(t, "loads served from staging\t%d\t%d\t\t\n", res.StagingHits, res.Blocks)
 	return t.Flush()
+}
+
+// rowBytesInto sets *rowBytes from --row-bytes when it was given.
+func (b *benchFlags) rowBytesInto(rowBytes *int) error {
+	if !b.fl.Changed("row-bytes") {
+		return nil
+	}
+	n, err := parseSize("row-bytes", b.rowBytes)
+	if err != nil {
+		return usageError{err}
+	}
+	*rowBytes = int(n)
+	return nil
 }
 
 // parseInts parses a comma-separated list of non-negative integers.

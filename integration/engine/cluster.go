@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
@@ -38,7 +37,7 @@ type node struct {
 	store      string
 	region     *engineio.Region
 	daemon     *daemon.Daemon
-	log        lockedBuffer
+	log        daemon.LogBuffer
 }
 
 // cluster is the nodes of a run and the temporary directory holding their
@@ -216,22 +215,4 @@ func mountedUnder(dir string) ([]string, error) {
 		}
 	}
 	return mounted, nil
-}
-
-// lockedBuffer collects a daemon's output for error messages.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -4,14 +4,12 @@
 package mounttest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,7 +67,7 @@ type Options struct {
 type Daemon struct {
 	*daemon.Daemon
 	t   testing.TB
-	log *syncBuffer
+	log *daemon.LogBuffer
 }
 
 // Start mounts a daemon and waits until it serves; cleanup is registered on t.
@@ -93,7 +91,7 @@ func Launch(t testing.TB, opts Options) (*Daemon, error) {
 	if opts.ShmGlob == "" {
 		opts.ShmGlob = filepath.Join(t.TempDir(), "no-region-*.mmap")
 	}
-	log := &syncBuffer{}
+	log := &daemon.LogBuffer{}
 	d, err := daemon.Start(daemon.Options{Binary: binary, Mountpoint: opts.Mountpoint, Store: opts.Store,
 		ShmGlob: opts.ShmGlob, Args: opts.Args, Wrapper: opts.Wrapper, Log: log})
 	if err != nil {
@@ -146,22 +144,4 @@ func (d *Daemon) WaitLog(s string) bool {
 func Run(args ...string) (string, error) {
 	out, err := exec.Command(binary, args...).CombinedOutput()
 	return string(out), err
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer process and test readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

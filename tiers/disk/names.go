@@ -84,6 +84,9 @@ func Classify(rel string) (NameKind, BlockName) {
 		return OtherFile, BlockName{}
 	}
 	tier, _, _ := strings.Cut(rel, "/")
+	if tier == "" {
+		return OtherFile, BlockName{}
+	}
 	if strings.HasSuffix(file, tmpSuffix) {
 		i := strings.Index(file, ".bin_")
 		if i < 0 || !isHash(file[:i]) {
