@@ -173,13 +173,17 @@ func (h *blockHandle) Flush(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.flushed {
+		// Counted here, not at the asynchronous RELEASE, so a load is in the
+		// stats by the time its close returns.
 		h.flushed = true
+		h.fsys.store.CountRead(h.r.Size())
 		if h.err = h.prove(); h.err == 0 {
 			// A signal to the closing thread makes the kernel send an
 			// INTERRUPT, but it still waits for this answer: finish the
 			// mirror (bounded by --sync-deadline) instead of failing the load.
 			h.err = h.fsys.mirror(context.WithoutCancel(ctx), h)
 		}
+		h.fsys.metrics.readSeconds.Observe(time.Since(h.start).Seconds())
 	}
 	return h.err
 }
@@ -211,9 +215,7 @@ func (h *blockHandle) prove() syscall.Errno {
 
 var _ = (fs.FileReleaser)((*blockHandle)(nil))
 
-// Release unpins the block and records the load.
+// Release unpins the block.
 func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
-	h.fsys.store.CountRead(h.r.Size())
-	h.fsys.metrics.readSeconds.Observe(time.Since(h.start).Seconds())
 	return disk.Errno(h.r.Close())
 }

@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		lookupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_lookup_seconds",
 			Help: "Latency of block lookups that reached the daemon.", Buckets: latencyBuckets}),
 		readSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_read_seconds",
-			Help: "Duration of block loads, from open (including verification) to release.", Buckets: latencyBuckets}),
+			Help: "Duration of block loads, from open to the end of the close (proof and mirroring included).", Buckets: latencyBuckets}),
 		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvtierfs_write_seconds",
 			Help: "Duration of block stores, from create of the tmp file to its release.", Buckets: latencyBuckets}),
 	}
