@@ -81,6 +81,13 @@ func printStats(w io.Writer, st fusefs.Stats) {
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
 	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)
 	fmt.Fprintf(t, "loads proven\t%d in their shm row, %d by re-reading the block\n", c.RowsIdentified, c.RowsUnidentified)
+	if sg := st.Staging; sg != nil {
+		fmt.Fprintf(t, "staging\t%s staged of %s, %d chains streaming, %d waves, %d loads served from memory, %d not staged, %s wasted\n",
+			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), sg.Chains, sg.Waves, sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
+	}
+	if c.Matches > 0 {
+		fmt.Fprintf(t, "matches\t%d batched match requests\n", c.Matches)
+	}
 	if r := st.Replication; r != nil {
 		fmt.Fprintf(t, "replication\t--replicated-kv %s, mirroring %s (%s; %d samples, %d mismatches), %d rows mirrored, %d lookups withheld\n",
 			r.Mode, map[bool]string{true: "on", false: "off"}[r.Allowed], r.DecidedBy, r.Samples, r.Mismatches, c.RowsMirrored, c.LookupsWithheld)
