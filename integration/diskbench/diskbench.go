@@ -150,7 +150,8 @@ func Run(cfg Config) (Result, error) {
 
 	steps := []func(*Result) error{r.stores, r.coldLoads, r.warmLoads, r.lookups, r.verify}
 	for _, step := range steps {
-		if err := step(&res); err != nil {
+		engineio.OnSignalFreeThread(func() { err = step(&res) })
+		if err != nil {
 			return res, err
 		}
 	}
@@ -196,8 +197,9 @@ func (r *run) parallel(fn func(thread, i int) error) (time.Duration, error) {
 	return parallel(r.cfg.Threads, r.cfg.Blocks, fn)
 }
 
-// parallel runs fn(thread, i) for i in [0, n), in order, on threads workers,
-// and returns the wall time and the first error.
+// parallel runs fn(thread, i) for i in [0, n), in order, on threads workers
+// (signal-free threads, as the engine's are), and returns the wall time and
+// the first error.
 func parallel(threads, n int, fn func(thread, i int) error) (time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -207,6 +209,7 @@ func parallel(threads, n int, fn func(thread, i int) error) (time.Duration, erro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			engineio.OwnSignalFreeThread()
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= n {

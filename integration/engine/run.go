@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 )
 
 // Result is what one run measured. The first block of fields is the JSON
@@ -114,7 +116,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		reporter.always("%s", note)
 	}
 	var s *scheduler
-	onSignalFreeThread(func() {
+	engineio.OnSignalFreeThread(func() {
 		if s, err = newScheduler(cfg, cl.nodes[0], workers, &res, reporter); err != nil {
 			return
 		}

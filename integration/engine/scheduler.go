@@ -8,12 +8,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/staging"
@@ -469,7 +466,7 @@ func (s *scheduler) onIOThreads(n int, job func(i int) error) []error {
 	var wg sync.WaitGroup
 	for range min(n, s.cfg.IOThreads) {
 		wg.Go(func() {
-			ownSignalFreeThread()
+			engineio.OwnSignalFreeThread()
 			for i := range next {
 				errs[i] = job(i)
 			}
@@ -481,33 +478,6 @@ func (s *scheduler) onIOThreads(n int, job func(i int) error) []error {
 	close(next)
 	wg.Wait()
 	return errs
-}
-
-// ownSignalFreeThread locks the calling goroutine to its OS thread and blocks
-// SIGURG there; the goroutine must end without unlocking, which ends the
-// thread. The engine's lookup and I/O threads receive no signals, but Go
-// preempts goroutines with SIGURG, and a signal reaching a thread blocked in a
-// FUSE request makes the kernel interrupt it: a close() would interrupt the
-// mount's FLUSH, an faccessat could fail with EINTR. Goroutines that do the
-// engine's file I/O run on such threads.
-func ownSignalFreeThread() {
-	runtime.LockOSThread()
-	var preemption unix.Sigset_t
-	preemption.Val[0] = 1 << (uint(unix.SIGURG) - 1)
-	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &preemption, nil); err != nil {
-		panic("engine: blocking SIGURG: " + err.Error())
-	}
-}
-
-// onSignalFreeThread runs fn on a new signal-free thread and waits for it.
-func onSignalFreeThread(fn func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ownSignalFreeThread()
-		fn()
-	}()
-	<-done
 }
 
 // restart forgets the primary tier, as an engine restart does: every later

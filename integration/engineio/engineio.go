@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -185,4 +186,30 @@ func (t *Tier) Load(path string, row []byte) error {
 		return fmt.Errorf("load %s: %w", path, err)
 	}
 	return nil
+}
+
+// OwnSignalFreeThread locks the calling goroutine to its OS thread and blocks
+// SIGURG there; the goroutine must end without unlocking, which ends the
+// thread. The engine's lookup and I/O threads receive no signals, but Go
+// preempts goroutines with SIGURG, and a signal reaching a thread blocked in a
+// FUSE request makes the kernel interrupt it (an extra INTERRUPT round trip,
+// or EINTR). Goroutines that replay the engine's file I/O run on such threads.
+func OwnSignalFreeThread() {
+	runtime.LockOSThread()
+	var preemption unix.Sigset_t
+	preemption.Val[0] = 1 << (uint(unix.SIGURG) - 1)
+	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &preemption, nil); err != nil {
+		panic("engineio: blocking SIGURG: " + err.Error())
+	}
+}
+
+// OnSignalFreeThread runs fn on a new signal-free thread and waits for it.
+func OnSignalFreeThread(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		OwnSignalFreeThread()
+		fn()
+	}()
+	<-done
 }
