@@ -10,12 +10,16 @@ TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 build:
 	CGO_ENABLED=1 $(GO) build -o $(BIN) ./cmd/kvtierfs
 
-# deps installs what a fresh machine lacks: fuse3 (fusermount3 for non-root
-# mounts) and iproute2 (network namespaces in the multi-node tests).
+# deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
+# non-root users; root mounts directly), and iproute2 and util-linux (ip,
+# nsenter: network namespaces in the multi-node tests).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
-	@command -v fusermount3 >/dev/null && command -v ip >/dev/null || \
-		{ apt-get update -qq && apt-get install -y -qq fuse3 iproute2; }
+	@pkgs=""; \
+	if [ "$$(id -u)" != 0 ] && ! command -v fusermount3 >/dev/null; then pkgs="$$pkgs fuse3"; fi; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
+	command -v nsenter >/dev/null || pkgs="$$pkgs util-linux"; \
+	if [ -n "$$pkgs" ]; then apt-get update -qq && apt-get install -y -qq $$pkgs; fi
 
 demo: deps build
 	./$(BIN) bench --scenario agent
