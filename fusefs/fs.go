@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -44,8 +45,12 @@ const (
 	DefaultNegativeTimeout = 5 * time.Second
 )
 
-// maxRequestBytes is the largest FUSE write request (fs.fuse.max_pages_limit = 256 pages).
-const maxRequestBytes = 1 << 20
+// DefaultMaxRequest is the largest FUSE request the mount asks for: a whole
+// 8.6 MB row travels in one READ or WRITE instead of nine.
+const DefaultMaxRequest = 16 << 20
+
+// pageLimitFile caps the pages of a FUSE request (256 by default: 1 MiB).
+const pageLimitFile = "/proc/sys/fs/fuse/max_pages_limit"
 
 // Options configures a mount.
 type Options struct {
@@ -61,6 +66,10 @@ type Options struct {
 	EntryTimeout, NegativeTimeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
+	// MaxRequest is the largest READ/WRITE request to negotiate; 0 means
+	// DefaultMaxRequest. Run as root, the mount raises the kernel's
+	// fs.fuse.max_pages_limit to allow it; otherwise the kernel's cap holds.
+	MaxRequest int
 	// Sync mirrors loaded rows to the peer ranks; nil on a single node.
 	Sync *rowsync.Node
 	// SyncRegions maps regions for Sync; required with Sync.
@@ -135,6 +144,10 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f.root = &node{LoopbackNode: fs.LoopbackNode{RootData: loopRoot}, fsys: f}
 	loopRoot.RootNode = f.root
 
+	if opts.MaxRequest == 0 {
+		opts.MaxRequest = DefaultMaxRequest
+	}
+	raisePageLimit(opts.MaxRequest, opts.Logger)
 	entry, negative := opts.EntryTimeout, opts.NegativeTimeout
 	fsOpts := &fs.Options{
 		AttrTimeout:     &entry,
@@ -145,7 +158,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Name:        "kvtierfs",
 			DirectMount: os.Geteuid() == 0,
 			AllowOther:  os.Geteuid() == 0,
-			MaxWrite:    maxRequestBytes,
+			MaxWrite:    opts.MaxRequest,
 			// The kernel checks permissions from cached attributes instead of
 			// sending an ACCESS request for every faccessat lookup.
 			Options:       []string{"default_permissions"},
@@ -201,6 +214,27 @@ func (f *FS) Unmount() error { return f.server.Unmount() }
 
 // Mountpoint is where the filesystem is mounted.
 func (f *FS) Mountpoint() string { return f.mountpoint }
+
+// raisePageLimit lifts the kernel's cap on FUSE request pages to fit
+// maxRequest, when it is lower and the daemon may (root). It only raises what
+// FUSE servers may ask for; each mount still negotiates its own size.
+func raisePageLimit(maxRequest int, logger *slog.Logger) {
+	raw, err := os.ReadFile(pageLimitFile)
+	if err != nil {
+		return // an older kernel: requests stay at its fixed limit
+	}
+	current, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	want := (maxRequest + os.Getpagesize() - 1) / os.Getpagesize()
+	if err != nil || current >= want {
+		return
+	}
+	if err := os.WriteFile(pageLimitFile, []byte(strconv.Itoa(want)), 0); err != nil {
+		logger.Warn("FUSE requests stay small: cannot raise fs.fuse.max_pages_limit (run as root, or set it yourself)",
+			"limit_pages", current, "wanted_pages", want, "err", err)
+		return
+	}
+	logger.Info("raised fs.fuse.max_pages_limit so that a row travels in one request", "from", current, "to", want)
+}
 
 // addControl attaches the virtual control directory to the root.
 func (f *FS) addControl(ctx context.Context) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,6 +57,7 @@ type mountConfig struct {
 	stagingDepth  int
 	diagWindow    time.Duration
 	diagMinBytes  int64
+	maxRequest    int64
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -77,6 +79,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "blocks staging reads from the store in parallel")
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
+	maxRequest := fl.String("max-request", "16MiB", "largest FUSE read/write request, at least 128KiB (as root the mount raises fs.fuse.max_pages_limit to allow it)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	mnt, err := parseArgs(fl, args)
@@ -102,6 +105,12 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if c.diagMinBytes, err = parseSize("diagnostics-min-bytes", *diagMinBytes); err != nil {
 		return c, usageError{err}
+	}
+	if c.maxRequest, err = parseSize("max-request", *maxRequest); err != nil {
+		return c, usageError{err}
+	}
+	if c.maxRequest < 128<<10 || c.maxRequest > 1<<30 {
+		return c, usageError{fmt.Errorf("--max-request %s: want 128KiB to 1GiB", *maxRequest)}
 	}
 	if c.stagingDepth <= 0 {
 		return c, usageError{fmt.Errorf("--staging-depth %d: want at least 1", c.stagingDepth)}
@@ -134,6 +143,9 @@ func runMount(args []string) error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
+	if err := checkDisjoint(c.mountpoint, c.store); err != nil {
+		return usageError{err}
+	}
 	if err := prepareMountpoint(c.mountpoint); err != nil {
 		return err
 	}
@@ -181,7 +193,8 @@ func runMount(args []string) error {
 	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes,
 		ReadGrace: min(30*time.Second, c.diagWindow/4)})
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, Stager: stager, Diagnostics: diagnostics})
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, Stager: stager, Diagnostics: diagnostics,
+		MaxRequest: int(c.maxRequest)})
 	if err != nil {
 		return err
 	}
@@ -268,4 +281,24 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) 
 	}
 	logger.Info("row mirroring", "listen", node.Addr(), "peers", c.peers, "replicated_kv", c.replicated.String())
 	return node, nil
+}
+
+// checkDisjoint refuses a mountpoint inside the store or a store inside the
+// mountpoint: the store's files would then be served through themselves.
+func checkDisjoint(mountpoint, store string) error {
+	m, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return err
+	}
+	st, err := filepath.Abs(store)
+	if err != nil {
+		return err
+	}
+	within := func(dir, base string) bool {
+		return dir == base || strings.HasPrefix(dir, base+string(filepath.Separator))
+	}
+	if within(m, st) || within(st, m) {
+		return fmt.Errorf("mountpoint %s and --store %s must not contain each other", m, st)
+	}
+	return nil
 }

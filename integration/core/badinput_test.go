@@ -141,6 +141,8 @@ func TestMountRefusesBadSetups(t *testing.T) {
 		{"malformed capacity", []string{"--capacity", "12XB"}, "--capacity \"12XB\""},
 		{"bad lookup-protect", []string{"--lookup-protect", "-5s"}, "--lookup-protect"},
 		{"bad shm glob", []string{"--shm-glob", "/dev/shm/[x"}, "--shm-glob"},
+		{"store contains the mountpoint", []string{"--store-of-mountpoint"}, "must not contain each other"},
+		{"bad max request", []string{"--max-request", "1KiB"}, "--max-request"},
 	}
 	for _, c := range cases {
 		mnt := filepath.Join(t.TempDir(), "mnt")
@@ -149,6 +151,9 @@ func TestMountRefusesBadSetups(t *testing.T) {
 			mnt, args = args[1], nil
 		}
 		store := t.TempDir()
+		if len(args) == 1 && args[0] == "--store-of-mountpoint" {
+			store, args = filepath.Dir(mnt), nil
+		}
 		full := append([]string{"mount", mnt, "--store", store, "--metrics-addr", ""}, args...)
 		out, err := mounttest.Run(full...)
 		if err == nil {
