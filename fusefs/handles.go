@@ -60,11 +60,13 @@ func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 // reads the store file directly (passthrough) when it can; Read is the
 // fallback through the daemon. The block is pinned until Release.
 //
-// The bytes are proven before the engine can count the load as done: at open
-// by reading the file when no shm region can hold the block, otherwise at
-// FLUSH by finding a row of the engine's region that did not hold the block at
-// open and now holds exactly its bytes (digest samples, then CRC32C). A FLUSH
-// that cannot find one falls back to reading the file. mu guards the outcome.
+// The bytes are proven before the engine can count the load as done: a load
+// served from staged memory was verified when it was staged; otherwise at
+// open by reading the file when no shm region can hold the block, or at FLUSH
+// by finding a row of the engine's region that did not hold the block at open
+// and now holds exactly its bytes (digest samples, then CRC32C). A FLUSH that
+// cannot find one falls back to reading the file. With peers, the row is
+// looked for in every case, since it is the row to mirror. mu guards the outcome.
 type blockHandle struct {
 	r     *disk.Reader
 	fsys  *FS
