@@ -62,29 +62,6 @@ func (s *Store) Digest(rel string) (shm.Digest, bool) {
 // block's name (a directory of the layout is missing).
 func (s *Store) CountMissedLookup() { s.counters.Lookups.Add(1) }
 
-// Contains reports whether a block is present without recording a lookup.
-func (s *Store) Contains(rel string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.blocks[rel] != nil
-}
-
-// OpenBlock opens a block for a load, checks its bytes against the checksum
-// recorded at publish and pins it until the Reader is closed. A mismatch counts
-// a checksum failure, removes the block and fails with EIO: wrong bytes never
-// reach a load.
-func (s *Store) OpenBlock(rel string) (*Reader, error) {
-	r, err := s.PinBlock(rel)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.Verify(); err != nil {
-		r.Close()
-		return nil, err
-	}
-	return r, nil
-}
-
 // PinBlock opens a block for a load without reading it, pinning it until the
 // Reader is closed. The caller must prove the load's bytes before the load
 // counts as done: Verify, or find them in the engine's region by Digest.

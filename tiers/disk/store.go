@@ -439,17 +439,6 @@ func (s *Store) HasBlocksUnder(relDir string) bool {
 	return false
 }
 
-// RowBytes returns the block size of each tier directory that holds blocks.
-func (s *Store) RowBytes() map[string]int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[string]int64, len(s.rowBytes))
-	for k, v := range s.rowBytes {
-		out[k] = v
-	}
-	return out
-}
-
 // nowNano is the store clock in nanoseconds.
 func (s *Store) nowNano() int64 { return s.cfg.Now().UnixNano() }
 

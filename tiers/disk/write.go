@@ -82,9 +82,6 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	return w, nil
 }
 
-// File is the open tmp file, for attribute calls of the FUSE layer.
-func (w *Writer) File() *os.File { return w.file }
-
 // WriteAt appends p at off, which must be the current end of the file.
 func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.tmp.mu.Lock()

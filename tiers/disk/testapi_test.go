@@ -1,0 +1,31 @@
+package disk
+
+import "os"
+
+// Helpers the tests use to look into the store; the filesystem does not need them.
+
+// OpenBlock is PinBlock followed by Verify.
+func (s *Store) OpenBlock(rel string) (*Reader, error) {
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Verify(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Contains reports whether a block is indexed, without recording a lookup.
+func (s *Store) Contains(rel string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocks[rel] != nil
+}
+
+// RowBytes returns the block size of each tier directory that holds blocks.
+func (s *Store) RowBytes() map[string]int64 { return s.Stats().RowBytes }
+
+// File is the open tmp file of a writer.
+func (w *Writer) File() *os.File { return w.file }
