@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 // metrics are the Prometheus view of the mount: the store's counters read at
@@ -54,18 +55,18 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 	}
 	gauges := []struct {
 		name, help string
-		value      func(st Stats) int64
+		value      func(d disk.Stats) int64
 	}{
-		{"kvtierfs_disk_blocks", "Blocks in the store.", func(st Stats) int64 { return st.Disk.Blocks }},
-		{"kvtierfs_disk_logical_bytes", "Bytes of the blocks in the store.", func(st Stats) int64 { return st.Disk.LogicalBytes }},
-		{"kvtierfs_disk_physical_bytes", "Bytes the blocks occupy on disk.", func(st Stats) int64 { return st.Disk.PhysicalBytes }},
-		{"kvtierfs_disk_capacity_bytes", "Capacity of the store.", func(st Stats) int64 { return st.Disk.CapacityBytes }},
-		{"kvtierfs_disk_free_bytes", "Bytes the store may still use.", func(st Stats) int64 { return st.Disk.FreeBytes }},
+		{"kvtierfs_disk_blocks", "Blocks in the store.", func(d disk.Stats) int64 { return d.Blocks }},
+		{"kvtierfs_disk_logical_bytes", "Bytes of the blocks in the store.", func(d disk.Stats) int64 { return d.LogicalBytes }},
+		{"kvtierfs_disk_physical_bytes", "Bytes the blocks occupy on disk.", func(d disk.Stats) int64 { return d.PhysicalBytes }},
+		{"kvtierfs_disk_capacity_bytes", "Capacity of the store.", func(d disk.Stats) int64 { return d.CapacityBytes }},
+		{"kvtierfs_disk_free_bytes", "Bytes the store may still use.", func(d disk.Stats) int64 { return d.FreeBytes }},
 	}
 	for _, g := range gauges {
 		value := g.value
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
-			func() float64 { return float64(value(f.Stats())) }))
+			func() float64 { return float64(value(f.store.Stats())) }))
 	}
 	if st := f.stager; st != nil {
 		staged := []struct {

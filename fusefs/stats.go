@@ -116,7 +116,7 @@ func (f *FS) Stats() Stats {
 	for _, r := range st.Primary.Regions {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
-	for _, w := range f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: f.store.NeverLookedUp(), PrimaryRows: primaryRows}) {
+	for _, w := range f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows}) {
 		st.Warnings = append(st.Warnings, Warning{Code: w.Code, Message: w.Message})
 	}
 	if st.Counters.ChecksumFailures > 0 {

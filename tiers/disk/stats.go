@@ -30,14 +30,16 @@ type GroupStats struct {
 
 // Stats is a snapshot of the store's occupancy.
 type Stats struct {
-	Store         string                `json:"store"`
-	Blocks        int64                 `json:"blocks"`
-	LogicalBytes  int64                 `json:"logical_bytes"`
-	PhysicalBytes int64                 `json:"physical_bytes"`
-	CapacityBytes int64                 `json:"capacity_bytes"`
-	FreeBytes     int64                 `json:"free_bytes"`
-	Evictions     int64                 `json:"evictions"`
-	InFlightTmp   int                   `json:"inflight_tmp_files"`
+	Store         string `json:"store"`
+	Blocks        int64  `json:"blocks"`
+	LogicalBytes  int64  `json:"logical_bytes"`
+	PhysicalBytes int64  `json:"physical_bytes"`
+	CapacityBytes int64  `json:"capacity_bytes"`
+	FreeBytes     int64  `json:"free_bytes"`
+	Evictions     int64  `json:"evictions"`
+	InFlightTmp   int    `json:"inflight_tmp_files"`
+	// NeverLookedUp counts the blocks no lookup has found since the store was opened.
+	NeverLookedUp int64                 `json:"never_looked_up"`
 	RowBytes      map[string]int64      `json:"row_bytes"`
 	Groups        map[string]GroupStats `json:"-"`
 }
@@ -59,6 +61,9 @@ func (s *Store) Stats() Stats {
 	}
 	for _, b := range s.blocks {
 		st.LogicalBytes += b.size
+		if b.lastLookup == 0 {
+			st.NeverLookedUp++
+		}
 		st.PhysicalBytes += b.physical
 		key := strconv.Itoa(b.name.Group)
 		g := st.Groups[key]
@@ -70,17 +75,4 @@ func (s *Store) Stats() Stats {
 	st.CapacityBytes = s.capacity
 	st.FreeBytes = max(0, limit-s.used)
 	return st
-}
-
-// NeverLookedUp counts the blocks no lookup has found since the store was opened.
-func (s *Store) NeverLookedUp() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var n int64
-	for _, b := range s.blocks {
-		if b.lastLookup == 0 {
-			n++
-		}
-	}
-	return n
 }
