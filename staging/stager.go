@@ -22,7 +22,7 @@ import (
 // link) and, weaker, between consecutive stores. Links learnt from lookups
 // win over links learnt from stores; the latest lookup wins over older ones.
 //
-// Waves. A read (Take or NoteRead) of a known key walks its successors and
+// Waves. A read (Take) of a known key walks its successors and
 // queues fetches of the present ones, up to Options.WaveBlocks blocks ahead,
 // skipping those already staged, in flight or read in the current pass.
 // Options.QueueDepth workers run the fetches through the caller's Fetch.
@@ -340,23 +340,6 @@ func (s *Stager) NoteStore(key Key) {
 	s.uncache(stale)
 }
 
-// NoteRead records that the engine loads key without taking staged bytes
-// and stages the wave that follows it. Take does the same for the loads it
-// answers; call NoteRead only for loads that do not go through Take.
-func (s *Stager) NoteRead(key Key) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
-	s.mu.Lock()
-	if !s.closed {
-		s.noteReadLocked(id, key)
-	}
-	evicted := s.takeEvictedLocked()
-	s.mu.Unlock()
-	s.uncache(evicted...)
-}
-
 // Take is the engine's load of key (call it when the block is opened for a
 // load). If the block is staged, Take removes it from staging and returns
 // its verified bytes, which the caller then owns; if a fetch of it is in
@@ -443,17 +426,6 @@ func (s *Stager) Stats() Stats {
 		}
 	}
 	return st
-}
-
-// Settle waits until no fetch is queued or in flight: every fetch started
-// so far has been staged, discarded or failed. Tests and benchmarks use it
-// to observe staging deterministically.
-func (s *Stager) Settle() {
-	s.mu.Lock()
-	for s.pending > 0 {
-		s.settled.Wait()
-	}
-	s.mu.Unlock()
 }
 
 // Close drops everything staged (counted as wasted), discards queued and

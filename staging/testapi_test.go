@@ -1,0 +1,31 @@
+package staging
+
+// Stager methods only the tests need.
+
+// NoteRead records that the engine loads key without taking staged bytes
+// and stages the wave that follows it, as Take does (tests drive the wave
+// with it without consuming staged blocks).
+func (s *Stager) NoteRead(key Key) {
+	id, ok := parseKey(key)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	if !s.closed {
+		s.noteReadLocked(id, key)
+	}
+	evicted := s.takeEvictedLocked()
+	s.mu.Unlock()
+	s.uncache(evicted...)
+}
+
+// Settle waits until no fetch is queued or in flight: every fetch started
+// so far has been staged, discarded or failed, so tests observe staging
+// deterministically.
+func (s *Stager) Settle() {
+	s.mu.Lock()
+	for s.pending > 0 {
+		s.settled.Wait()
+	}
+	s.mu.Unlock()
+}
