@@ -5,17 +5,18 @@
 //
 // The filesystem's call sequence, with n from Start:
 //
-//	lookup of a block:   answer "absent" unless n.ServeLoads()
-//	FLUSH of a store:    n.StoreDone(ctx, region, key, block); log an error, never fail the close
-//	FLUSH of a load:     if n.LoadDone(ctx, region, block) != nil, fail the close with EIO
-//	stat and metrics:    n.Snapshot()
+//	lookup of a block:    answer "absent" unless n.ServeLoads()
+//	rename of a store:    if n.WantStoreSample(), find the source row and
+//	                      n.SampleStoredRow(ctx, region, row, key, crc); log an error, never fail
+//	FLUSH of a load:      find the row the load filled, then
+//	                      if n.MirrorLoadedRow(ctx, region, row) != nil, fail the close with EIO
+//	stat and metrics:     n.Snapshot()
 //
-// LoadDone finds the row of the local region that now holds the block
-// (Region.Identify), sends its non-zero pages to every peer's Server, which
-// writes them into the same row of its own region, and returns nil only when
-// every peer acknowledged the CRC32C of the whole row. Mirroring happens only
-// while the replication Gate allows it, since copying a row is right only
-// when KV is replicated across ranks (MLA).
+// MirrorLoadedRow sends the row's non-zero pages to every peer's Server,
+// which writes them into the same row of its own region, and returns nil
+// only when every peer acknowledged the CRC32C of the whole row. Mirroring
+// happens only while the replication Gate allows it, since copying a row is
+// right only when KV is replicated across ranks (MLA).
 //
 // Peers authenticate each other with a shared secret (see auth.go) and speak
 // length-prefixed binary frames (see wire.go).

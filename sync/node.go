@@ -23,12 +23,8 @@ type Config struct {
 	Logf       func(format string, args ...any) // nil: log.Printf
 }
 
-// Errors of Node.LoadDone besides a Mirror's.
-var (
-	ErrNotReplicated = errors.New("rowsync: mirroring is not allowed")
-	ErrRowNotFound   = errors.New("rowsync: no row of the region holds the loaded block")
-	ErrRowAmbiguous  = errors.New("rowsync: several rows of the region hold the loaded block")
-)
+// ErrNotReplicated is MirrorLoadedRow's error while the Gate disallows mirroring.
+var ErrNotReplicated = errors.New("rowsync: mirroring is not allowed")
 
 // StateInbound is the state of a PeerStats entry for an address that sent
 // rows but is not a configured peer.
@@ -42,17 +38,15 @@ type Node struct {
 	mirror *Mirror // nil without peers
 	server *Server // nil without Listen
 
-	rowsIdentified, rowsUnidentified, rowsMirrored atomic.Uint64
+	rowsMirrored atomic.Uint64
 }
 
 // Snapshot is the sync section of stat and metrics.
 type Snapshot struct {
-	Peers            []PeerStats  `json:"peers"`
-	Replication      GateSnapshot `json:"replication"`
-	RowsIdentified   uint64       `json:"rows_identified"`
-	RowsUnidentified uint64       `json:"rows_unidentified"`
-	RowsMirrored     uint64       `json:"rows_mirrored"`
-	AuthFailures     uint64       `json:"auth_failures"`
+	Peers        []PeerStats  `json:"peers"`
+	Replication  GateSnapshot `json:"replication"`
+	RowsMirrored uint64       `json:"rows_mirrored"`
+	AuthFailures uint64       `json:"auth_failures"`
 }
 
 // Start starts the Server (with Listen) and the Mirror (with Peers).
@@ -112,35 +106,6 @@ func (n *Node) ServeLoads() bool {
 	return n.mirror == nil || (n.gate.Allowed() && n.mirror.Healthy())
 }
 
-// LoadDone is called at the FLUSH of a descriptor that read block (the whole
-// file, one row of RowBytes) into region, before the close returns. It finds
-// the row holding block and mirrors it to every peer; a non-nil error means
-// the peers may hold stale bytes and the close must fail (EIO). Without
-// peers it does nothing. block must not change until LoadDone returns.
-func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error {
-	if n.mirror == nil {
-		return nil
-	}
-	if !n.gate.Allowed() {
-		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
-	}
-	row, matches := region.identify(block)
-	switch {
-	case matches == 0:
-		n.rowsUnidentified.Add(1)
-		return ErrRowNotFound
-	case matches > 1:
-		n.rowsUnidentified.Add(1)
-		return ErrRowAmbiguous
-	}
-	n.rowsIdentified.Add(1)
-	if err := n.mirror.MirrorRow(ctx, region, row, block); err != nil {
-		return err
-	}
-	n.rowsMirrored.Add(1)
-	return nil
-}
-
 // MirrorLoadedRow mirrors a row that the caller has already identified as the
 // destination of a load and verified (the filesystem finds it from the
 // block's digest at FLUSH). Like LoadDone, a non-nil error means the peers may
@@ -178,35 +143,13 @@ func (n *Node) SampleStoredRow(ctx context.Context, region *Region, row int, key
 	return n.mirror.SampleStore(ctx, n.gate, region, row, key, crc)
 }
 
-// StoreDone is called when the engine has written block key (a whole row of
-// region) to the store, before that write's close returns, so that the source
-// row is still pinned on every node. For the stores the gate samples, it
-// finds the row and compares its checksum with every peer's same row. Errors
-// only mean that no sample was taken; the store itself is unaffected and the
-// close must not fail because of them.
-func (n *Node) StoreDone(ctx context.Context, region *Region, key string, block []byte) error {
-	if n.mirror == nil || !n.gate.WantSample() {
-		return nil
-	}
-	if len(key) > MaxKeyBytes {
-		return fmt.Errorf("rowsync: key of %d bytes, limit %d", len(key), MaxKeyBytes)
-	}
-	row, matches := region.identify(block)
-	if matches != 1 {
-		return fmt.Errorf("rowsync: sample %q: %d rows hold the stored block", key, matches)
-	}
-	return n.mirror.SampleStore(ctx, n.gate, region, row, key, Checksum(block))
-}
-
 // Snapshot returns the state for stat: one entry per configured peer, plus one
 // per other address that sent rows.
 func (n *Node) Snapshot() Snapshot {
 	s := Snapshot{
-		Peers:            []PeerStats{},
-		Replication:      n.gate.Snapshot(),
-		RowsIdentified:   n.rowsIdentified.Load(),
-		RowsUnidentified: n.rowsUnidentified.Load(),
-		RowsMirrored:     n.rowsMirrored.Load(),
+		Peers:        []PeerStats{},
+		Replication:  n.gate.Snapshot(),
+		RowsMirrored: n.rowsMirrored.Load(),
 	}
 	received := map[string]uint64{}
 	if n.server != nil {
