@@ -88,7 +88,7 @@ func (f *FS) mirror(ctx context.Context, h *blockHandle) syscall.Errno {
 	}
 	region, err := f.syncRegions.Get(h.row.Region, int(h.digest.Size))
 	if err == nil {
-		err = f.sync.MirrorLoadedRow(ctx, region, h.row.Row)
+		err = f.sync.MirrorLoadedRow(ctx, region, h.row.Row, h.digest.CRC)
 	}
 	if err != nil {
 		f.logger.Error("load not mirrored to every peer: failing its close", "path", h.r.Path(), "row", h.row.Row, "err", err)

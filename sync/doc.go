@@ -9,7 +9,7 @@
 //	rename of a store:    if n.WantStoreSample(), find the source row and
 //	                      n.SampleStoredRow(ctx, region, row, key, crc); log an error, never fail
 //	FLUSH of a load:      find the row the load filled, then
-//	                      if n.MirrorLoadedRow(ctx, region, row) != nil, fail the close with EIO
+//	                      if n.MirrorLoadedRow(ctx, region, row, crc) != nil, fail the close with EIO
 //	stat and metrics:     n.Snapshot()
 //
 // MirrorLoadedRow sends the row's non-zero pages to every peer's Server,

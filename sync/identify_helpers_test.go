@@ -45,7 +45,7 @@ func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error
 	case matches > 1:
 		return ErrRowAmbiguous
 	}
-	return n.MirrorLoadedRow(ctx, region, row)
+	return n.MirrorLoadedRow(ctx, region, row, Checksum(block))
 }
 
 // StoreDone finds the row of region holding a stored block and, when the gate

@@ -107,17 +107,18 @@ func (n *Node) ServeLoads() bool {
 }
 
 // MirrorLoadedRow mirrors a row that the caller has already identified as the
-// destination of a load and verified (the filesystem finds it from the
-// block's digest at FLUSH). Like LoadDone, a non-nil error means the peers may
-// hold stale bytes and the close must fail; without peers it does nothing.
-func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int) error {
+// destination of a load and verified to have CRC32C crc (the filesystem
+// finds it from the block's digest at FLUSH), so the row is not checksummed
+// again. A non-nil error means the peers may hold stale bytes and the close
+// must fail; without peers it does nothing.
+func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int, crc uint32) error {
 	if n.mirror == nil {
 		return nil
 	}
 	if !n.gate.Allowed() {
 		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
 	}
-	if err := n.mirror.MirrorRow(ctx, region, row, region.Row(row)); err != nil {
+	if err := n.mirror.mirror(ctx, region, row, region.Row(row), func() uint32 { return crc }, func() {}); err != nil {
 		return err
 	}
 	n.rowsMirrored.Add(1)

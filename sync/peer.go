@@ -129,6 +129,19 @@ func (m *Mirror) Stats() []PeerStats {
 // and each of them is marked down and reconnected. data must not change
 // until MirrorRow returns.
 func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []byte) error {
+	// The checksum is computed while the row travels; peers wait for it
+	// only to check their acknowledgements.
+	var crc uint32
+	crcReady := make(chan struct{})
+	return m.mirror(ctx, region, row, data, func() uint32 { <-crcReady; return crc }, func() {
+		crc = Checksum(data)
+		close(crcReady)
+	})
+}
+
+// mirror sends data as row to every peer and waits for their acknowledgements,
+// which must equal want(); meanwhile runs alongside the sends.
+func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byte, want func() uint32, meanwhile func()) error {
 	if row < 0 || row >= region.Rows() || len(data) != region.RowBytes() {
 		return fmt.Errorf("rowsync: mirror row %d of %d bytes into a region of %d rows of %d bytes", row, len(data), region.Rows(), region.RowBytes())
 	}
@@ -138,19 +151,12 @@ func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []
 		payload += uint64(len(e.Data))
 	}
 	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
-
-	// The checksum is computed while the row travels; peers wait for it
-	// only to check their acknowledgements.
-	var crc uint32
-	crcReady := make(chan struct{})
-	want := func() uint32 { <-crcReady; return crc }
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
 	for i, p := range m.peers {
 		wg.Go(func() { errs[i] = p.writeRow(ctx, m.deadline, msg, payload, want) })
 	}
-	crc = Checksum(data)
-	close(crcReady)
+	meanwhile()
 	wg.Wait()
 	return errors.Join(errs...)
 }
