@@ -2,7 +2,6 @@ package core_test
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -28,15 +27,7 @@ func hashOf(i int) string {
 }
 
 // fillRow writes the deterministic content of block i into row.
-func fillRow(row []byte, i int) {
-	x := uint64(i)*0x9E3779B97F4A7C15 + 1
-	for off := 0; off+8 <= len(row); off += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(row[off:], x)
-	}
-}
+func fillRow(row []byte, i int) { engineio.FillPattern(row, uint64(i)) }
 
 // expectedRow is the content of block i.
 func expectedRow(i int) []byte {

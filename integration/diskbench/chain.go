@@ -116,7 +116,7 @@ func RunChain(cfg ChainConfig) (ChainResult, error) {
 	defer region.Close()
 	for i := 0; i < sourceRows; i++ {
 		row := region.Row(i)
-		fillRow(row, uint64(i)+1000)
+		engineio.FillPattern(row, uint64(i)+1000)
 		if cfg.HalfZero {
 			clear(row[len(row)/2:])
 		}

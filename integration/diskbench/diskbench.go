@@ -131,7 +131,7 @@ func Run(cfg Config) (Result, error) {
 	}
 	defer region.Close()
 	for i := 0; i < sourceRows; i++ {
-		fillRow(region.Row(i), uint64(i))
+		engineio.FillPattern(region.Row(i), uint64(i))
 	}
 	d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"),
 		Store: mkdir(work, "store"), ShmGlob: regionPath})
@@ -168,17 +168,6 @@ func mkdir(parent, name string) string {
 func key(i int) string {
 	sum := sha256.Sum256(binary.LittleEndian.AppendUint64(nil, uint64(i)))
 	return hex.EncodeToString(sum[:])
-}
-
-// fillRow writes deterministic bytes derived from seed.
-func fillRow(row []byte, seed uint64) {
-	x := seed*0x9E3779B97F4A7C15 + 1
-	for off := 0; off+8 <= len(row); off += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(row[off:], x)
-	}
 }
 
 // sourceRow is the region row whose bytes block i holds; loads land in the

@@ -213,3 +213,15 @@ func OnSignalFreeThread(fn func()) {
 	}()
 	<-done
 }
+
+// FillPattern writes deterministic, incompressible bytes derived from seed
+// into row (an xorshift stream), standing in for a chunk's KV.
+func FillPattern(row []byte, seed uint64) {
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for off := 0; off+8 <= len(row); off += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(row[off:], x)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -51,17 +50,11 @@ func hashOf(i int) string {
 // writeKV is a worker's GPU→CPU store of chunk i into a row: slot 0 holds the
 // KV (rank-dependent unless replicated), the other node's slot stays zero.
 func writeKV(row []byte, i, rank int, replicated bool) {
-	seed := uint64(i) * 0x9E3779B97F4A7C15
+	seed := uint64(i)
 	if !replicated {
 		seed += uint64(rank+1) << 40
 	}
-	x := seed | 1
-	for off := 0; off < len(row)/2; off += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(row[off:], x)
-	}
+	engineio.FillPattern(row[:len(row)/2], seed)
 	clear(row[len(row)/2:])
 }
 
