@@ -56,9 +56,65 @@ func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 	return disk.Errno(h.w.Close())
 }
 
-// blockHandle is the descriptor of a block opened for a load. The kernel
-// reads the store file directly (passthrough) when it can; Read is the
-// fallback through the daemon. The block is pinned until Release.
+// loadMode is how the kernel reads a block handle.
+type loadMode uint8
+
+const (
+	// passthrough: the kernel reads the store file itself.
+	passthrough loadMode = iota
+	// cached: reads reach the daemon as READ requests of at most the
+	// mount's request size; the kernel sends the requests of one O_DIRECT
+	// read together (async direct I/O), so daemon threads copy a row's
+	// pieces in parallel.
+	cached
+	// direct: reads reach the daemon one request at a time
+	// (FOPEN_DIRECT_IO), a mode that coexists with either of the others.
+	direct
+)
+
+// loadModes counts a node's open block handles by mode. The kernel refuses
+// (EIO) to open an inode for passthrough while it has cached opens, and the
+// reverse, so a load that would cause that takes the direct mode instead.
+// The daemon's counts drop at RELEASE, after the kernel's, so they never
+// undercount what the kernel holds.
+type loadModes struct {
+	mu                  sync.Mutex
+	passthrough, cached int
+}
+
+// acquire chooses the mode of a new load: from memory (staged) cached,
+// else passthrough, unless the kernel holds the node open in the other.
+func (m *loadModes) acquire(fromMemory bool) loadMode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case fromMemory && m.passthrough == 0:
+		m.cached++
+		return cached
+	case !fromMemory && m.cached == 0:
+		m.passthrough++
+		return passthrough
+	}
+	return direct
+}
+
+// release forgets a handle of mode mode.
+func (m *loadModes) release(mode loadMode) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch mode {
+	case cached:
+		m.cached--
+	case passthrough:
+		m.passthrough--
+	}
+}
+
+// blockHandle is the descriptor of a block opened for a load. A load served
+// from staged memory is copied by the daemon (cached mode, so the pieces of
+// a row travel in parallel); any other passes through to the store file,
+// with Read as the fallback through the daemon. The block is pinned until
+// Release.
 //
 // The bytes are proven before the engine can count the load as done: a load
 // served from staged memory was verified when it was staged; otherwise at
@@ -71,6 +127,9 @@ type blockHandle struct {
 	r     *disk.Reader
 	fsys  *FS
 	start time.Time
+	// mode is how the kernel reads this handle, counted in modes until Release.
+	mode  loadMode
+	modes *loadModes
 
 	mu sync.Mutex
 	// digest and before are set when the load is proven at FLUSH in a region row.
@@ -89,8 +148,20 @@ type blockHandle struct {
 	row        shm.RowRef
 }
 
-// openBlock pins a block and chooses how its load will be proven.
-func (f *FS) openBlock(rel string) (*blockHandle, error) {
+// openBlock pins a block, chooses how its load will be proven and how the
+// kernel will read it, counting the handle in modes.
+func (f *FS) openBlock(rel string, modes *loadModes) (*blockHandle, error) {
+	h, err := f.pinForLoad(rel)
+	if err != nil {
+		return nil, err
+	}
+	h.modes = modes
+	h.mode = modes.acquire(h.staged != nil)
+	return h, nil
+}
+
+// pinForLoad pins a block and chooses how its load will be proven.
+func (f *FS) pinForLoad(rel string) (*blockHandle, error) {
 	r, err := f.store.PinBlock(rel)
 	if err != nil {
 		return nil, err
@@ -119,10 +190,9 @@ func (f *FS) openBlock(rel string) (*blockHandle, error) {
 	return h, nil
 }
 
-// openFlags are the FUSE open flags: a staged load is served by the daemon
-// from memory, the others pass through to the store file.
+// openFlags are the FUSE open flags of the handle's mode.
 func (h *blockHandle) openFlags() uint32 {
-	if h.staged != nil {
+	if h.mode == direct {
 		return fuse.FOPEN_DIRECT_IO
 	}
 	return 0
@@ -130,10 +200,9 @@ func (h *blockHandle) openFlags() uint32 {
 
 var _ = (fs.FilePassthroughFder)((*blockHandle)(nil))
 
-// PassthroughFd hands the store file to the kernel, unless the load is
-// served from staged memory.
+// PassthroughFd hands the store file to the kernel in passthrough mode.
 func (h *blockHandle) PassthroughFd() (int, bool) {
-	if h.staged != nil {
+	if h.mode != passthrough {
 		return 0, false
 	}
 	return int(h.r.File().Fd()), true
@@ -223,5 +292,6 @@ var _ = (fs.FileReleaser)((*blockHandle)(nil))
 
 // Release unpins the block.
 func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
+	h.modes.release(h.mode)
 	return disk.Errno(h.r.Close())
 }

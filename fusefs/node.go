@@ -17,6 +17,8 @@ import (
 type node struct {
 	fs.LoopbackNode
 	fsys *FS
+	// modes tracks how the kernel reads this node's open block handles.
+	modes loadModes
 }
 
 // rel is the store-relative path of child name of this directory.
@@ -150,7 +152,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == disk.Block:
-		h, err := n.fsys.openBlock(rel)
+		h, err := n.fsys.openBlock(rel, &n.modes)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}

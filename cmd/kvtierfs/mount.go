@@ -79,7 +79,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "blocks staging reads from the store in parallel")
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
-	maxRequest := fl.String("max-request", "16MiB", "largest FUSE read/write request, at least 128KiB (as root the mount raises fs.fuse.max_pages_limit to allow it)")
+	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 128KiB (as root the mount raises fs.fuse.max_pages_limit to allow it)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	mnt, err := parseArgs(fl, args)

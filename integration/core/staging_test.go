@@ -88,3 +88,65 @@ func TestStagingNeverServesStale(t *testing.T) {
 		}
 	}
 }
+
+// TestStagedLoadOverlapsALoadOfTheSameBlock opens a staged block for a load
+// (served from memory) and, before closing it, opens the same block again
+// (not staged any more, so read from the store): the kernel refuses to mix
+// passthrough and cached opens of one inode, so the second load must take a
+// third way rather than fail. Both loads return the block's bytes.
+func TestStagedLoadOverlapsALoadOfTheSameBlock(t *testing.T) {
+	const blocks = 8
+	region := newRegion(t, 3)
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "8MiB"}})
+	tier := openTier(t, d)
+	for i := 0; i < blocks; i++ {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	for i := 0; i < blocks; i++ {
+		tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i)))
+	}
+	if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(0)), region.Row(1)); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); d.Stats().Staging.Bytes < (blocks-1)*rowBytes; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the chain was not staged after its first load: %+v", d.Stats().Staging)
+		}
+	}
+	hits := d.Stats().Staging.Hits
+	path := tier.BlockPath(tierDir, 0, hashOf(3))
+	var fds []int
+	t.Cleanup(func() { // a failing test leaves no mount busy
+		for _, fd := range fds {
+			if fd >= 0 {
+				syscall.Close(fd)
+			}
+		}
+	})
+	for range 2 {
+		fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECT, 0)
+		if err != nil {
+			t.Fatalf("open %d of a block already open for a load: %v", len(fds)+1, err)
+		}
+		fds = append(fds, fd)
+	}
+	if got := d.Stats().Staging.Hits - hits; got != 1 {
+		t.Fatalf("%d of the two opens were served from staging, want the first", got)
+	}
+	for i, fd := range fds {
+		row := region.Row(1 + i)
+		clear(row)
+		if n, err := syscall.Read(fd, row); err != nil || n != rowBytes {
+			t.Fatalf("load %d: read %d bytes, %v", i+1, n, err)
+		}
+		if !bytes.Equal(row, expectedRow(3)) {
+			t.Fatalf("load %d returned wrong bytes", i+1)
+		}
+	}
+	for i, fd := range fds {
+		fds[i] = -1
+		if err := syscall.Close(fd); err != nil {
+			t.Fatalf("close of load %d: %v", i+1, err)
+		}
+	}
+}

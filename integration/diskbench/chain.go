@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
@@ -74,7 +75,8 @@ type ChainResult struct {
 	Direct     float64 `json:"direct_gbps"`
 	// StagingHits counts loads of the staging-on phase served from memory.
 	StagingHits int64 `json:"staging_hits"`
-	// StagedLoadMillis is one load of a staged block; MemcpyMillis one copy of a row in memory.
+	// StagedLoadMillis is the median load of a staged block; MemcpyMillis
+	// the median copy of a row in memory.
 	StagedLoadMillis float64 `json:"staged_load_ms"`
 	MemcpyMillis     float64 `json:"memcpy_ms"`
 	// MatchMillis is one batched match of MatchKeys keys through .kvtier/match;
@@ -227,16 +229,18 @@ func (r *chainRun) throughput(d time.Duration) float64 {
 	return float64(r.cfg.Blocks) * float64(r.cfg.RowBytes) / d.Seconds() / 1e9
 }
 
-// stagedLoadCost stages the head of the chain, waits until it is staged, and
-// times single loads of staged blocks against memory copies of a row.
+// stagedLoadCost stages the end of the chain, waits until it is staged,
+// and compares single loads of staged blocks with memory copies of a row
+// (medians, each copy from a different row).
 func (r *chainRun) stagedLoadCost(d *daemon.Daemon, tier *engineio.Tier) (loadMs, memcpyMs float64, err error) {
 	// The chain's last blocks: once they are staged nothing else is fetched,
 	// so the loads below measure serving from memory alone.
-	const samples = 8
-	first := r.cfg.Blocks - samples - 1
-	if first < 0 {
-		return 0, 0, fmt.Errorf("a chain of %d blocks is too short to measure staged loads", r.cfg.Blocks)
+	samples := min(stagedSamples, sourceRows-1, r.cfg.Blocks-1, int(r.cfg.StagingBytes/int64(r.cfg.RowBytes))-1)
+	if samples < 1 {
+		return 0, 0, fmt.Errorf("a chain of %d blocks and a budget of %d bytes leave no staged block to measure",
+			r.cfg.Blocks, r.cfg.StagingBytes)
 	}
+	first := r.cfg.Blocks - samples - 1
 	time.Sleep(staging.DefaultBatchGap) // a new lookup batch
 	for i := first; i < r.cfg.Blocks; i++ {
 		tier.Exists(tier.BlockPath(tierDir, 0, key(i)))
@@ -258,33 +262,44 @@ func (r *chainRun) stagedLoadCost(d *daemon.Daemon, tier *engineio.Tier) (loadMs
 		}
 		last = st.Staging.Bytes
 		if time.Since(start) > 30*time.Second {
-			return 0, 0, fmt.Errorf("the chain head was not staged within 30 s: %+v", st.Staging)
+			return 0, 0, fmt.Errorf("the chain's end was not staged within 30 s: %+v", st.Staging)
 		}
 	}
 	before, err := readStats(d.Mountpoint)
 	if err != nil {
 		return 0, 0, err
 	}
-	start := time.Now()
+	loads := make([]time.Duration, 0, samples)
 	for i := first + 1; i < r.cfg.Blocks; i++ {
+		start := time.Now()
 		if err := tier.Load(tier.BlockPath(tierDir, 0, key(i)), dst); err != nil {
 			return 0, 0, err
 		}
+		loads = append(loads, time.Since(start))
 	}
-	loadMs = float64(time.Since(start).Microseconds()) / 1000 / samples
 	after, err := readStats(d.Mountpoint)
 	if err != nil {
 		return 0, 0, err
 	}
-	if hits := after.Staging.Hits - before.Staging.Hits; hits != samples {
+	if hits := after.Staging.Hits - before.Staging.Hits; hits != int64(samples) {
 		return 0, 0, fmt.Errorf("%d of %d loads of staged blocks were served from staging", hits, samples)
 	}
-	start = time.Now()
+	copies := make([]time.Duration, 0, samples)
 	for i := 1; i <= samples; i++ {
+		start := time.Now()
 		copy(dst, r.region.Row(i))
+		copies = append(copies, time.Since(start))
 	}
-	memcpyMs = float64(time.Since(start).Microseconds()) / 1000 / samples
-	return loadMs, memcpyMs, nil
+	return medianMillis(loads), medianMillis(copies), nil
+}
+
+// stagedSamples is how many loads of staged blocks stagedLoadCost times.
+const stagedSamples = 24
+
+// medianMillis is the median of ds in milliseconds.
+func medianMillis(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	return float64(ds[len(ds)/2]) / float64(time.Millisecond)
 }
 
 // matchCost times one batched match of MatchKeys keys (the chain, then
