@@ -54,6 +54,7 @@ type benchFlags struct {
 	asJSON, dropCaches       bool
 	halfZero                 bool
 	stagingBytes             string
+	rounds                   int
 	threads, blocks, lookups int
 	ints                     []intFlag
 }
@@ -103,6 +104,7 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the page cache before each cold phase (root only)")
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
+	fl.IntVar(&b.rounds, "rounds", diskbench.DefaultChainConfig().Rounds, "chain: rounds of the three load phases, each round in a rotated order")
 	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
 	return b
 }
@@ -381,6 +383,7 @@ func (b *benchFlags) runChain(exe string) error {
 	if b.fl.Changed("lookups") {
 		cfg.MatchKeys = b.lookups
 	}
+	cfg.Rounds = b.rounds
 	var err error
 	if cfg.StagingBytes, err = parseSize("staging-bytes", b.stagingBytes); err != nil {
 		return usageError{err}
@@ -398,16 +401,24 @@ func (b *benchFlags) runChain(exe string) error {
 	if b.asJSON {
 		return writeJSON(os.Stdout, res)
 	}
-	fmt.Printf("chain: %d blocks of %d B looked up in order, then loaded by %d threads; half-zero rows %v, cold cache %v, %d loads verified\n",
-		res.Blocks, res.RowBytes, res.Threads, res.HalfZero, res.ColdCache, res.VerifiedLoads)
+	fmt.Printf("chain: %d blocks of %d B looked up in order, then loaded by %d threads, %d rounds; half-zero rows %v, cold cache %v, %d loads verified\n",
+		res.Blocks, res.RowBytes, res.Threads, res.Rounds, res.HalfZero, res.ColdCache, res.VerifiedLoads)
 	t := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(t, "measure\tvalue\tbaseline\tratio\t")
 	fmt.Fprintf(t, "loads, staging on (GB/s) vs direct\t%.3f\t%.3f\t%.2f\t\n", res.StagingOn, res.Direct, res.StagingOn/res.Direct)
 	fmt.Fprintf(t, "loads, staging off (GB/s) vs direct\t%.3f\t%.3f\t%.2f\t\n", res.StagingOff, res.Direct, res.StagingOff/res.Direct)
 	fmt.Fprintf(t, "staged load (ms) vs memcpy of a row\t%.3f\t%.3f\t%.2f\t\n", res.StagedLoadMillis, res.MemcpyMillis, res.StagedLoadMillis/res.MemcpyMillis)
 	fmt.Fprintf(t, "match of %d keys (ms) vs faccessat each\t%.3f\t%.3f\t%.1f\t\n", res.MatchKeys, res.MatchMillis, res.FaccessatMillis, res.FaccessatMillis/res.MatchMillis)
-	fmt.Fprintf(t, "loads served from staging\t%d\t%d\t\t\n", res.StagingHits, res.Blocks)
-	return t.Flush()
+	fmt.Fprintf(t, "loads served from staging\t%d\t%d\t\t\n", res.StagingHits, res.Rounds*res.Blocks)
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	ratios := make([]string, len(res.StagingOnRatios))
+	for i, r := range res.StagingOnRatios {
+		ratios[i] = fmt.Sprintf("%.2f", r)
+	}
+	fmt.Printf("staging on vs direct, round by round: %s\n", strings.Join(ratios, " "))
+	return nil
 }
 
 // rowBytesInto sets *rowBytes from --row-bytes when it was given.

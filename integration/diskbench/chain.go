@@ -40,6 +40,10 @@ type ChainConfig struct {
 	MatchKeys int
 	// DropCaches empties the page cache before each cold phase (root only).
 	DropCaches bool
+	// Rounds is how many times the three load phases run, each round in a
+	// rotated order, so that a disk whose speed drifts during the run
+	// weighs on every phase alike.
+	Rounds int
 	// Progress receives one line per phase; nil discards them.
 	Progress io.Writer
 }
@@ -48,7 +52,7 @@ type ChainConfig struct {
 // a 1 GiB budget, 12,434 keys matched.
 func DefaultChainConfig() ChainConfig {
 	return ChainConfig{RowBytes: 8 << 20, Blocks: 222, Threads: 16, StagingBytes: 1 << 30, MatchKeys: 12434,
-		DropCaches: os.Geteuid() == 0}
+		DropCaches: os.Geteuid() == 0, Rounds: 3}
 }
 
 // Validate checks a configuration, naming the offending flag.
@@ -57,23 +61,30 @@ func (c ChainConfig) Validate() error {
 	if err := d.Validate(); err != nil {
 		return err
 	}
+	if c.Rounds < 1 {
+		return fmt.Errorf("--rounds %d: want at least 1", c.Rounds)
+	}
 	if c.StagingBytes < int64(c.RowBytes) {
 		return fmt.Errorf("--staging-bytes %d: want at least one row (%d bytes)", c.StagingBytes, c.RowBytes)
 	}
 	return nil
 }
 
-// ChainResult is a whole chain run. Throughputs are GB/s of rows loaded.
+// ChainResult is a whole chain run. Throughputs are GB/s of rows loaded,
+// over all rounds of a phase.
 type ChainResult struct {
 	RowBytes   int     `json:"row_bytes"`
 	Blocks     int     `json:"blocks"`
 	Threads    int     `json:"threads"`
 	HalfZero   bool    `json:"half_zero"`
 	ColdCache  bool    `json:"cold_cache"`
+	Rounds     int     `json:"rounds"`
 	StagingOff float64 `json:"staging_off_gbps"`
 	StagingOn  float64 `json:"staging_on_gbps"`
 	Direct     float64 `json:"direct_gbps"`
-	// StagingHits counts loads of the staging-on phase served from memory.
+	// StagingOnRatios is each round's staging-on ÷ direct throughput.
+	StagingOnRatios []float64 `json:"staging_on_ratios"`
+	// StagingHits counts loads of the staging-on phases served from memory.
 	StagingHits int64 `json:"staging_hits"`
 	// StagedLoadMillis is the median load of a staged block; MemcpyMillis
 	// the median copy of a row in memory.
@@ -104,7 +115,7 @@ func RunChain(cfg ChainConfig) (ChainResult, error) {
 		cfg.Progress = io.Discard
 	}
 	res := ChainResult{RowBytes: cfg.RowBytes, Blocks: cfg.Blocks, Threads: cfg.Threads, HalfZero: cfg.HalfZero,
-		ColdCache: cfg.DropCaches, MatchKeys: cfg.MatchKeys}
+		ColdCache: cfg.DropCaches, Rounds: cfg.Rounds, MatchKeys: cfg.MatchKeys}
 	work, err := os.MkdirTemp(cfg.Dir, "kvtierfs-chainbench-")
 	if err != nil {
 		return res, err
@@ -128,63 +139,84 @@ func RunChain(cfg ChainConfig) (ChainResult, error) {
 	if err := r.storeChain(); err != nil {
 		return res, err
 	}
-	steps := []struct {
-		name  string
-		args  []string
-		phase func(d *daemon.Daemon, tier *engineio.Tier) error
-	}{
-		{"staging off", []string{"--staging-bytes", "0"}, func(d *daemon.Daemon, tier *engineio.Tier) error {
+	var elapsed [phaseCount]time.Duration
+	for round := 0; round < cfg.Rounds; round++ {
+		var took [phaseCount]time.Duration
+		for i := range phaseCount {
+			p := (round + i) % phaseCount
 			var err error
-			res.StagingOff, err = r.lookupAndLoad(tier)
-			return err
-		}},
-		{"staging on", []string{"--staging-bytes", fmt.Sprint(cfg.StagingBytes)}, func(d *daemon.Daemon, tier *engineio.Tier) error {
-			var err error
-			if res.StagingOn, err = r.lookupAndLoad(tier); err != nil {
-				return err
+			if took[p], err = r.runPhase(p, round == 0, &res); err != nil {
+				return res, err
 			}
-			st, err := readStats(d.Mountpoint)
-			if err != nil {
-				return err
-			}
-			res.StagingHits = st.Staging.Hits
-			if res.StagedLoadMillis, res.MemcpyMillis, err = r.stagedLoadCost(d, tier); err != nil {
-				return err
-			}
-			res.MatchMillis, res.FaccessatMillis, err = r.matchCost(d, tier)
-			return err
-		}},
-	}
-	for _, step := range steps {
-		d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"), Store: r.store,
-			ShmGlob: regionPath, Args: step.args})
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", step.name, err)
+			elapsed[p] += took[p]
 		}
-		tier := &engineio.Tier{Root: d.Mountpoint, Direct: true}
-		engineio.OnSignalFreeThread(func() { err = step.phase(d, tier) })
-		if err == nil {
-			err = r.verify(tier, &res)
-		}
-		d.Stop()
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", step.name, err)
-		}
+		res.StagingOnRatios = append(res.StagingOnRatios, took[phaseDirect].Seconds()/took[phaseStagingOn].Seconds())
+		fmt.Fprintf(cfg.Progress, "round %d: staging off %.3f GB/s, staging on %.3f GB/s, direct %.3f GB/s\n", round+1,
+			r.throughput(took[phaseStagingOff]), r.throughput(took[phaseStagingOn]), r.throughput(took[phaseDirect]))
 	}
-	bare := &engineio.Tier{Root: filepath.Join(work, "bare"), Direct: true}
-	if err := dropCaches(cfg.DropCaches); err != nil {
-		return res, err
-	}
-	elapsed, err := parallel(cfg.Threads, cfg.Blocks, func(thread, i int) error {
-		return bare.Load(bare.BlockPath(tierDir, 0, key(i)), r.region.Row(sourceRows+thread))
-	})
-	if err != nil {
-		return res, fmt.Errorf("direct loads: %w", err)
-	}
-	res.Direct = r.throughput(elapsed)
-	fmt.Fprintf(cfg.Progress, "chain of %d: staging off %.3f GB/s, staging on %.3f GB/s (%d hits), direct %.3f GB/s\n",
-		cfg.Blocks, res.StagingOff, res.StagingOn, res.StagingHits, res.Direct)
+	res.StagingOff = r.throughput(elapsed[phaseStagingOff] / time.Duration(cfg.Rounds))
+	res.StagingOn = r.throughput(elapsed[phaseStagingOn] / time.Duration(cfg.Rounds))
+	res.Direct = r.throughput(elapsed[phaseDirect] / time.Duration(cfg.Rounds))
+	fmt.Fprintf(cfg.Progress, "chain of %d, %d rounds: staging off %.3f GB/s, staging on %.3f GB/s (%d hits), direct %.3f GB/s\n",
+		cfg.Blocks, cfg.Rounds, res.StagingOff, res.StagingOn, res.StagingHits, res.Direct)
 	return res, nil
+}
+
+// The load phases of a round.
+const (
+	phaseStagingOff = iota
+	phaseStagingOn
+	phaseDirect
+	phaseCount
+)
+
+// runPhase runs load phase p once and returns the time its loads took. The
+// first staging-on phase also measures staged loads and the batched match.
+func (r *chainRun) runPhase(p int, first bool, res *ChainResult) (time.Duration, error) {
+	if p == phaseDirect {
+		bare := &engineio.Tier{Root: filepath.Join(r.work, "bare"), Direct: true}
+		took, err := r.lookupAndLoad(bare)
+		if err != nil {
+			return 0, fmt.Errorf("direct loads: %w", err)
+		}
+		return took, nil
+	}
+	name, budget := "staging off", int64(0)
+	if p == phaseStagingOn {
+		name, budget = "staging on", r.cfg.StagingBytes
+	}
+	d, err := daemon.Start(daemon.Options{Binary: r.cfg.Binary, Mountpoint: filepath.Join(r.work, "mnt"), Store: r.store,
+		ShmGlob: r.region.Path, Args: []string{"--staging-bytes", fmt.Sprint(budget)}})
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	defer d.Stop()
+	tier := &engineio.Tier{Root: d.Mountpoint, Direct: true}
+	var took time.Duration
+	engineio.OnSignalFreeThread(func() {
+		if took, err = r.lookupAndLoad(tier); err != nil || p != phaseStagingOn {
+			return
+		}
+		var st fusefs.Stats
+		if st, err = readStats(d.Mountpoint); err != nil {
+			return
+		}
+		res.StagingHits += st.Staging.Hits
+		if !first {
+			return
+		}
+		if res.StagedLoadMillis, res.MemcpyMillis, err = r.stagedLoadCost(d, tier); err != nil {
+			return
+		}
+		res.MatchMillis, res.FaccessatMillis, err = r.matchCost(d, tier)
+	})
+	if err == nil {
+		err = r.verify(tier, res)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	return took, nil
 }
 
 // storeChain writes the chain through a mount into the store and, as the
@@ -208,8 +240,9 @@ func (r *chainRun) storeChain() error {
 }
 
 // lookupAndLoad looks the chain up in prefix order on one thread, then loads
-// it in order on the engine's threads, from a cold cache.
-func (r *chainRun) lookupAndLoad(tier *engineio.Tier) (float64, error) {
+// it in order on the engine's threads, from a cold cache, and returns the
+// time the loads took.
+func (r *chainRun) lookupAndLoad(tier *engineio.Tier) (time.Duration, error) {
 	if err := dropCaches(r.cfg.DropCaches); err != nil {
 		return 0, err
 	}
@@ -218,10 +251,9 @@ func (r *chainRun) lookupAndLoad(tier *engineio.Tier) (float64, error) {
 			return 0, fmt.Errorf("chain block %d absent", i)
 		}
 	}
-	elapsed, err := parallel(r.cfg.Threads, r.cfg.Blocks, func(thread, i int) error {
+	return parallel(r.cfg.Threads, r.cfg.Blocks, func(thread, i int) error {
 		return tier.Load(tier.BlockPath(tierDir, 0, key(i)), r.region.Row(sourceRows+thread))
 	})
-	return r.throughput(elapsed), err
 }
 
 // throughput is GB/s of loading the chain once in d.

@@ -55,11 +55,11 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 }
 
 // TestRunChainSmall runs the staging benchmark at CI size, with half-zero
-// rows: every phase measures, staging serves loads from memory, the batched
-// match finds the whole chain, and loads verify.
+// rows, in two rounds: every phase measures in each, staging serves loads
+// from memory, the batched match finds the whole chain, and loads verify.
 func TestRunChainSmall(t *testing.T) {
 	cfg := diskbench.ChainConfig{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 40,
-		Threads: 4, HalfZero: true, StagingBytes: 1 << 20, MatchKeys: 200, Progress: os.Stderr}
+		Threads: 4, HalfZero: true, StagingBytes: 1 << 20, MatchKeys: 200, Rounds: 2, Progress: os.Stderr}
 	res, err := diskbench.RunChain(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -70,8 +70,9 @@ func TestRunChainSmall(t *testing.T) {
 	if res.StagingHits == 0 {
 		t.Fatalf("no load was served from staging: %+v", res)
 	}
-	if res.VerifiedLoads != 2*cfg.Blocks {
-		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, 2*cfg.Blocks)
+	if res.VerifiedLoads != 2*cfg.Rounds*cfg.Blocks || len(res.StagingOnRatios) != cfg.Rounds {
+		t.Fatalf("%d loads verified and %d round ratios, want %d and %d", res.VerifiedLoads, len(res.StagingOnRatios),
+			2*cfg.Rounds*cfg.Blocks, cfg.Rounds)
 	}
 	left, _ := os.ReadDir(cfg.Dir)
 	if len(left) != 0 {

@@ -5,6 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -144,8 +147,9 @@ func (r *Reader) Verify() error {
 }
 
 // ReadBlock reads a whole block into a new buffer and checks it against its
-// digest in the same pass: the copy staging serves loads from. A mismatch
-// removes the block and returns EIO.
+// checksum. It reads O_DIRECT where the store filesystem allows, so a fetch
+// moves the block straight from the disk into the buffer, in one request,
+// and leaves the page cache alone.
 func (s *Store) ReadBlock(rel string) ([]byte, error) {
 	r, err := s.PinBlock(rel)
 	if err != nil {
@@ -159,14 +163,50 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 		}
 		d, _ = r.Digest()
 	}
-	buf := make([]byte, r.b.size)
-	if _, err := r.file.ReadAt(buf, 0); err != nil {
-		return nil, s.corrupt(r.b, "reading %d bytes: %v", r.b.size, err)
+	size := int(r.b.size)
+	fd := int(r.file.Fd())
+	direct := setDirect(fd, true) == nil
+	buf := alignedBuffer(size)
+	buf = buf[:cap(buf)] // O_DIRECT reads whole pages; the last one ends at EOF
+	n := 0
+	for n < size {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err == syscall.EINVAL && direct {
+			// A short O_DIRECT read left the rest unaligned: go on buffered.
+			direct = false
+			if err := setDirect(fd, false); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, s.corrupt(r.b, "reading %d bytes: %v", size, err)
+		}
+		if m == 0 {
+			return nil, s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", n, size)
+		}
+		n += m
 	}
+	buf = buf[:size:size]
 	if crc := shm.CRC32C(buf); crc != d.CRC {
 		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
 	}
 	return buf, nil
+}
+
+// alignedBuffer returns a page-aligned buffer of size bytes whose capacity
+// is size rounded up to whole pages, as O_DIRECT requires.
+func alignedBuffer(size int) []byte {
+	pages := (size + PageSize - 1) / PageSize * PageSize
+	raw := make([]byte, pages+PageSize)
+	skip := 0
+	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % PageSize); rem != 0 {
+		skip = PageSize - rem
+	}
+	return raw[skip : skip+size : skip+pages]
 }
 
 // Corrupt reports that a load of this block delivered bytes that do not match

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -266,4 +267,64 @@ func TestPinBlockPinsAgainstEviction(t *testing.T) {
 	put(t, s, 3)
 	expectEvicted(t, s, gone, 2)
 	present(t, s, 0, 3)
+}
+
+// TestReadBlock fetches blocks as staging does: dense and sparse blocks come
+// back whole in page-aligned buffers, from a disk filesystem (O_DIRECT) and
+// from tmpfs (no O_DIRECT); a corrupt or truncated block is an EIO that
+// removes it, never a short or wrong buffer.
+func TestReadBlock(t *testing.T) {
+	sparse := pageData(7, 4)
+	clear(sparse[PageSize : 3*PageSize])
+	dirs := map[string]string{"disk": ""}
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dirs["tmpfs"] = "/dev/shm"
+	}
+	for fsName, parent := range dirs {
+		t.Run(fsName, func(t *testing.T) {
+			dir := ""
+			if parent != "" {
+				var err error
+				if dir, err = os.MkdirTemp(parent, "kvtier-readblock-"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.RemoveAll(dir) })
+			}
+			s := openStore(t, Config{Capacity: 1 << 30, Dir: dir})
+			for i, data := range [][]byte{pageData(6, 4), sparse} {
+				rel := blockRel(testTier, 0, hashHex(10+i, 64))
+				putBlock(t, s, rel, data)
+				got, err := s.ReadBlock(rel)
+				if err != nil {
+					t.Fatalf("ReadBlock of block %d: %v", i, err)
+				}
+				if !bytes.Equal(got, data) || cap(got) != len(got) {
+					t.Fatalf("ReadBlock of block %d: %d bytes (cap %d), want its %d bytes", i, len(got), cap(got), len(data))
+				}
+				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%PageSize != 0 {
+					t.Fatalf("ReadBlock of block %d returned a buffer at %#x, not page aligned", i, addr)
+				}
+			}
+			for name, damage := range map[string]func(p string){
+				"flipped": func(p string) { flipByte(t, p, PageSize+5) },
+				"truncated": func(p string) {
+					if err := os.Truncate(p, 2*PageSize); err != nil {
+						t.Fatal(err)
+					}
+				},
+			} {
+				rel := blockRel(testTier, 1, hashHex(len(name), 64))
+				putBlock(t, s, rel, pageData(8, 4))
+				damage(s.Path(rel))
+				got, err := s.ReadBlock(rel)
+				if got != nil {
+					t.Errorf("%s block: ReadBlock returned %d bytes", name, len(got))
+				}
+				wantErrno(t, err, syscall.EIO, name+" block")
+				if s.Contains(rel) {
+					t.Errorf("%s block still in the index", name)
+				}
+			}
+		})
+	}
 }
