@@ -65,7 +65,8 @@ const (
 	// cached: reads reach the daemon as READ requests of at most the
 	// mount's request size; the kernel sends the requests of one O_DIRECT
 	// read together (async direct I/O), so daemon threads copy a row's
-	// pieces in parallel.
+	// pieces in parallel. Buffered reads would go through the kernel's page
+	// cache in readahead-sized requests, so only O_DIRECT loads use it.
 	cached
 	// direct: reads reach the daemon one request at a time
 	// (FOPEN_DIRECT_IO), a mode that coexists with either of the others.
@@ -82,12 +83,15 @@ type loadModes struct {
 	passthrough, cached int
 }
 
-// acquire chooses the mode of a new load: from memory (staged) cached,
-// else passthrough, unless the kernel holds the node open in the other.
-func (m *loadModes) acquire(fromMemory bool) loadMode {
+// acquire chooses the mode of a new load: an O_DIRECT load from memory
+// (staged) cached, a load from the store passthrough, unless the kernel
+// holds the node open in the other; anything else direct.
+func (m *loadModes) acquire(fromMemory, oDirect bool) loadMode {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
+	case fromMemory && !oDirect:
+		return direct
 	case fromMemory && m.passthrough == 0:
 		m.cached++
 		return cached
@@ -149,14 +153,15 @@ type blockHandle struct {
 }
 
 // openBlock pins a block, chooses how its load will be proven and how the
-// kernel will read it, counting the handle in modes.
-func (f *FS) openBlock(rel string, modes *loadModes) (*blockHandle, error) {
+// kernel will read it (oDirect: the caller opened with O_DIRECT), counting
+// the handle in modes.
+func (f *FS) openBlock(rel string, oDirect bool, modes *loadModes) (*blockHandle, error) {
 	h, err := f.pinForLoad(rel)
 	if err != nil {
 		return nil, err
 	}
 	h.modes = modes
-	h.mode = modes.acquire(h.staged != nil)
+	h.mode = modes.acquire(h.staged != nil, oDirect)
 	return h, nil
 }
 

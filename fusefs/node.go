@@ -152,7 +152,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == disk.Block:
-		h, err := n.fsys.openBlock(rel, &n.modes)
+		h, err := n.fsys.openBlock(rel, flags&syscall.O_DIRECT != 0, &n.modes)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
