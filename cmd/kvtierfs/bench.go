@@ -410,6 +410,7 @@ func (b *benchFlags) runChain(exe string) error {
 	fmt.Fprintf(t, "staged load (ms) vs memcpy of a row\t%.3f\t%.3f\t%.2f\t\n", res.StagedLoadMillis, res.MemcpyMillis, res.StagedLoadMillis/res.MemcpyMillis)
 	fmt.Fprintf(t, "match of %d keys (ms) vs faccessat each\t%.3f\t%.3f\t%.1f\t\n", res.MatchKeys, res.MatchMillis, res.FaccessatMillis, res.FaccessatMillis/res.MatchMillis)
 	fmt.Fprintf(t, "loads served from staging\t%d\t%d\t\t\n", res.StagingHits, res.Rounds*res.Blocks)
+	fmt.Fprintf(t, "bytes staged, never loaded\t%d\t\t\t\n", res.StagingWastedBytes)
 	if err := t.Flush(); err != nil {
 		return err
 	}

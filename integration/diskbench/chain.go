@@ -84,8 +84,10 @@ type ChainResult struct {
 	Direct     float64 `json:"direct_gbps"`
 	// StagingOnRatios is each round's staging-on ÷ direct throughput.
 	StagingOnRatios []float64 `json:"staging_on_ratios"`
-	// StagingHits counts loads of the staging-on phases served from memory.
-	StagingHits int64 `json:"staging_hits"`
+	// StagingHits counts loads of the staging-on phases served from memory;
+	// StagingWastedBytes the bytes they fetched that no load used.
+	StagingHits        int64 `json:"staging_hits"`
+	StagingWastedBytes int64 `json:"staging_wasted_bytes"`
 	// StagedLoadMillis is the median load of a staged block; MemcpyMillis
 	// the median copy of a row in memory.
 	StagedLoadMillis float64 `json:"staged_load_ms"`
@@ -202,6 +204,7 @@ func (r *chainRun) runPhase(p int, first bool, res *ChainResult) (time.Duration,
 			return
 		}
 		res.StagingHits += st.Staging.Hits
+		res.StagingWastedBytes += st.Staging.WastedBytes
 		if !first {
 			return
 		}
