@@ -74,8 +74,10 @@ type Options struct {
 
 // Option defaults.
 const (
-	// DefaultQueueDepth is the default number of parallel fetches.
-	DefaultQueueDepth = 4
+	// DefaultQueueDepth is the default number of parallel fetches: a disk
+	// reaches its full speed only with many reads in flight (the engine
+	// issues 16), and an engine with few load threads then still streams.
+	DefaultQueueDepth = 16
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
 	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
