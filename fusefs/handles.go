@@ -145,6 +145,9 @@ type blockHandle struct {
 	// load is then served from memory, and servedStaged records that it was.
 	staged       []byte
 	servedStaged bool
+	// readingStore is set while a load not served from staging counts as a
+	// store read in flight for the stager (until its first FLUSH or Release).
+	readingStore bool
 	// flushed, err, identified and row are the outcome of the first FLUSH.
 	flushed    bool
 	err        syscall.Errno
@@ -162,7 +165,19 @@ func (f *FS) openBlock(rel string, oDirect bool, modes *loadModes) (*blockHandle
 	}
 	h.modes = modes
 	h.mode = modes.acquire(h.staged != nil, oDirect)
+	if h.staged == nil && f.stager != nil {
+		f.stager.StoreLoadStarted()
+		h.readingStore = true
+	}
 	return h, nil
+}
+
+// storeReadDone ends the handle's store read for the stager. h.mu is held.
+func (h *blockHandle) storeReadDone() {
+	if h.readingStore {
+		h.readingStore = false
+		h.fsys.stager.StoreLoadDone()
+	}
 }
 
 // pinForLoad pins a block and chooses how its load will be proven.
@@ -256,6 +271,7 @@ func (h *blockHandle) Flush(ctx context.Context) syscall.Errno {
 		// Counted here, not at the asynchronous RELEASE, so a load is in the
 		// stats by the time its close returns.
 		h.flushed = true
+		h.storeReadDone()
 		h.fsys.store.CountRead(h.r.Size())
 		if h.err = h.prove(); h.err == 0 {
 			// A signal to the closing thread makes the kernel send an
@@ -297,6 +313,9 @@ var _ = (fs.FileReleaser)((*blockHandle)(nil))
 
 // Release unpins the block.
 func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	h.storeReadDone()
+	h.mu.Unlock()
 	h.modes.release(h.mode)
 	return disk.Errno(h.r.Close())
 }

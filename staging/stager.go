@@ -55,8 +55,11 @@ type Options struct {
 	// Budget is the most bytes staging holds at once (--staging-bytes):
 	// staged blocks plus fetches queued or in flight. Default DefaultBudget().
 	Budget int64
-	// QueueDepth is the number of fetches run in parallel. Default
-	// DefaultQueueDepth.
+	// QueueDepth is the most reads from the store in flight at once: the
+	// Stager's fetches plus the engine's loads that read the store
+	// themselves (StoreLoadStarted), so staging adds depth where the engine
+	// leaves the disk idle and never competes with its loads for it.
+	// Default DefaultQueueDepth.
 	QueueDepth int
 	// WaveBlocks is how many blocks of a chain are kept staged or in flight
 	// ahead of the engine's latest read. Default DefaultWaveBlocks.
@@ -74,9 +77,8 @@ type Options struct {
 
 // Option defaults.
 const (
-	// DefaultQueueDepth is the default number of parallel fetches: a disk
-	// reaches its full speed only with many reads in flight (the engine
-	// issues 16), and an engine with few load threads then still streams.
+	// DefaultQueueDepth is the default number of store reads in flight: a
+	// disk reaches its full speed only with many (the engine issues 16).
 	DefaultQueueDepth = 16
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
@@ -136,6 +138,8 @@ type Stager struct {
 	entries  map[Key]*entry // live entries: queued, fetching or staged
 	queue    []*entry       // fetches to run, oldest first; dropped ones are skipped
 	pending  int            // entries queued or fetching, dropped fetches included until they return
+	fetching int            // fetches running now
+	loading  int            // the engine's loads reading the store now (StoreLoadStarted)
 	used     int64          // staged bytes plus reservations of queued and fetching entries
 	peakUsed int64          // highest used so far
 	staged   int64          // bytes of staged entries
@@ -415,6 +419,24 @@ func (s *Stager) Invalidate(key Key) {
 	s.uncache(stale)
 }
 
+// StoreLoadStarted records a load of the engine that reads the store itself
+// (not served from staging); call StoreLoadDone when its read is over.
+// While such loads are in flight, staging runs only as many fetches as
+// Options.QueueDepth leaves beside them.
+func (s *Stager) StoreLoadStarted() {
+	s.mu.Lock()
+	s.loading++
+	s.mu.Unlock()
+}
+
+// StoreLoadDone records the end of a load StoreLoadStarted recorded.
+func (s *Stager) StoreLoadDone() {
+	s.mu.Lock()
+	s.loading--
+	s.work.Signal()
+	s.mu.Unlock()
+}
+
 // Stats returns a snapshot of the staging counters.
 func (s *Stager) Stats() Stats {
 	s.mu.Lock()
@@ -454,7 +476,7 @@ func (s *Stager) Close() {
 func (s *Stager) worker() {
 	for {
 		s.mu.Lock()
-		for len(s.queue) == 0 && !s.closed {
+		for (len(s.queue) == 0 || s.fetching+s.loading >= s.opts.QueueDepth) && !s.closed {
 			s.work.Wait()
 		}
 		if s.closed {
@@ -469,6 +491,7 @@ func (s *Stager) worker() {
 			continue
 		}
 		e.state = fetching
+		s.fetching++
 		s.mu.Unlock()
 		data, err := s.fetch(e.key)
 		s.complete(e, data, err)
@@ -483,6 +506,7 @@ func (s *Stager) complete(e *entry, data []byte, err error) {
 	probe := e.cost == 0
 	var unwanted uint64
 	s.mu.Lock()
+	s.fetching--
 	if err == nil && len(data) > 0 {
 		e.chain.blockBytes = int64(len(data))
 		s.lastBlockBytes = e.chain.blockBytes

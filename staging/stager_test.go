@@ -721,3 +721,37 @@ func TestMemTotal(t *testing.T) {
 		t.Errorf("DefaultBudget() = %d", b)
 	}
 }
+
+// TestFetchesLeaveDepthToTheEnginesStoreLoads checks that staging keeps its
+// fetches plus the engine's own store loads within QueueDepth: with one of
+// two slots taken by a load, one fetch runs; when the load ends, a second
+// starts.
+func TestFetchesLeaveDepthToTheEnginesStoreLoads(t *testing.T) {
+	f := newFakeStore(100)
+	f.started, f.gate = make(chan Key, 8), make(chan struct{})
+	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 4, QueueDepth: 2})
+	t.Cleanup(func() { close(f.gate) }) // runs before s.Close: no fetch stays blocked
+	keys := chunkKeys(tierA, 0, 6)
+	lookUp(s, 1, keys...)
+	s.StoreLoadStarted()
+	if _, ok := s.Take(keys[0]); ok {
+		t.Fatal("first Take hit")
+	}
+	// The chain's first fetch runs alone to learn the block size.
+	if got := <-f.started; got != keys[1] {
+		t.Fatalf("fetch of %s started, want %s", got, keys[1])
+	}
+	f.gate <- struct{}{}
+	if got := <-f.started; got != keys[2] {
+		t.Fatalf("fetch of %s started, want %s", got, keys[2])
+	}
+	select {
+	case k := <-f.started:
+		t.Fatalf("fetch of %s started while a fetch and a store load filled the depth of 2", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.StoreLoadDone()
+	if got := <-f.started; got != keys[3] {
+		t.Fatalf("after the store load ended, fetch of %s started, want %s", got, keys[3])
+	}
+}
