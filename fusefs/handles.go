@@ -233,12 +233,13 @@ var _ = (fs.FileReader)((*blockHandle)(nil))
 // Read fills dest completely unless the block ends first: a short read makes
 // the engine delete the block.
 func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if h.staged != nil {
-		h.mu.Lock()
-		h.servedStaged = true
-		h.mu.Unlock()
-		end := min(int64(len(h.staged)), off+int64(len(dest)))
-		return fuse.ReadResultData(h.staged[min(off, end):end]), 0
+	h.mu.Lock()
+	staged := h.staged
+	h.servedStaged = staged != nil
+	h.mu.Unlock()
+	if staged != nil {
+		end := min(int64(len(staged)), off+int64(len(dest)))
+		return fuse.ReadResultData(staged[min(off, end):end]), 0
 	}
 	fd := int(h.r.File().Fd())
 	n := 0
@@ -311,10 +312,15 @@ func (h *blockHandle) prove() syscall.Errno {
 
 var _ = (fs.FileReleaser)((*blockHandle)(nil))
 
-// Release unpins the block.
+// Release unpins the block and recycles its staged buffer: the kernel sends
+// RELEASE only after every READ of the handle has been answered.
 func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	h.storeReadDone()
+	if h.staged != nil {
+		h.fsys.store.RecycleBlock(h.staged)
+		h.staged = nil
+	}
 	h.mu.Unlock()
 	h.modes.release(h.mode)
 	return disk.Errno(h.r.Close())

@@ -76,7 +76,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	stagingBytes := fl.String("staging-bytes", "", "RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10% of RAM, at most 4GiB)")
-	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "blocks staging reads from the store in parallel")
+	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 128KiB (as root the mount raises fs.fuse.max_pages_limit to allow it)")

@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -146,10 +145,11 @@ func (r *Reader) Verify() error {
 	return nil
 }
 
-// ReadBlock reads a whole block into a new buffer and checks it against its
-// checksum. It reads O_DIRECT where the store filesystem allows, so a fetch
-// moves the block straight from the disk into the buffer, in one request,
-// and leaves the page cache alone.
+// ReadBlock reads a whole block into a page-aligned buffer and checks it
+// against its checksum. It reads O_DIRECT where the store filesystem allows,
+// so a fetch moves the block straight from the disk into the buffer, in one
+// request, and leaves the page cache alone. Hand the buffer back with
+// RecycleBlock once nothing reads it any more.
 func (s *Store) ReadBlock(rel string) ([]byte, error) {
 	r, err := s.PinBlock(rel)
 	if err != nil {
@@ -166,11 +166,11 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 	size := int(r.b.size)
 	fd := int(r.file.Fd())
 	direct := setDirect(fd, true) == nil
-	buf := alignedBuffer(size)
-	buf = buf[:cap(buf)] // O_DIRECT reads whole pages; the last one ends at EOF
+	buf := s.buffers.get(size)
+	whole := buf[:cap(buf)] // O_DIRECT reads whole pages; the last one ends at EOF
 	n := 0
 	for n < size {
-		m, err := unix.Pread(fd, buf[n:], int64(n))
+		m, err := unix.Pread(fd, whole[n:], int64(n))
 		if err == syscall.EINTR {
 			continue
 		}
@@ -178,36 +178,31 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 			// A short O_DIRECT read left the rest unaligned: go on buffered.
 			direct = false
 			if err := setDirect(fd, false); err != nil {
+				s.buffers.put(buf)
 				return nil, err
 			}
 			continue
 		}
 		if err != nil {
+			s.buffers.put(buf)
 			return nil, s.corrupt(r.b, "reading %d bytes: %v", size, err)
 		}
 		if m == 0 {
+			s.buffers.put(buf)
 			return nil, s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", n, size)
 		}
 		n += m
 	}
-	buf = buf[:size:size]
 	if crc := shm.CRC32C(buf); crc != d.CRC {
+		s.buffers.put(buf)
 		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
 	}
 	return buf, nil
 }
 
-// alignedBuffer returns a page-aligned buffer of size bytes whose capacity
-// is size rounded up to whole pages, as O_DIRECT requires.
-func alignedBuffer(size int) []byte {
-	pages := (size + PageSize - 1) / PageSize * PageSize
-	raw := make([]byte, pages+PageSize)
-	skip := 0
-	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % PageSize); rem != 0 {
-		skip = PageSize - rem
-	}
-	return raw[skip : skip+size : skip+pages]
-}
+// RecycleBlock hands back a buffer ReadBlock returned, for a later
+// ReadBlock to overwrite: call it only once nothing reads the buffer.
+func (s *Store) RecycleBlock(buf []byte) { s.buffers.put(buf) }
 
 // Corrupt reports that a load of this block delivered bytes that do not match
 // its digest: the block is removed and the error (EIO) describes it.

@@ -271,8 +271,9 @@ func TestPinBlockPinsAgainstEviction(t *testing.T) {
 
 // TestReadBlock fetches blocks as staging does: dense and sparse blocks come
 // back whole in page-aligned buffers, from a disk filesystem (O_DIRECT) and
-// from tmpfs (no O_DIRECT); a corrupt or truncated block is an EIO that
-// removes it, never a short or wrong buffer.
+// from tmpfs (no O_DIRECT), also into a recycled buffer that held other
+// bytes (the holes of a sparse block read as zeros); a corrupt or truncated
+// block is an EIO that removes it, never a short or wrong buffer.
 func TestReadBlock(t *testing.T) {
 	sparse := pageData(7, 4)
 	clear(sparse[PageSize : 3*PageSize])
@@ -304,6 +305,7 @@ func TestReadBlock(t *testing.T) {
 				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%PageSize != 0 {
 					t.Fatalf("ReadBlock of block %d returned a buffer at %#x, not page aligned", i, addr)
 				}
+				s.RecycleBlock(got)
 			}
 			for name, damage := range map[string]func(p string){
 				"flipped": func(p string) { flipByte(t, p, PageSize+5) },

@@ -126,6 +126,8 @@ type Store struct {
 	tierBlocks map[string]int
 	streams    map[uint32]*lookupStream
 
+	buffers blockBuffers
+
 	removed     chan struct{}
 	pendingMu   sync.Mutex
 	pending     []string
