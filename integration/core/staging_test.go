@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -45,23 +46,7 @@ func TestStagingStreamsAChain(t *testing.T) {
 // new store, and loads it: the new bytes arrive, never the staged old ones.
 func TestStagingNeverServesStale(t *testing.T) {
 	const blocks = 16
-	region := newRegion(t, 2)
-	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "8MiB"}})
-	tier := openTier(t, d)
-	for i := 0; i < blocks; i++ {
-		storeBlock(t, tier, region.Row(0), i)
-	}
-	for i := 0; i < blocks; i++ {
-		tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i)))
-	}
-	if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(0)), region.Row(1)); err != nil {
-		t.Fatal(err)
-	}
-	for start := time.Now(); d.Stats().Staging.Bytes < 4*rowBytes; time.Sleep(10 * time.Millisecond) {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("the chain was not staged after its first load: %+v", d.Stats().Staging)
-		}
-	}
+	region, _, tier := stageChain(t, blocks, 2, 4)
 	// Replace block 1 (now staged) with new bytes: tmp + rename over it.
 	path := tier.BlockPath(tierDir, 0, hashOf(1))
 	fillRow(region.Row(0), 1000)
@@ -96,23 +81,7 @@ func TestStagingNeverServesStale(t *testing.T) {
 // third way rather than fail. Both loads return the block's bytes.
 func TestStagedLoadOverlapsALoadOfTheSameBlock(t *testing.T) {
 	const blocks = 8
-	region := newRegion(t, 3)
-	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "8MiB"}})
-	tier := openTier(t, d)
-	for i := 0; i < blocks; i++ {
-		storeBlock(t, tier, region.Row(0), i)
-	}
-	for i := 0; i < blocks; i++ {
-		tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i)))
-	}
-	if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(0)), region.Row(1)); err != nil {
-		t.Fatal(err)
-	}
-	for start := time.Now(); d.Stats().Staging.Bytes < (blocks-1)*rowBytes; time.Sleep(10 * time.Millisecond) {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("the chain was not staged after its first load: %+v", d.Stats().Staging)
-		}
-	}
+	region, d, tier := stageChain(t, blocks, 3, blocks-1)
 	hits := d.Stats().Staging.Hits
 	path := tier.BlockPath(tierDir, 0, hashOf(3))
 	var fds []int
@@ -149,4 +118,30 @@ func TestStagedLoadOverlapsALoadOfTheSameBlock(t *testing.T) {
 			t.Fatalf("close of load %d: %v", i+1, err)
 		}
 	}
+}
+
+// stageChain stores a chain of n blocks through a mount with an 8 MiB
+// staging budget (from row 0 of a region of regionRows rows), looks it up
+// in order, loads block 0 into row 1 and waits until at least staged
+// blocks are staged.
+func stageChain(t *testing.T, n, regionRows, staged int) (*engineio.Region, *mounttest.Daemon, *engineio.Tier) {
+	t.Helper()
+	region := newRegion(t, regionRows)
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "8MiB"}})
+	tier := openTier(t, d)
+	for i := 0; i < n; i++ {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	for i := 0; i < n; i++ {
+		tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i)))
+	}
+	if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(0)), region.Row(1)); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); d.Stats().Staging.Bytes < int64(staged*rowBytes); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the chain was not staged after its first load: %+v", d.Stats().Staging)
+		}
+	}
+	return region, d, tier
 }
