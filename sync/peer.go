@@ -254,9 +254,20 @@ func (p *peer) run(ctx context.Context) {
 	}
 }
 
+// Keepalive of a peer connection: a peer that goes silent while no row is
+// in flight (host down, link cut: no FIN or RST arrives) is found down after
+// about keepAliveIdle + keepAliveCount × keepAliveInterval, so lookups are
+// withheld before a load would have to fail at its deadline.
+const (
+	keepAliveIdle     = time.Second
+	keepAliveInterval = time.Second
+	keepAliveCount    = 3
+)
+
 // connect dials and authenticates; canceling ctx aborts it.
 func (p *peer) connect(ctx context.Context) (*link, error) {
-	d := net.Dialer{Timeout: handshakeTimeout}
+	d := net.Dialer{Timeout: handshakeTimeout, KeepAliveConfig: net.KeepAliveConfig{
+		Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveCount}}
 	conn, err := d.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	rowsync "github.com/kvtierfs/kvtierfs/sync"
 )
 
 func TestMain(m *testing.M) { mounttest.Main(m) }
@@ -284,7 +285,10 @@ func TestNonReplicatedKVDisablesMirroring(t *testing.T) {
 }
 
 // TestMirrorOverVeth runs the promotion check with each node in its own
-// network namespace joined by a veth pair, so rows cross a real link.
+// network namespace joined by a veth pair, so rows cross a real link. Then
+// the link is cut on the peer's side, so the peer goes silent without
+// closing anything: the head must find it down while idle (keepalive) and
+// withhold its lookups, rather than wait for a load to fail.
 func TestMirrorOverVeth(t *testing.T) {
 	for _, tool := range []string{"ip", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -330,6 +334,25 @@ func TestMirrorOverVeth(t *testing.T) {
 	const chunks = rows / 2
 	if identical := promoteAll(t, head, peer, chunks); identical != chunks {
 		t.Fatalf("over veth: %d of %d promoted rows identical, want all", identical, chunks)
+	}
+
+	if err := ip("-n", nsB, "link", "set", vethB, "down"); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		st := head.daemon.Stats()
+		if len(st.Peers) == 1 && st.Peers[0].State == rowsync.StateDown {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the peer behind a cut link is still %+v after 30 s", st.Peers)
+		}
+	}
+	present := head.tier.BlockPath(tierDir, 0, hashOf(0))
+	for start := time.Now(); head.tier.Exists(present); time.Sleep(50 * time.Millisecond) {
+		if time.Since(start) > 3*time.Second {
+			t.Fatal("a lookup still answers present 3 s after the silent peer was found down")
+		}
 	}
 }
 
