@@ -58,14 +58,12 @@ func DecodeMatchRequest(b []byte) (MatchRequest, error) {
 	if len(b) > MaxRequestBytes {
 		return MatchRequest{}, fmt.Errorf("%w: %d bytes (limit %d)", ErrRequestTooLarge, len(b), MaxRequestBytes)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var w wireRequest
-	if err := dec.Decode(&w); err != nil {
-		return MatchRequest{}, fmt.Errorf("match request: malformed JSON: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return MatchRequest{}, errors.New("match request: malformed JSON: data after the request object")
+	w, ok := decodeRequestFast(b)
+	if !ok {
+		var err error
+		if w, err = decodeRequestJSON(b); err != nil {
+			return MatchRequest{}, err
+		}
 	}
 	req := MatchRequest{Tier: w.Tier, Groups: make([]GroupSpec, len(w.Groups))}
 	for i, g := range w.Groups {
@@ -83,6 +81,21 @@ func DecodeMatchRequest(b []byte) (MatchRequest, error) {
 		return MatchRequest{}, err
 	}
 	return req, nil
+}
+
+// decodeRequestJSON decodes a request with encoding/json: any shape JSON
+// allows, and precise errors.
+func decodeRequestJSON(b []byte) (wireRequest, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var w wireRequest
+	if err := dec.Decode(&w); err != nil {
+		return w, fmt.Errorf("match request: malformed JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return w, errors.New("match request: malformed JSON: data after the request object")
+	}
+	return w, nil
 }
 
 // EncodeMatchRequest validates req and returns its JSON request, as the
