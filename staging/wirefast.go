@@ -27,7 +27,7 @@ func decodeRequestFast(b []byte) (wireRequest, bool) {
 		case field == "groups" && !seenGroups:
 			seenGroups = true
 			w.Groups = []wireGroup{}
-			return p.array(func() bool {
+			return p.list('[', ']', func() bool {
 				g, ok := p.group()
 				w.Groups = append(w.Groups, g)
 				return ok
@@ -69,7 +69,7 @@ func (p *fastParser) group() (wireGroup, bool) {
 			g.Acc, ok = p.integer()
 		case field == "keys" && once(&seenKeys):
 			g.Keys = []string{}
-			ok = p.array(func() bool {
+			ok = p.list('[', ']', func() bool {
 				k, ok := p.str()
 				g.Keys = append(g.Keys, k)
 				return ok
@@ -84,15 +84,7 @@ func (p *fastParser) group() (wireGroup, bool) {
 // parser at the value.
 func (p *fastParser) object(value func(field string) bool) bool {
 	p.space()
-	if !p.take('{') {
-		return false
-	}
-	p.space()
-	if p.take('}') {
-		return true
-	}
-	for {
-		p.space()
+	return p.list('{', '}', func() bool {
 		field, ok := p.str()
 		if !ok {
 			return false
@@ -102,26 +94,18 @@ func (p *fastParser) object(value func(field string) bool) bool {
 			return false
 		}
 		p.space()
-		if !value(field) {
-			return false
-		}
-		p.space()
-		if p.take('}') {
-			return true
-		}
-		if !p.take(',') {
-			return false
-		}
-	}
+		return value(field)
+	})
 }
 
-// array reads [item, ...], calling item with the parser at each item.
-func (p *fastParser) array(item func() bool) bool {
-	if !p.take('[') {
+// list reads open, then items separated by commas, then close, calling item
+// with the parser at each item.
+func (p *fastParser) list(open, close byte, item func() bool) bool {
+	if !p.take(open) {
 		return false
 	}
 	p.space()
-	if p.take(']') {
+	if p.take(close) {
 		return true
 	}
 	for {
@@ -130,7 +114,7 @@ func (p *fastParser) array(item func() bool) bool {
 			return false
 		}
 		p.space()
-		if p.take(']') {
+		if p.take(close) {
 			return true
 		}
 		if !p.take(',') {
