@@ -60,14 +60,17 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		{"kvtierfs_disk_blocks", "Blocks in the store.", func(d disk.Stats) int64 { return d.Blocks }},
 		{"kvtierfs_disk_logical_bytes", "Bytes of the blocks in the store.", func(d disk.Stats) int64 { return d.LogicalBytes }},
 		{"kvtierfs_disk_physical_bytes", "Bytes the blocks occupy on disk.", func(d disk.Stats) int64 { return d.PhysicalBytes }},
-		{"kvtierfs_disk_capacity_bytes", "Capacity of the store.", func(d disk.Stats) int64 { return d.CapacityBytes }},
-		{"kvtierfs_disk_free_bytes", "Bytes the store may still use.", func(d disk.Stats) int64 { return d.FreeBytes }},
 	}
 	for _, g := range gauges {
 		value := g.value
 		collectors = append(collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
 			func() float64 { return float64(value(f.store.Stats())) }))
 	}
+	collectors = append(collectors,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtierfs_disk_capacity_bytes", Help: "Capacity of the store."},
+			func() float64 { capacity, _ := f.store.Space(); return float64(capacity) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtierfs_disk_free_bytes", Help: "Bytes the store may still use."},
+			func() float64 { _, free := f.store.Space(); return float64(free) }))
 	if st := f.stager; st != nil {
 		staged := []struct {
 			name, help string

@@ -296,13 +296,13 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	if errno := n.LoopbackNode.Statfs(ctx, out); errno != 0 {
 		return errno
 	}
-	st := n.fsys.store.Stats()
+	capacity, free := n.fsys.store.Space()
 	bsize := int64(out.Bsize)
 	if bsize == 0 {
 		bsize = disk.PageSize
 	}
-	out.Blocks = uint64(st.CapacityBytes / bsize)
-	out.Bfree = uint64(st.FreeBytes / bsize)
+	out.Blocks = uint64(capacity / bsize)
+	out.Bfree = uint64(free / bsize)
 	out.Bavail = out.Bfree
 	return 0
 }

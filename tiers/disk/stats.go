@@ -45,6 +45,7 @@ type Stats struct {
 }
 
 // Stats returns the current occupancy. Groups are keyed by group number.
+// It walks the index; Space answers capacity and free bytes without.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -59,20 +60,32 @@ func (s *Store) Stats() Stats {
 	for k, v := range s.rowBytes {
 		st.RowBytes[k] = v
 	}
+	groups := make(map[int]GroupStats)
 	for _, b := range s.blocks {
 		st.LogicalBytes += b.size
 		if b.lastLookup == 0 {
 			st.NeverLookedUp++
 		}
 		st.PhysicalBytes += b.physical
-		key := strconv.Itoa(b.name.Group)
-		g := st.Groups[key]
+		g := groups[b.name.Group]
 		g.Blocks++
 		g.Bytes += b.size
-		st.Groups[key] = g
+		groups[b.name.Group] = g
 	}
-	limit := s.limitLocked()
-	st.CapacityBytes = s.capacity
-	st.FreeBytes = max(0, limit-s.used)
+	for group, g := range groups {
+		st.Groups[strconv.Itoa(group)] = g
+	}
+	st.CapacityBytes, st.FreeBytes = s.spaceLocked()
 	return st
+}
+
+// Space returns the store's capacity and the bytes it may still use.
+func (s *Store) Space() (capacity, free int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spaceLocked()
+}
+
+func (s *Store) spaceLocked() (capacity, free int64) {
+	return s.capacity, max(0, s.limitLocked()-s.used)
 }
