@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -199,9 +200,11 @@ func checkAccounting(t *testing.T, s *Store) {
 	s.mu.Lock()
 	var indexed []string
 	var want int64
+	walked := blockTotals{groups: make(map[int]GroupStats)}
 	for rel, b := range s.blocks {
 		indexed = append(indexed, rel)
 		want += b.physical
+		walked.add(b, 1)
 		if !b.present {
 			t.Errorf("indexed block %s is marked not present", rel)
 		}
@@ -213,6 +216,9 @@ func checkAccounting(t *testing.T, s *Store) {
 		want += tmp.size
 	}
 	used := s.used
+	if !reflect.DeepEqual(walked, s.totals) {
+		t.Errorf("running totals %+v, the index sums to %+v", s.totals, walked)
+	}
 	lruLen := s.lru.Len()
 	nBlocks := len(s.blocks)
 	s.mu.Unlock()

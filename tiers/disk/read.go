@@ -41,6 +41,9 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 		return false
 	}
 	s.counters.LookupHits.Add(1)
+	if b.lastLookup == 0 {
+		s.totals.neverLookedUp--
+	}
 	b.lastLookup = now
 	b.lastUse = now
 	s.lru.MoveToFront(b.lru)
@@ -138,6 +141,7 @@ func (r *Reader) Verify() error {
 	b.digest, b.hasDigest = d, true
 	if b.present {
 		s.used += physical - b.physical
+		s.totals.physical += physical - b.physical
 	}
 	b.physical = physical
 	s.mu.Unlock()

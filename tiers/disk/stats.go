@@ -45,38 +45,53 @@ type Stats struct {
 }
 
 // Stats returns the current occupancy. Groups are keyed by group number.
-// It walks the index; Space answers capacity and free bytes without.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{
-		Store:       s.root,
-		Blocks:      int64(len(s.blocks)),
-		Evictions:   s.counters.Evictions.Load(),
-		InFlightTmp: len(s.tmps),
-		RowBytes:    make(map[string]int64, len(s.rowBytes)),
-		Groups:      make(map[string]GroupStats),
+		Store:         s.root,
+		Blocks:        int64(len(s.blocks)),
+		LogicalBytes:  s.totals.logical,
+		PhysicalBytes: s.totals.physical,
+		NeverLookedUp: s.totals.neverLookedUp,
+		Evictions:     s.counters.Evictions.Load(),
+		InFlightTmp:   len(s.tmps),
+		RowBytes:      make(map[string]int64, len(s.rowBytes)),
+		Groups:        make(map[string]GroupStats, len(s.totals.groups)),
 	}
 	for k, v := range s.rowBytes {
 		st.RowBytes[k] = v
 	}
-	groups := make(map[int]GroupStats)
-	for _, b := range s.blocks {
-		st.LogicalBytes += b.size
-		if b.lastLookup == 0 {
-			st.NeverLookedUp++
-		}
-		st.PhysicalBytes += b.physical
-		g := groups[b.name.Group]
-		g.Blocks++
-		g.Bytes += b.size
-		groups[b.name.Group] = g
-	}
-	for group, g := range groups {
+	for group, g := range s.totals.groups {
 		st.Groups[strconv.Itoa(group)] = g
 	}
 	st.CapacityBytes, st.FreeBytes = s.spaceLocked()
 	return st
+}
+
+// blockTotals are sums over the indexed blocks.
+type blockTotals struct {
+	logical, physical int64
+	// neverLookedUp counts blocks no lookup has found since the store opened.
+	neverLookedUp int64
+	groups        map[int]GroupStats
+}
+
+// add counts block b into the totals (sign 1) or out of them (sign -1).
+func (t *blockTotals) add(b *block, sign int64) {
+	t.logical += sign * b.size
+	t.physical += sign * b.physical
+	if b.lastLookup == 0 {
+		t.neverLookedUp += sign
+	}
+	g := t.groups[b.name.Group]
+	g.Blocks += sign
+	g.Bytes += sign * b.size
+	if g.Blocks == 0 {
+		delete(t.groups, b.name.Group)
+		return
+	}
+	t.groups[b.name.Group] = g
 }
 
 // Space returns the store's capacity and the bytes it may still use.

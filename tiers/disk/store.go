@@ -125,6 +125,9 @@ type Store struct {
 	rowBytes   map[string]int64
 	tierBlocks map[string]int
 	streams    map[uint32]*lookupStream
+	// totals are the index's sums, kept as blocks come and go so that Stats
+	// does not walk the index under the lock.
+	totals blockTotals
 
 	buffers blockBuffers
 
@@ -179,6 +182,7 @@ func Open(cfg Config) (*Store, error) {
 		tmps:        make(map[string]*tmpFile),
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),
+		totals:      blockTotals{groups: make(map[int]GroupStats)},
 		streams:     make(map[uint32]*lookupStream),
 		removed:     make(chan struct{}, 1),
 		stopRemoval: make(chan struct{}),
@@ -363,6 +367,7 @@ func (s *Store) insertLocked(b *block) {
 	b.lru = s.lru.PushFront(b)
 	s.blocks[b.rel] = b
 	s.used += b.physical
+	s.totals.add(b, 1)
 	if s.tierBlocks[b.name.Tier] == 0 {
 		s.rowBytes[b.name.Tier] = b.size
 	}
@@ -378,6 +383,7 @@ func (s *Store) dropLocked(b *block) {
 	s.lru.Remove(b.lru)
 	delete(s.blocks, b.rel)
 	s.used -= b.physical
+	s.totals.add(b, -1)
 	s.tierBlocks[b.name.Tier]--
 	if s.tierBlocks[b.name.Tier] == 0 {
 		delete(s.tierBlocks, b.name.Tier)
