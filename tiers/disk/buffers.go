@@ -7,9 +7,10 @@ import (
 
 // blockBuffers recycles the page-aligned buffers ReadBlock fills, one pool
 // per page-rounded size. A fresh 8 MiB buffer costs page faults and zeroing
-// on every fetch, a cost that showed on a two-core host as staging that
-// served loads more slowly than the disk; a recycled one costs neither.
-// Pooled buffers are dropped by the garbage collector when unused.
+// on every fetch; a recycled one costs neither (on a two-core host, half-zero
+// rows served from staging loaded at 0.88 of staging off with recycling,
+// 0.82 without). Pooled buffers are dropped by the garbage collector when
+// unused.
 type blockBuffers struct {
 	pools sync.Map // page-rounded size → *sync.Pool of []byte with that capacity
 }
