@@ -42,6 +42,22 @@ func evictStore(t *testing.T, n int, cfg Config) (*Store, *fakeClock, *removals)
 	return s, clock, watchRemovals(s)
 }
 
+// fullEvictStore is an evictStore of four blocks holding keys 0 to 3.
+func fullEvictStore(t *testing.T) (*Store, *fakeClock, *removals) {
+	t.Helper()
+	s, clock, gone := evictStore(t, 4, Config{})
+	putRange(t, s, 0, 4)
+	return s, clock, gone
+}
+
+// putRange stores keys from up to (not including) to, in order.
+func putRange(t *testing.T, s *Store, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		put(t, s, i)
+	}
+}
+
 // name returns the block path used for key i in eviction tests.
 func evName(i int) string { return blockRel(testTier, i%2, hashHex(1000+i, 64)) }
 
@@ -129,10 +145,7 @@ func TestEvictLRUOrder(t *testing.T) {
 }
 
 func TestEvictNeverTakesBlockWithReadInFlight(t *testing.T) {
-	s, _, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, _, gone := fullEvictStore(t)
 	r, err := s.OpenBlock(evName(0)) // 0 is the least recently used
 	if err != nil {
 		t.Fatal(err)
@@ -220,10 +233,7 @@ func TestEvictRespectsLookupProtection(t *testing.T) {
 }
 
 func TestEvictChainTailBeforeHead(t *testing.T) {
-	s, clock, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, clock, gone := fullEvictStore(t)
 	// One engine thread looks a request's prefix up in order: 0 1 2 3.
 	for i := 0; i < 4; i++ {
 		if !s.Lookup(evName(i), 7) {
@@ -233,18 +243,13 @@ func TestEvictChainTailBeforeHead(t *testing.T) {
 	}
 	clock.Advance(protect)
 	// Plain LRU would take 0 (the head) first.
-	for i := 10; i < 14; i++ {
-		put(t, s, i)
-	}
+	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 3, 2, 1, 0)
 	checkAccounting(t, s)
 }
 
 func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
-	s, clock, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, clock, gone := fullEvictStore(t)
 	for i := 0; i < 4; i++ {
 		s.Lookup(evName(i), 7)
 		clock.Advance(10 * time.Millisecond)
@@ -267,10 +272,7 @@ func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
 }
 
 func TestEvictChainsPerStream(t *testing.T) {
-	s, clock, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, clock, gone := fullEvictStore(t)
 	// Two threads interleave: stream 1 looks up 0 then 2, stream 2 looks up 1 then 3.
 	for _, l := range []struct {
 		key    int
@@ -281,34 +283,24 @@ func TestEvictChainsPerStream(t *testing.T) {
 	}
 	clock.Advance(protect)
 	// LRU back is 0: its chain (0, 2) loses 2 then 0; then chain (1, 3) loses 3 then 1.
-	for i := 10; i < 14; i++ {
-		put(t, s, i)
-	}
+	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 2, 0, 3, 1)
 }
 
 func TestEvictChainGapStartsNewChain(t *testing.T) {
-	s, clock, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, clock, gone := fullEvictStore(t)
 	s.Lookup(evName(0), 5)
 	s.Lookup(evName(1), 5)
 	clock.Advance(2 * time.Second) // a pause: the next lookups are another request
 	s.Lookup(evName(2), 5)
 	s.Lookup(evName(3), 5)
 	clock.Advance(protect)
-	for i := 10; i < 14; i++ {
-		put(t, s, i)
-	}
+	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 1, 0, 3, 2)
 }
 
 func TestEvictChainRestartsWhenPrefixIsLookedUpAgain(t *testing.T) {
-	s, clock, gone := evictStore(t, 4, Config{})
-	for i := 0; i < 4; i++ {
-		put(t, s, i)
-	}
+	s, clock, gone := fullEvictStore(t)
 	// Step 1 looks up 0 1 2 3; step 2 looks up 0 1 again (a new chain 0 1);
 	// 2 and 3 stay on the first chain.
 	for _, k := range []int{0, 1, 2, 3, 0, 1} {
@@ -318,9 +310,7 @@ func TestEvictChainRestartsWhenPrefixIsLookedUpAgain(t *testing.T) {
 	clock.Advance(protect)
 	// LRU: 1 0 3 2. Back 2: its chain's last live member is 3, then 2.
 	// Then back 0: chain (0 1) loses 1 then 0.
-	for i := 10; i < 14; i++ {
-		put(t, s, i)
-	}
+	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 3, 2, 1, 0)
 }
 
@@ -472,8 +462,6 @@ func TestEvictOrderAfterRebuild(t *testing.T) {
 		}
 	}
 	s, _, gone := evictStore(t, 4, Config{Dir: dir})
-	for i := 10; i < 14; i++ {
-		put(t, s, i)
-	}
+	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 2, 0, 3, 1)
 }
