@@ -50,10 +50,14 @@ var _ = (fs.FileReader)((*snapshotHandle)(nil))
 
 // Read serves the snapshot.
 func (h *snapshotHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if off >= int64(len(h.data)) {
-		return fuse.ReadResultData(nil), 0
-	}
-	return fuse.ReadResultData(h.data[off:min(int64(len(h.data)), off+int64(len(dest)))]), 0
+	return readFrom(h.data, off, len(dest)), 0
+}
+
+// readFrom answers a READ of n bytes at off from data held in memory: the
+// bytes there are, none past the end.
+func readFrom(data []byte, off int64, n int) fuse.ReadResult {
+	end := min(int64(len(data)), off+int64(n))
+	return fuse.ReadResultData(data[min(off, end):end])
 }
 
 // MatchFile is the name of the batched-match control file inside ControlDir:
@@ -125,10 +129,7 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	if h.answer == nil {
 		h.answer = h.fsys.match(h.request, h.stream)
 	}
-	if off >= int64(len(h.answer)) {
-		return fuse.ReadResultData(nil), 0
-	}
-	return fuse.ReadResultData(h.answer[off:min(int64(len(h.answer)), off+int64(len(dest)))]), 0
+	return readFrom(h.answer, off, len(dest)), 0
 }
 
 // match answers one encoded request: a key is present when the index holds

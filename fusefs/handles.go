@@ -238,8 +238,7 @@ func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	h.servedStaged = staged != nil
 	h.mu.Unlock()
 	if staged != nil {
-		end := min(int64(len(staged)), off+int64(len(dest)))
-		return fuse.ReadResultData(staged[min(off, end):end]), 0
+		return readFrom(staged, off, len(dest)), 0
 	}
 	fd := int(h.r.File().Fd())
 	n := 0

@@ -103,38 +103,25 @@ type presence struct {
 	first, last time.Time
 }
 
+// positiveOr sets *v to def unless *v is positive.
+func positiveOr[T int | int64 | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
 // NewDiagnostics starts the diagnostics; the mount's uptime counts from now.
 func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
-	if opts.Window <= 0 {
-		opts.Window = 10 * time.Minute
-	}
-	if opts.ReadGrace <= 0 {
-		opts.ReadGrace = 30 * time.Second
-	}
-	if opts.MinStoredBytes <= 0 {
-		opts.MinStoredBytes = 1 << 30
-	}
-	if opts.MinLookups <= 0 {
-		opts.MinLookups = 1000
-	}
-	if opts.MaxHitRatio <= 0 {
-		opts.MaxHitRatio = 0.01
-	}
-	if opts.MinStores <= 0 {
-		opts.MinStores = 100
-	}
-	if opts.MinNeverLookedUp <= 0 {
-		opts.MinNeverLookedUp = 1000
-	}
-	if opts.MinWaiting <= 0 {
-		opts.MinWaiting = 64
-	}
-	if opts.PinTolerance <= 0 {
-		opts.PinTolerance = 0.1
-	}
-	if opts.MaxTrackedKeys <= 0 {
-		opts.MaxTrackedKeys = 1 << 18
-	}
+	positiveOr(&opts.Window, 10*time.Minute)
+	positiveOr(&opts.ReadGrace, 30*time.Second)
+	positiveOr(&opts.MinStoredBytes, 1<<30)
+	positiveOr(&opts.MinLookups, 1000)
+	positiveOr(&opts.MaxHitRatio, 0.01)
+	positiveOr(&opts.MinStores, 100)
+	positiveOr(&opts.MinNeverLookedUp, 1000)
+	positiveOr(&opts.MinWaiting, 64)
+	positiveOr(&opts.PinTolerance, 0.1)
+	positiveOr(&opts.MaxTrackedKeys, 1<<18)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

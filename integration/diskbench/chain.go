@@ -118,24 +118,16 @@ func RunChain(cfg ChainConfig) (ChainResult, error) {
 	}
 	res := ChainResult{RowBytes: cfg.RowBytes, Blocks: cfg.Blocks, Threads: cfg.Threads, HalfZero: cfg.HalfZero,
 		ColdCache: cfg.DropCaches, Rounds: cfg.Rounds, MatchKeys: cfg.MatchKeys}
-	work, err := os.MkdirTemp(cfg.Dir, "kvtierfs-chainbench-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(work)
-	regionPath := fmt.Sprintf("/dev/shm/vllm_offload_kvtierchain_%d.mmap", os.Getpid())
-	region, err := engineio.CreateRegion(regionPath, sourceRows+cfg.Threads, cfg.RowBytes)
-	if err != nil {
-		return res, err
-	}
-	defer region.Close()
-	for i := 0; i < sourceRows; i++ {
-		row := region.Row(i)
+	work, region, cleanup, err := benchSpace(cfg.Dir, "kvtierchain", cfg.Threads, cfg.RowBytes, func(i int, row []byte) {
 		engineio.FillPattern(row, uint64(i)+1000)
 		if cfg.HalfZero {
 			clear(row[len(row)/2:])
 		}
+	})
+	if err != nil {
+		return res, err
 	}
+	defer cleanup()
 	r := &chainRun{cfg: cfg, region: region, work: work, store: mkdir(work, "store")}
 
 	if err := r.storeChain(); err != nil {

@@ -109,6 +109,24 @@ const tierDir = "Bench_000000000000_r0"
 // the engine's do, without filling a row per block inside the timed phases.
 const sourceRows = 64
 
+// benchSpace makes a work directory under dir and an shm region named after
+// name with sourceRows rows, filled by fill, plus one row per thread to load
+// into. cleanup removes both.
+func benchSpace(dir, name string, threads, rowBytes int, fill func(i int, row []byte)) (work string, region *engineio.Region, cleanup func(), err error) {
+	if work, err = os.MkdirTemp(dir, name+"-"); err != nil {
+		return "", nil, nil, err
+	}
+	regionPath := fmt.Sprintf("/dev/shm/vllm_offload_%s_%d.mmap", name, os.Getpid())
+	if region, err = engineio.CreateRegion(regionPath, sourceRows+threads, rowBytes); err != nil {
+		os.RemoveAll(work)
+		return "", nil, nil, err
+	}
+	for i := 0; i < sourceRows; i++ {
+		fill(i, region.Row(i))
+	}
+	return work, region, func() { region.Close(); os.RemoveAll(work) }, nil
+}
+
 // Run performs the benchmark. Everything it creates is removed before it returns.
 func Run(cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
@@ -119,22 +137,15 @@ func Run(cfg Config) (Result, error) {
 	}
 	res := Result{Config: cfg, RowBytes: cfg.RowBytes, Blocks: cfg.Blocks, Threads: cfg.Threads,
 		LookupKeys: cfg.LookupKeys, ColdCache: cfg.DropCaches}
-	work, err := os.MkdirTemp(cfg.Dir, "kvtierfs-diskbench-")
+	work, region, cleanup, err := benchSpace(cfg.Dir, "kvtierbench", cfg.Threads, cfg.RowBytes, func(i int, row []byte) {
+		engineio.FillPattern(row, uint64(i))
+	})
 	if err != nil {
 		return res, err
 	}
-	defer os.RemoveAll(work)
-	regionPath := fmt.Sprintf("/dev/shm/vllm_offload_kvtierbench_%d.mmap", os.Getpid())
-	region, err := engineio.CreateRegion(regionPath, sourceRows+cfg.Threads, cfg.RowBytes)
-	if err != nil {
-		return res, err
-	}
-	defer region.Close()
-	for i := 0; i < sourceRows; i++ {
-		engineio.FillPattern(region.Row(i), uint64(i))
-	}
+	defer cleanup()
 	d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"),
-		Store: mkdir(work, "store"), ShmGlob: regionPath})
+		Store: mkdir(work, "store"), ShmGlob: region.Path})
 	if err != nil {
 		return res, err
 	}
