@@ -1,9 +1,10 @@
 // Package fusefs adapts go-fuse to the block store: a loopback filesystem over
 // the store directory whose block files (`<hex>.bin` under `_g<N>`
 // directories) are created, published, verified, evicted and counted by
-// tiers/disk. Everything else is stored as it comes. Loads of verified blocks
-// pass through to the store file in the kernel when it can (FUSE passthrough),
-// so the bytes move at native speed while OPEN and FLUSH stay in the daemon.
+// tiers/disk. Everything else is stored as it comes. Loads are served by the
+// daemon from bytes verified at open, and on a multi-node group mirrored to
+// every peer before the read that completes them returns (package core
+// decides; this package translates requests).
 package fusefs
 
 import (
@@ -23,6 +24,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -77,6 +79,9 @@ type Options struct {
 	Sync *rowsync.Node
 	// SyncRegions maps regions for Sync; required with Sync.
 	SyncRegions *SyncRegions
+	// SyncDeadline bounds how long a mirrored load waits for its own earlier
+	// READs to be delivered; 0 means core.DefaultDeadline.
+	SyncDeadline time.Duration
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
@@ -102,9 +107,8 @@ type FS struct {
 	stager       *staging.Stager
 	diagnostics  *staging.Diagnostics
 
-	// rowsIdentified counts loads proven by finding their row in a region;
-	// rowsUnidentified those that fell back to reading the block file.
-	rowsIdentified, rowsUnidentified atomic.Int64
+	// loads opens, verifies, serves and mirrors block loads.
+	loads *core.Loads
 	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
 	lookupsWithheld atomic.Int64
 	// matches counts batched match requests; matchStreams numbers them.
@@ -135,6 +139,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
 	}
+	f.loads = core.NewLoads(core.Config{Store: opts.Store, Regions: opts.Regions, Deadline: opts.SyncDeadline,
+		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager()})
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err
@@ -164,7 +170,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			MaxWrite:    opts.MaxRequest,
 			// The kernel checks permissions from cached attributes instead of
 			// sending an ACCESS request for every faccessat lookup.
-			Options:           []string{"default_permissions"},
+			Options:           []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
 			DisableSplice:     true,
 			EnableLocks:       true,
 			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
@@ -180,9 +186,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	opts.Store.OnRemove(f.forget)
 	if f.regions != nil {
 		go f.watchRegions()
-	}
-	if server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
-		opts.Logger.Warn("kernel FUSE passthrough unavailable: loads are copied through the daemon")
 	}
 	return f, nil
 }
@@ -318,4 +321,25 @@ type slogWriter struct{ l *slog.Logger }
 func (w *slogWriter) Write(p []byte) (int, error) {
 	w.l.Info(strings.TrimRight(string(p), "\n"), "source", "go-fuse")
 	return len(p), nil
+}
+
+// mirroredReadRequest is the largest READ of a mount that mirrors loads: a
+// row must arrive in more than one READ, so that the row it lands in can be
+// found from the first ones before the last returns (core.Load.Read).
+const mirroredReadRequest = 1 << 20
+
+// readRequest is the largest READ the mount takes.
+func (f *FS) readRequest(maxRequest int) int {
+	if f.sync != nil && f.sync.Mirrors() {
+		return min(maxRequest, mirroredReadRequest)
+	}
+	return maxRequest
+}
+
+// loadStager is the stager as loads use it; nil when staging is off.
+func (f *FS) loadStager() core.Stager {
+	if f.stager == nil {
+		return nil
+	}
+	return f.stager
 }

@@ -17,8 +17,6 @@ import (
 type node struct {
 	fs.LoopbackNode
 	fsys *FS
-	// modes tracks how the kernel reads this node's open block handles.
-	modes loadModes
 }
 
 // rel is the store-relative path of child name of this directory.
@@ -142,8 +140,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
-// Open verifies a block before a load and hands its store file to the kernel
-// for passthrough reads; blocks are immutable once published.
+// Open opens a block for a load with its bytes verified (core.Loads.Open);
+// blocks are immutable once published.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
@@ -152,7 +150,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == disk.Block:
-		h, err := n.fsys.openBlock(rel, flags&syscall.O_DIRECT != 0, &n.modes)
+		h, err := n.fsys.openBlock(ctx, rel, flags&syscall.O_DIRECT != 0)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}

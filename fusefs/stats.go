@@ -41,10 +41,17 @@ type Counters struct {
 	ChecksumFailures int64 `json:"checksum_failures"`
 	NoSpace          int64 `json:"no_space"`
 	RejectedWrites   int64 `json:"rejected_writes"`
-	// RowsIdentified counts loads proven by finding their row in an shm
-	// region; RowsUnidentified loads that fell back to re-reading the file.
-	RowsIdentified   int64 `json:"rows_identified"`
-	RowsUnidentified int64 `json:"rows_unidentified"`
+	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
+	// where their verified bytes came from: read from the store at open,
+	// staged ahead, or copied from a row of the engine's region that still
+	// held the block (no disk read). LoadsRefused counts opens that failed
+	// (corrupt or vanished block, too many bytes open), LoadsUnmirrored loads
+	// whose read failed because a peer did not acknowledge their row.
+	LoadsFromStore   int64 `json:"loads_from_store"`
+	LoadsFromStaging int64 `json:"loads_from_staging"`
+	LoadsFromRow     int64 `json:"loads_from_row"`
+	LoadsRefused     int64 `json:"loads_refused"`
+	LoadsUnmirrored  int64 `json:"loads_unmirrored"`
 	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`
@@ -78,8 +85,11 @@ func (f *FS) Stats() Stats {
 			ChecksumFailures: c.ChecksumFailures.Load(),
 			NoSpace:          c.NoSpace.Load(),
 			RejectedWrites:   c.RejectedWrites.Load(),
-			RowsIdentified:   f.rowsIdentified.Load(),
-			RowsUnidentified: f.rowsUnidentified.Load(),
+			LoadsFromStore:   f.loads.Counters.FromStore.Load(),
+			LoadsFromStaging: f.loads.Counters.FromStaging.Load(),
+			LoadsFromRow:     f.loads.Counters.FromRow.Load(),
+			LoadsRefused:     f.loads.Counters.Refused.Load(),
+			LoadsUnmirrored:  f.loads.Counters.MirrorFailures.Load(),
 		},
 		Peers:    []rowsync.PeerStats{},
 		Warnings: []Warning{},

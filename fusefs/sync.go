@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -75,26 +76,28 @@ func (c *SyncRegions) Close() {
 	}
 }
 
-// mirror copies the row a load filled to every peer before the load's close
-// returns; a row that could not be identified cannot be mirrored, so the
-// close fails rather than let another rank load stale bytes.
-func (f *FS) mirror(ctx context.Context, h *blockHandle) syscall.Errno {
-	if f.sync == nil || !f.sync.Mirrors() {
-		return 0
+// rowMirror is the peers as loads reach them; nil on a single node.
+func (f *FS) rowMirror() core.Mirror {
+	if f.sync == nil {
+		return nil
 	}
-	if !h.identified {
-		f.logger.Error("load not mirrored: its shm row is unknown, so peers would keep stale bytes", "path", h.r.Path())
-		return syscall.EIO
-	}
-	region, err := f.syncRegions.Get(h.row.Region, int(h.digest.Size))
-	if err == nil {
-		err = f.sync.MirrorLoadedRow(ctx, region, h.row.Row, h.digest.CRC)
-	}
+	return &peerMirror{node: f.sync, regions: f.syncRegions}
+}
+
+// peerMirror mirrors loaded rows through the sync node.
+type peerMirror struct {
+	node    *rowsync.Node
+	regions *SyncRegions
+}
+
+func (m *peerMirror) Mirrors() bool { return m.node.Mirrors() }
+
+func (m *peerMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error {
+	region, err := m.regions.Get(ref.Region, len(block))
 	if err != nil {
-		f.logger.Error("load not mirrored to every peer: failing its close", "path", h.r.Path(), "row", h.row.Row, "err", err)
-		return syscall.EIO
+		return err
 	}
-	return 0
+	return m.node.MirrorBlock(ctx, region, ref.Row, block, crc)
 }
 
 // sampleStore lets the replication gate compare a stored block's source row

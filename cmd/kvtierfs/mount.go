@@ -193,7 +193,7 @@ func runMount(args []string) error {
 	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes,
 		ReadGrace: min(30*time.Second, c.diagWindow/4)})
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, Stager: stager, Diagnostics: diagnostics,
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
 		MaxRequest: int(c.maxRequest)})
 	if err != nil {
 		return err

@@ -80,7 +80,8 @@ func printStats(w io.Writer, st fusefs.Stats) {
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
 	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)
-	fmt.Fprintf(t, "loads proven\t%d in their shm row, %d by re-reading the block\n", c.RowsIdentified, c.RowsUnidentified)
+	fmt.Fprintf(t, "loads verified\t%d read from the store, %d staged, %d from a row that still held the block; %d refused, %d failed mirroring\n",
+		c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, c.LoadsUnmirrored)
 	if sg := st.Staging; sg != nil {
 		fmt.Fprintf(t, "staging\t%s staged of %s, %d chains streaming, %d waves, %d loads served from memory, %d not staged, %s wasted\n",
 			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), sg.Chains, sg.Waves, sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))

@@ -60,9 +60,9 @@ func TestEngineReplay(t *testing.T) {
 	if st.Counters.LookupHits < blocks {
 		t.Fatalf("stats: %d lookup hits, want at least %d", st.Counters.LookupHits, blocks)
 	}
-	if st.Staging == nil || st.Counters.RowsIdentified+st.Staging.Hits != blocks || st.Counters.RowsUnidentified != 0 {
-		t.Fatalf("stats: %d loads proven in their shm row, %+v served from staging, %d by re-reading the file; want %d in all, none re-read",
-			st.Counters.RowsIdentified, st.Staging, st.Counters.RowsUnidentified, blocks)
+	if c := st.Counters; c.LoadsFromStore+c.LoadsFromStaging+c.LoadsFromRow != blocks || c.LoadsRefused != 0 {
+		t.Fatalf("stats: loads %d from the store, %d staged, %d from a row, %d refused; want %d in all, none refused",
+			c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, blocks)
 	}
 	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Rows != 2*blocks || st.Primary.Regions[0].RowBytes != rowBytes {
 		t.Fatalf("stats: primary regions %+v, want one of %d rows of %d bytes", st.Primary.Regions, 2*blocks, rowBytes)

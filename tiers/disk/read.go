@@ -150,9 +150,7 @@ func (r *Reader) Verify() error {
 }
 
 // ReadBlock reads a whole block into a page-aligned buffer and checks it
-// against its checksum. It reads O_DIRECT where the store filesystem allows,
-// so a fetch moves the block straight from the disk into the buffer, in one
-// request, and leaves the page cache alone. Hand the buffer back with
+// against its checksum (see Reader.ReadAll). Hand the buffer back with
 // RecycleBlock once nothing reads it any more.
 func (s *Store) ReadBlock(rel string) ([]byte, error) {
 	r, err := s.PinBlock(rel)
@@ -160,6 +158,17 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 		return nil, err
 	}
 	defer r.Close()
+	return r.ReadAll()
+}
+
+// ReadAll reads the whole pinned block into a page-aligned buffer and checks
+// it against its checksum, adopting a block without one (Verify). It reads
+// O_DIRECT where the store filesystem allows, so the block moves straight
+// from the disk into the buffer, in one request, and leaves the page cache
+// alone. A mismatch removes the block and returns EIO. Hand the buffer back
+// with RecycleBlock once nothing reads it any more.
+func (r *Reader) ReadAll() ([]byte, error) {
+	s := r.s
 	d, ok := r.Digest()
 	if !ok {
 		if err := r.Verify(); err != nil {
@@ -203,6 +212,11 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// Buffer returns a page-aligned buffer of size bytes from the pool that
+// ReadAll fills, for a caller that fills it another way; hand it back with
+// RecycleBlock.
+func (s *Store) Buffer(size int) []byte { return s.buffers.get(size) }
 
 // RecycleBlock hands back a buffer ReadBlock returned, for a later
 // ReadBlock to overwrite: call it only once nothing reads the buffer.

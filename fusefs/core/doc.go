@@ -1,0 +1,31 @@
+// Package core is the part of kvtierfs that decides, free of FUSE: what a
+// block load must do before the engine may see its bytes. fusefs translates
+// the kernel's requests into calls here and the answers back.
+//
+// The engine (DESIGN.md §2 of the shared design) sees the result of open()
+// and of its one read of a row; it may ignore what close() returns. So a load
+// is proven where the engine looks:
+//
+//   - Loads.Open pins the block and gets its bytes verified against the
+//     block's digest: from staging, from a row of the engine's region that
+//     still holds the block (no disk read), or read from the store. A block
+//     that fails is dropped and the open fails with EIO.
+//   - Load.Read serves the bytes of one read request from that buffer. On a
+//     multi-node group the request that reaches the end of the row waits
+//     until the earlier requests' replies were delivered, finds the row of
+//     the engine's region they landed in, mirrors the block into that row on
+//     every peer and only then returns; a peer that fails, stalls or answers
+//     another checksum fails the read (EIO).
+//   - Load.Flush repeats any failure for engines that honour close errors and
+//     checks again that a mirrored row holds the block.
+//   - Load.Release unpins the block and recycles its buffer.
+//
+// A load runs:
+//
+//	l, err := loads.Open(ctx, "model_0123456789ab_r0/3fa/9c_g0/3fa9….bin")
+//	data, err := l.Read(ctx, 0, 4<<20) // reply with data, then:
+//	l.Delivered(0, int64(len(data)))
+//	…
+//	err = l.Flush() // the engine's close()
+//	l.Release()     // the kernel's RELEASE
+package core

@@ -1,0 +1,101 @@
+package shm
+
+import "encoding/binary"
+
+// This file holds what a load asks of the engine's regions (DESIGN.md
+// "Loads: proven before the read returns"): a verified copy of a block that a
+// row still holds, the destination row of a load from the part of the row
+// already delivered, and a last check that a row holds a block.
+
+// CopyHeld copies into dst (len(dst) == d.Size) a row that holds the digest's
+// block and checks the copy, not the live row, against the CRC32C: the engine
+// may overwrite the row meanwhile. ok is false when no row does.
+func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
+	if int64(len(dst)) != d.Size {
+		return RowRef{}, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var found RowRef
+	ok, tried := false, 0
+	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
+		if !d.samplesMatch(row) {
+			return true
+		}
+		tried++
+		copy(dst, row)
+		if CRC32C(dst) == d.CRC {
+			found, ok = ref, true
+			return false
+		}
+		return tried < maxCandidates
+	})
+	return found, ok
+}
+
+// Destinations finds the rows a load is filling from the part already
+// delivered: prefix is the block's first len(prefix) bytes, and a row whose
+// first len(prefix) bytes equal it (samples, then CRC32C) is a candidate.
+// Rows that held the whole block before the load started (before) can match
+// without being the destination, so they are left out, unless every
+// candidate is one of them: the engine then reloads the block into a row
+// that still holds it. Nothing is returned when the prefix is empty or
+// matches more rows than are worth checking (an all-zero prefix).
+func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
+	if len(prefix) == 0 || int64(len(prefix)) > d.Size {
+		return nil
+	}
+	held := make(map[RowRef]bool, len(before))
+	for _, ref := range before {
+		held[ref] = true
+	}
+	want := CRC32C(prefix)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var fresh, old []RowRef
+	candidates := 0
+	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
+		if !prefixSamplesMatch(d, row, len(prefix)) {
+			return true
+		}
+		if candidates++; candidates > maxCandidates+len(before) {
+			fresh, old = nil, nil
+			return false
+		}
+		if CRC32C(row[:len(prefix)]) != want {
+			return true
+		}
+		if held[ref] {
+			old = append(old, ref)
+		} else {
+			fresh = append(fresh, ref)
+		}
+		return true
+	})
+	if len(fresh) > 0 {
+		return fresh
+	}
+	return old
+}
+
+// prefixSamplesMatch checks the samples that lie within the first n bytes of row.
+func prefixSamplesMatch(d Digest, row []byte, n int) bool {
+	for _, s := range d.Samples {
+		if int(s.Off)+8 <= n && binary.LittleEndian.Uint64(row[s.Off:]) != s.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// Holds reports whether the row ref holds exactly the digest's block now.
+func (s *Set) Holds(ref RowRef, d Digest) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, ok := s.regions[ref.Region]
+	if !ok || r.data == nil || d.Size <= 0 || r.Size%d.Size != 0 || int64(ref.Row) >= r.Size/d.Size {
+		return false
+	}
+	row := r.data[int64(ref.Row)*d.Size : int64(ref.Row+1)*d.Size]
+	return d.samplesMatch(row) && CRC32C(row) == d.CRC
+}
