@@ -49,6 +49,9 @@ type Config struct {
 	Deadline time.Duration
 	// MaxBytes bounds the bytes that open loads hold; 0 means DefaultMaxBytes.
 	MaxBytes int64
+	// OpenWait is how long an open waits for open loads to release bytes
+	// beyond MaxBytes before it fails with EBUSY; 0 means DefaultOpenWait.
+	OpenWait time.Duration
 	// Logger receives load failures; nil discards them.
 	Logger *slog.Logger
 }
@@ -57,12 +60,11 @@ type Config struct {
 const DefaultDeadline = 2 * time.Second
 
 // DefaultMaxBytes is Config.MaxBytes's default: room for 16 loader threads
-// with rows of up to 64 MiB. An open that would exceed it waits for loads to
-// be released, up to openWait.
+// with rows of up to 64 MiB.
 const DefaultMaxBytes = 1 << 30
 
-// openWait is how long an open waits for open loads to release their bytes.
-const openWait = 10 * time.Second
+// DefaultOpenWait is Config.OpenWait's default.
+const DefaultOpenWait = 10 * time.Second
 
 // Source is where a load's bytes came from.
 type Source uint8
@@ -107,6 +109,9 @@ func NewLoads(cfg Config) *Loads {
 	if cfg.MaxBytes == 0 {
 		cfg.MaxBytes = DefaultMaxBytes
 	}
+	if cfg.OpenWait == 0 {
+		cfg.OpenWait = DefaultOpenWait
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -129,8 +134,10 @@ type Load struct {
 	// row that holds it later may not be the destination of this load.
 	before []shm.RowRef
 
-	mu        sync.Mutex
-	delivered spans
+	mu sync.Mutex
+	// served are the ranges Read handed out for replies; delivered those
+	// whose reply was sent.
+	served, delivered spans
 	// progress is closed and replaced whenever delivered grows.
 	progress chan struct{}
 	// mirrorDone is set once the row went to every peer; rows are those rows.
@@ -151,7 +158,7 @@ func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 		return nil, err
 	}
 	size := r.Size()
-	waitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), openWait)
+	waitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenWait)
 	defer cancel()
 	if err := c.budget.Acquire(waitCtx, size); err != nil {
 		r.Close()
@@ -236,9 +243,12 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if err := l.failure(); err != nil {
-		return nil, err
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return nil, l.err
 	}
+	l.served.add(off, end)
 	return l.buf[off:end], nil
 }
 
@@ -315,8 +325,9 @@ func (l *Load) mirror(ctx context.Context, last int64) error {
 
 // Flush is the engine's close. It repeats a failed read's error, for engines
 // that honour close errors, and checks as a second line that every mirrored
-// row still holds the block. A load that delivered the whole block without
-// error counts as completed, once.
+// row still holds the block. A load whose reads were answered for the whole
+// block without error counts as completed, once (the kernel may pass the
+// reader's close before go-fuse reports the last reply delivered).
 func (l *Load) Flush() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -334,7 +345,7 @@ func (l *Load) Flush() error {
 			return l.err
 		}
 	}
-	if l.delivered.covers(0, int64(len(l.buf))) {
+	if l.served.covers(0, int64(len(l.buf))) {
 		l.loads.Counters.Completed.Add(1)
 		l.loads.cfg.Store.CountRead(int64(len(l.buf)))
 	}
