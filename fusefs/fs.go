@@ -325,8 +325,9 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 
 // mirroredReadRequest is the largest READ of a mount that mirrors loads: a
 // row must arrive in more than one READ, so that the row it lands in can be
-// found from the first ones before the last returns (core.Load.Read).
-const mirroredReadRequest = 1 << 20
+// found from the first ones before the last returns (core.Load.Read). Rows
+// of 128 KiB or less cannot be mirrored; their loads fail.
+const mirroredReadRequest = 128 << 10
 
 // readRequest is the largest READ the mount takes.
 func (f *FS) readRequest(maxRequest int) int {

@@ -285,7 +285,7 @@ func (l *Load) mirror(ctx context.Context, last int64) error {
 		return l.err
 	}
 	if last == 0 {
-		return fail("the row arrived in one read request, so its destination cannot be found before it returns (use a --max-request below the row size)")
+		return fail("the row arrived in one read request, so its destination cannot be found before it returns (rows of a mirrored mount must be larger than its read requests)")
 	}
 	if c.cfg.Regions == nil || len(l.digest.Samples) == 0 {
 		return fail("no digest or region to find its row by")
