@@ -79,7 +79,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
-	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 128KiB (as root the mount raises fs.fuse.max_pages_limit to allow it)")
+	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	mnt, err := parseArgs(fl, args)
@@ -109,8 +109,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	if c.maxRequest, err = parseSize("max-request", *maxRequest); err != nil {
 		return c, usageError{err}
 	}
-	if c.maxRequest < 128<<10 || c.maxRequest > 1<<30 {
-		return c, usageError{fmt.Errorf("--max-request %s: want 128KiB to 1GiB", *maxRequest)}
+	if c.maxRequest < 16<<10 || c.maxRequest > 1<<30 {
+		return c, usageError{fmt.Errorf("--max-request %s: want 16KiB to 1GiB", *maxRequest)}
 	}
 	if c.stagingDepth <= 0 {
 		return c, usageError{fmt.Errorf("--staging-depth %d: want at least 1", c.stagingDepth)}

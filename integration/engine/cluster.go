@@ -108,6 +108,13 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 	return c, nil
 }
 
+// mirroredRequest is the request size of a mirroring mount for rows of
+// rowBytes: a row must arrive in at least two READs, so that the mount finds
+// its destination row before the last returns (package fusefs/core).
+func mirroredRequest(rowBytes int) int {
+	return max(16<<10, min(4<<20, rowBytes/2/engineio.PageSize*engineio.PageSize))
+}
+
 // CheckSync returns an error wrapping ErrSyncUnavailable unless `binary mount
 // --help` lists --peer, i.e. unless the binary can mirror rows.
 func CheckSync(binary string) error {
@@ -143,7 +150,8 @@ func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 		addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	}
 	for i := range c.nodes {
-		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV}
+		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV,
+			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes))}
 		for j, addr := range addrs {
 			if j != i {
 				args[i] = append(args[i], "--peer", addr)

@@ -188,6 +188,26 @@ func (t *Tier) Load(path string, row []byte) error {
 	return nil
 }
 
+// LoadIgnoringClose is vLLM's C batch loader (`csrc/fs_io.cpp` _load_block
+// since vLLM PR #49328): open O_RDONLY|O_DIRECT, ONE readv of the row, close;
+// an error from close after a full read is discarded and the load counts as
+// done. A failed load keeps the file (the engine marks the key a miss).
+func (t *Tier) LoadIgnoringClose(path string, row []byte) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|t.directFlag(), 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	n, err := unix.Readv(fd, [][]byte{row})
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", path, err)
+	}
+	if n != len(row) {
+		return fmt.Errorf("load %s: %w: %d of %d bytes", path, ErrShortRead, n, len(row))
+	}
+	return nil
+}
+
 // OwnSignalFreeThread locks the calling goroutine to its OS thread and blocks
 // SIGURG there; the goroutine must end without unlocking, which ends the
 // thread. The engine's lookup and I/O threads receive no signals, but Go
