@@ -397,3 +397,77 @@ func TestSignalsDuringCloseDoNotFailLoads(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerFailureFailsTheRead promotes rows from four threads with vLLM's C
+// loader, which ignores close errors, while the peer is stalled (SIGSTOP)
+// or killed: the loads after the failure fail at open or at their read, and
+// every load that succeeded left the peer's row identical to the head's.
+func TestPeerFailureFailsTheRead(t *testing.T) {
+	for _, failure := range []string{"stalled", "killed"} {
+		t.Run(failure, func(t *testing.T) {
+			addr := freeAddr(t)
+			head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
+			secret := secretFile(t)
+			peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+			head.mount(t, t.TempDir(), nil, "--peer", addr, "--secret-file", secret, "--sync-deadline", "300ms")
+			pid := peer.daemon.Pid()
+			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) }) // before the daemon's own cleanup stops it
+			const chunks = rows / 2
+			storeChunks(t, head, peer, chunks, true)
+
+			const threads = 4
+			results := make(chan error, chunks)
+			next := make(chan int)
+			for range threads {
+				go engineio.OnSignalFreeThread(func() {
+					for i := range next {
+						path := head.tier.BlockPath(tierDir, 0, hashOf(i))
+						err := head.tier.LoadIgnoringClose(path, head.region.Row(chunks+i))
+						if err == nil && !bytes.Equal(head.region.Row(chunks+i), peer.region.Row(chunks+i)) {
+							err = fmt.Errorf("chunk %d: the load succeeded and the peer's row is stale", i)
+							t.Error(err)
+						}
+						results <- err
+					}
+				})
+			}
+			failAt := chunks / 4
+			var okBefore, okAfter, failedAfter int
+			for i := range chunks {
+				if i == failAt {
+					for range threads - 1 { // let the loads in flight finish first
+						if <-results == nil {
+							okBefore++
+						}
+					}
+					if failure == "stalled" {
+						syscall.Kill(pid, syscall.SIGSTOP)
+					} else {
+						peer.daemon.Kill9()
+					}
+					for range failAt - (threads - 1) {
+						if <-results == nil {
+							okBefore++
+						}
+					}
+				}
+				next <- i
+			}
+			close(next)
+			for range chunks - failAt {
+				if err := <-results; err == nil {
+					okAfter++
+				} else {
+					failedAfter++
+				}
+			}
+			if okBefore == 0 || failedAfter == 0 {
+				t.Fatalf("%d loads succeeded before the peer %s, %d failed after; want some of each", okBefore, failure, failedAfter)
+			}
+			if st := head.daemon.Stats(); st.Counters.LoadsUnmirrored == 0 && st.Counters.LookupsWithheld == 0 {
+				t.Fatalf("loads failed after the peer %s, but neither at their read nor at a withheld lookup: %+v", failure, st.Counters)
+			}
+			t.Logf("peer %s: %d loads before, %d succeeded and %d failed after", failure, okBefore, okAfter, failedAfter)
+		})
+	}
+}
