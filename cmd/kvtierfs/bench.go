@@ -362,9 +362,9 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 	fmt.Printf("disk: %d blocks of %d B, %d threads, %d lookups, cold cache %v, %d loads verified\n",
 		res.Blocks, res.RowBytes, res.Threads, res.LookupKeys, res.ColdCache, res.VerifiedLoads)
 	t := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(t, "phase\tunit\tmount\tdirect\tratio\t")
+	fmt.Fprintln(t, "phase\tunit\tmount\tdirect\tratio\tdaemon CPU s/GB\t")
 	for _, m := range res.Measurements {
-		fmt.Fprintf(t, "%s\t%s\t%.3f\t%.3f\t%.3f\t\n", m.Phase, m.Unit, m.Mount, m.Direct, m.Ratio)
+		fmt.Fprintf(t, "%s\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t\n", m.Phase, m.Unit, m.Mount, m.Direct, m.Ratio, m.DaemonCPUPerGB)
 	}
 	return t.Flush()
 }

@@ -3,7 +3,11 @@
 // same filesystem: stores (16 threads, O_EXCL tmp + one O_DIRECT write +
 // rename), loads (16 threads, one O_DIRECT readv of a whole row into a shm
 // row) with a cold and a warm page cache, and lookups (faccessat) of present
-// and absent keys. It is `kvtierfs bench --scenario disk`.
+// and absent keys. Loads run on native threads (vLLM's C batch loader: open,
+// one readv, close with its error ignored), into rows that held other
+// blocks, and every block's bytes are its own, so no load finds its block
+// already in a row except in the reload phase, which measures exactly that.
+// It is `kvtierfs bench --scenario disk`.
 package diskbench
 
 import (
@@ -16,6 +20,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +30,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // Config sizes a run.
@@ -77,6 +84,9 @@ type Measurement struct {
 	// Ratio is mount/direct for throughputs (higher is better) and
 	// direct/mount for latencies, so above 1 always means the mount is faster.
 	Ratio float64 `json:"ratio"`
+	// DaemonCPUPerGB is the daemon's CPU seconds (user + system) per GB the
+	// mount side moved; 0 for phases that move no bytes.
+	DaemonCPUPerGB float64 `json:"daemon_cpu_s_per_gb,omitempty"`
 }
 
 // Result is a whole run.
@@ -94,11 +104,12 @@ type Result struct {
 
 // run holds the state of one benchmark run.
 type run struct {
-	cfg    Config
-	region *engineio.Region
-	mount  *engineio.Tier
-	bare   *engineio.Tier
-	store  *engineio.Tier
+	cfg       Config
+	daemonPid int
+	region    *engineio.Region
+	mount     *engineio.Tier
+	bare      *engineio.Tier
+	store     *engineio.Tier
 }
 
 // tierDir is the engine's per-model directory used by the benchmark.
@@ -159,7 +170,8 @@ func Run(cfg Config) (Result, error) {
 	}
 	r.store = &engineio.Tier{Root: d.Store, Direct: r.bare.Direct}
 
-	steps := []func(*Result) error{r.stores, r.coldLoads, r.warmLoads, r.lookups, r.verify}
+	r.daemonPid = d.Pid()
+	steps := []func(*Result) error{r.stores, r.coldLoads, r.warmLoads, r.reloads, r.lookups, r.verify}
 	for _, step := range steps {
 		engineio.OnSignalFreeThread(func() { err = step(&res) })
 		if err != nil {
@@ -181,10 +193,29 @@ func key(i int) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// sourceRow is the region row whose bytes block i holds; loads land in the
-// rows after the sources, one per thread.
+// sourceRow is the region row block i is stored from, holding block i's
+// bytes: the pattern of row i mod sourceRows with windows unique to block i
+// at every offset a block digest samples, so that no other block's row
+// matches its digest.
 func (r *run) sourceRow(i int) []byte {
-	return r.region.Row(i % sourceRows)
+	row := r.region.Row(i % sourceRows)
+	stamp(row, uint64(i))
+	return row
+}
+
+// stamp writes windows derived from id at every offset a digest may sample.
+func stamp(row []byte, id uint64) {
+	for _, off := range shm.ProbeOffsets(int64(len(row))) {
+		binary.LittleEndian.PutUint64(row[off:], id*0x9E3779B97F4A7C15+uint64(off)|1)
+	}
+}
+
+// scrambleRows gives every row of the region bytes of no block, as rows the
+// engine reused hold.
+func (r *run) scrambleRows() {
+	for i := range sourceRows + r.cfg.Threads {
+		stamp(r.region.Row(i), 1<<62+uint64(i))
+	}
 }
 
 // loadRow is the row thread loads into.
@@ -237,7 +268,32 @@ func (r *run) throughput(d time.Duration) float64 {
 
 func (r *run) report(res *Result, m Measurement) {
 	res.Measurements = append(res.Measurements, m)
-	fmt.Fprintf(r.cfg.Progress, "%-28s mount %10.3f %s   direct %10.3f %s   ratio %.2f\n", m.Phase, m.Mount, m.Unit, m.Direct, m.Unit, m.Ratio)
+	fmt.Fprintf(r.cfg.Progress, "%-28s mount %10.3f %s   direct %10.3f %s   ratio %.2f   daemon %.3f CPU s/GB\n",
+		m.Phase, m.Mount, m.Unit, m.Direct, m.Unit, m.Ratio, m.DaemonCPUPerGB)
+}
+
+// daemonCPU is the CPU time the daemon has used so far (user + system).
+func (r *run) daemonCPU() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", r.daemonPid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces) start after ") ".
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat CPU times.
+const clockTicks = 100
+
+// perGB is cpu per GB of n blocks.
+func (r *run) perGB(cpu time.Duration, n int) float64 {
+	return cpu.Seconds() / (float64(n) * float64(r.cfg.RowBytes) / 1e9)
 }
 
 // stores writes every block to the mount and to the bare directory.
@@ -248,7 +304,9 @@ func (r *run) stores(res *Result) error {
 			return err
 		})
 	}
+	cpu := r.daemonCPU()
 	mount, err := storeAll(r.mount)
+	cpu = r.daemonCPU() - cpu
 	if err != nil {
 		return fmt.Errorf("stores through the mount: %w", err)
 	}
@@ -258,15 +316,58 @@ func (r *run) stores(res *Result) error {
 		return fmt.Errorf("stores on the bare directory: %w", err)
 	}
 	m, dr := r.throughput(mount), r.throughput(direct)
-	r.report(res, Measurement{Phase: "store (O_DIRECT write)", Unit: "GB/s", Mount: m, Direct: dr, Ratio: m / dr})
+	r.report(res, Measurement{Phase: "store (O_DIRECT write)", Unit: "GB/s", Mount: m, Direct: dr, Ratio: m / dr,
+		DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
 	return nil
 }
 
-// loadAll loads every block from a tier into the thread's load row.
+// loadAll loads every block from a tier into the region's rows (block i
+// into row i mod rows) on native threads, as vLLM's C loader does; the rows
+// hold no block beforehand.
 func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
-	return r.parallel(func(thread, i int) error {
-		return tier.Load(tier.BlockPath(tierDir, 0, key(i)), r.loadRow(thread))
-	})
+	r.scrambleRows()
+	paths := make([]string, r.cfg.Blocks)
+	for i := range paths {
+		paths[i] = tier.BlockPath(tierDir, 0, key(i))
+	}
+	return nativeLoads(paths, r.region.Bytes(), r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
+}
+
+// reloads loads blocks into rows that still hold them (an engine re-promoting
+// a block whose row was freed but not reused): the mount copies the row
+// instead of reading the disk, the bare directory reads the disk.
+func (r *run) reloads(res *Result) error {
+	n := min(r.cfg.Blocks, sourceRows)
+	reload := func(tier *engineio.Tier) (time.Duration, error) {
+		paths := make([]string, n)
+		for i := range paths {
+			r.sourceRow(i)
+			paths[i] = tier.BlockPath(tierDir, 0, key(i))
+		}
+		rows := r.region.Bytes()[:n*r.cfg.RowBytes]
+		return nativeLoads(paths, rows, r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
+	}
+	if err := r.dropCaches(); err != nil {
+		return err
+	}
+	cpu := r.daemonCPU()
+	mount, err := reload(r.mount)
+	cpu = r.daemonCPU() - cpu
+	if err != nil {
+		return fmt.Errorf("reloads through the mount: %w", err)
+	}
+	if err := r.dropCaches(); err != nil {
+		return err
+	}
+	direct, err := reload(r.store)
+	if err != nil {
+		return fmt.Errorf("reloads from the store directory: %w", err)
+	}
+	moved := float64(n) * float64(r.cfg.RowBytes)
+	m, d := moved/mount.Seconds()/1e9, moved/direct.Seconds()/1e9
+	r.report(res, Measurement{Phase: "reload into its own row", Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d,
+		DaemonCPUPerGB: r.perGB(cpu, n)})
+	return nil
 }
 
 // dropCaches writes back and empties the page cache.
@@ -291,7 +392,9 @@ func (r *run) coldLoads(res *Result) error {
 	if err := r.dropCaches(); err != nil {
 		return err
 	}
+	cpu := r.daemonCPU()
 	mount, err := r.loadAll(r.mount)
+	cpu = r.daemonCPU() - cpu
 	if err != nil {
 		return fmt.Errorf("cold loads through the mount: %w", err)
 	}
@@ -303,7 +406,7 @@ func (r *run) coldLoads(res *Result) error {
 		return fmt.Errorf("cold loads from the store directory: %w", err)
 	}
 	m, d := r.throughput(mount), r.throughput(direct)
-	r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d})
+	r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
 	return nil
 }
 
@@ -321,7 +424,9 @@ func (r *run) warmLoads(res *Result) error {
 				return fmt.Errorf("warming the page cache: %w", err)
 			}
 		}
+		cpu := r.daemonCPU()
 		mount, err := r.loadAll(mountTier)
+		cpu = r.daemonCPU() - cpu
 		if err != nil {
 			return fmt.Errorf("warm loads through the mount: %w", err)
 		}
@@ -334,7 +439,7 @@ func (r *run) warmLoads(res *Result) error {
 			phase = "load, warm cache (buffered)"
 		}
 		m, d := r.throughput(mount), r.throughput(bare)
-		r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d})
+		r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
 	}
 	return nil
 }
