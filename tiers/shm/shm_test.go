@@ -99,7 +99,7 @@ func TestConfirmRejectsWrongBytes(t *testing.T) {
 	}
 	f.WriteAt(row, 3*testRow)
 	f.Close()
-	if ref, ok := set.Confirm(d, []RowRef{{Region: path, Row: 1}}); ok {
+	if ref, ok := set.Confirm(d, set.Candidates(d)); ok {
 		t.Fatalf("wrong bytes in row %d proved the load", ref.Row)
 	}
 }
