@@ -125,11 +125,19 @@ func (f *FS) Stats() Stats {
 			st.Counters.ChecksumFailures)})
 	}
 	if st.Counters.NoSpace > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: fmt.Sprintf(
-			"%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect",
-			st.Counters.NoSpace)})
+		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: noSpaceMessage(st.Counters.NoSpace, d)})
 	}
 	return st
+}
+
+// noSpaceMessage explains ENOSPC refusals: by tmp files not yet renamed
+// (killed writers leave them until they expire) or by protected blocks.
+func noSpaceMessage(refused int64, d disk.Stats) string {
+	if d.InFlightTmp > 0 {
+		return fmt.Sprintf("%d writes failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
+			refused, d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
+	}
+	return fmt.Sprintf("%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect", refused)
 }
 
 // syncWarnings names what keeps rows from being mirrored.

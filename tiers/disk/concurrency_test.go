@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -164,7 +165,7 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 	}
 	checkAccounting(t, s)
 	filepath.WalkDir(s.Root(), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && IsTmp(d.Name()) {
+		if err == nil && !d.IsDir() && strings.HasSuffix(d.Name(), tmpSuffix) {
 			t.Errorf("tmp left on disk: %s", p)
 		}
 		return nil
