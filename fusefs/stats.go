@@ -28,6 +28,9 @@ type Stats struct {
 // Primary describes the engine's primary (shm) tier as seen from this node.
 type Primary struct {
 	Regions []shm.Info `json:"regions"`
+	// Ignored lists files matching --shm-glob that are not mapped (links,
+	// other users' files), and why.
+	Ignored []shm.Ignored `json:"ignored"`
 }
 
 // Counters are the event counts since the mount.
@@ -52,6 +55,14 @@ type Counters struct {
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
+	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
+	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
+	// ShmFaults regions dropped because they shrank under their mapping.
+	UnprovenBlocks int64 `json:"unproven_blocks"`
+	TmpsExpired    int64 `json:"tmps_expired"`
+	PublishRefused int64 `json:"publish_refused"`
+	ShmIgnored     int64 `json:"shm_ignored"`
+	ShmFaults      int64 `json:"shm_faults"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -78,6 +89,9 @@ func (f *FS) Stats() Stats {
 			ChecksumFailures: c.ChecksumFailures.Load(),
 			NoSpace:          c.NoSpace.Load(),
 			RejectedWrites:   c.RejectedWrites.Load(),
+			UnprovenBlocks:   c.UnprovenBlocks.Load(),
+			TmpsExpired:      c.TmpsExpired.Load(),
+			PublishRefused:   c.PublishRefused.Load(),
 			RowsIdentified:   f.rowsIdentified.Load(),
 			RowsUnidentified: f.rowsUnidentified.Load(),
 		},
@@ -103,9 +117,24 @@ func (f *FS) Stats() Stats {
 			st.Warnings = append(st.Warnings, Warning{Code: "shm_unmappable", Message: err.Error()})
 		}
 		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
+		st.Primary.Ignored = f.regions.Ignored()
+		st.Counters.ShmIgnored = f.regions.IgnoredTotal()
+		st.Counters.ShmFaults = f.regions.Faults()
 	}
 	if st.Primary.Regions == nil {
 		st.Primary.Regions = []shm.Info{}
+	}
+	if st.Primary.Ignored == nil {
+		st.Primary.Ignored = []shm.Ignored{}
+	}
+	for _, ig := range st.Primary.Ignored {
+		st.Warnings = append(st.Warnings, Warning{Code: "shm_ignored", Message: fmt.Sprintf(
+			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid", ig.Path, ig.Reason)})
+	}
+	if st.Counters.UnprovenBlocks > 0 {
+		st.Warnings = append(st.Warnings, Warning{Code: "unproven_blocks", Message: fmt.Sprintf(
+			"%d block files found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
+			st.Counters.UnprovenBlocks)})
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
