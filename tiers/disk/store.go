@@ -97,8 +97,9 @@ type lookupStream struct {
 }
 
 // tmpFile is a staging file being written through the store. Its mutex guards
-// size, crc, sealed and file; open, closedAt, orphaned and untracked are
-// written under both mutexes, so either one may be held to read them.
+// size, crc, sealed and file; allocated, open, closedAt, orphaned and
+// untracked are written under both mutexes, so either one may be held to
+// read them.
 type tmpFile struct {
 	mu sync.Mutex
 	// file is the tmp's descriptor, kept from its creation until the store

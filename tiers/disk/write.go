@@ -148,10 +148,10 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 			break
 		}
 	}
+	w.s.mu.Lock()
 	w.tmp.allocated += written
-	if unwritten := data - written; unwritten > 0 {
-		w.s.release(unwritten)
-	}
+	w.s.used -= data - written // reserved for bytes that never landed
+	w.s.mu.Unlock()
 	w.tmp.crc = crc32.Update(w.tmp.crc, castagnoli, p[:n])
 	w.tmp.captureProbes(p[:n], off)
 	w.tmp.size += int64(n)
@@ -422,13 +422,6 @@ func (s *Store) reserveOnce(n int64, forRel string) error {
 	}
 	s.used += n
 	return nil
-}
-
-// release returns reserved bytes that were not written.
-func (s *Store) release(n int64) {
-	s.mu.Lock()
-	s.used -= n
-	s.mu.Unlock()
 }
 
 // limitLocked is the number of bytes the store may use now: the capacity, or
