@@ -256,3 +256,66 @@ func TestRefreshWhileSearching(t *testing.T) {
 		t.Fatal("row not found after the last recreation")
 	}
 }
+
+// Guard turns a fault on a shrunk mapping into ErrFault and lets any other
+// panic (a bug, a nil dereference) through.
+func TestGuard(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, make([]byte, 2*os.Getpagesize()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, _, size, err := OpenFile(path, os.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	var sum byte
+	if err := Guard(func() { sum += mem[len(mem)-1] }); err != nil {
+		t.Fatalf("read of a whole mapping: %v", err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Guard(func() { sum += mem[len(mem)-1] }); !errors.Is(err, ErrFault) {
+		t.Fatalf("read past a truncated file: %v, want ErrFault", err)
+	}
+	for name, fn := range map[string]func(){
+		"panic": func() { panic("bug") },
+		"nil":   func() { var p *Digest; sum += byte(p.Size) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: Guard swallowed a panic that is not a fault", name)
+				}
+			}()
+			Guard(fn)
+		}()
+	}
+}
+
+// FileOf names the file mapped for a path, and changes when it is recreated.
+func TestFileOf(t *testing.T) {
+	set, _, path := regionFile(t, 2)
+	before, ok := set.FileOf(path)
+	if !ok {
+		t.Fatal("mapped region has no identity")
+	}
+	os.Remove(path)
+	writeRegion(t, path, 2, 0)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	after, ok := set.FileOf(path)
+	if !ok || after == before {
+		t.Fatalf("identity after recreation %+v %v, before %+v", after, ok, before)
+	}
+	if _, ok := set.FileOf(path + ".other"); ok {
+		t.Fatal("identity of an unmapped path")
+	}
+}

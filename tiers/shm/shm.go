@@ -326,22 +326,59 @@ func (r *region) unmap() {
 	}
 }
 
-// guard runs fn over the region's mapping, turning the fault raised by a read
-// past the end of a file truncated under the mapping into false: the region
-// is then marked faulted and skipped until Refresh drops it.
-func (s *Set) guard(r *region, fn func()) (ok bool) {
+// ErrFault is returned by Guard when the mapping it protected faulted.
+var ErrFault = errors.New("mapping faulted: its file shrank under it")
+
+// nilPage bounds the addresses a nil dereference faults at.
+const nilPage = 4096
+
+// Guard runs fn, which reads or writes a mapping of a file other users can
+// truncate (a region in /dev/shm), and turns the fault such an access raises
+// into ErrFault instead of SIGBUS ending the daemon. fn must not leave locks
+// or state half-changed when it stops at any byte.
+func Guard(fn func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if v := recover(); v != nil {
-			if !r.faulted.Swap(true) {
-				s.faults.Add(1)
-				s.logger.Warn("shm region shrank under its mapping: dropped", "path", r.path, "fault", fmt.Sprint(v))
+			// A fault carries its address; anything else (or a nil
+			// dereference, near address 0) is a bug, not a shrunk file.
+			if f, ok := v.(interface{ Addr() uintptr }); !ok || f.Addr() < nilPage {
+				panic(v)
 			}
-			ok = false
+			err = fmt.Errorf("%w (%v)", ErrFault, v)
 		}
 	}()
 	fn()
-	return true
+	return nil
+}
+
+// guard runs fn over the region's mapping through Guard; after a fault the
+// region is marked faulted, skipped from then on and dropped by the next
+// Refresh, and guard returns false.
+func (s *Set) guard(r *region, fn func()) bool {
+	err := Guard(fn)
+	if err == nil {
+		return true
+	}
+	if !r.faulted.Swap(true) {
+		s.faults.Add(1)
+		s.logger.Warn("shm region shrank under its mapping: dropped", "path", r.path, "err", err)
+	}
+	return false
+}
+
+// FileOf returns the identity of the region file mapped for path; ok is
+// false when none is (never mapped, refused, or faulted). A mapping of the
+// same path made elsewhere (row mirroring) whose identity differs is of an
+// older file the engine has replaced, and can be unmapped.
+func (s *Set) FileOf(path string) (FileID, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, ok := s.regions[path]
+	if !ok || r.faulted.Load() {
+		return FileID{}, false
+	}
+	return r.id, true
 }
 
 // Ignored lists the files matching the glob that are not mapped now, and why.
