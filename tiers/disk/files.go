@@ -72,3 +72,15 @@ func nameID(dirfd int, name string) (fileID, error) {
 	}
 	return fileID{st.Dev, st.Ino}, nil
 }
+
+// unlink removes a store-relative name in its directory, opened without
+// following links, so that a directory of the layout replaced by a link
+// never leads a removal out of the store.
+func (s *Store) unlink(rel string) error {
+	dirfd, err := s.openDir(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	return unix.Unlinkat(dirfd, path.Base(rel), 0)
+}

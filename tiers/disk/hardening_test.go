@@ -370,3 +370,29 @@ func TestCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
 		t.Fatalf("file created outside the store: %v", entries)
 	}
 }
+
+// A removal never follows a directory of the layout replaced by a link out
+// of the store.
+func TestRemoveDoesNotFollowDirectoryLinks(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 1))
+	outside := t.TempDir()
+	victim := filepath.Join(outside, filepath.Base(rel))
+	if err := os.WriteFile(victim, []byte("not the store's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(s.Path(rel))
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(rel); err == nil {
+		t.Error("Remove through a directory link succeeded")
+	}
+	if !exists(t, victim) {
+		t.Fatal("Remove deleted a file outside the store")
+	}
+}

@@ -556,7 +556,7 @@ func (s *Store) nowNano() int64 { return s.cfg.Now().UnixNano() }
 
 // removeFile unlinks a store file, tolerating one that is already gone.
 func (s *Store) removeFile(rel string) error {
-	if err := unix.Unlink(s.Path(rel)); err != nil && err != syscall.ENOENT {
+	if err := s.unlink(rel); err != nil && err != syscall.ENOENT {
 		return err
 	}
 	return nil

@@ -588,7 +588,7 @@ func (s *Store) RemoveTmp(rel string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := unix.Unlink(s.Path(rel)); err != nil {
+	if err := s.unlink(rel); err != nil {
 		return err
 	}
 	if t != nil && s.tmps[rel] == t {
@@ -629,7 +629,7 @@ func (s *Store) IsTracked(rel string) bool {
 func (s *Store) Remove(rel string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := unix.Unlink(s.Path(rel)); err != nil {
+	if err := s.unlink(rel); err != nil {
 		return err
 	}
 	if b := s.blocks[rel]; b != nil {
