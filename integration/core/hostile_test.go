@@ -170,3 +170,28 @@ func TestTmpSwappedForSymlinkRefused(t *testing.T) {
 		t.Fatalf("stats: %d blocks, %d publishes refused; want 0, 1", st.Disk.Blocks, st.Counters.PublishRefused)
 	}
 }
+
+// A directory holding a tmp file not yet renamed cannot be renamed: the
+// store would lose track of the tmp and of the bytes it holds.
+func TestRenameOfDirectoryHoldingTmpRefused(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	openTier(t, d)
+	dir := d.Path(tierDir, "abc", "de_g0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, hashOf(3)+".bin_1.tmp")
+	row := expectedRow(3)
+	if err := os.WriteFile(tmp, row, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(d.Path(tierDir, "abc"), d.Path(tierDir, "moved")); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("rename of a directory holding a tmp: %v, want EBUSY", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, hashOf(3)+".bin")); err != nil {
+		t.Fatalf("publishing the tmp after the refused rename: %v", err)
+	}
+	if st := d.Stats(); st.Disk.Blocks != 1 || st.Disk.InFlightTmp != 0 {
+		t.Fatalf("stats: %d blocks, %d tmps; want 1, 0", st.Disk.Blocks, st.Disk.InFlightTmp)
+	}
+}
