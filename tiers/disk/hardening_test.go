@@ -342,7 +342,7 @@ func TestCreateTmpRefusesHardLink(t *testing.T) {
 	if err := os.Link(s.Path(rel), s.Path(tmp)); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.CreateTmp(tmp, syscall.O_CREAT|syscall.O_WRONLY, 0o600)
+	_, err := s.CreateTmp(tmp, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC, 0o600)
 	wantErrno(t, err, syscall.EPERM, "CreateTmp over a hard link to a block")
 	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 1)) {
 		t.Fatal("block changed")

@@ -34,7 +34,7 @@ type Writer struct {
 const bounceBytes = 1 << 20
 
 // tmpOpenFlags are the caller's open flags CreateTmp honours.
-const tmpOpenFlags = syscall.O_EXCL | syscall.O_TRUNC | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC
+const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC
 
 // CreateTmp creates the tmp file of a block (a BlockTmp path) with the caller's
 // open flags: O_EXCL, O_TRUNC and the sync flags are honoured, others dropped,
@@ -50,6 +50,8 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	}
 	s.sweepTmps()
 	direct := flags&syscall.O_DIRECT != 0
+	// O_TRUNC waits until the file is known to be the tmp's own.
+	truncate := flags&syscall.O_TRUNC != 0
 	flags = flags&tmpOpenFlags | syscall.O_CREAT | syscall.O_RDWR
 	if flags&syscall.O_EXCL == 0 {
 		// An existing name may be a FIFO: do not wait on it.
@@ -75,6 +77,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	}
 	if err == nil && flags&syscall.O_NONBLOCK != 0 {
 		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
+	}
+	if err == nil && truncate {
+		err = f.Truncate(0)
 	}
 	var size int64
 	if err == nil {
