@@ -396,3 +396,37 @@ func TestRemoveDoesNotFollowDirectoryLinks(t *testing.T) {
 		t.Fatal("Remove deleted a file outside the store")
 	}
 }
+
+// A rename that arrives before the writer's release (the kernel releases
+// asynchronously) counts the bytes once, as the block's, and the kept
+// descriptor is closed at the release.
+func TestPublishBeforeCloseAccounting(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(pageData(0, 2), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	checkAccounting(t, s)
+	if w.tmp.file == nil {
+		t.Fatal("descriptor closed while the writer still holds it")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.tmp.file != nil {
+		t.Fatal("descriptor kept after publish and release")
+	}
+	checkAccounting(t, s)
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 2)) {
+		t.Fatal("wrong bytes")
+	}
+}

@@ -557,8 +557,12 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 		return newError("rename", tmpRel, syscall.EPERM,
 			"the tmp name was replaced during the rename: not published, and the block is gone")
 	}
+	// Sealed, the tmp takes no more bytes: what it held is the block's now,
+	// even if its writer has not closed it yet.
 	t.sealed = true
-	s.untrackLocked(tmpRel, t)
+	delete(s.tmps, tmpRel)
+	t.untracked = true
+	s.used -= t.allocated
 	t.closeIfRetired()
 	b := &block{rel: destRel, name: name, size: t.size, physical: physical,
 		digest: digest, lastUse: s.nowNano(), present: true}
