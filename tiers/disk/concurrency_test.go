@@ -55,7 +55,8 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 		}
 		data := pageData(k, pages)
 		half := len(data) / 2
-		if _, err := w.WriteAt(data[:half], 0); err == nil {
+		_, err = w.WriteAt(data[:half], 0)
+		if err == nil {
 			_, err = w.WriteAt(data[half:], int64(half))
 		}
 		if abandon {
