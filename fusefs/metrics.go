@@ -46,6 +46,9 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		{"kvtierfs_evictions_total", "Blocks evicted to stay within capacity.", c.Evictions.Load},
 		{"kvtierfs_no_space_total", "Writes refused with ENOSPC.", c.NoSpace.Load},
 		{"kvtierfs_rejected_writes_total", "Block writes refused as malformed.", c.RejectedWrites.Load},
+		{"kvtierfs_unproven_blocks_total", "Block files found at mount without a digest bound to their name, not indexed.", c.UnprovenBlocks.Load},
+		{"kvtierfs_tmps_expired_total", "Tmp files removed because their closed writer never renamed them.", c.TmpsExpired.Load},
+		{"kvtierfs_publish_refused_total", "Renames refused because the tmp name no longer named the file written.", c.PublishRefused.Load},
 	}
 	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds}
 	for _, k := range counters {

@@ -28,6 +28,9 @@ type Stats struct {
 // Primary describes the engine's primary (shm) tier as seen from this node.
 type Primary struct {
 	Regions []shm.Info `json:"regions"`
+	// Ignored lists files matching --shm-glob that are not mapped (links,
+	// other users' files), and why.
+	Ignored []shm.Ignored `json:"ignored"`
 }
 
 // Counters are the event counts since the mount.
@@ -59,6 +62,14 @@ type Counters struct {
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
+	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
+	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
+	// ShmFaults regions dropped because they shrank under their mapping.
+	UnprovenBlocks int64 `json:"unproven_blocks"`
+	TmpsExpired    int64 `json:"tmps_expired"`
+	PublishRefused int64 `json:"publish_refused"`
+	ShmIgnored     int64 `json:"shm_ignored"`
+	ShmFaults      int64 `json:"shm_faults"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -90,6 +101,9 @@ func (f *FS) Stats() Stats {
 			LoadsFromRow:     f.loads.Counters.FromRow.Load(),
 			LoadsRefused:     f.loads.Counters.Refused.Load(),
 			LoadsUnmirrored:  f.loads.Counters.MirrorFailures.Load(),
+			UnprovenBlocks:   c.UnprovenBlocks.Load(),
+			TmpsExpired:      c.TmpsExpired.Load(),
+			PublishRefused:   c.PublishRefused.Load(),
 		},
 		Peers:    []rowsync.PeerStats{},
 		Warnings: []Warning{},
@@ -113,9 +127,24 @@ func (f *FS) Stats() Stats {
 			st.Warnings = append(st.Warnings, Warning{Code: "shm_unmappable", Message: err.Error()})
 		}
 		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
+		st.Primary.Ignored = f.regions.Ignored()
+		st.Counters.ShmIgnored = f.regions.IgnoredTotal()
+		st.Counters.ShmFaults = f.regions.Faults()
 	}
 	if st.Primary.Regions == nil {
 		st.Primary.Regions = []shm.Info{}
+	}
+	if st.Primary.Ignored == nil {
+		st.Primary.Ignored = []shm.Ignored{}
+	}
+	for _, ig := range st.Primary.Ignored {
+		st.Warnings = append(st.Warnings, Warning{Code: "shm_ignored", Message: fmt.Sprintf(
+			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid", ig.Path, ig.Reason)})
+	}
+	if st.Counters.UnprovenBlocks > 0 {
+		st.Warnings = append(st.Warnings, Warning{Code: "unproven_blocks", Message: fmt.Sprintf(
+			"%d block files found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
+			st.Counters.UnprovenBlocks)})
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
@@ -135,11 +164,19 @@ func (f *FS) Stats() Stats {
 			st.Counters.ChecksumFailures)})
 	}
 	if st.Counters.NoSpace > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: fmt.Sprintf(
-			"%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect",
-			st.Counters.NoSpace)})
+		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: noSpaceMessage(st.Counters.NoSpace, d)})
 	}
 	return st
+}
+
+// noSpaceMessage explains ENOSPC refusals: by tmp files not yet renamed
+// (killed writers leave them until they expire) or by protected blocks.
+func noSpaceMessage(refused int64, d disk.Stats) string {
+	if d.InFlightTmp > 0 {
+		return fmt.Sprintf("%d writes failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
+			refused, d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
+	}
+	return fmt.Sprintf("%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect", refused)
 }
 
 // syncWarnings names what keeps rows from being mirrored.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"syscall"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
@@ -12,10 +11,11 @@ import (
 )
 
 // SyncRegions maps the engine's regions read-write for row mirroring: the
-// rows this node sends and the rows peers write into it. A mapping is made
-// once per region file (path and inode) and row size, and stays mapped until
-// Close, because the mirror and the server may use it at any time; a region
-// file the engine recreates gets a new mapping.
+// rows peers write into this node, and the geometry of the rows it sends. A
+// mapping is made once per region file (path and the file's identity in the
+// shm set, device and inode) and row size, and stays mapped until Close,
+// because the server may write into it at any time; a region file the engine
+// recreates gets a new mapping, and rows found in the old file are refused.
 type SyncRegions struct {
 	regions *shm.Set
 
@@ -25,7 +25,7 @@ type SyncRegions struct {
 
 type syncRegionKey struct {
 	path     string
-	ino      uint64
+	file     shm.FileID
 	rowBytes int
 }
 
@@ -34,13 +34,13 @@ func NewSyncRegions(set *shm.Set) *SyncRegions {
 	return &SyncRegions{regions: set, mapped: make(map[syncRegionKey]*rowsync.Region)}
 }
 
-// Get returns the mapping of the region file at path with rows of rowBytes.
-func (c *SyncRegions) Get(path string, rowBytes int) (*rowsync.Region, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return nil, fmt.Errorf("region %s: %w", path, err)
+// Get returns the mapping of the region file at path, which must still be
+// the file file of the shm set, with rows of rowBytes.
+func (c *SyncRegions) Get(path string, file shm.FileID, rowBytes int) (*rowsync.Region, error) {
+	if now, ok := c.regions.FileOf(path); !ok || now != file {
+		return nil, fmt.Errorf("region %s was replaced or removed", path)
 	}
-	key := syncRegionKey{path: path, ino: st.Ino, rowBytes: rowBytes}
+	key := syncRegionKey{path: path, file: file, rowBytes: rowBytes}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r, ok := c.mapped[key]; ok {
@@ -49,6 +49,10 @@ func (c *SyncRegions) Get(path string, rowBytes int) (*rowsync.Region, error) {
 	r, err := rowsync.OpenRegion(path, rowBytes)
 	if err != nil {
 		return nil, err
+	}
+	if now, ok := c.regions.FileOf(path); !ok || now != file {
+		r.Close()
+		return nil, fmt.Errorf("region %s was replaced while it was mapped", path)
 	}
 	c.mapped[key] = r
 	return r, nil
@@ -63,7 +67,11 @@ func (c *SyncRegions) Local(rowBytes int) (*rowsync.Region, error) {
 	if !ok {
 		return nil, fmt.Errorf("no single shm region of %d-byte rows matches --shm-glob", rowBytes)
 	}
-	return c.Get(path, rowBytes)
+	file, ok := c.regions.FileOf(path)
+	if !ok {
+		return nil, fmt.Errorf("region %s vanished", path)
+	}
+	return c.Get(path, file, rowBytes)
 }
 
 // Close unmaps every region.
@@ -93,7 +101,7 @@ type peerMirror struct {
 func (m *peerMirror) Mirrors() bool { return m.node.Mirrors() }
 
 func (m *peerMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error {
-	region, err := m.regions.Get(ref.Region, len(block))
+	region, err := m.regions.Get(ref.Region, ref.File, len(block))
 	if err != nil {
 		return err
 	}
@@ -115,7 +123,7 @@ func (f *FS) sampleStore(ctx context.Context, rel string) {
 		f.logger.Debug("store not sampled: its source row was not found", "path", rel)
 		return
 	}
-	region, err := f.syncRegions.Get(ref.Region, int(d.Size))
+	region, err := f.syncRegions.Get(ref.Region, ref.File, int(d.Size))
 	if err == nil {
 		err = f.sync.SampleStoredRow(ctx, region, ref.Row, rel, d.CRC)
 	}

@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"syscall"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // MaxRowBytes is the largest row this package handles (and the largest row a
@@ -38,8 +40,9 @@ func NewRegion(mem []byte, rowBytes int) (*Region, error) {
 
 // OpenRegion maps the region file at path (e.g.
 // /dev/shm/vllm_offload_<engine_id>.mmap) shared and writable. Close unmaps it.
+// A link or anything but a regular file is refused (shm.OpenFile).
 func OpenRegion(path string, rowBytes int) (*Region, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, _, _, err := shm.OpenFile(path, os.O_RDWR)
 	if err != nil {
 		return nil, fmt.Errorf("rowsync: %w", err)
 	}

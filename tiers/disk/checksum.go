@@ -2,10 +2,13 @@ package disk
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -23,27 +26,79 @@ const ReservedXattrPrefix = "user.kvtierfs."
 // castagnoli is the CRC32C table; the standard library accelerates it in hardware.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// readDigest reads a block's digest record; ok is false when it has none.
-func readDigest(path string) (shm.Digest, bool, error) {
-	buf := make([]byte, 256)
-	n, err := unix.Getxattr(path, checksumXattr, buf)
-	if err == unix.ENODATA {
-		return shm.Digest{}, false, nil
-	}
-	if err != nil {
-		return shm.Digest{}, false, err
-	}
-	var d shm.Digest
-	if err := d.UnmarshalBinary(buf[:n]); err != nil {
-		return shm.Digest{}, false, err
-	}
-	return d, true, nil
+// vllmChecksumXattr is the CRC32C vLLM itself may set on a block's tmp file
+// before the rename (opt-in, vLLM PR #57912).
+const vllmChecksumXattr = "user.vllm.kv_crc32c"
+
+// recordKey is the name a block's digest record is bound to.
+func recordKey(name BlockName) shm.Key {
+	return shm.Key{Group: uint64(name.Group), Hash: name.Hash}
 }
 
-// writeDigest stores a digest record on an open file.
-func writeDigest(f *os.File, d shm.Digest) error {
-	b, _ := d.MarshalBinary()
+// readRecord reads the digest record of an open block file; ok is false when
+// it has none. A record bound to another name than the block's is an error, so
+// a block file replaced by another block's bytes and record is refused; an
+// unbound (v1) record sets upgrade, so that the caller binds it.
+func readRecord(f *os.File, name BlockName) (d shm.Digest, ok, upgrade bool, err error) {
+	buf := make([]byte, shm.MaxRecordBytes+1)
+	n, err := unix.Fgetxattr(int(f.Fd()), checksumXattr, buf)
+	if err == unix.ENODATA {
+		return shm.Digest{}, false, false, nil
+	}
+	if err == unix.ERANGE {
+		return shm.Digest{}, false, false, errors.New("digest record is larger than any record format")
+	}
+	if err != nil {
+		return shm.Digest{}, false, false, err
+	}
+	d, key, bound, err := shm.UnmarshalRecord(buf[:n])
+	if err != nil {
+		return shm.Digest{}, false, false, err
+	}
+	if bound && key != recordKey(name) {
+		return shm.Digest{}, false, false, fmt.Errorf("digest record belongs to block %s of group %d, not to this one", key.Hash, key.Group)
+	}
+	return d, true, !bound, nil
+}
+
+// writeDigest stores a digest record bound to the block's name on an open file.
+func writeDigest(f *os.File, name BlockName, d shm.Digest) error {
+	b, err := d.MarshalRecord(recordKey(name))
+	if err != nil {
+		return err
+	}
 	return unix.Fsetxattr(int(f.Fd()), checksumXattr, b, 0)
+}
+
+// vllmChecksum reads the CRC32C vLLM recorded on a file (vllmChecksumXattr);
+// ok is false when there is none or it is not a CRC32C. The value is parsed
+// as the text of a number (decimal, or hexadecimal with or without 0x) or as
+// 4 bytes, little endian.
+func vllmChecksum(f *os.File) (crc uint32, ok bool) {
+	buf := make([]byte, 32)
+	n, err := unix.Fgetxattr(int(f.Fd()), vllmChecksumXattr, buf)
+	if err != nil {
+		return 0, false
+	}
+	return parseVLLMChecksum(buf[:n])
+}
+
+// parseVLLMChecksum decodes a user.vllm.kv_crc32c value (see vllmChecksum).
+func parseVLLMChecksum(b []byte) (uint32, bool) {
+	text := strings.TrimSpace(strings.TrimRight(string(b), "\x00"))
+	if v, err := strconv.ParseUint(text, 10, 32); err == nil {
+		return uint32(v), true
+	}
+	hexText := strings.TrimPrefix(strings.ToLower(text), "0x")
+	if len(hexText) == 8 {
+		if v, err := strconv.ParseUint(hexText, 16, 32); err == nil {
+			return uint32(v), true
+		}
+	}
+	if len(b) == 4 {
+		return binary.LittleEndian.Uint32(b), true
+	}
+	return 0, false
 }
 
 // digestFile samples an open file whose size and CRC32C are known.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -54,7 +55,8 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 		}
 		data := pageData(k, pages)
 		half := len(data) / 2
-		if _, err := w.WriteAt(data[:half], 0); err == nil {
+		_, err = w.WriteAt(data[:half], 0)
+		if err == nil {
 			_, err = w.WriteAt(data[half:], int64(half))
 		}
 		if abandon {
@@ -164,7 +166,7 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 	}
 	checkAccounting(t, s)
 	filepath.WalkDir(s.Root(), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && IsTmp(d.Name()) {
+		if err == nil && !d.IsDir() && strings.HasSuffix(d.Name(), tmpSuffix) {
 			t.Errorf("tmp left on disk: %s", p)
 		}
 		return nil

@@ -51,10 +51,13 @@ func (s *Store) makeRoomLocked(n int64, forRel string) error {
 	for freed := int64(0); freed < need; {
 		v := s.pickVictimLocked(now, chosen)
 		if v == nil {
-			s.counters.NoSpace.Add(1)
+			var tmpBytes int64
+			for _, t := range s.tmps {
+				tmpBytes += t.allocated
+			}
 			return newError("write", forRel, syscall.ENOSPC,
-				"store full: %d bytes used of %d and every block is protected (read in flight or looked up in the last %s)",
-				s.used, s.limitLocked(), s.cfg.LookupProtect)
+				"store full: %d bytes used of %d: %d by %d tmp files not yet renamed (one whose writer closed it is removed %s later), the rest by blocks that are all protected (read in flight or looked up in the last %s)",
+				s.used, s.limitLocked(), tmpBytes, len(s.tmps), s.cfg.TmpMaxAge, s.cfg.LookupProtect)
 		}
 		chosen[v] = true
 		victims = append(victims, v)

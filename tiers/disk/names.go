@@ -103,8 +103,3 @@ func Classify(rel string) (NameKind, BlockName) {
 	}
 	return Block, BlockName{Tier: tier, Group: group, Hash: hash}
 }
-
-// IsTmp reports whether a file name is a staging file that mount-time cleanup removes.
-func IsTmp(name string) bool {
-	return strings.HasSuffix(name, tmpSuffix)
-}

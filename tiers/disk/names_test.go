@@ -107,20 +107,3 @@ func TestGroupOfDir(t *testing.T) {
 		}
 	}
 }
-
-func TestIsTmp(t *testing.T) {
-	for name, want := range map[string]bool{
-		"abc.bin_123.tmp":         true,
-		".o_direct_probe_1.tmp":   true,
-		".kvtierfs-probe-1.tmp":   true,
-		"abc.bin":                 false,
-		"abc.tmpx":                false,
-		"config.json":             false,
-		"tmp":                     false,
-		"abc.bin_123.tmp/child.x": false,
-	} {
-		if got := IsTmp(name); got != want {
-			t.Errorf("IsTmp(%q) = %v, want %v", name, got, want)
-		}
-	}
-}

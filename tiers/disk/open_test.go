@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -82,6 +83,10 @@ func TestOpenRebuildsIndex(t *testing.T) {
 		testTier + "/abc/de_g0/NOTAHASH.bin":             pageData(60, 1), // malformed: kept, not indexed
 		testTier + "/abc/de/" + hashHex(61, 64) + ".bin": pageData(61, 1), // not under _g: kept, not indexed
 		"README": []byte("hello"),
+		// *.tmp files outside the block-tmp layout are not the store's.
+		"notes.tmp":                         []byte("user file"),
+		testTier + "/abc/de_g0/scratch.tmp": []byte("user file"),
+		testTier + "/.o_direct_probe_x.tmp": []byte("not a probe's name"),
 	}
 	for rel, data := range keep {
 		os.MkdirAll(filepath.Dir(filepath.Join(dir, rel)), 0o755)
@@ -173,51 +178,70 @@ func TestOpenDropsBlockWhoseSizeDisagreesWithRecord(t *testing.T) {
 	checkAccounting(t, s)
 }
 
-// A block placed in the store by an engine pointed straight at it has no
-// checksum record: it is indexed, and adopted at its first load.
-func TestOpenAdoptsBlockWithoutChecksum(t *testing.T) {
+// A block found without a digest record (copied or restored without xattrs,
+// or written by an engine pointed straight at the store) proves nothing: it is
+// not indexed, and counted. vLLM's own CRC32C, when it matches, adopts it.
+func TestOpenRefusesBlockWithoutRecord(t *testing.T) {
 	dir := t.TempDir()
-	rel := blockRel(testTier, 0, hashHex(1, 32))
-	data := pageData(1, 3)
-	if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, rel)), 0o755); err != nil {
-		t.Fatal(err)
+	bare := blockRel(testTier, 0, hashHex(1, 32))
+	vouched := blockRel(testTier, 0, hashHex(2, 32))
+	lying := blockRel(testTier, 0, hashHex(3, 32))
+	for i, rel := range []string{bare, vouched, lying} {
+		data := pageData(i+1, 3)
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		crc := crcOf(data)
+		if rel == lying {
+			crc ^= 1
+		}
+		if rel != bare {
+			if err := unix.Setxattr(p, vllmChecksumXattr, []byte(strconv.FormatUint(uint64(crc), 10)), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, rel), data, 0o644); err != nil {
-		t.Fatal(err)
+	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if s.Contains(bare) || s.Contains(lying) {
+		t.Fatalf("unproven blocks indexed: bare %v, wrong vLLM crc %v", s.Contains(bare), s.Contains(lying))
 	}
-	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
+	if got := s.Counters().UnprovenBlocks.Load(); got != 2 {
+		t.Errorf("UnprovenBlocks = %d, want 2", got)
 	}
-	if !s.Contains(rel) {
-		t.Fatal("block without checksum record not indexed")
+	if !exists(t, filepath.Join(dir, bare)) {
+		t.Error("unproven block removed from disk: it is only left unindexed")
 	}
-	if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != int64(len(data)) || st.RowBytes[testTier] != int64(len(data)) {
-		t.Errorf("Stats = %+v", st)
+	if !s.Contains(vouched) {
+		t.Fatal("block proven by vLLM's CRC32C not indexed")
 	}
-	if rec, ok := storeRecord(t, filepath.Join(dir, rel)); ok {
-		t.Fatalf("checksum record %x before the first load", rec)
-	}
-	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+	checkRecord(t, filepath.Join(dir, vouched), pageData(2, 3))
+	if got := readBlock(t, s, vouched); !bytes.Equal(got, pageData(2, 3)) {
 		t.Fatal("wrong bytes")
 	}
-	checkRecord(t, filepath.Join(dir, rel), data)
-	// Loads after adoption verify against the adopted checksum.
-	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
-		t.Fatal("wrong bytes on second load")
+	if st := s.Stats(); st.Blocks != 1 || st.PhysicalBytes != physicalOf(t, filepath.Join(dir, vouched)) {
+		t.Errorf("Stats = %+v", st)
 	}
-	if got := s.Counters().ChecksumFailures.Load(); got != 0 {
-		t.Errorf("ChecksumFailures = %d", got)
-	}
-	s.Close()
+}
 
-	// The adopted record persists: corruption after a restart is caught.
-	flipByte(t, filepath.Join(dir, rel), 100)
-	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
-	_, err = s.OpenBlock(rel)
-	wantErrno(t, err, syscall.EIO, "OpenBlock of a corrupted adopted block")
-	if s.Contains(rel) || exists(t, filepath.Join(dir, rel)) {
-		t.Error("corrupt adopted block kept")
+func TestParseVLLMChecksum(t *testing.T) {
+	for in, want := range map[string]uint32{
+		"3735928559":       0xdeadbeef,
+		"deadbeef":         0xdeadbeef,
+		"0xDEADBEEF\n":     0xdeadbeef,
+		"\xef\xbe\xad\xde": 0xdeadbeef,
+	} {
+		if got, ok := parseVLLMChecksum([]byte(in)); !ok || got != want {
+			t.Errorf("parseVLLMChecksum(%q) = %08x, %v; want %08x", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{"", "12345678901", "xyz", "bee", "deadbeef0"} {
+		if got, ok := parseVLLMChecksum([]byte(in)); ok {
+			t.Errorf("parseVLLMChecksum(%q) = %08x, accepted", in, got)
+		}
 	}
 }
 
@@ -287,6 +311,7 @@ func TestOpenReadOnlyDirectory(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	os.MkdirAll(filepath.Dir(filepath.Join(dir, rel)), 0o755)
 	os.WriteFile(filepath.Join(dir, rel), pageData(1, 1), 0o644)
+	unix.Setxattr(filepath.Join(dir, rel), vllmChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(1, 1))), 10)), 0)
 	os.WriteFile(filepath.Join(dir, ".o_direct_probe_1.tmp"), pageData(1, 1), 0o644)
 	ro := dir
 	if os.Geteuid() == 0 {

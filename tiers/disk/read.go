@@ -51,13 +51,12 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 	return true
 }
 
-// Digest returns a present block's digest; ok is false for an absent block
-// or one without a digest record yet.
+// Digest returns a present block's digest; ok is false for an absent block.
 func (s *Store) Digest(rel string) (shm.Digest, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.blocks[rel]
-	if b == nil || !b.hasDigest {
+	if b == nil {
 		return shm.Digest{}, false
 	}
 	return b.digest, true
@@ -79,7 +78,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 	}
 	// Opened under the lock, so a concurrent Publish cannot swap the file
 	// between the index entry and the descriptor.
-	f, err := os.Open(s.Path(rel))
+	f, err := s.openFile(rel, unix.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel))
 		s.dropLocked(b)
@@ -93,17 +92,17 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 	return &Reader{s: s, b: b, file: f}, nil
 }
 
-// Digest returns the block's digest; ok is false for a block found in the
-// store without a record, which only Verify can check (and adopt).
+// Digest returns the block's digest. Every indexed block has one (a block
+// found without a record is not indexed), so ok is always true; it is kept
+// for callers written when blocks could lack one.
 func (r *Reader) Digest() (shm.Digest, bool) {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
-	return r.b.digest, r.b.hasDigest
+	return r.b.digest, true
 }
 
-// Verify reads the block file and checks it against its digest, adopting a
-// block that has none (placed in the store by an engine pointed straight at
-// it). A mismatch removes the block and returns EIO.
+// Verify reads the block file and checks it against its digest. A mismatch
+// removes the block and returns EIO.
 func (r *Reader) Verify() error {
 	s, b, f := r.s, r.b, r.file
 	size, _, err := fileSize(f)
@@ -118,34 +117,11 @@ func (r *Reader) Verify() error {
 		return s.corrupt(b, "%v", err)
 	}
 	s.mu.Lock()
-	adopt, want := !b.hasDigest, b.digest.CRC
+	want := b.digest.CRC
 	s.mu.Unlock()
-	if !adopt {
-		if crc != want {
-			return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
-		}
-		return nil
+	if crc != want {
+		return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
 	}
-	d, err := digestFile(f, size, crc)
-	if err != nil {
-		return err
-	}
-	if err := writeDigest(f, d); err != nil {
-		return err
-	}
-	_, physical, err := fileSize(f)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	b.digest, b.hasDigest = d, true
-	if b.present {
-		s.used += physical - b.physical
-		s.totals.physical += physical - b.physical
-	}
-	b.physical = physical
-	s.mu.Unlock()
-	s.cfg.Logger.Info("adopted block without checksum record", "path", s.Path(b.rel))
 	return nil
 }
 
@@ -162,20 +138,14 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 }
 
 // ReadAll reads the whole pinned block into a page-aligned buffer and checks
-// it against its checksum, adopting a block without one (Verify). It reads
+// it against its checksum. It reads
 // O_DIRECT where the store filesystem allows, so the block moves straight
 // from the disk into the buffer, in one request, and leaves the page cache
 // alone. A mismatch removes the block and returns EIO. Hand the buffer back
 // with RecycleBlock once nothing reads it any more.
 func (r *Reader) ReadAll() ([]byte, error) {
 	s := r.s
-	d, ok := r.Digest()
-	if !ok {
-		if err := r.Verify(); err != nil {
-			return nil, err
-		}
-		d, _ = r.Digest()
-	}
+	d, _ := r.Digest()
 	size := int(r.b.size)
 	fd := int(r.file.Fd())
 	direct := setDirect(fd, true) == nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"syscall"
@@ -221,35 +220,6 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	_, err = s.PinBlock(rel)
 	wantErrno(t, err, syscall.ENOENT, "PinBlock of a removed block")
 	checkAccounting(t, s)
-}
-
-// A block without a record has no digest until Verify adopts it.
-func TestDigestOfAdoptedBlock(t *testing.T) {
-	dir := t.TempDir()
-	rel := blockRel(testTier, 0, hashHex(1, 64))
-	data := pageData(1, 2)
-	p := filepath.Join(dir, rel)
-	os.MkdirAll(filepath.Dir(p), 0o755)
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
-	r, err := s.PinBlock(rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if _, ok := r.Digest(); ok {
-		t.Fatal("block without a record reports a digest before Verify")
-	}
-	if err := r.Verify(); err != nil {
-		t.Fatal(err)
-	}
-	d, ok := r.Digest()
-	if !ok || !reflect.DeepEqual(d, shm.DigestOf(data)) {
-		t.Errorf("digest after adoption = %+v, %v; want %+v", d, ok, shm.DigestOf(data))
-	}
-	checkRecord(t, p, data)
 }
 
 // PinBlock protects from eviction like OpenBlock.

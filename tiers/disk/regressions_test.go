@@ -6,11 +6,14 @@ package disk
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A: the checksum record's xattr block is accounted at Publish but never reserved.
@@ -32,6 +35,7 @@ func TestRegressionAdoptionLeavesPhysicalStale(t *testing.T) {
 	p := filepath.Join(dir, rel)
 	os.MkdirAll(filepath.Dir(p), 0o755)
 	os.WriteFile(p, pageData(0, 1), 0o644)
+	unix.Setxattr(p, vllmChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(0, 1))), 10)), 0)
 	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
 	readBlock(t, s, rel)
 	if got, want := s.Stats().PhysicalBytes, physicalOf(t, p); got != want {

@@ -17,6 +17,14 @@ type Counters struct {
 	Evictions        atomic.Int64
 	NoSpace          atomic.Int64
 	RejectedWrites   atomic.Int64
+	// UnprovenBlocks counts block files found at Open that were not indexed:
+	// no digest record bound to their name, nor a matching vLLM CRC32C.
+	UnprovenBlocks atomic.Int64
+	// TmpsExpired counts tmp files removed because their closed writer never renamed them.
+	TmpsExpired atomic.Int64
+	// PublishRefused counts renames refused because the tmp's name no longer
+	// named the file written (swapped for a link or another file).
+	PublishRefused atomic.Int64
 }
 
 // Counters exposes the store's counters for metrics.
@@ -38,6 +46,8 @@ type Stats struct {
 	FreeBytes     int64  `json:"free_bytes"`
 	Evictions     int64  `json:"evictions"`
 	InFlightTmp   int    `json:"inflight_tmp_files"`
+	// TmpBytes is what the tmp files count against the capacity.
+	TmpBytes int64 `json:"tmp_bytes"`
 	// NeverLookedUp counts the blocks no lookup has found since the store was opened.
 	NeverLookedUp int64                 `json:"never_looked_up"`
 	RowBytes      map[string]int64      `json:"row_bytes"`
@@ -61,6 +71,9 @@ func (s *Store) Stats() Stats {
 	}
 	for k, v := range s.rowBytes {
 		st.RowBytes[k] = v
+	}
+	for _, t := range s.tmps {
+		st.TmpBytes += t.allocated
 	}
 	for group, g := range s.totals.groups {
 		st.Groups[strconv.Itoa(group)] = g

@@ -17,9 +17,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +39,13 @@ const DefaultCapacityFraction = 0.9
 
 // PageSize is the granularity of block sizes: the engine's rows are page multiples.
 const PageSize = 4096
+
+// DefaultTmpMaxAge is how long a tmp file may wait for its rename once its
+// writer closed it. Engines rename right after the close (the two requests
+// arrive microseconds apart); a tmp still there after this long belongs to a
+// killed or broken writer, so it is removed and its bytes return to the
+// capacity.
+const DefaultTmpMaxAge = 30 * time.Second
 
 // chainGap separates two lookup batches of one thread: lookups further apart start a new chain.
 const chainGap = time.Second
@@ -56,6 +65,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// TmpMaxAge bounds how long a closed tmp file waits for its rename; 0 means DefaultTmpMaxAge.
+	TmpMaxAge time.Duration
 }
 
 // block is one published block in the index.
@@ -64,10 +75,8 @@ type block struct {
 	name     BlockName
 	size     int64
 	physical int64
-	// digest is the block's size, CRC32C and samples; hasDigest is false for
-	// blocks found in the store without a record, until their first load.
+	// digest is the block's size, CRC32C and samples.
 	digest     shm.Digest
-	hasDigest  bool
 	lastUse    int64
 	lastLookup int64
 	readers    int
@@ -88,10 +97,21 @@ type lookupStream struct {
 }
 
 // tmpFile is a staging file being written through the store. Its mutex guards
-// size, crc, sealed and the Writer's file; open and orphaned are guarded by Store.mu.
+// size, crc, sealed and file; allocated, open, closedAt, orphaned and
+// untracked are written under both mutexes, so either one may be held to
+// read them.
 type tmpFile struct {
-	mu     sync.Mutex
-	sealed bool
+	mu sync.Mutex
+	// file is the tmp's descriptor, kept from its creation until the store
+	// stops tracking the tmp and its writer closed it: Publish works on it,
+	// never on whatever the tmp's name points to by then.
+	file *os.File
+	// id is the identity of the file written, which the tmp's name must
+	// still have when it is published.
+	id fileID
+	// closedAt is when the writer closed the tmp (store clock).
+	closedAt int64
+	sealed   bool
 	// refused is set when a write was rejected: the tmp cannot hold a whole row.
 	refused bool
 	size    int64
@@ -106,13 +126,18 @@ type tmpFile struct {
 	// probes holds the digest's probe windows for a block of that size.
 	expect int64
 	probes map[int64]uint64
+	// untracked is set once the store stops tracking the tmp (published,
+	// removed, forgotten, expired or replaced); written under Store.mu.
+	untracked bool
 }
 
 // Store is the block store. All methods are safe for concurrent use.
 type Store struct {
-	cfg       Config
-	root      string
-	lockFile  *os.File
+	cfg      Config
+	root     string
+	lockFile *os.File
+	// rootFD is the root directory's descriptor (lockFile's), from which every store path is resolved.
+	rootFD    int
 	capacity  int64
 	fsReserve int64
 	counters  Counters
@@ -130,6 +155,8 @@ type Store struct {
 	totals blockTotals
 
 	buffers blockBuffers
+	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
+	lastSweep atomic.Int64
 
 	removed     chan struct{}
 	pendingMu   sync.Mutex
@@ -150,6 +177,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.TmpMaxAge == 0 {
+		cfg.TmpMaxAge = DefaultTmpMaxAge
 	}
 	root, err := filepath.Abs(cfg.Dir)
 	if err != nil {
@@ -177,6 +207,7 @@ func Open(cfg Config) (*Store, error) {
 		cfg:         cfg,
 		root:        root,
 		lockFile:    lock,
+		rootFD:      int(lock.Fd()),
 		blocks:      make(map[string]*block),
 		lru:         list.New(),
 		tmps:        make(map[string]*tmpFile),
@@ -219,7 +250,7 @@ func (s *Store) Close() error {
 
 // probeWritable checks that the store accepts files and user xattrs, which hold the checksums.
 func (s *Store) probeWritable() error {
-	f, err := os.CreateTemp(s.root, ".kvtierfs-probe-*"+tmpSuffix)
+	f, err := os.CreateTemp(s.root, probePrefix+"*"+tmpSuffix)
 	if err != nil {
 		return fmt.Errorf("store directory %s is not writable: %w", s.root, err)
 	}
@@ -249,10 +280,23 @@ func (s *Store) setCapacity(capacity int64) error {
 	return nil
 }
 
+// probePrefix names the file probeWritable creates at the root.
+const probePrefix = ".kvtierfs-probe-"
+
+// probeLeftover matches the probe files a killed process may leave: the
+// store's own, and vLLM's O_DIRECT and xattr probes in a tier root.
+var probeLeftover = regexp.MustCompile(`^(` + regexp.QuoteMeta(probePrefix) + `[0-9]+|\.o_direct_probe_[0-9]+|\.xattr_probe_[0-9]+)\.tmp$`)
+
+// isProbeLeftover reports whether a file name is a probe leftover.
+func isProbeLeftover(name string) bool { return probeLeftover.MatchString(name) }
+
 // rebuild removes leftover tmp files and indexes every block under the root.
+// Only the tmp files of the block layout (and the store's own probe) are
+// removed: a *.tmp elsewhere is not the store's. A block without a digest
+// record bound to its name is not indexed (see readBlockMeta).
 func (s *Store) rebuild() error {
 	var found []*block
-	var tmpsRemoved, dropped int
+	var tmpsRemoved, dropped, refused int
 	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -261,19 +305,26 @@ func (s *Store) rebuild() error {
 			return nil
 		}
 		rel, _ := filepath.Rel(s.root, p)
-		if IsTmp(d.Name()) {
+		kind, name := Classify(rel)
+		if kind == BlockTmp || isProbeLeftover(d.Name()) {
 			if err := os.Remove(p); err != nil {
 				return err
 			}
 			tmpsRemoved++
 			return nil
 		}
-		kind, name := Classify(rel)
 		if kind != Block || !d.Type().IsRegular() {
 			return nil
 		}
-		b, err := s.readBlockMeta(p, rel, name)
-		if err != nil {
+		b, err := s.readBlockMeta(rel, name)
+		var unproven *unprovenError
+		switch {
+		case errors.As(err, &unproven):
+			s.counters.UnprovenBlocks.Add(1)
+			s.cfg.Logger.Warn("block not indexed: nothing proves its bytes are this block's", "path", p, "reason", unproven.reason)
+			refused++
+			return nil
+		case err != nil:
 			s.cfg.Logger.Warn("dropping block whose size disagrees with its checksum record (torn by a crash)", "path", p, "err", err)
 			dropped++
 			return os.Remove(p)
@@ -301,6 +352,7 @@ func (s *Store) rebuild() error {
 	}
 	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
 		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped, "odd_size_files_ignored", skipped,
+		"unproven_blocks_ignored", refused,
 		"evicted_to_fit_capacity", evicted)
 	return nil
 }
@@ -341,25 +393,70 @@ func (s *Store) consistentSizes(found []*block) ([]*block, int) {
 	return kept, skipped
 }
 
-// readBlockMeta builds an index entry from a block file and its checksum xattr.
-func (s *Store) readBlockMeta(p, rel string, name BlockName) (*block, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return nil, err
-	}
-	b := &block{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
-		lastUse: st.Mtim.Nano(), present: true}
-	d, ok, err := readDigest(p)
+// unprovenError is a block file whose bytes nothing ties to its name.
+type unprovenError struct{ reason string }
+
+func (e *unprovenError) Error() string { return e.reason }
+
+// readBlockMeta builds an index entry from a block file and its digest
+// record. A record written before records named their block (v1) is bound to
+// the name it is found under. A block without a record (copied or restored
+// without xattrs, or written by an engine pointed straight at the store) has
+// no proof of its bytes: it is indexed only when vLLM's own CRC32C xattr is
+// on it and matches its bytes, and refused (left on disk, unindexed) otherwise.
+func (s *Store) readBlockMeta(rel string, name BlockName) (*block, error) {
+	f, err := s.openFile(rel, unix.O_RDONLY, 0)
 	if err != nil {
+		return nil, &unprovenError{reason: err.Error()}
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, err
 	}
-	if ok {
-		if d.Size != st.Size {
-			return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
-		}
-		b.digest, b.hasDigest = d, true
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, &unprovenError{reason: "not a regular file"}
 	}
-	return b, nil
+	d, ok, upgrade, err := readRecord(f, name)
+	if err != nil {
+		return nil, &unprovenError{reason: err.Error()}
+	}
+	if !ok {
+		if d, err = s.adoptVLLM(f, st.Size); err != nil {
+			return nil, err
+		}
+		upgrade = true
+	}
+	if d.Size != st.Size {
+		return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
+	}
+	if upgrade {
+		if err := writeDigest(f, name, d); err != nil {
+			return nil, err
+		}
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			return nil, err
+		}
+	}
+	return &block{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
+		lastUse: st.Mtim.Nano(), present: true, digest: d}, nil
+}
+
+// adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the
+// file's bytes must match it.
+func (s *Store) adoptVLLM(f *os.File, size int64) (shm.Digest, error) {
+	want, ok := vllmChecksum(f)
+	if !ok {
+		return shm.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
+	}
+	crc, err := fileCRC(f, size)
+	if err != nil {
+		return shm.Digest{}, &unprovenError{reason: err.Error()}
+	}
+	if crc != want {
+		return shm.Digest{}, &unprovenError{reason: fmt.Sprintf("no digest record, and its bytes (crc32c %08x) do not match %s %08x", crc, vllmChecksumXattr, want)}
+	}
+	return digestFile(f, size, crc)
 }
 
 // insertLocked adds a block to the index at the front of the LRU list.
@@ -434,12 +531,19 @@ func (s *Store) notifyRemovals() {
 	}
 }
 
-// HasBlocksUnder reports whether any indexed block lives below the directory relDir.
+// HasBlocksUnder reports whether any indexed block, or any tmp file being
+// written or waiting for its rename, lives below the directory relDir: such a
+// directory must not be renamed, as the store tracks them by path.
 func (s *Store) HasBlocksUnder(relDir string) bool {
 	prefix := strings.TrimSuffix(relDir, "/") + "/"
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for rel := range s.blocks {
+		if strings.HasPrefix(rel, prefix) {
+			return true
+		}
+	}
+	for rel := range s.tmps {
 		if strings.HasPrefix(rel, prefix) {
 			return true
 		}
@@ -452,7 +556,7 @@ func (s *Store) nowNano() int64 { return s.cfg.Now().UnixNano() }
 
 // removeFile unlinks a store file, tolerating one that is already gone.
 func (s *Store) removeFile(rel string) error {
-	if err := unix.Unlink(s.Path(rel)); err != nil && err != syscall.ENOENT {
+	if err := s.unlink(rel); err != nil && err != syscall.ENOENT {
 		return err
 	}
 	return nil

@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"io"
 	"os"
 	"path"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,41 +33,70 @@ type Writer struct {
 // bounceBytes is the size of an O_DIRECT writer's bounce buffer: one FUSE request.
 const bounceBytes = 1 << 20
 
+// tmpOpenFlags are the caller's open flags CreateTmp honours.
+const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC
+
 // CreateTmp creates the tmp file of a block (a BlockTmp path) with the caller's
-// open flags: O_EXCL is honoured, O_APPEND dropped, and O_DIRECT kept, so an
-// engine writing O_DIRECT writes to the disk as it would without the mount,
-// not into dirty pages the kernel then throttles.
+// open flags: O_EXCL, O_TRUNC and the sync flags are honoured, others dropped,
+// and O_DIRECT kept, so an engine writing O_DIRECT writes to the disk as it
+// would without the mount, not into dirty pages the kernel then throttles. The
+// name is resolved without following links, and what it opens must be a
+// regular file no other name links to; the store keeps its descriptor until
+// the tmp is published or removed.
 func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	kind, name := Classify(rel)
 	if kind != BlockTmp {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
 	}
+	s.sweepTmps()
 	direct := flags&syscall.O_DIRECT != 0
-	flags &^= syscall.O_APPEND | syscall.O_ACCMODE
-	flags |= syscall.O_CREAT | syscall.O_RDWR | syscall.O_CLOEXEC
+	// O_TRUNC waits until the file is known to be the tmp's own.
+	truncate := flags&syscall.O_TRUNC != 0
+	flags = flags&tmpOpenFlags | syscall.O_CREAT | syscall.O_RDWR
+	if flags&syscall.O_EXCL == 0 {
+		// An existing name may be a FIFO: do not wait on it.
+		flags |= syscall.O_NONBLOCK
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t, ok := s.tmps[rel]; ok && t.open {
 		return nil, newError("create", rel, syscall.EBUSY, "tmp file is already open for writing")
 	}
-	f, err := os.OpenFile(s.Path(rel), flags, os.FileMode(mode&0o7777))
+	f, err := s.openFile(rel, flags, mode&0o7777)
 	if direct && errors.Is(err, syscall.EINVAL) {
 		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
 		direct = false
-		f, err = os.OpenFile(s.Path(rel), flags&^syscall.O_DIRECT, os.FileMode(mode&0o7777))
+		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, mode&0o7777)
 	}
 	if err != nil {
 		return nil, err
 	}
-	size, _, err := fileSize(f)
+	id, private, err := idOf(f)
+	if err == nil && !private {
+		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
+	}
+	if err == nil && flags&syscall.O_NONBLOCK != 0 {
+		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
+	}
+	if err == nil && truncate {
+		err = f.Truncate(0)
+	}
+	var size int64
+	if err == nil {
+		size, _, err = fileSize(f)
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	if old, ok := s.tmps[rel]; ok {
-		s.used -= old.allocated
+		s.untrackLocked(rel, old)
+		if old.mu.TryLock() {
+			old.closeIfRetired()
+			old.mu.Unlock()
+		}
 	}
-	t := &tmpFile{size: size, allocated: size, sequential: size == 0, open: true}
+	t := &tmpFile{file: f, id: id, size: size, allocated: size, sequential: size == 0, open: true}
 	if rowBytes, ok := s.rowBytes[name.Tier]; ok && size == 0 {
 		t.expect = rowBytes
 		t.probes = make(map[int64]uint64)
@@ -75,14 +106,19 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	w := &Writer{s: s, rel: rel, tmp: t, file: f}
 	if direct {
 		if w.bounce, err = unix.Mmap(-1, 0, bounceBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
-			f.Close()
+			s.untrackLocked(rel, t)
+			t.open = false
+			s.used -= t.allocated
+			t.closeIfRetired()
 			return nil, err
 		}
 	}
 	return w, nil
 }
 
-// WriteAt appends p at off, which must be the current end of the file.
+// WriteAt appends p at off, which must be the current end of the file. On a
+// failed or short store write, the tmp's size and checksum cover only the
+// bytes that landed, and the capacity reserved for the rest is returned.
 func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.tmp.mu.Lock()
 	defer w.tmp.mu.Unlock()
@@ -106,59 +142,94 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	if err := w.s.reserve(data, w.rel); err != nil {
 		return 0, err
 	}
-	w.tmp.allocated += data
 	n := len(p)
+	var written int64
 	var werr error
 	for _, r := range runs {
-		if err := w.pwrite(p[r.start:r.end], off+int64(r.start)); err != nil {
-			n, werr = r.start, err
+		landed, err := w.pwrite(p[r.start:r.end], off+int64(r.start))
+		written += int64(landed)
+		if err != nil {
+			n, werr = r.start+landed, err
 			break
 		}
 	}
+	w.s.mu.Lock()
+	w.tmp.allocated += written
+	w.s.used -= data - written // reserved for bytes that never landed
+	w.s.mu.Unlock()
 	w.tmp.crc = crc32.Update(w.tmp.crc, castagnoli, p[:n])
 	w.tmp.captureProbes(p[:n], off)
 	w.tmp.size += int64(n)
 	if werr != nil {
-		return n, newError("write", w.rel, Errno(werr), "store write failed: %v", werr)
+		return n, newError("write", w.rel, Errno(werr), "store write failed after %d of %d bytes: %v", n, len(p), werr)
 	}
 	w.s.counters.WriteBytes.Add(int64(n))
 	return n, nil
 }
 
+// pwriteAt is the store's positioned write, a variable so that tests can
+// make the store filesystem fail or write short.
+var pwriteAt = unix.Pwrite
+
+// pwriteFull writes all of data at off, going on after a short write; a
+// write that makes no progress fails. It returns the bytes that landed.
+func pwriteFull(fd int, data []byte, off int64) (int, error) {
+	done := 0
+	for done < len(data) {
+		n, err := pwriteAt(fd, data[done:], off+int64(done))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n <= 0 {
+			return done, io.ErrShortWrite
+		}
+		done += n
+	}
+	return done, nil
+}
+
 // pwrite writes data at off, through the bounce buffer for O_DIRECT; a piece
-// O_DIRECT cannot take (not page aligned) is written buffered.
-func (w *Writer) pwrite(data []byte, off int64) error {
+// O_DIRECT cannot take (not page aligned) is written buffered. It returns the
+// bytes that landed.
+func (w *Writer) pwrite(data []byte, off int64) (int, error) {
 	fd := int(w.file.Fd())
 	if w.bounce == nil || off%PageSize != 0 || len(data)%PageSize != 0 {
 		if w.bounce != nil {
-			if err := setDirect(fd, false); err != nil {
-				return err
+			if err := setFlag(fd, unix.O_DIRECT, false); err != nil {
+				return 0, err
 			}
-			defer setDirect(fd, true)
+			defer setFlag(fd, unix.O_DIRECT, true)
 		}
-		_, err := unix.Pwrite(fd, data, off)
-		return err
+		return pwriteFull(fd, data, off)
 	}
-	for len(data) > 0 {
-		chunk := copy(w.bounce, data)
-		if _, err := unix.Pwrite(fd, w.bounce[:chunk], off); err != nil {
-			return err
+	done := 0
+	for done < len(data) {
+		chunk := copy(w.bounce, data[done:])
+		n, err := pwriteFull(fd, w.bounce[:chunk], off+int64(done))
+		done += n
+		if err != nil {
+			return done, err
 		}
-		data, off = data[chunk:], off+int64(chunk)
 	}
-	return nil
+	return done, nil
 }
 
 // setDirect turns O_DIRECT on or off for an open file.
-func setDirect(fd int, on bool) error {
+func setDirect(fd int, on bool) error { return setFlag(fd, unix.O_DIRECT, on) }
+
+// setFlag turns a file status flag (O_DIRECT, O_NONBLOCK) on or off for an open file.
+func setFlag(fd int, flag int, on bool) error {
 	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 	if err != nil {
 		return err
 	}
 	if on {
-		flags |= unix.O_DIRECT
+		flags |= flag
 	} else {
-		flags &^= unix.O_DIRECT
+		flags &^= flag
 	}
 	_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags)
 	return err
@@ -215,31 +286,140 @@ func isZero(p []byte) bool {
 	return true
 }
 
-// Close closes the tmp file; the tmp stays ready for Publish or RemoveTmp.
+// Close ends the writer; the tmp stays ready for Publish or RemoveTmp, which
+// work on the descriptor the store keeps (buffered from now on), and it is
+// removed if no rename comes within Config.TmpMaxAge.
 func (w *Writer) Close() error {
 	w.tmp.mu.Lock()
 	defer w.tmp.mu.Unlock()
 	if w.file == nil {
 		return nil
 	}
-	err := w.file.Close()
-	w.file = nil
+	var err error
 	if w.bounce != nil {
+		err = setDirect(int(w.file.Fd()), false)
 		unix.Munmap(w.bounce)
 		w.bounce = nil
 	}
+	w.file = nil
 	w.s.mu.Lock()
 	w.tmp.open = false
+	w.tmp.closedAt = w.s.nowNano()
 	if w.tmp.orphaned {
 		w.s.used -= w.tmp.allocated
 	}
+	w.tmp.closeIfRetired()
 	w.s.mu.Unlock()
 	return err
 }
 
+// untrackLocked stops tracking a tmp file: its bytes leave the capacity now,
+// or when its writer closes it if it is still open.
+func (s *Store) untrackLocked(rel string, t *tmpFile) {
+	if s.tmps[rel] == t {
+		delete(s.tmps, rel)
+	}
+	t.untracked = true
+	if t.open {
+		t.orphaned = true
+	} else {
+		s.used -= t.allocated
+	}
+}
+
+// closeIfRetired closes the tmp's descriptor once the store no longer tracks
+// the tmp and no writer holds it. The caller holds t.mu and Store.mu.
+func (t *tmpFile) closeIfRetired() {
+	if t.untracked && !t.open && t.file != nil {
+		t.file.Close()
+		t.file = nil
+	}
+}
+
+// sweepInterval is how often CreateTmp looks for expired tmp files.
+const sweepInterval = time.Second
+
+// sweepTmps expires tmp files at most once per sweepInterval.
+func (s *Store) sweepTmps() {
+	now := s.nowNano()
+	last := s.lastSweep.Load()
+	if now-last < int64(sweepInterval) || !s.lastSweep.CompareAndSwap(last, now) {
+		return
+	}
+	s.expireTmps()
+}
+
+// expireTmps removes the tmp files whose writer closed them more than
+// Config.TmpMaxAge ago and that were never renamed (their writer was killed
+// or gave up), returning their bytes to the capacity. A tmp whose mutex is
+// held (a Publish in progress) is left for the next sweep. It returns how
+// many it removed.
+func (s *Store) expireTmps() int {
+	now := s.nowNano()
+	type stale struct {
+		rel string
+		t   *tmpFile
+	}
+	var found []stale
+	s.mu.Lock()
+	for rel, t := range s.tmps {
+		if !t.open && now-t.closedAt > int64(s.cfg.TmpMaxAge) {
+			found = append(found, stale{rel, t})
+		}
+	}
+	s.mu.Unlock()
+	removed := 0
+	for _, st := range found {
+		if !st.t.mu.TryLock() {
+			continue
+		}
+		s.mu.Lock()
+		if s.tmps[st.rel] == st.t && !st.t.open {
+			if err := s.unlinkTmpLocked(st.rel, st.t); err != nil {
+				s.cfg.Logger.Warn("removing expired tmp file", "path", s.Path(st.rel), "err", err)
+			}
+			s.untrackLocked(st.rel, st.t)
+			st.t.closeIfRetired()
+			s.counters.TmpsExpired.Add(1)
+			removed++
+			s.cfg.Logger.Warn("removed a tmp file its writer closed but never renamed", "path", s.Path(st.rel),
+				"bytes", st.t.allocated, "closed_for", time.Duration(now-st.t.closedAt).String())
+		}
+		s.mu.Unlock()
+		st.t.mu.Unlock()
+	}
+	return removed
+}
+
+// unlinkTmpLocked unlinks a tmp's name if it still names the file written.
+func (s *Store) unlinkTmpLocked(rel string, t *tmpFile) error {
+	dirfd, err := s.openDir(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	base := path.Base(rel)
+	if id, err := nameID(dirfd, base); err != nil || id != t.id {
+		return err
+	}
+	return unix.Unlinkat(dirfd, base, 0)
+}
+
 // reserve makes room for n more bytes, evicting blocks if needed; it fails with
-// ENOSPC, evicting nothing, when the capacity or the filesystem reserve cannot be met.
+// ENOSPC, evicting nothing, when the capacity or the filesystem reserve cannot
+// be met even after expiring abandoned tmp files.
 func (s *Store) reserve(n int64, forRel string) error {
+	err := s.reserveOnce(n, forRel)
+	if errors.Is(err, syscall.ENOSPC) && s.expireTmps() > 0 {
+		err = s.reserveOnce(n, forRel)
+	}
+	if err != nil {
+		s.counters.NoSpace.Add(1)
+	}
+	return err
+}
+
+func (s *Store) reserveOnce(n int64, forRel string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.makeRoomLocked(n, forRel); err != nil {
@@ -247,13 +427,6 @@ func (s *Store) reserve(n int64, forRel string) error {
 	}
 	s.used += n
 	return nil
-}
-
-// release returns reserved bytes that were not written.
-func (s *Store) release(n int64) {
-	s.mu.Lock()
-	s.used -= n
-	s.mu.Unlock()
 }
 
 // limitLocked is the number of bytes the store may use now: the capacity, or
@@ -267,9 +440,16 @@ func (s *Store) limitLocked() int64 {
 	return min(s.capacity, s.used+avail-s.fsReserve)
 }
 
-// Publish renames a closed tmp file over its block atomically, with the block's
-// checksum recorded beside it. Readers see the whole old block, the whole new
+// Publish renames a tmp file over its block atomically, with the block's
+// digest recorded beside it. Readers see the whole old block, the whole new
 // one, or ENOENT.
+//
+// It works on the descriptor the tmp was written through, never on what the
+// tmp's name points to now: the record is set on that descriptor, and the
+// rename (within the block's directory, opened without following links)
+// happens only while the tmp's name names that same file, checked again
+// after the rename. A tmp swapped for a link or another file is refused, and
+// whatever was renamed in its place is removed.
 func (s *Store) Publish(tmpRel, destRel string) error {
 	kind, name := Classify(destRel)
 	if kind != Block {
@@ -297,11 +477,14 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, PageSize)
 	}
-	f, err := os.OpenFile(s.Path(tmpRel), os.O_RDWR, 0)
-	if err != nil {
+	f := t.file
+	if f == nil {
+		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed")
+	}
+	// The probes and checksum below read the file buffered.
+	if err := setDirect(int(f.Fd()), false); err != nil {
 		return err
 	}
-	defer f.Close()
 	if size, _, err := fileSize(f); err != nil {
 		return err
 	} else if size < t.size {
@@ -311,6 +494,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	}
 	crc := t.crc
 	if !t.sequential {
+		var err error
 		if crc, err = fileCRC(f, t.size); err != nil {
 			return err
 		}
@@ -319,16 +503,25 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeDigest(f, digest); err != nil {
+	if err := writeDigest(f, name, digest); err != nil {
 		return err
 	}
 	_, physical, err := fileSize(f)
 	if err != nil {
 		return err
 	}
+	dirfd, err := s.openDir(destRel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	tmpBase, destBase := path.Base(tmpRel), path.Base(destRel)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.tmps[tmpRel] != t {
+		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed while being published")
+	}
 	if want, ok := s.rowBytes[name.Tier]; ok && want != t.size {
 		if old := s.blocks[destRel]; s.tierBlocks[name.Tier] > 1 || old == nil {
 			return newError("rename", destRel, syscall.EINVAL,
@@ -337,18 +530,43 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	}
 	if extra := physical - t.allocated; extra > 0 {
 		if err := s.makeRoomLocked(extra, destRel); err != nil {
+			s.counters.NoSpace.Add(1)
 			return err
 		}
 	}
-	if err := unix.Rename(s.Path(tmpRel), s.Path(destRel)); err != nil {
+	if id, err := nameID(dirfd, tmpBase); err != nil || id != t.id {
+		s.counters.PublishRefused.Add(1)
+		return newError("rename", tmpRel, syscall.EPERM,
+			"the tmp name no longer names the file written through the mount (replaced by a link or another file): not published")
+	}
+	if err := unix.Renameat(dirfd, tmpBase, dirfd, destBase); err != nil {
 		return err
 	}
+	old := s.blocks[destRel]
+	if id, err := nameID(dirfd, destBase); err != nil || id != t.id {
+		// The tmp name was swapped between the check and the rename: what
+		// now holds the block's name is not the block written.
+		s.counters.PublishRefused.Add(1)
+		if err := unix.Unlinkat(dirfd, destBase, 0); err != nil && err != unix.ENOENT {
+			s.cfg.Logger.Error("removing the file renamed over a block in place of its tmp", "path", s.Path(destRel), "err", err)
+		}
+		if old != nil {
+			s.dropLocked(old)
+			s.queueRemoval(destRel)
+		}
+		return newError("rename", tmpRel, syscall.EPERM,
+			"the tmp name was replaced during the rename: not published, and the block is gone")
+	}
+	// Sealed, the tmp takes no more bytes: what it held is the block's now,
+	// even if its writer has not closed it yet.
 	t.sealed = true
 	delete(s.tmps, tmpRel)
+	t.untracked = true
 	s.used -= t.allocated
+	t.closeIfRetired()
 	b := &block{rel: destRel, name: name, size: t.size, physical: physical,
-		digest: digest, hasDigest: true, lastUse: s.nowNano(), present: true}
-	if old := s.blocks[destRel]; old != nil {
+		digest: digest, lastUse: s.nowNano(), present: true}
+	if old != nil {
 		b.lastLookup, b.chain = old.lastLookup, old.chain
 		s.replaceInChainLocked(old, b)
 		s.dropLocked(old)
@@ -371,17 +589,20 @@ func (t *tmpFile) digest(f *os.File, crc uint32) (shm.Digest, error) {
 // RemoveTmp unlinks a tmp file and returns its bytes to the capacity.
 func (s *Store) RemoveTmp(rel string) error {
 	s.mu.Lock()
+	t := s.tmps[rel]
+	s.mu.Unlock()
+	if t != nil {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := unix.Unlink(s.Path(rel)); err != nil {
+	if err := s.unlink(rel); err != nil {
 		return err
 	}
-	if t, ok := s.tmps[rel]; ok {
-		delete(s.tmps, rel)
-		if t.open {
-			t.orphaned = true
-		} else {
-			s.used -= t.allocated
-		}
+	if t != nil && s.tmps[rel] == t {
+		s.untrackLocked(rel, t)
+		t.closeIfRetired()
 	}
 	return nil
 }
@@ -390,10 +611,18 @@ func (s *Store) RemoveTmp(rel string) error {
 // block layout; its bytes no longer count against the capacity.
 func (s *Store) ForgetTmp(rel string) {
 	s.mu.Lock()
+	t := s.tmps[rel]
+	s.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t, ok := s.tmps[rel]; ok {
-		s.used -= t.allocated
-		delete(s.tmps, rel)
+	if s.tmps[rel] == t {
+		s.untrackLocked(rel, t)
+		t.closeIfRetired()
 	}
 }
 
@@ -409,7 +638,7 @@ func (s *Store) IsTracked(rel string) bool {
 func (s *Store) Remove(rel string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := unix.Unlink(s.Path(rel)); err != nil {
+	if err := s.unlink(rel); err != nil {
 		return err
 	}
 	if b := s.blocks[rel]; b != nil {

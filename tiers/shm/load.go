@@ -18,7 +18,7 @@ func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
 	defer s.mu.RUnlock()
 	var found RowRef
 	ok, tried := false, 0
-	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
+	complete := s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
 		if !d.samplesMatch(row) {
 			return true
 		}
@@ -30,7 +30,7 @@ func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
 		}
 		return tried < maxCandidates
 	})
-	return found, ok
+	return found, ok && complete
 }
 
 // Destinations finds the rows a load is filling from the part already
@@ -54,7 +54,7 @@ func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
 	defer s.mu.RUnlock()
 	var fresh, old []RowRef
 	candidates := 0
-	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
+	complete := s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
 		if !prefixSamplesMatch(d, row, len(prefix)) {
 			return true
 		}
@@ -72,6 +72,9 @@ func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
 		}
 		return true
 	})
+	if !complete {
+		return nil
+	}
 	if len(fresh) > 0 {
 		return fresh
 	}
@@ -93,9 +96,13 @@ func (s *Set) Holds(ref RowRef, d Digest) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	r, ok := s.regions[ref.Region]
-	if !ok || r.data == nil || d.Size <= 0 || r.Size%d.Size != 0 || int64(ref.Row) >= r.Size/d.Size {
+	if !ok || r.id != ref.File || r.data == nil || d.Size <= 0 || r.size%d.Size != 0 || int64(ref.Row) >= r.size/d.Size || r.faulted.Load() {
 		return false
 	}
-	row := r.data[int64(ref.Row)*d.Size : int64(ref.Row+1)*d.Size]
-	return d.samplesMatch(row) && CRC32C(row) == d.CRC
+	held := false
+	s.guard(r, func() {
+		row := r.data[int64(ref.Row)*d.Size : int64(ref.Row+1)*d.Size]
+		held = d.samplesMatch(row) && CRC32C(row) == d.CRC
+	})
+	return held
 }

@@ -1,8 +1,11 @@
 package shm
 
-// RowRef names one row of one region.
+// RowRef names one row of one region: the region's path, and the identity of
+// the file it named when the row was found, so that a row of a region the
+// engine recreated under the same name is never taken for a row of the old one.
 type RowRef struct {
 	Region string
+	File   FileID
 	Row    int
 }
 
@@ -12,7 +15,7 @@ func (s *Set) Fits(size int64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, r := range s.regions {
-		if size > 0 && r.Size >= size && r.Size%size == 0 {
+		if size > 0 && r.size >= size && r.size%size == 0 && !r.faulted.Load() {
 			return true
 		}
 	}
@@ -37,7 +40,8 @@ func (s *Set) Candidates(d Digest) []RowRef {
 
 // Confirm finds the one row that holds exactly the digest's bytes now (samples
 // then CRC32C) and was not among before. ok is false when no such row exists,
-// when several do, or when the samples match too many rows to check.
+// when several do, when the samples match too many rows to check, or when a
+// region faulted while it was searched.
 func (s *Set) Confirm(d Digest, before []RowRef) (RowRef, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -47,7 +51,7 @@ func (s *Set) Confirm(d Digest, before []RowRef) (RowRef, bool) {
 	}
 	var found []RowRef
 	candidates := 0
-	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
+	complete := s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
 		if !d.samplesMatch(row) {
 			return true
 		}
@@ -60,28 +64,38 @@ func (s *Set) Confirm(d Digest, before []RowRef) (RowRef, bool) {
 		}
 		return len(found) < 2
 	})
-	if len(found) != 1 {
+	if !complete || len(found) != 1 {
 		return RowRef{}, false
 	}
 	return found[0], true
 }
 
 // eachRowLocked calls fn for every row of every region made of size-byte rows
-// until fn returns false.
-func (s *Set) eachRowLocked(size int64, fn func(ref RowRef, row []byte) bool) {
+// until fn returns false. A region that faults while fn reads it (truncated
+// by another user) is left at once, marked for Refresh to drop; ok is false
+// then, as the rows fn saw may be incomplete.
+func (s *Set) eachRowLocked(size int64, fn func(ref RowRef, row []byte) bool) (ok bool) {
 	if size <= 0 {
-		return
+		return true
 	}
+	ok = true
 	for path, r := range s.regions {
-		if r.data == nil || r.Size%size != 0 {
+		if r.data == nil || r.size%size != 0 || r.faulted.Load() {
 			continue
 		}
-		for i := int64(0); i < r.Size/size; i++ {
-			if !fn(RowRef{Region: path, Row: int(i)}, r.data[i*size:(i+1)*size]) {
-				return
+		more := true
+		if !s.guard(r, func() {
+			for i := int64(0); i < r.size/size && more; i++ {
+				more = fn(RowRef{Region: path, File: r.id, Row: int(i)}, r.data[i*size:(i+1)*size])
 			}
+		}) {
+			ok = false
+		}
+		if !more {
+			break
 		}
 	}
+	return ok
 }
 
 // PathFor returns the region made of rows of rowBytes bytes; ok is false when
@@ -91,7 +105,7 @@ func (s *Set) PathFor(rowBytes int64) (string, bool) {
 	defer s.mu.RUnlock()
 	var found []string
 	for path, r := range s.regions {
-		if rowBytes > 0 && r.Size >= rowBytes && r.Size%rowBytes == 0 {
+		if rowBytes > 0 && r.size >= rowBytes && r.size%rowBytes == 0 && !r.faulted.Load() {
 			found = append(found, path)
 		}
 	}

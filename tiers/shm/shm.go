@@ -1,32 +1,47 @@
 // Package shm finds and maps the engine's shared offload regions
 // (`/dev/shm/vllm_offload_<engine_id>.mmap`): files with no header holding
 // rows × row_bytes, one block per row (DESIGN §2).
+//
+// `/dev/shm` is writable by every local user, so a file matching the glob is
+// mapped only when it is a regular file owned by root or the engine's uid,
+// opened without following links (DESIGN "Regions in /dev/shm"). A region is
+// the file's identity (device, inode) and size: a file recreated under the
+// same name is a new region. Every read of a mapping recovers from the fault
+// a region truncated under it raises, and drops that region.
 package shm
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"sync"
+	"sync/atomic"
 
-	mmap "github.com/edsrzf/mmap-go"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultGlob matches vLLM's shared offload regions.
 const DefaultGlob = "/dev/shm/vllm_offload_*.mmap"
 
-// Region is one mapped shm region.
-type Region struct {
-	// Path is the region file.
-	Path string
-	// Size is its length in bytes.
-	Size int64
-	data mmap.MMap
+// FileID is a file's identity: a name recreated by the engine gets a new one.
+type FileID struct {
+	Dev, Ino uint64
 }
 
-// Bytes is the read-only mapping of the region.
-func (r *Region) Bytes() []byte { return r.data }
+// region is one mapped shm region.
+type region struct {
+	path string
+	id   FileID
+	size int64
+	data []byte
+	// faulted is set when a read of the mapping faulted (the file shrank):
+	// the region is skipped from then on and dropped at the next Refresh.
+	faulted atomic.Bool
+}
 
 // Info describes a region for stats: its geometry as inferred from the store's
 // block size, and a warning when the two disagree.
@@ -38,58 +53,197 @@ type Info struct {
 	Warning  string `json:"warning,omitempty"`
 }
 
-// Set tracks the regions that match a glob, mapping new ones and dropping
-// vanished or resized ones at each Refresh.
-type Set struct {
-	glob string
-
-	// mu guards regions: Refresh writes, the row searches read.
-	mu      sync.RWMutex
-	regions map[string]*Region
+// Ignored is a file matching the glob that is not mapped, and why.
+type Ignored struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
-// NewSet returns a Set for the glob; call Refresh to map the regions.
-func NewSet(glob string) (*Set, error) {
+// Options tune a Set; the zero value is the default.
+type Options struct {
+	// EngineUID is the uid whose region files are mapped, besides root's;
+	// nil means the daemon's own uid.
+	EngineUID *uint32
+	// Logger receives one line per region mapped, dropped or ignored; nil discards them.
+	Logger *slog.Logger
+}
+
+// Set tracks the regions that match a glob, mapping new ones and dropping
+// vanished, recreated or resized ones at each Refresh.
+type Set struct {
+	glob   string
+	owners []uint32
+	logger *slog.Logger
+
+	// refreshMu serialises Refresh.
+	refreshMu sync.Mutex
+	// mu guards regions and ignored: Refresh writes, the row searches read.
+	// A mapping is unmapped only under the write lock, so no reader holds it.
+	mu      sync.RWMutex
+	regions map[string]*region
+	ignored map[string]Ignored
+
+	// ignoredTotal counts files refused (each name and identity once);
+	// faults counts regions dropped because a read of them faulted.
+	ignoredTotal atomic.Int64
+	faults       atomic.Int64
+}
+
+// NewSet returns a Set for the glob with default Options; call Refresh to map the regions.
+func NewSet(glob string) (*Set, error) { return NewSetWith(glob, Options{}) }
+
+// NewSetWith returns a Set for the glob; call Refresh to map the regions.
+func NewSetWith(glob string, opts Options) (*Set, error) {
 	if _, err := filepath.Match(glob, ""); err != nil {
 		return nil, fmt.Errorf("--shm-glob %q: %w", glob, err)
 	}
-	return &Set{glob: glob, regions: make(map[string]*Region)}, nil
+	engine := uint32(os.Getuid())
+	if opts.EngineUID != nil {
+		engine = *opts.EngineUID
+	}
+	owners := []uint32{0}
+	if engine != 0 {
+		owners = append(owners, engine)
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Set{glob: glob, owners: owners, logger: logger,
+		regions: make(map[string]*region), ignored: make(map[string]Ignored)}, nil
 }
 
-// Refresh maps regions that appeared and unmaps those that vanished or changed size.
+// Owners lists the uids whose region files the Set maps.
+func (s *Set) Owners() []uint32 { return append([]uint32(nil), s.owners...) }
+
+// OpenFile opens a region file without following a link in its last
+// component and without blocking (a FIFO planted under the glob), and checks
+// on the descriptor that it is a regular file owned by one of owners (any
+// owner when none are given). flag is O_RDONLY or O_RDWR.
+// size is the file's size at the check.
+func OpenFile(path string, flag int, owners ...uint32) (f *os.File, id FileID, size int64, err error) {
+	fd, err := unix.Open(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.ELOOP {
+		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: "symbolic link: not followed"}
+	}
+	if err != nil {
+		return nil, FileID{}, 0, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, FileID{}, 0, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if reason := refusal(&st, owners); reason != "" {
+		unix.Close(fd)
+		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: reason}
+	}
+	return os.NewFile(uintptr(fd), path), FileID{Dev: st.Dev, Ino: st.Ino}, st.Size, nil
+}
+
+// RefusedError is a file under the glob that is not a region the daemon may use.
+type RefusedError struct {
+	Path, Reason string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("shm file %s refused: %s", e.Path, e.Reason)
+}
+
+// refusal says why a file is not a region: a link, not a regular file, or
+// owned by none of owners (any owner passes when none are given); "" when it is one.
+func refusal(st *unix.Stat_t, owners []uint32) string {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFLNK:
+		return "symbolic link: not followed"
+	default:
+		return "not a regular file"
+	}
+	if len(owners) == 0 {
+		return ""
+	}
+	for _, uid := range owners {
+		if st.Uid == uid {
+			return ""
+		}
+	}
+	return fmt.Sprintf("owned by uid %d, not by one of %v (root, the engine)", st.Uid, owners)
+}
+
+// Refresh maps regions that appeared and unmaps those that vanished, were
+// recreated, changed size or faulted; files that are links, not regular or
+// not owned by root or the engine's uid are ignored and counted.
 func (s *Set) Refresh() error {
+	s.refreshMu.Lock()
+	defer s.refreshMu.Unlock()
 	paths, err := filepath.Glob(s.glob)
 	if err != nil {
 		return err
 	}
-	if !s.changed(paths) {
+	current := make(map[string]candidate, len(paths))
+	for _, p := range paths {
+		if c, ok := s.examine(p); ok {
+			current[p] = c
+		}
+	}
+	if !s.changed(current) {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	seen := make(map[string]bool, len(paths))
+	// Map outside the lock: readers go on with the old regions meanwhile.
+	fresh := make(map[string]*region)
 	var errs []error
-	for _, p := range paths {
-		seen[p] = true
-		st, err := os.Stat(p)
-		if err != nil || !st.Mode().IsRegular() {
+	for p, c := range current {
+		if c.reason != "" || s.mapped(p, c.id, c.size) {
 			continue
 		}
-		if r, ok := s.regions[p]; ok && r.Size == st.Size() {
-			continue
-		}
-		s.unmapLocked(p)
-		r, err := mapRegion(p)
-		if err != nil {
+		r, err := s.mapRegion(p)
+		var refused *RefusedError
+		switch {
+		case errors.As(err, &refused):
+			current[p] = candidate{reason: refused.Reason}
+		case os.IsNotExist(err):
+			delete(current, p)
+		case err != nil:
 			errs = append(errs, err)
+		default:
+			fresh[p] = r
+		}
+	}
+	s.mu.Lock()
+	var stale []*region
+	for p, r := range s.regions {
+		c, ok := current[p]
+		if ok && c.reason == "" && fresh[p] == nil && r.id == c.id && r.size == c.size && !r.faulted.Load() {
 			continue
 		}
+		stale = append(stale, r)
+		delete(s.regions, p)
+	}
+	for p, r := range fresh {
 		s.regions[p] = r
 	}
-	for p := range s.regions {
-		if !seen[p] {
-			s.unmapLocked(p)
+	ignored := make(map[string]Ignored)
+	for p, c := range current {
+		if c.reason == "" {
+			continue
 		}
+		ignored[p] = Ignored{Path: p, Reason: c.reason}
+		if old, seen := s.ignored[p]; !seen || old.Reason != c.reason {
+			s.ignoredTotal.Add(1)
+			s.logger.Warn("shm file matching the glob ignored", "path", p, "reason", c.reason)
+		}
+	}
+	s.ignored = ignored
+	for _, r := range stale {
+		r.unmap()
+	}
+	s.mu.Unlock()
+	for _, r := range stale {
+		s.logger.Info("shm region dropped", "path", r.path, "size", r.size, "faulted", r.faulted.Load())
+	}
+	for _, r := range fresh {
+		s.logger.Info("shm region mapped", "path", r.path, "size", r.size)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("mapping shm regions: %v", errs)
@@ -97,53 +251,154 @@ func (s *Set) Refresh() error {
 	return nil
 }
 
-// changed reports whether the regions matching the glob differ from the
-// mapped ones, so that a Refresh with nothing to do never blocks readers.
-func (s *Set) changed(paths []string) bool {
+// candidate is what Refresh saw at a path: its identity and size, or why it is ignored.
+type candidate struct {
+	id     FileID
+	size   int64
+	reason string
+}
+
+// examine looks at a path without following a link; ok is false when it vanished.
+func (s *Set) examine(p string) (c candidate, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return candidate{}, false
+	}
+	if reason := refusal(&st, s.owners); reason != "" {
+		return candidate{reason: reason}, true
+	}
+	return candidate{id: FileID{Dev: st.Dev, Ino: st.Ino}, size: st.Size}, true
+}
+
+// mapped reports whether the region at p is mapped with this identity and size.
+func (s *Set) mapped(p string, id FileID, size int64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if len(paths) != len(s.regions) {
-		return true
-	}
-	for _, p := range paths {
+	r, ok := s.regions[p]
+	return ok && r.id == id && r.size == size && !r.faulted.Load()
+}
+
+// changed reports whether what the glob matches differs from the mapped
+// regions, so that a Refresh with nothing to do never blocks readers.
+func (s *Set) changed(current map[string]candidate) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	usable := 0
+	for p, c := range current {
+		if c.reason != "" {
+			if s.ignored[p].Reason != c.reason {
+				return true
+			}
+			continue
+		}
+		usable++
 		r, ok := s.regions[p]
-		st, err := os.Stat(p)
-		if !ok || err != nil || st.Size() != r.Size {
+		if !ok || r.id != c.id || r.size != c.size || r.faulted.Load() {
 			return true
 		}
 	}
-	return false
+	return usable != len(s.regions) || len(current)-usable != len(s.ignored)
 }
 
-// mapRegion maps a region file read-only.
-func mapRegion(p string) (*Region, error) {
-	f, err := os.Open(p)
+// mapRegion opens and maps a region file read-only; the file is checked
+// again on its descriptor, as it may have changed since examine.
+func (s *Set) mapRegion(p string) (*region, error) {
+	f, id, size, err := OpenFile(p, unix.O_RDONLY, s.owners...)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	r := &Region{Path: p, Size: st.Size()}
-	if r.Size == 0 {
+	r := &region{path: p, id: id, size: size}
+	if r.size == 0 {
 		return r, nil
 	}
-	if r.data, err = mmap.Map(f, mmap.RDONLY, 0); err != nil {
+	if r.data, err = unix.Mmap(int(f.Fd()), 0, int(r.size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
 		return nil, fmt.Errorf("mmap %s: %w", p, err)
 	}
 	return r, nil
 }
 
-func (s *Set) unmapLocked(p string) {
-	if r, ok := s.regions[p]; ok {
-		if r.data != nil {
-			r.data.Unmap()
-		}
-		delete(s.regions, p)
+// unmap releases the mapping; the caller holds the Set's write lock.
+func (r *region) unmap() {
+	if r.data != nil {
+		unix.Munmap(r.data)
+		r.data = nil
 	}
 }
+
+// ErrFault is returned by Guard when the mapping it protected faulted.
+var ErrFault = errors.New("mapping faulted: its file shrank under it")
+
+// nilPage bounds the addresses a nil dereference faults at.
+const nilPage = 4096
+
+// Guard runs fn, which reads or writes a mapping of a file other users can
+// truncate (a region in /dev/shm), and turns the fault such an access raises
+// into ErrFault instead of SIGBUS ending the daemon. fn must not leave locks
+// or state half-changed when it stops at any byte.
+func Guard(fn func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if v := recover(); v != nil {
+			// A fault carries its address; anything else (or a nil
+			// dereference, near address 0) is a bug, not a shrunk file.
+			if f, ok := v.(interface{ Addr() uintptr }); !ok || f.Addr() < nilPage {
+				panic(v)
+			}
+			err = fmt.Errorf("%w (%v)", ErrFault, v)
+		}
+	}()
+	fn()
+	return nil
+}
+
+// guard runs fn over the region's mapping through Guard; after a fault the
+// region is marked faulted, skipped from then on and dropped by the next
+// Refresh, and guard returns false.
+func (s *Set) guard(r *region, fn func()) bool {
+	err := Guard(fn)
+	if err == nil {
+		return true
+	}
+	if !r.faulted.Swap(true) {
+		s.faults.Add(1)
+		s.logger.Warn("shm region shrank under its mapping: dropped", "path", r.path, "err", err)
+	}
+	return false
+}
+
+// FileOf returns the identity of the region file mapped for path; ok is
+// false when none is (never mapped, refused, or faulted). A mapping of the
+// same path made elsewhere (row mirroring) whose identity differs is of an
+// older file the engine has replaced, and can be unmapped.
+func (s *Set) FileOf(path string) (FileID, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, ok := s.regions[path]
+	if !ok || r.faulted.Load() {
+		return FileID{}, false
+	}
+	return r.id, true
+}
+
+// Ignored lists the files matching the glob that are not mapped now, and why.
+func (s *Set) Ignored() []Ignored {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Ignored, 0, len(s.ignored))
+	for _, ig := range s.ignored {
+		out = append(out, ig)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}
+
+// IgnoredTotal counts the files refused since the Set was made (a file is
+// counted once while it stays refused for the same reason).
+func (s *Set) IgnoredTotal() int64 { return s.ignoredTotal.Load() }
+
+// Faults counts the regions dropped because they shrank under their mapping.
+func (s *Set) Faults() int64 { return s.faults.Load() }
 
 // Infos describes every region, inferring its row size from the block sizes
 // found in the store (rowSizes); a region no block size divides is refused
@@ -160,19 +415,19 @@ func (s *Set) Infos(rowSizes []int64) []Info {
 }
 
 // describe infers one region's geometry.
-func describe(r *Region, rowSizes []int64) Info {
-	info := Info{Path: r.Path, Size: r.Size}
+func describe(r *region, rowSizes []int64) Info {
+	info := Info{Path: r.path, Size: r.size}
 	if len(rowSizes) == 0 {
 		info.Warning = "row size unknown until the engine stores a block"
 		return info
 	}
 	for _, rb := range rowSizes {
-		if rb > 0 && r.Size > 0 && r.Size%rb == 0 {
-			info.RowBytes, info.Rows = rb, r.Size/rb
+		if rb > 0 && r.size > 0 && r.size%rb == 0 {
+			info.RowBytes, info.Rows = rb, r.size/rb
 			return info
 		}
 	}
-	info.Warning = fmt.Sprintf("region of %d bytes is not a multiple of the block size %v: the engine and the store disagree on the row geometry; this region is not used", r.Size, rowSizes)
+	info.Warning = fmt.Sprintf("region of %d bytes is not a multiple of the block size %v: the engine and the store disagree on the row geometry; this region is not used", r.size, rowSizes)
 	return info
 }
 
@@ -180,7 +435,8 @@ func describe(r *Region, rowSizes []int64) Info {
 func (s *Set) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for p := range s.regions {
-		s.unmapLocked(p)
+	for p, r := range s.regions {
+		r.unmap()
+		delete(s.regions, p)
 	}
 }

@@ -57,15 +57,14 @@ func TestDigestSamplesNonZeroWindows(t *testing.T) {
 			t.Fatalf("sample %+v lies in the zero half or is zero", s)
 		}
 	}
-	b, _ := d.MarshalBinary()
-	var back Digest
-	if err := back.UnmarshalBinary(b); err != nil || fmt.Sprint(back) != fmt.Sprint(d) {
-		t.Fatalf("round trip: %v %+v", err, back)
+	key := Key{Group: 1, Hash: "00112233445566778899aabbccddeeff"}
+	b, err := d.MarshalRecord(key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, bad := range [][]byte{b[:5], append(b, 0), func() []byte { c := append([]byte{}, b...); c[12] = 200; return c }()} {
-		if err := back.UnmarshalBinary(bad); err == nil {
-			t.Fatalf("malformed record %x accepted", bad)
-		}
+	back, backKey, bound, err := UnmarshalRecord(b)
+	if err != nil || !bound || backKey != key || fmt.Sprint(back) != fmt.Sprint(d) {
+		t.Fatalf("round trip: %v %+v %+v %v", err, back, backKey, bound)
 	}
 }
 
@@ -99,7 +98,7 @@ func TestConfirmRejectsWrongBytes(t *testing.T) {
 	}
 	f.WriteAt(row, 3*testRow)
 	f.Close()
-	if ref, ok := set.Confirm(d, []RowRef{{Region: path, Row: 1}}); ok {
+	if ref, ok := set.Confirm(d, set.Candidates(d)); ok {
 		t.Fatalf("wrong bytes in row %d proved the load", ref.Row)
 	}
 }

@@ -1,0 +1,86 @@
+package disk
+
+import (
+	"os"
+	"path"
+
+	"golang.org/x/sys/unix"
+)
+
+// The store never follows a symbolic link, in any component of a path, nor
+// leaves its root: anyone who can write through the mount can plant a link
+// where a block or tmp file is expected (DESIGN "The store"). Files are opened
+// relative to the root's descriptor with openat2's RESOLVE_BENEATH and
+// RESOLVE_NO_SYMLINKS; kernels without openat2 (before 5.6) get O_NOFOLLOW on
+// the last component only.
+
+// openResolve is how the store resolves its paths.
+const openResolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// openFile opens a store-relative path with flags (O_NOFOLLOW and O_CLOEXEC
+// added) without following links.
+func (s *Store) openFile(rel string, flags int, mode uint32) (*os.File, error) {
+	fd, err := s.openat(rel, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: s.Path(rel), Err: err}
+	}
+	return os.NewFile(uintptr(fd), s.Path(rel)), nil
+}
+
+// openat resolves rel beneath the root, retrying the races openat2 reports
+// (EAGAIN: a rename elsewhere in the store while resolving).
+func (s *Store) openat(rel string, flags int, mode uint32) (int, error) {
+	how := unix.OpenHow{Flags: uint64(flags), Mode: uint64(mode), Resolve: openResolve}
+	for range 8 {
+		fd, err := unix.Openat2(s.rootFD, rel, &how)
+		switch err {
+		case unix.EAGAIN, unix.EINTR:
+			continue
+		case unix.ENOSYS:
+			return unix.Open(s.Path(rel), flags, mode)
+		}
+		return fd, err
+	}
+	return -1, unix.EAGAIN
+}
+
+// openDir opens the directory holding rel, for the *at calls that publish a
+// block: the name a rename acts on is then resolved in that directory only.
+func (s *Store) openDir(rel string) (int, error) {
+	return s.openat(path.Dir(rel), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// fileID is a file's identity.
+type fileID struct{ dev, ino uint64 }
+
+// idOf returns the identity of an open file, and whether it is a regular file
+// with one link (nothing else names it).
+func idOf(f *os.File) (id fileID, private bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileID{}, false, err
+	}
+	return fileID{st.Dev, st.Ino}, st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1, nil
+}
+
+// nameID returns the identity of what name in directory dirfd is now,
+// without following a link.
+func nameID(dirfd int, name string) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fileID{}, err
+	}
+	return fileID{st.Dev, st.Ino}, nil
+}
+
+// unlink removes a store-relative name in its directory, opened without
+// following links, so that a directory of the layout replaced by a link
+// never leads a removal out of the store.
+func (s *Store) unlink(rel string) error {
+	dirfd, err := s.openDir(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	return unix.Unlinkat(dirfd, path.Base(rel), 0)
+}

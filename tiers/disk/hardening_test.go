@@ -1,0 +1,432 @@
+package disk
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// failPwrite makes the store's writes land only the first `land` bytes, in
+// a short write, and then fail with ENOSPC, until the test ends.
+func failPwrite(t *testing.T, land int) {
+	t.Helper()
+	left := land
+	pwriteAt = func(fd int, p []byte, off int64) (int, error) {
+		if left == 0 {
+			return 0, syscall.ENOSPC
+		}
+		n := min(len(p), left)
+		left -= n
+		return unix.Pwrite(fd, p[:n], off)
+	}
+	t.Cleanup(func() { pwriteAt = unix.Pwrite })
+}
+
+// A short write (a store filesystem nearly full) advances the tmp's size and
+// checksum over the bytes that landed only, and returns the capacity reserved
+// for the rest.
+func TestShortPwrite(t *testing.T) {
+	for _, flags := range []int{engineCreateFlags, syscall.O_CREAT | syscall.O_EXCL | syscall.O_WRONLY} {
+		s := openStore(t, Config{Capacity: 1 << 30})
+		rel := evName(int(flags & syscall.O_DIRECT))
+		mkdirFor(t, s, rel)
+		tmp := tmpRelFor(rel, 1)
+		w, err := s.CreateTmp(tmp, flags, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := pageData(7, 4)
+		// O_DIRECT writes land in whole pages; buffered ones at any byte.
+		landed := 2*PageSize + 100
+		if flags&syscall.O_DIRECT != 0 {
+			landed = 2 * PageSize
+		}
+		failPwrite(t, landed)
+		n, err := w.WriteAt(data, 0)
+		wantErrno(t, err, syscall.ENOSPC, "write failing after a short write")
+		if n != landed {
+			t.Fatalf("WriteAt = %d, want the %d bytes that landed", n, landed)
+		}
+		pwriteAt = unix.Pwrite
+		w.tmp.mu.Lock()
+		size, crc, allocated := w.tmp.size, w.tmp.crc, w.tmp.allocated
+		w.tmp.mu.Unlock()
+		if size != int64(landed) || crc != crcOf(data[:landed]) || allocated != int64(landed) {
+			t.Fatalf("tmp size %d crc %08x allocated %d; want %d, %08x, %d", size, crc, allocated, landed, crcOf(data[:landed]), landed)
+		}
+		if usedBytes(s) != int64(landed) {
+			t.Fatalf("used = %d, want %d: capacity reserved for unwritten bytes kept", usedBytes(s), landed)
+		}
+		// The writer may go on from where the bytes end.
+		if n, err := w.WriteAt(data[landed:], int64(landed)); err != nil || n != len(data)-landed {
+			t.Fatalf("resuming the write: %d, %v", n, err)
+		}
+		w.Close()
+		if err := s.Publish(tmp, rel); err != nil {
+			t.Fatal(err)
+		}
+		if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+			t.Fatal("block bytes differ after a resumed short write")
+		}
+	}
+}
+
+// A short write followed by success is retried: the whole write lands.
+func TestShortPwriteRetried(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	calls := 0
+	pwriteAt = func(fd int, p []byte, off int64) (int, error) {
+		calls++
+		if calls == 1 && len(p) > PageSize {
+			return unix.Pwrite(fd, p[:PageSize], off)
+		}
+		return unix.Pwrite(fd, p, off)
+	}
+	t.Cleanup(func() { pwriteAt = unix.Pwrite })
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(3, 3))
+	if calls < 2 {
+		t.Fatalf("%d writes: the short write was not continued", calls)
+	}
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(3, 3)) {
+		t.Fatal("wrong bytes")
+	}
+}
+
+// A tmp file whose writer closed it and never renamed it (a killed engine
+// thread) is removed once older than TmpMaxAge and its bytes released; an
+// open one is kept however old.
+func TestTmpExpires(t *testing.T) {
+	clock := newFakeClock()
+	s := openStore(t, Config{Capacity: 1 << 30, Now: clock.Now, TmpMaxAge: time.Minute})
+	abandoned := writeTmp(t, s, evName(0), pageData(0, 2))
+	openRel := evName(1)
+	mkdirFor(t, s, openRel)
+	openTmp := tmpRelFor(openRel, 99)
+	w, err := s.CreateTmp(openTmp, engineCreateFlags, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(pageData(1, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(30 * time.Second)
+	writeTmp(t, s, evName(2), pageData(2, 1)) // a sweep within the bound
+	if !exists(t, s.Path(abandoned)) || !s.IsTracked(abandoned) {
+		t.Fatal("tmp removed before its age bound")
+	}
+	clock.Advance(31 * time.Second)
+	young := writeTmp(t, s, evName(3), pageData(3, 1)) // a sweep past it
+	if exists(t, s.Path(abandoned)) || s.IsTracked(abandoned) {
+		t.Fatal("abandoned tmp kept past its age bound")
+	}
+	if !exists(t, s.Path(openTmp)) || !s.IsTracked(openTmp) || !exists(t, s.Path(young)) {
+		t.Fatal("an open or young tmp was removed")
+	}
+	if got := s.Counters().TmpsExpired.Load(); got != 1 {
+		t.Fatalf("TmpsExpired = %d, want 1", got)
+	}
+	w.Close()
+	checkAccounting(t, s)
+}
+
+// Abandoned tmp files that fill the capacity do not make stores fail: they
+// are expired when room is needed. Before expiry, the refusal names them.
+func TestAbandonedTmpsDoNotFillTheStore(t *testing.T) {
+	clock := newFakeClock()
+	s := openStore(t, Config{Capacity: 4 * PageSize, Now: clock.Now, TmpMaxAge: time.Minute})
+	for i := range 4 {
+		writeTmp(t, s, evName(i), pageData(i, 1))
+	}
+	rel := evName(9)
+	mkdirFor(t, s, rel)
+	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.WriteAt(pageData(9, 1), 0)
+	wantErrno(t, err, syscall.ENOSPC, "write into a store full of young tmp files")
+	if !strings.Contains(err.Error(), "5 tmp files not yet renamed") {
+		t.Errorf("ENOSPC message %q does not name the tmp files", err)
+	}
+	clock.Advance(2 * time.Minute)
+	if _, err := w.WriteAt(pageData(9, 1), 0); err != nil {
+		t.Fatalf("write after the tmp files expired: %v", err)
+	}
+	w.Close()
+	if err := s.Publish(tmpRelFor(rel, 1), rel); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Counters().TmpsExpired.Load(); got != 4 {
+		t.Errorf("TmpsExpired = %d, want 4", got)
+	}
+	checkAccounting(t, s)
+}
+
+// A directory holding a tracked tmp file counts as holding blocks: renaming
+// it would lose track of the tmp.
+func TestDirectoryWithTmpHoldsBlocks(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	tmp := writeTmp(t, s, rel, pageData(0, 1))
+	dir := filepath.Dir(rel)
+	if !s.HasBlocksUnder(dir) || !s.HasBlocksUnder(testTier) {
+		t.Fatal("directory holding a tmp file reported empty of blocks")
+	}
+	if err := s.RemoveTmp(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if s.HasBlocksUnder(dir) {
+		t.Fatal("directory still reported holding blocks")
+	}
+}
+
+// copyWithRecord copies a block file and its digest record over another path.
+func copyWithRecord(t *testing.T, from, to string) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := storeRecord(t, from)
+	if !ok {
+		t.Fatalf("%s has no record", from)
+	}
+	if err := os.WriteFile(to, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(to, checksumXattr, rec, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A block file replaced by another block's bytes and record (a restore gone
+// wrong, a copy over the wrong name) is refused at Open: the record names
+// the block it was written for.
+func TestRecordBindsTheBlockName(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := evName(0), evName(2) // same group, same size
+	putBlock(t, s, a, pageData(0, 2))
+	putBlock(t, s, b, pageData(2, 2))
+	s.Close()
+	copyWithRecord(t, filepath.Join(dir, b), filepath.Join(dir, a))
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if s.Contains(a) {
+		got := readBlock(t, s, a)
+		t.Fatalf("block %s indexed with another block's bytes and record (serves block b: %v)", a, bytes.Equal(got, pageData(2, 2)))
+	}
+	if !s.Contains(b) {
+		t.Fatal("the genuine block was not indexed")
+	}
+	if got := s.Counters().UnprovenBlocks.Load(); got != 1 {
+		t.Errorf("UnprovenBlocks = %d, want 1", got)
+	}
+}
+
+// A published block whose record was stripped (a copy without xattrs) is
+// not indexed.
+func TestStrippedRecordRefused(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 2))
+	s.Close()
+	if err := unix.Removexattr(filepath.Join(dir, rel), checksumXattr); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if s.Contains(rel) || s.Counters().UnprovenBlocks.Load() != 1 {
+		t.Fatalf("block without its record: indexed %v, unproven %d", s.Contains(rel), s.Counters().UnprovenBlocks.Load())
+	}
+}
+
+// A record in the format written before records named their block (v1) is
+// read, and bound to the block's name at Open.
+func TestV1RecordUpgraded(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 2))
+	s.Close()
+	p := filepath.Join(dir, rel)
+	rec, _ := storeRecord(t, p)
+	d, _, bound, err := shm.UnmarshalRecord(rec)
+	if err != nil || !bound {
+		t.Fatalf("published record %x: %v, bound %v", rec, err, bound)
+	}
+	v1 := rec[len(rec)-(13+12*len(d.Samples)):]
+	if err := unix.Setxattr(p, checksumXattr, v1, 0); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if !s.Contains(rel) {
+		t.Fatal("block with a v1 record not indexed")
+	}
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 2)) {
+		t.Fatal("wrong bytes")
+	}
+	if now, _ := storeRecord(t, p); !bytes.Equal(now, rec) {
+		t.Fatalf("record after Open %x, want the bound record %x", now, rec)
+	}
+	checkAccounting(t, s)
+}
+
+// A tmp swapped for a symbolic link (to a root-only file) before its rename
+// is refused: the target is neither opened for writing, extended nor given an
+// xattr, and no block appears. The same for a tmp swapped for another file.
+func TestPublishRefusesSwappedTmp(t *testing.T) {
+	for _, swap := range []string{"symlink", "other file"} {
+		t.Run(swap, func(t *testing.T) {
+			s := openStore(t, Config{Capacity: 1 << 30})
+			target := filepath.Join(t.TempDir(), "shadow")
+			secret := []byte("root:x:0:0::/:/bin\n")[:17]
+			if err := os.WriteFile(target, secret, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			rel := evName(0)
+			tmp := writeTmp(t, s, rel, pageData(0, 64))
+			if err := os.Remove(s.Path(tmp)); err != nil {
+				t.Fatal(err)
+			}
+			if swap == "symlink" {
+				err := os.Symlink(target, s.Path(tmp))
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.WriteFile(s.Path(tmp), pageData(5, 64), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			err := s.Publish(tmp, rel)
+			wantErrno(t, err, syscall.EPERM, "Publish of a swapped tmp")
+			if got, _ := os.ReadFile(target); !bytes.Equal(got, secret) {
+				t.Fatalf("link target changed: %d bytes", len(got))
+			}
+			if rec, ok := storeRecord(t, target); ok {
+				t.Fatalf("link target got the store's xattr %x", rec)
+			}
+			if s.Contains(rel) || exists(t, s.Path(rel)) {
+				t.Fatal("a block was published from the swapped tmp")
+			}
+			if got := s.Counters().PublishRefused.Load(); got != 1 {
+				t.Errorf("PublishRefused = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// A tmp name that is a hard link to another file (a published block) is not
+// opened for writing.
+func TestCreateTmpRefusesHardLink(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 1))
+	tmp := tmpRelFor(rel, 5)
+	if err := os.Link(s.Path(rel), s.Path(tmp)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.CreateTmp(tmp, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC, 0o600)
+	wantErrno(t, err, syscall.EPERM, "CreateTmp over a hard link to a block")
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 1)) {
+		t.Fatal("block changed")
+	}
+}
+
+// A directory of the layout replaced by a symbolic link leading out of the
+// store is not followed by CreateTmp.
+func TestCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	outside := t.TempDir()
+	rel := evName(0)
+	dir := filepath.Dir(s.Path(rel))
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dir); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o600)
+	if err == nil {
+		t.Fatal("CreateTmp through a directory link succeeded")
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("file created outside the store: %v", entries)
+	}
+}
+
+// A removal never follows a directory of the layout replaced by a link out
+// of the store.
+func TestRemoveDoesNotFollowDirectoryLinks(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 1))
+	outside := t.TempDir()
+	victim := filepath.Join(outside, filepath.Base(rel))
+	if err := os.WriteFile(victim, []byte("not the store's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(s.Path(rel))
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(rel); err == nil {
+		t.Error("Remove through a directory link succeeded")
+	}
+	if !exists(t, victim) {
+		t.Fatal("Remove deleted a file outside the store")
+	}
+}
+
+// A rename that arrives before the writer's release (the kernel releases
+// asynchronously) counts the bytes once, as the block's, and the kept
+// descriptor is closed at the release.
+func TestPublishBeforeCloseAccounting(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, 1)
+	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(pageData(0, 2), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	checkAccounting(t, s)
+	if w.tmp.file == nil {
+		t.Fatal("descriptor closed while the writer still holds it")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.tmp.file != nil {
+		t.Fatal("descriptor kept after publish and release")
+	}
+	checkAccounting(t, s)
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 2)) {
+		t.Fatal("wrong bytes")
+	}
+}
