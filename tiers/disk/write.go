@@ -499,6 +499,12 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
+	if want, ok := vllmChecksum(f); ok && want != crc {
+		s.counters.ChecksumFailures.Add(1)
+		t.refused = true
+		return newError("rename", tmpRel, syscall.EIO,
+			"the engine's %s %08x does not match the bytes written (crc32c %08x): not published", vllmChecksumXattr, want, crc)
+	}
 	digest, err := t.digest(f, crc)
 	if err != nil {
 		return err
