@@ -230,19 +230,48 @@ func (r *chainRun) storeChain() error {
 	_, err = parallel(r.cfg.Threads, r.cfg.Blocks, func(thread, i int) error {
 		for j := range tiers {
 			tier := tiers[(i+j)%2]
-			if _, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.region.Row(i%sourceRows)); err != nil {
+			if _, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.sourceRow(i)); err != nil {
 				return fmt.Errorf("storing the chain in %s: %w", tier.Root, err)
 			}
 		}
 		return nil
 	})
+	if err == nil {
+		r.scrambleRows()
+	}
 	return err
+}
+
+// sourceRow is the row block i is stored from, holding block i's bytes: the
+// pattern of row i mod sourceRows with digest windows unique to block i (in
+// the data half of a half-zero row).
+func (r *chainRun) sourceRow(i int) []byte {
+	row := r.region.Row(i % sourceRows)
+	stamp(row, uint64(i), r.dataBytes())
+	return row
+}
+
+// dataBytes is the part of a row that holds data (half of a half-zero row).
+func (r *chainRun) dataBytes() int {
+	if r.cfg.HalfZero {
+		return r.cfg.RowBytes / 2
+	}
+	return r.cfg.RowBytes
+}
+
+// scrambleRows leaves no block in the region's rows, as rows the engine
+// reused hold, so that every load of the chain reads the disk or staging.
+func (r *chainRun) scrambleRows() {
+	for i := range sourceRows + r.cfg.Threads {
+		stamp(r.region.Row(i), 1<<62+uint64(i), r.dataBytes())
+	}
 }
 
 // lookupAndLoad looks the chain up in prefix order on one thread, then loads
 // it in order on the engine's threads, from a cold cache, and returns the
 // time the loads took.
 func (r *chainRun) lookupAndLoad(tier *engineio.Tier) (time.Duration, error) {
+	r.scrambleRows()
 	if err := dropCaches(r.cfg.DropCaches); err != nil {
 		return 0, err
 	}
@@ -381,7 +410,7 @@ func (r *chainRun) verify(tier *engineio.Tier, res *ChainResult) error {
 		if err := tier.Load(tier.BlockPath(tierDir, 0, key(i)), got); err != nil {
 			return err
 		}
-		if !bytes.Equal(got, r.region.Row(i%sourceRows)) {
+		if !bytes.Equal(got, r.sourceRow(i)) {
 			return fmt.Errorf("block %d differs from what was stored", i)
 		}
 		res.VerifiedLoads++

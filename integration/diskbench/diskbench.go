@@ -199,14 +199,17 @@ func key(i int) string {
 // matches its digest.
 func (r *run) sourceRow(i int) []byte {
 	row := r.region.Row(i % sourceRows)
-	stamp(row, uint64(i))
+	stamp(row, uint64(i), len(row))
 	return row
 }
 
-// stamp writes windows derived from id at every offset a digest may sample.
-func stamp(row []byte, id uint64) {
+// stamp writes windows derived from id at every offset a digest may sample
+// below within, so that rows of other blocks never match its digest.
+func stamp(row []byte, id uint64, within int) {
 	for _, off := range shm.ProbeOffsets(int64(len(row))) {
-		binary.LittleEndian.PutUint64(row[off:], id*0x9E3779B97F4A7C15+uint64(off)|1)
+		if int(off)+8 <= within {
+			binary.LittleEndian.PutUint64(row[off:], id*0x9E3779B97F4A7C15+uint64(off)|1)
+		}
 	}
 }
 
@@ -214,7 +217,7 @@ func stamp(row []byte, id uint64) {
 // engine reused hold.
 func (r *run) scrambleRows() {
 	for i := range sourceRows + r.cfg.Threads {
-		stamp(r.region.Row(i), 1<<62+uint64(i))
+		stamp(r.region.Row(i), 1<<62+uint64(i), r.cfg.RowBytes)
 	}
 }
 
@@ -340,7 +343,8 @@ func (r *run) reloads(res *Result) error {
 	n := min(r.cfg.Blocks, sourceRows)
 	reload := func(tier *engineio.Tier) (time.Duration, error) {
 		paths := make([]string, n)
-		for i := range paths {
+		for i := range paths { // earlier phases loaded other blocks into these rows
+			engineio.FillPattern(r.region.Row(i), uint64(i))
 			r.sourceRow(i)
 			paths[i] = tier.BlockPath(tierDir, 0, key(i))
 		}
