@@ -54,6 +54,10 @@ const (
 // one per 128 KiB page run.
 const DefaultMaxRequest = 4 << 20
 
+// maxBackground is how many background requests (the READs of O_DIRECT
+// loads) the kernel may have in flight to the daemon.
+const maxBackground = 256
+
 // pageLimitFile caps the pages of a FUSE request (256 by default: 1 MiB).
 const pageLimitFile = "/proc/sys/fs/fuse/max_pages_limit"
 
@@ -174,6 +178,12 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			DisableSplice:     true,
 			EnableLocks:       true,
 			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+			// The READs of an O_DIRECT load are background requests: 16
+			// loaders' rows in requests of up to 4 MiB (128 KiB on a
+			// mirrored mount) need far more than the kernel's default 12
+			// in flight.
+			MaxBackground:       maxBackground,
+			CongestionThreshold: maxBackground * 3 / 4,
 			Debug:             opts.Debug,
 			Logger:            log.New(&slogWriter{opts.Logger}, "", 0),
 		},

@@ -5,25 +5,37 @@ import (
 	"unsafe"
 )
 
-// blockBuffers recycles the page-aligned buffers ReadBlock fills, one pool
-// per page-rounded size. A fresh 8 MiB buffer costs page faults and zeroing
-// on every fetch; a recycled one costs neither (on a two-core host, half-zero
-// rows served from staging loaded at 0.88 of staging off with recycling,
-// 0.82 without). Pooled buffers are dropped by the garbage collector when
-// unused.
+// blockBuffers recycles the page-aligned buffers that loads and staging
+// fill, kept by page-rounded size. A fresh 8 MiB buffer costs page faults and
+// zeroing on every fetch; a recycled one costs neither (on a two-core host,
+// half-zero rows served from staging loaded at 0.88 of staging off with
+// recycling, 0.82 without). The free buffers are kept outside the garbage
+// collector's reach (a sync.Pool is emptied by every collection, and with
+// 8 MiB allocations collections come every few loads), up to
+// maxFreeBufferBytes in all; beyond that a returned buffer is dropped.
 type blockBuffers struct {
-	pools sync.Map // page-rounded size → *sync.Pool of []byte with that capacity
+	mu        sync.Mutex
+	free      map[int][][]byte // page-rounded size → free buffers of that capacity
+	freeBytes int
 }
+
+// maxFreeBufferBytes bounds the memory free buffers keep: enough for the
+// buffers of 16 loads and a staging wave of rows of up to 8 MiB.
+const maxFreeBufferBytes = 256 << 20
 
 // get returns a page-aligned buffer of size bytes whose capacity is size
 // rounded up to whole pages. Its contents are arbitrary.
 func (b *blockBuffers) get(size int) []byte {
 	pages := roundUpToPage(size)
-	if p, ok := b.pools.Load(pages); ok {
-		if buf, ok := p.(*sync.Pool).Get().([]byte); ok {
-			return buf[:size]
-		}
+	b.mu.Lock()
+	if list := b.free[pages]; len(list) > 0 {
+		buf := list[len(list)-1]
+		b.free[pages] = list[:len(list)-1]
+		b.freeBytes -= pages
+		b.mu.Unlock()
+		return buf[:size]
 	}
+	b.mu.Unlock()
 	raw := make([]byte, pages+PageSize)
 	skip := 0
 	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % PageSize); rem != 0 {
@@ -38,8 +50,16 @@ func (b *blockBuffers) put(buf []byte) {
 	if pages == 0 || pages%PageSize != 0 {
 		return
 	}
-	p, _ := b.pools.LoadOrStore(pages, &sync.Pool{})
-	p.(*sync.Pool).Put(buf[:pages])
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freeBytes+pages > maxFreeBufferBytes {
+		return
+	}
+	if b.free == nil {
+		b.free = make(map[int][][]byte)
+	}
+	b.free[pages] = append(b.free[pages], buf[:pages])
+	b.freeBytes += pages
 }
 
 // roundUpToPage rounds n up to a multiple of PageSize.
