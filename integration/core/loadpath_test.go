@@ -272,3 +272,59 @@ func TestEngineChecksumXattr(t *testing.T) {
 		t.Fatal("the block with a wrong engine checksum is present")
 	}
 }
+
+// TestHotBlocksLoadWithoutSpuriousErrors has eight threads look up and load
+// sixteen hot blocks over and over with staging on, O_DIRECT and buffered
+// mixed, as engines do for a shared prefix. With loads passed through to
+// the store the kernel failed an open (EIO) whenever a staged load met a
+// passthrough one of the same block, and vLLM deleted the block; now every
+// load must succeed with the right bytes.
+func TestHotBlocksLoadWithoutSpuriousErrors(t *testing.T) {
+	const hot, threads, rounds = 16, 8, 40
+	region := newRegion(t, hot+threads)
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "2MiB"}})
+	direct := openTier(t, d)
+	buffered := &engineio.Tier{Root: d.Mountpoint}
+	paths := make([]string, hot)
+	for i := range hot {
+		paths[i] = storeBlock(t, direct, region.Row(threads+i), i)
+		sentinel(region.Row(threads + i)) // no row holds a block: loads read the store or staging
+	}
+	errs := make(chan error, threads)
+	for th := range threads {
+		go engineio.OnSignalFreeThread(func() {
+			tier := direct
+			if th%2 == 1 {
+				tier = buffered
+			}
+			row := region.Row(th)
+			for r := range rounds {
+				for i := range hot {
+					k := (i + r + th) % hot
+					if !tier.Exists(paths[k]) {
+						errs <- fmt.Errorf("thread %d: block %d answered absent", th, k)
+						return
+					}
+					if err := tier.LoadIgnoringClose(paths[k], row); err != nil {
+						errs <- fmt.Errorf("thread %d, O_DIRECT %v: %w", th, tier.Direct, err)
+						return
+					}
+					if !bytes.Equal(row, expectedRow(k)) {
+						errs <- fmt.Errorf("thread %d: block %d loaded wrong bytes", th, k)
+						return
+					}
+				}
+			}
+			errs <- nil
+		})
+	}
+	for range threads {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := d.Stats().Counters
+	if c.Reads != threads*rounds*hot || c.LoadsRefused != 0 {
+		t.Fatalf("%d loads counted, %d refused; want %d, none", c.Reads, c.LoadsRefused, threads*rounds*hot)
+	}
+}
