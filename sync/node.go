@@ -19,7 +19,7 @@ type Config struct {
 	Secret     []byte                           // --secret-file, see ReadSecretFile
 	Replicated Mode                             // --replicated-kv
 	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
-	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen)
+	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen); see rowGeometry
 	Logf       func(format string, args ...any) // nil: log.Printf
 }
 
@@ -55,15 +55,16 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Logf = log.Printf
 	}
 	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
+	self := newNodeID() // shared by the Server and the Mirror, see auth.go
 	if cfg.Listen != "" {
-		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
+		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
 		if err != nil {
 			return nil, err
 		}
 		n.server = s
 	}
 	if len(cfg.Peers) > 0 {
-		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Deadline: cfg.Deadline, Logf: cfg.Logf})
+		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Node: self, Deadline: cfg.Deadline, Logf: cfg.Logf})
 		if err != nil {
 			n.Close()
 			return nil, err
@@ -115,6 +116,7 @@ func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int, crc
 	if n.mirror == nil {
 		return nil
 	}
+	n.noteLocal(region)
 	if !n.gate.Allowed() {
 		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
 	}
@@ -123,6 +125,13 @@ func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int, crc
 	}
 	n.rowsMirrored.Add(1)
 	return nil
+}
+
+// noteLocal tells the Server the row size the filesystem uses region at.
+func (n *Node) noteLocal(region *Region) {
+	if n.server != nil {
+		n.server.NoteLocalRowBytes(region.RowBytes())
+	}
 }
 
 // Mirrors reports whether the node has peers to mirror loaded rows to.
@@ -138,6 +147,7 @@ func (n *Node) SampleStoredRow(ctx context.Context, region *Region, row int, key
 	if n.mirror == nil {
 		return nil
 	}
+	n.noteLocal(region)
 	if len(key) > MaxKeyBytes {
 		return fmt.Errorf("rowsync: key of %d bytes, limit %d", len(key), MaxKeyBytes)
 	}
@@ -158,6 +168,7 @@ func (n *Node) Snapshot() Snapshot {
 		received = n.server.received()
 	}
 	if n.mirror != nil {
+		s.AuthFailures += n.mirror.AuthFailures()
 		for _, p := range n.mirror.peers {
 			ps := p.snapshot()
 			ip := p.ip()

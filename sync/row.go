@@ -3,7 +3,6 @@ package rowsync
 import (
 	"bytes"
 	"hash/crc32"
-	"io"
 )
 
 // ZeroRunBytes is the granularity of zero detection: a row is sent as the
@@ -71,17 +70,4 @@ func writeAndSum(crc uint32, dst, src []byte) uint32 {
 		crc = crc32.Update(crc, castagnoli, chunk)
 	}
 	return crc
-}
-
-// readAndSum fills dst from r in chunks, reading each chunk back into the
-// running CRC32C right after it arrived.
-func readAndSum(crc uint32, dst []byte, r io.Reader) (uint32, error) {
-	for off := 0; off < len(dst); off += crcChunkBytes {
-		chunk := dst[off:min(off+crcChunkBytes, len(dst))]
-		if _, err := io.ReadFull(r, chunk); err != nil {
-			return crc, err
-		}
-		crc = crc32.Update(crc, castagnoli, chunk)
-	}
-	return crc, nil
 }
