@@ -1,6 +1,7 @@
 package rowsync
 
 import (
+	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -30,8 +31,12 @@ const (
 	tagBytes = 16
 	// maxRecordPlain is the most plaintext one record holds.
 	maxRecordPlain = MaxRecordBytes - tagBytes
-	// flushBytes is how many sealed bytes a writer gathers before writing them.
-	flushBytes = 1 << 20
+	// flushBytes is how many sealed bytes a writer gathers before writing
+	// them, and readBufferBytes how many a reader asks the connection for at
+	// once: a few records per system call, and a receiver that starts
+	// opening a row's records while the sender still seals the rest.
+	flushBytes      = 256 << 10
+	readBufferBytes = 256 << 10
 )
 
 // channel is one authenticated connection after the handshake. The writing
@@ -39,6 +44,7 @@ const (
 // goroutines; each side is used by one goroutine at a time.
 type channel struct {
 	conn       net.Conn
+	r          *bufio.Reader // conn's bytes
 	send, recv *noise.CipherState
 
 	out []byte // sealed records not yet written
@@ -49,7 +55,7 @@ type channel struct {
 }
 
 func newChannel(conn net.Conn, send, recv *noise.CipherState) *channel {
-	return &channel{conn: conn, send: send, recv: recv}
+	return &channel{conn: conn, r: bufio.NewReaderSize(conn, readBufferBytes), send: send, recv: recv}
 }
 
 // writeMessage seals the frame of m into records and writes them; extent
@@ -137,7 +143,7 @@ func (c *channel) Read(p []byte) (int, error) {
 // readRecord reads the next sealed record into c.in and returns its length
 // bytes. End of stream at a record boundary is io.EOF.
 func (c *channel) readRecord() (head [2]byte, err error) {
-	if _, err := io.ReadFull(c.conn, head[:]); err != nil {
+	if _, err := io.ReadFull(c.r, head[:]); err != nil {
 		return head, err
 	}
 	n := int(binary.BigEndian.Uint16(head[:]))
@@ -148,7 +154,7 @@ func (c *channel) readRecord() (head [2]byte, err error) {
 		c.in = make([]byte, MaxRecordBytes)
 	}
 	c.in = c.in[:n]
-	if _, err := io.ReadFull(c.conn, c.in); err != nil {
+	if _, err := io.ReadFull(c.r, c.in); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}

@@ -34,7 +34,7 @@ type ServerConfig struct {
 // Server is the receiving side: it accepts authenticated connections from
 // peers' Mirrors, receives each row they send into a buffer, writes it into
 // the same row of the local region once the whole row has arrived, and
-// acknowledges it with the CRC32C of the row as it now holds it.
+// acknowledges it with the CRC32C of the row it wrote.
 type Server struct {
 	cfg          ServerConfig
 	psk          []byte
@@ -243,11 +243,12 @@ func (s *Server) serve(conn net.Conn) {
 
 // receiveRow reads a RowWrite of bodyLen bytes from ch into *buf (grown to
 // the row size when too small) and, once the whole frame has arrived, writes
-// the row. A refused row is acknowledged with its error and leaves the region
+// the row. The acknowledgement carries the CRC32C of the bytes written, summed
+// as they arrived. A refused row is acknowledged with its error and leaves the region
 // as it was, and so does a frame that fails to arrive whole.
 func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, error) {
 	var region *Region
-	w, refused, err := receiveRow(ch, bodyLen, func(w *RowWrite) ([]byte, error) {
+	w, crc, refused, err := receiveRow(ch, bodyLen, func(w *RowWrite) ([]byte, error) {
 		r, err := s.region(w.Rows, w.RowBytes)
 		if err != nil {
 			return nil, err
@@ -269,7 +270,8 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 		ack.Err = refused.Error()
 		return ack, nil
 	}
-	ack.CRC = commitRow(region.Row(int(w.Row)), w.Extents)
+	commitRow(region.Row(int(w.Row)), w.Extents)
+	ack.CRC = crc
 	return ack, nil
 }
 

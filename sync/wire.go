@@ -425,25 +425,26 @@ func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
 // frame header (length, type) has been read: it reads the bodyLen bytes of
 // the body from r, with the same checks, into the buffer bufFor returns for
 // the RowWrite (as long as the row), each extent at its offset in the row,
-// and returns the RowWrite with its extents aliasing that buffer. Nothing
-// else is written: the caller writes the row (commitRow) once the frame is
+// and returns the RowWrite with its extents aliasing that buffer and the
+// CRC32C of the row it describes, summed as the bytes arrive. Nothing else
+// is written: the caller writes the row (commitRow) once the frame is
 // complete. When bufFor fails, the body is skipped and its error returned as
 // refused. An error return means the stream is unusable: bytes that are not
 // a valid frame (ErrBadFrame), or a read error.
-func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error)) (w *RowWrite, refused, err error) {
+func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error)) (w *RowWrite, crc uint32, refused, err error) {
 	if bodyLen < rowWriteHeadBytes {
-		return nil, nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
+		return nil, 0, nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
 	}
 	var head [rowWriteHeadBytes]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	left := uint64(bodyLen) - rowWriteHeadBytes
 	d := decoder{b: head[:]}
 	w, count := d.rowWriteHead()
 	d.extentCount(count, left)
 	if d.err != nil {
-		return nil, nil, d.err
+		return nil, 0, nil, d.err
 	}
 	buf, refused := bufFor(w)
 	if refused == nil && uint64(len(buf)) != w.RowBytes {
@@ -451,46 +452,45 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	}
 	if refused != nil {
 		_, err = io.CopyN(io.Discard, r, int64(left))
-		return w, refused, err
+		return w, 0, refused, err
 	}
 	w.Extents = make([]Extent, 0, min(count, 1024))
 	var end uint64 // end of the previous extent
 	for i := range count {
 		if left < extentHeadBytes {
-			return nil, nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
+			return nil, 0, nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
 		}
 		var eh [extentHeadBytes]byte
 		if _, err := io.ReadFull(r, eh[:]); err != nil {
-			return nil, nil, err
+			return nil, 0, nil, err
 		}
 		d := decoder{b: eh[:]}
 		off, n := d.extentHead(i, end, w.RowBytes, left)
 		if d.err != nil {
-			return nil, nil, d.err
+			return nil, 0, nil, d.err
 		}
+		crc = sumZeros(crc, off-end)
 		data := buf[off : off+n : off+n]
-		if _, err := io.ReadFull(r, data); err != nil {
-			return nil, nil, err
+		if crc, err = readAndSum(crc, data, r); err != nil {
+			return nil, 0, nil, err
 		}
 		w.Extents = append(w.Extents, Extent{Off: off, Data: data})
 		left -= extentHeadBytes + n
 		end = off + n
 	}
 	if left > 0 {
-		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
+		return nil, 0, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
 	}
-	return w, nil, nil
+	return w, sumZeros(crc, w.RowBytes-end), nil, nil
 }
 
 // commitRow makes row hold extents (sorted, disjoint, inside the row) and
-// zeros elsewhere, and returns the CRC32C of the row as it now holds it.
-func commitRow(row []byte, extents []Extent) uint32 {
-	var crc uint32
+// zeros elsewhere.
+func commitRow(row []byte, extents []Extent) {
 	var end uint64 // end of the previous extent
 	for _, e := range extents {
-		crc = writeAndSum(crc, row[end:e.Off], nil)
-		end = e.Off + uint64(len(e.Data))
-		crc = writeAndSum(crc, row[e.Off:end], e.Data)
+		clear(row[end:e.Off])
+		end = e.Off + uint64(copy(row[e.Off:], e.Data))
 	}
-	return writeAndSum(crc, row[end:], nil)
+	clear(row[end:])
 }

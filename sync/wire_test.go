@@ -179,7 +179,7 @@ func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 		buf = make([]byte, w.RowBytes)
 		return buf, nil
 	}
-	got, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor)
+	got, crc, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor)
 	switch {
 	case err != nil && rerr == nil && buf != nil:
 		t.Fatalf("receiveRow accepted what Decode refused (%v)", err)
@@ -192,8 +192,8 @@ func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 		}
 		row := bytes.Repeat([]byte{0xee}, int(w.RowBytes))
 		want := applyExtents(w.RowBytes, w.Extents)
-		if crc := commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != Checksum(want) {
-			t.Fatalf("commitRow made a different row")
+		if commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != Checksum(want) {
+			t.Fatalf("commitRow made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, Checksum(want))
 		}
 	}
 }
