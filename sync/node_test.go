@@ -184,6 +184,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	// The old connection has a row write half sent when the Mirror gives up
 	// on it and reconnects.
 	old := dial()
+	waitFor(t, "the first connection serving the session", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.sessions[7] != nil })
 	stale, _ := rowWrite(1)
 	if err := old.writeFrame(net.Buffers{stale[:len(stale)-1]}); err != nil {
 		t.Fatal(err)
