@@ -254,8 +254,11 @@ func serverHandshake(conn net.Conn, psk []byte, self NodeID) (*channel, *Hello, 
 func checkDialed(to string, local net.Addr) error {
 	want := local.String()
 	if a, ok := local.(*net.TCPAddr); ok {
-		want = a.AddrPort().String()
-		if got, err := netip.ParseAddrPort(to); err == nil && got.Addr().Unmap() == a.AddrPort().Addr().Unmap() && got.Port() == a.AddrPort().Port() {
+		here := a.AddrPort()
+		want = here.String()
+		// Zones name interfaces, which each host names its own way.
+		same := func(x, y netip.Addr) bool { return x.Unmap().WithZone("") == y.Unmap().WithZone("") }
+		if got, err := netip.ParseAddrPort(to); err == nil && same(got.Addr(), here.Addr()) && got.Port() == here.Port() {
 			return nil
 		}
 	} else if to == want {

@@ -133,10 +133,15 @@ func TestHandshakeReflected(t *testing.T) {
 
 func TestCheckDialed(t *testing.T) {
 	local := &net.TCPAddr{IP: net.ParseIP("10.0.0.2"), Port: 7470}
+	linkLocal := &net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 7470, Zone: "enp1s0"}
+	if err := checkDialed("[fe80::1%eth0]:7470", linkLocal); err != nil {
+		t.Errorf("a link-local address under another interface name: %v", err)
+	}
 	for to, ok := range map[string]bool{
 		"10.0.0.2:7470":          true,
 		"[::ffff:10.0.0.2]:7470": true,
 		"10.0.0.3:7470":          false, // another node
+		"[fe80::1%eth0]:7470":    false,
 		"10.0.0.2:7471":          false, // another daemon on the same host
 		"nodeB:7470":             false,
 		"":                       false,
