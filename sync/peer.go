@@ -51,7 +51,6 @@ type MirrorConfig struct {
 // peer, reconnecting with backoff, and copies rows to all of them.
 type Mirror struct {
 	session  uint64 // see Hello
-	node     NodeID
 	peers    []*peer
 	deadline time.Duration
 	cancel   context.CancelFunc // stops the connection loops
@@ -90,7 +89,7 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 		cfg.Dial = dialTCP
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Mirror{session: rand.Uint64(), node: cfg.Node, deadline: cfg.Deadline, cancel: cancel}
+	m := &Mirror{session: rand.Uint64(), deadline: cfg.Deadline, cancel: cancel}
 	psk := presharedKey(cfg.Secret)
 	for _, addr := range cfg.Peers {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
