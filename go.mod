@@ -4,10 +4,11 @@ go 1.26.8
 
 require (
 	github.com/dgraph-io/ristretto/v2 v2.4.2
-	github.com/edsrzf/mmap-go v1.2.0
+	github.com/flynn/noise v1.1.0
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/pflag v1.1.0
+	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.48.0
 )
 
@@ -19,6 +20,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

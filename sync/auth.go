@@ -2,31 +2,56 @@ package rowsync
 
 import (
 	"bytes"
-	"crypto/hmac"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"os"
+	"syscall"
 	"time"
+
+	"github.com/flynn/noise"
 )
 
-// Mutual authentication. Both sides know a shared secret; it never travels.
+// Mutual authentication: a Noise_NNpsk0_25519_AESGCM_SHA256 handshake
+// (github.com/flynn/noise) whose pre-shared key is derived from the shared
+// secret of --secret-file, which never travels.
 //
-//	client → server  Hello{Version, Session, Nc}
-//	server → client  Challenge{Ns, HMAC(secret, "kvtierfs/1 server" ‖ Nc ‖ Ns)}
-//	client → server  Response{HMAC(secret, "kvtierfs/1 client" ‖ Nc ‖ Ns)}
+//	client → server  e, payload Hello{Session, Node, To}        (sealed under the PSK)
+//	server → client  e, ee, payload Welcome{Node}               (sealed under PSK and ee)
+//	client → server  record 0: Ready                            (channel.go)
 //
-// Nonces come from crypto/rand and tags are compared in constant time. The
-// distinct labels keep a tag from being reflected in the other direction, and
-// the fresh nonce on each side keeps a recorded handshake from being
-// replayed. Only the handshake is authenticated: frames after it are neither
-// signed nor encrypted (the acknowledged CRC32C catches corruption, not an
-// attacker on the path).
-
-// ProtocolVersion is the version a Hello carries; a server refuses others.
-const ProtocolVersion = 1
+// Only a holder of the secret can seal or open either payload; fresh
+// ephemeral keys on both sides make every session's keys new (and forward
+// secret), so a recorded handshake replayed later leads nowhere: its replayer
+// cannot send Ready. The prologue names the protocol and its version, so
+// nodes of another version fail the handshake.
+//
+// The secret is shared by every node, so the handshake alone would not tell
+// the nodes apart: a relay could hand a node's own handshake back to it, or
+// steer a client meant for one peer to another. Identity and direction are
+// bound by the payloads, and every refusal counts as an authentication
+// failure:
+//   - Each node has a NodeID, random at start, which its Mirror and Server
+//     share. A server refuses a Hello from its own node and a client a
+//     Welcome from its own node: a reflected handshake fails on both ends.
+//   - Hello.To is the IP:port the client's connection reached. A server
+//     refuses a Hello whose To is not the address the connection arrived at,
+//     so a handshake meant for one node cannot be relayed to another, or to
+//     the client's own server. Peers must therefore reach each other
+//     directly (--peer names an address the peer itself listens on, no NAT
+//     or port mapping between nodes).
+//
+// Per-node static keys were the alternative; they would bind identities
+// without the address rule, but every node would need a key pair and every
+// peer's public key configured, where one secret file is all a deployment
+// needs today.
 
 // MinSecretBytes is the shortest shared secret accepted.
 const MinSecretBytes = 16
@@ -34,13 +59,52 @@ const MinSecretBytes = 16
 // handshakeTimeout bounds dialing plus the handshake.
 const handshakeTimeout = 5 * time.Second
 
-// ErrAuth is wrapped by the errors of a failed handshake.
+// prologue binds the handshake to this protocol and version.
+const prologue = "kvtierfs rowsync 2"
+
+// pskLabel separates the pre-shared key from other uses of the secret.
+const pskLabel = "kvtierfs rowsync 2 psk"
+
+// maxHandshakeMessage bounds a handshake message: an ephemeral key, a sealed
+// frame of at most maxHandshakeFrame bytes and its tag.
+const maxHandshakeMessage = 32 + maxHandshakeFrame + tagBytes
+
+var cipherSuite = noise.NewCipherSuite(noise.DH25519, noise.CipherAESGCM, noise.HashSHA256)
+
+// ErrAuth is wrapped by the errors of a failed handshake and of a record that
+// fails authentication.
 var ErrAuth = errors.New("rowsync: authentication failed")
 
+// NodeID identifies one running node (its Mirror and Server) in handshakes.
+type NodeID [16]byte
+
+// newNodeID returns a random NodeID.
+func newNodeID() NodeID {
+	var id NodeID
+	rand.Read(id[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return id
+}
+
+func (id NodeID) String() string { return hex.EncodeToString(id[:]) }
+
 // ReadSecretFile reads a shared secret (--secret-file): the file's contents
-// without surrounding white space, at least MinSecretBytes long.
+// without surrounding white space, at least MinSecretBytes long. The file
+// must be a regular file of mode 0600 or 0400 (no access for group or
+// others) owned by root or by the daemon's user.
 func ReadSecretFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("rowsync: secret: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("rowsync: secret: %w", err)
+	}
+	if err := checkSecretFile(fi, os.Geteuid()); err != nil {
+		return nil, fmt.Errorf("rowsync: secret file %s %w", path, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 1<<16))
 	if err != nil {
 		return nil, fmt.Errorf("rowsync: secret: %w", err)
 	}
@@ -51,6 +115,24 @@ func ReadSecretFile(path string) ([]byte, error) {
 	return secret, nil
 }
 
+// checkSecretFile refuses a secret file that others could read or replace.
+func checkSecretFile(fi os.FileInfo, euid int) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("is not a regular file (%s)", fi.Mode())
+	}
+	if perm := fi.Mode().Perm(); perm&0o177 != 0 {
+		return fmt.Errorf("has mode %04o: other users could read or change it; chmod 600 it (0600 or 0400 only)", perm)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return errors.New("has no owner to check")
+	}
+	if st.Uid != 0 && int(st.Uid) != euid {
+		return fmt.Errorf("is owned by uid %d: it must belong to root or to the daemon's uid %d", st.Uid, euid)
+	}
+	return nil
+}
+
 func checkSecret(secret []byte) error {
 	if len(secret) < MinSecretBytes {
 		return fmt.Errorf("rowsync: shared secret of %d bytes, want at least %d", len(secret), MinSecretBytes)
@@ -58,91 +140,166 @@ func checkSecret(secret []byte) error {
 	return nil
 }
 
-// handshakeMAC is HMAC-SHA256(secret, label ‖ client nonce ‖ server nonce).
-func handshakeMAC(secret []byte, label string, client, server *[NonceBytes]byte) (tag [MACBytes]byte) {
-	h := hmac.New(sha256.New, secret)
-	h.Write([]byte(label))
-	h.Write(client[:])
-	h.Write(server[:])
-	h.Sum(tag[:0])
-	return tag
+// presharedKey derives the handshake's 32-byte pre-shared key from the secret.
+func presharedKey(secret []byte) []byte {
+	psk, err := hkdf.Key(sha256.New, secret, nil, pskLabel, 32)
+	if err != nil {
+		panic(err) // only for lengths SHA-256 cannot produce
+	}
+	return psk
 }
 
-const (
-	serverLabel = "kvtierfs/1 server"
-	clientLabel = "kvtierfs/1 client"
-)
+// handshakeState starts one side of the handshake; random supplies the
+// ephemeral key (nil: crypto/rand).
+func handshakeState(initiator bool, psk []byte, random io.Reader) (*noise.HandshakeState, error) {
+	return noise.NewHandshakeState(noise.Config{
+		CipherSuite:           cipherSuite,
+		Random:                random,
+		Pattern:               noise.HandshakeNN,
+		Initiator:             initiator,
+		Prologue:              []byte(prologue),
+		PresharedKey:          psk,
+		PresharedKeyPlacement: 0,
+	})
+}
 
-// clientHandshake authenticates the server behind conn and proves the secret
-// to it.
-func clientHandshake(conn net.Conn, secret []byte, session uint64) error {
+// clientHandshake authenticates the server behind conn, proves the secret to
+// it and returns the channel and the server's node.
+func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*channel, NodeID, error) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
-	hello := Hello{Version: ProtocolVersion, Session: session}
-	rand.Read(hello.Nonce[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
-	if err := WriteMessage(conn, &hello); err != nil {
-		return err
-	}
-	msg, err := readHandshake(conn)
+	hs, err := handshakeState(true, psk, nil)
 	if err != nil {
-		return err
+		return nil, NodeID{}, err
 	}
-	ch, ok := msg.(*Challenge)
-	if !ok {
-		return fmt.Errorf("%w: expected a challenge, got message type %d", ErrAuth, msg.messageType())
+	hello := Hello{Session: session, Node: self, To: conn.RemoteAddr().String()}
+	msg, _, _, err := hs.WriteMessage(nil, Encode(&hello))
+	if err != nil {
+		return nil, NodeID{}, err
 	}
-	want := handshakeMAC(secret, serverLabel, &hello.Nonce, &ch.Nonce)
-	if !hmac.Equal(want[:], ch.MAC[:]) {
-		return fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
+	if err := writeHandshake(conn, msg); err != nil {
+		return nil, NodeID{}, err
 	}
-	return WriteMessage(conn, &Response{MAC: handshakeMAC(secret, clientLabel, &hello.Nonce, &ch.Nonce)})
+	if msg, err = readHandshake(conn); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			err = fmt.Errorf("%w: the peer ended the handshake: it refused this node (a wrong shared secret, another protocol version or a relayed connection; its log says which)", ErrAuth)
+		}
+		return nil, NodeID{}, err
+	}
+	payload, send, recv, err := hs.ReadMessage(nil, msg)
+	if err != nil {
+		return nil, NodeID{}, fmt.Errorf("%w: the peer does not know the shared secret (or speaks another protocol version)", ErrAuth)
+	}
+	welcome, err := decodeHandshake[*Welcome](payload)
+	if err != nil {
+		return nil, NodeID{}, err
+	}
+	if welcome.Node == self {
+		return nil, NodeID{}, fmt.Errorf("%w: the answer came from this node itself (a reflected handshake, or --peer names this node)", ErrAuth)
+	}
+	ch := newChannel(conn, send, recv)
+	if err := ch.writeMessage(&Ready{}); err != nil {
+		return nil, NodeID{}, err
+	}
+	return ch, welcome.Node, nil
 }
 
 // serverHandshake authenticates the client behind conn, proves the secret to
-// it and returns its Hello.
-func serverHandshake(conn net.Conn, secret []byte) (*Hello, error) {
+// it and returns the channel and the client's Hello.
+func serverHandshake(conn net.Conn, psk []byte, self NodeID) (*channel, *Hello, error) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
+	hs, err := handshakeState(false, psk, nil)
+	if err != nil {
+		return nil, nil, err
+	}
 	msg, err := readHandshake(conn)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	hello, ok := msg.(*Hello)
-	if !ok {
-		return nil, fmt.Errorf("%w: expected a hello, got message type %d", ErrAuth, msg.messageType())
+	payload, _, _, err := hs.ReadMessage(nil, msg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: the client does not know the shared secret (or speaks another protocol version)", ErrAuth)
 	}
-	if hello.Version != ProtocolVersion {
-		return nil, fmt.Errorf("%w: protocol version %d, want %d", ErrAuth, hello.Version, ProtocolVersion)
+	hello, err := decodeHandshake[*Hello](payload)
+	if err != nil {
+		return nil, nil, err
 	}
-	ch := Challenge{}
-	rand.Read(ch.Nonce[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
-	ch.MAC = handshakeMAC(secret, serverLabel, &hello.Nonce, &ch.Nonce)
-	if err := WriteMessage(conn, &ch); err != nil {
-		return nil, err
+	if hello.Node == self {
+		return nil, nil, fmt.Errorf("%w: the handshake came from this node itself (a reflected handshake, or --peer names this node)", ErrAuth)
 	}
-	if msg, err = readHandshake(conn); err != nil {
-		return nil, err
+	if err := checkDialed(hello.To, conn.LocalAddr()); err != nil {
+		return nil, nil, err
 	}
-	resp, ok := msg.(*Response)
-	if !ok {
-		return nil, fmt.Errorf("%w: expected a response, got message type %d", ErrAuth, msg.messageType())
+	msg, recv, send, err := hs.WriteMessage(nil, Encode(&Welcome{Node: self}))
+	if err != nil {
+		return nil, nil, err
 	}
-	want := handshakeMAC(secret, clientLabel, &hello.Nonce, &ch.Nonce)
-	if !hmac.Equal(want[:], resp.MAC[:]) {
-		return nil, fmt.Errorf("%w: the client does not know the shared secret", ErrAuth)
+	if err := writeHandshake(conn, msg); err != nil {
+		return nil, nil, err
 	}
-	return hello, nil
+	ch := newChannel(conn, send, recv)
+	frame, err := ch.readFrame(nil, maxHandshakeFrame)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: no ready record: %w", ErrAuth, err)
+	}
+	if _, err := decodeHandshake[*Ready](frame); err != nil {
+		return nil, nil, err
+	}
+	return ch, hello, nil
 }
 
-// readHandshake reads and decodes one small frame.
-func readHandshake(conn net.Conn) (Message, error) {
-	frame, err := ReadFrame(conn, nil, maxHandshakeFrame)
-	if err != nil {
+// checkDialed refuses a Hello meant for another address than local, the one
+// the connection arrived at.
+func checkDialed(to string, local net.Addr) error {
+	want := local.String()
+	if a, ok := local.(*net.TCPAddr); ok {
+		here := a.AddrPort()
+		want = here.String()
+		// Zones name interfaces, which each host names its own way.
+		same := func(x, y netip.Addr) bool { return x.Unmap().WithZone("") == y.Unmap().WithZone("") }
+		if got, err := netip.ParseAddrPort(to); err == nil && same(got.Addr(), here.Addr()) && got.Port() == here.Port() {
+			return nil
+		}
+	} else if to == want {
+		return nil
+	}
+	return fmt.Errorf("%w: the client dialed %q, but this is %s (a relayed handshake, or NAT between the nodes)", ErrAuth, to, want)
+}
+
+// writeHandshake writes one handshake message with its uint16 length.
+func writeHandshake(conn net.Conn, msg []byte) error {
+	_, err := conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(msg))), msg...))
+	return err
+}
+
+// readHandshake reads one handshake message of at most maxHandshakeMessage bytes.
+func readHandshake(conn net.Conn) ([]byte, error) {
+	var head [2]byte
+	if _, err := io.ReadFull(conn, head[:]); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrAuth, err)
 	}
-	msg, err := Decode(frame)
-	if err != nil {
+	n := int(binary.BigEndian.Uint16(head[:]))
+	if n == 0 || n > maxHandshakeMessage {
+		return nil, fmt.Errorf("%w: %w: handshake message of %d bytes, limit %d", ErrAuth, ErrBadFrame, n, maxHandshakeMessage)
+	}
+	msg := make([]byte, n)
+	if _, err := io.ReadFull(conn, msg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrAuth, err)
 	}
 	return msg, nil
+}
+
+// decodeHandshake decodes a handshake frame that must be a T.
+func decodeHandshake[T Message](frame []byte) (T, error) {
+	var want T
+	msg, err := Decode(frame)
+	if err != nil {
+		return want, fmt.Errorf("%w: %w", ErrAuth, err)
+	}
+	m, ok := msg.(T)
+	if !ok {
+		return want, fmt.Errorf("%w: expected message type %d, got %d", ErrAuth, want.messageType(), msg.messageType())
+	}
+	return m, nil
 }

@@ -25,92 +25,173 @@ func (c *recordConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// handshake runs both sides over a pipe and returns their errors and the
-// bytes both sides sent.
-func handshake(clientSecret, serverSecret []byte) (clientErr, serverErr error, wire []byte) {
+// handshakeResult is what both ends of handshake saw.
+type handshakeResult struct {
+	client, server       *channel
+	clientErr, serverErr error
+	hello                *Hello
+	welcomed             NodeID
+	wire                 []byte // the bytes both sides sent
+}
+
+// handshake runs both sides over a pipe; the client is node clientNode, the
+// server node serverNode.
+func handshake(t *testing.T, clientSecret, serverSecret []byte, clientNode, serverNode NodeID) handshakeResult {
+	t.Helper()
 	c, s := net.Pipe()
+	t.Cleanup(func() { c.Close(); s.Close() })
 	rc, rs := &recordConn{Conn: c}, &recordConn{Conn: s}
+	var r handshakeResult
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_, serverErr = serverHandshake(rs, serverSecret)
-		s.Close()
+		r.server, r.hello, r.serverErr = serverHandshake(rs, presharedKey(serverSecret), serverNode)
+		if r.serverErr != nil {
+			s.Close()
+		}
 	})
-	clientErr = clientHandshake(rc, clientSecret, 1)
-	c.Close()
+	r.client, r.welcomed, r.clientErr = clientHandshake(rc, presharedKey(clientSecret), clientNode, 7)
+	if r.clientErr != nil {
+		c.Close()
+	}
 	wg.Wait()
-	return clientErr, serverErr, append(rc.written.Bytes(), rs.written.Bytes()...)
+	r.wire = append(rc.written.Bytes(), rs.written.Bytes()...)
+	return r
 }
 
 func TestHandshake(t *testing.T) {
-	cErr, sErr, wire := handshake(testSecret, testSecret)
-	if cErr != nil || sErr != nil {
-		t.Fatalf("same secret: client %v, server %v", cErr, sErr)
+	a, b := newNodeID(), newNodeID()
+	r := handshake(t, testSecret, testSecret, a, b)
+	if r.clientErr != nil || r.serverErr != nil {
+		t.Fatalf("same secret: client %v, server %v", r.clientErr, r.serverErr)
 	}
-	if bytes.Contains(wire, testSecret) {
-		t.Error("the secret went over the wire")
+	if r.hello.Node != a || r.hello.Session != 7 || r.hello.To != "pipe" || r.welcomed != b {
+		t.Errorf("hello %+v, welcomed by %s", r.hello, r.welcomed)
 	}
-	// Fresh nonces: two handshakes never send the same bytes.
-	if _, _, wire2 := handshake(testSecret, testSecret); bytes.Equal(wire, wire2) {
+	if bytes.Contains(r.wire, testSecret) || bytes.Contains(r.wire, a[:]) || bytes.Contains(r.wire, b[:]) {
+		t.Error("the secret or a node's identity went over the wire in the clear")
+	}
+	// Fresh ephemeral keys: two handshakes never send the same bytes.
+	if r2 := handshake(t, testSecret, testSecret, a, b); bytes.Equal(r.wire, r2.wire) {
 		t.Error("two handshakes sent identical bytes")
+	}
+
+	// Frames flow both ways, the server's reads opening the client's records.
+	done := make(chan error, 1)
+	go func() { done <- r.client.writeMessage(&Ack{Seq: 1, Row: 2, CRC: 3}) }()
+	frame, err := r.server.readFrame(nil, maxAckFrame)
+	if err != nil || <-done != nil {
+		t.Fatal(err)
+	}
+	if m, err := Decode(frame); err != nil || *m.(*Ack) != (Ack{Seq: 1, Row: 2, CRC: 3}) {
+		t.Errorf("server read %+v, %v", m, err)
 	}
 }
 
 func TestHandshakeWrongSecret(t *testing.T) {
-	other := []byte("kvtier-test-another-secret-xyz")
-	cErr, sErr, _ := handshake(other, testSecret)
-	if !errors.Is(cErr, ErrAuth) || !strings.Contains(cErr.Error(), "does not know the shared secret") {
-		t.Errorf("client: %v", cErr)
+	r := handshake(t, []byte("kvtier-test-another-secret-xyz"), testSecret, newNodeID(), newNodeID())
+	if !errors.Is(r.serverErr, ErrAuth) || !strings.Contains(r.serverErr.Error(), "does not know the shared secret") {
+		t.Errorf("server: %v", r.serverErr)
 	}
-	if !errors.Is(sErr, ErrAuth) {
-		t.Errorf("server: %v", sErr)
-	}
-}
-
-func TestHandshakeForgedResponse(t *testing.T) {
-	// A client that sees the challenge but cannot compute the response.
-	c, s := net.Pipe()
-	defer c.Close()
-	var serverErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { _, serverErr = serverHandshake(s, testSecret); s.Close() })
-	WriteMessage(c, &Hello{Version: ProtocolVersion})
-	msg, err := readHandshake(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := msg.(*Challenge)
-	WriteMessage(c, &Response{MAC: ch.MAC}) // reflect the server's own tag
-	wg.Wait()
-	if !errors.Is(serverErr, ErrAuth) || !strings.Contains(serverErr.Error(), "client does not know the shared secret") {
-		t.Errorf("server accepted a reflected tag: %v", serverErr)
+	if !errors.Is(r.clientErr, ErrAuth) {
+		t.Errorf("client: %v", r.clientErr)
 	}
 }
 
-func TestHandshakeVersion(t *testing.T) {
+// TestHandshakeReflected: a node's own handshake handed back to it fails on
+// both ends, whichever end checks first.
+func TestHandshakeReflected(t *testing.T) {
+	self := newNodeID()
+	r := handshake(t, testSecret, testSecret, self, self)
+	if !errors.Is(r.serverErr, ErrAuth) || !strings.Contains(r.serverErr.Error(), "came from this node itself") {
+		t.Errorf("server accepted its own node's handshake: %v", r.serverErr)
+	}
+	if r.clientErr == nil {
+		t.Error("client finished a reflected handshake")
+	}
+
+	// A responder that does not check the Hello: the client still refuses
+	// a Welcome from its own node.
 	c, s := net.Pipe()
 	defer c.Close()
-	var serverErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { _, serverErr = serverHandshake(s, testSecret); s.Close() })
-	WriteMessage(c, &Hello{Version: ProtocolVersion + 1})
-	wg.Wait()
-	if !errors.Is(serverErr, ErrAuth) || !strings.Contains(serverErr.Error(), "protocol version 2, want 1") {
-		t.Errorf("server: %v", serverErr)
+	go func() {
+		defer s.Close()
+		hs, _ := handshakeState(false, presharedKey(testSecret), nil)
+		msg, err := readHandshake(s)
+		if err != nil {
+			return
+		}
+		if _, _, _, err := hs.ReadMessage(nil, msg); err != nil {
+			return
+		}
+		msg, _, _, _ = hs.WriteMessage(nil, Encode(&Welcome{Node: self}))
+		writeHandshake(s, msg)
+	}()
+	if _, _, err := clientHandshake(c, presharedKey(testSecret), self, 1); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "came from this node itself") {
+		t.Errorf("client accepted a Welcome from itself: %v", err)
+	}
+}
+
+func TestCheckDialed(t *testing.T) {
+	local := &net.TCPAddr{IP: net.ParseIP("10.0.0.2"), Port: 7470}
+	linkLocal := &net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 7470, Zone: "enp1s0"}
+	if err := checkDialed("[fe80::1%eth0]:7470", linkLocal); err != nil {
+		t.Errorf("a link-local address under another interface name: %v", err)
+	}
+	for to, ok := range map[string]bool{
+		"10.0.0.2:7470":          true,
+		"[::ffff:10.0.0.2]:7470": true,
+		"10.0.0.3:7470":          false, // another node
+		"[fe80::1%eth0]:7470":    false,
+		"10.0.0.2:7471":          false, // another daemon on the same host
+		"nodeB:7470":             false,
+		"":                       false,
+	} {
+		if err := checkDialed(to, local); (err == nil) != ok || (err != nil && !errors.Is(err, ErrAuth)) {
+			t.Errorf("checkDialed(%q) = %v, want ok %v", to, err, ok)
+		}
 	}
 }
 
 func TestReadSecretFile(t *testing.T) {
 	dir := t.TempDir()
-	good, short := filepath.Join(dir, "good"), filepath.Join(dir, "short")
-	os.WriteFile(good, []byte("  "+string(testSecret)+"\n"), 0o600)
-	os.WriteFile(short, []byte("tooshort\n"), 0o600)
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", "  "+string(testSecret)+"\n", 0o600)
 	if s, err := ReadSecretFile(good); err != nil || !bytes.Equal(s, testSecret) {
-		t.Errorf("ReadSecretFile(good) = %q, %v", s, err)
+		t.Errorf("ReadSecretFile(0600) = %q, %v", s, err)
 	}
-	if _, err := ReadSecretFile(short); err == nil || !strings.Contains(err.Error(), "shared secret of 8 bytes, want at least 16") {
-		t.Errorf("ReadSecretFile(short) = %v", err)
+	if _, err := ReadSecretFile(write("readonly", string(testSecret), 0o400)); err != nil {
+		t.Errorf("ReadSecretFile(0400) = %v", err)
 	}
-	if _, err := ReadSecretFile(filepath.Join(dir, "missing")); err == nil {
-		t.Error("ReadSecretFile(missing) succeeded")
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{write("short", "tooshort\n", 0o600), "shared secret of 8 bytes, want at least 16"},
+		{write("world", string(testSecret), 0o644), "has mode 0644: other users could read or change it; chmod 600 it"},
+		{write("group", string(testSecret), 0o640), "has mode 0640"},
+		{write("exec", string(testSecret), 0o700), "has mode 0700"},
+		{dir, "is not a regular file"},
+		{filepath.Join(dir, "missing"), "no such file"},
+	} {
+		if _, err := ReadSecretFile(tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReadSecretFile(%s) = %v, want an error containing %q", filepath.Base(tc.path), err, tc.want)
+		}
+	}
+	if os.Geteuid() == 0 {
+		other := write("other", string(testSecret), 0o600)
+		if err := os.Chown(other, 12345, 12345); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadSecretFile(other); err == nil || !strings.Contains(err.Error(), "is owned by uid 12345: it must belong to root or to the daemon's uid 0") {
+			t.Errorf("ReadSecretFile(another user's file) = %v", err)
+		}
 	}
 }

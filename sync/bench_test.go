@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -23,7 +24,9 @@ import (
 //	load-done  Node.LoadDone one after another: row identification among
 //	           the 112 rows plus MirrorRow, i.e. the work of one FLUSH
 //
-// The serial ones also report the latency per row (p50, p99).
+// The serial ones also report the latency per row (p50, p99). Every one
+// reports the CPU time of the whole process (sender and receiver) per row,
+// which contention for the cores changes less than the throughput.
 func BenchmarkMirror(b *testing.B) {
 	const rows, rowBytes = 112, 8601600
 	src, dst := shmRegion(b, rows, rowBytes), shmRegion(b, rows, rowBytes)
@@ -47,6 +50,7 @@ func BenchmarkMirror(b *testing.B) {
 		}()
 		b.SetBytes(rows * rowBytes)
 		ack := make([]byte, 1)
+		defer reportCPU(b, rows)()
 		for b.Loop() {
 			for i := range rows {
 				if _, err := client.Write(src.Row(i)); err != nil {
@@ -77,6 +81,7 @@ func BenchmarkMirror(b *testing.B) {
 
 	b.Run("mirror-16", func(b *testing.B) {
 		b.SetBytes(rows * rowBytes)
+		defer reportCPU(b, rows)()
 		for b.Loop() {
 			var next atomic.Int64
 			var wg sync.WaitGroup
@@ -104,6 +109,7 @@ func BenchmarkMirror(b *testing.B) {
 func serialRows(b *testing.B, rows, rowBytes int, do func(row int) error) {
 	b.SetBytes(int64(rows * rowBytes))
 	var lat []time.Duration
+	defer reportCPU(b, rows)()
 	for b.Loop() {
 		for i := range rows {
 			start := time.Now()
@@ -116,6 +122,24 @@ func serialRows(b *testing.B, rows, rowBytes int, do func(row int) error) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "p50-ms/row")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1e3, "p99-ms/row")
+}
+
+// reportCPU starts counting the process's CPU time; the function it returns
+// reports it per row, for b.N rounds of rows rows.
+func reportCPU(b *testing.B, rows int) func() {
+	start := cpuTime(b)
+	return func() {
+		b.ReportMetric(float64((cpuTime(b)-start).Microseconds())/1e3/float64(b.N*rows), "cpu-ms/row")
+	}
+}
+
+// cpuTime returns the user and system time the process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tcpPair returns both ends of a loopback TCP connection.

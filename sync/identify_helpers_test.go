@@ -10,7 +10,7 @@ import (
 // The byte-based path the tests and benchmarks drive Node with: the block's
 // bytes are at hand, and the row holding them is found by sampled windows,
 // then a full compare. (The filesystem finds the row from the block's digest
-// itself and calls MirrorLoadedRow and SampleStoredRow.)
+// itself and calls MirrorBlock and SampleStoredRow.)
 
 // Errors of LoadDone besides a Mirror's.
 var (
@@ -30,7 +30,7 @@ const (
 )
 
 // LoadDone finds the row of region that now holds block and mirrors it
-// (MirrorLoadedRow); without peers it does nothing.
+// (MirrorBlock); without peers it does nothing.
 func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error {
 	if n.mirror == nil {
 		return nil
@@ -45,7 +45,7 @@ func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error
 	case matches > 1:
 		return ErrRowAmbiguous
 	}
-	return n.MirrorLoadedRow(ctx, region, row, Checksum(block))
+	return n.MirrorBlock(ctx, region, row, block, Checksum(block))
 }
 
 // StoreDone finds the row of region holding a stored block and, when the gate

@@ -149,7 +149,7 @@ func TestMirrorWrongSecret(t *testing.T) {
 	s := startServer(t, "127.0.0.1:0", testSecret, dst)
 	m := newMirror(t, []byte("kvtier-test-not-the-secret"), 0, false, s.Addr().String())
 	waitFor(t, "refusal counted", func() bool { return s.AuthFailures() >= 1 })
-	waitFor(t, "client-side error", func() bool { return strings.Contains(m.Stats()[0].LastError, "does not know the shared secret") })
+	waitFor(t, "client-side error", func() bool { return strings.Contains(m.Stats()[0].LastError, "it refused this node") })
 	src := shmRegion(t, testRows, testRowBytes)
 	fillHalf(src.Row(1), 1)
 	if err := m.MirrorRow(context.Background(), src, 1, bytes.Clone(src.Row(1))); !errors.Is(err, ErrPeerDown) {
@@ -157,6 +157,9 @@ func TestMirrorWrongSecret(t *testing.T) {
 	}
 	if m.Healthy() || !isZero(dst.Row(1)) {
 		t.Error("an unauthenticated mirror got through")
+	}
+	if m.AuthFailures() == 0 {
+		t.Error("the mirror counted no authentication failure")
 	}
 
 	// A client that is no peer at all.
@@ -186,11 +189,12 @@ func lyingPeer(t *testing.T) string {
 			}
 			wg.Go(func() {
 				defer conn.Close()
-				if _, err := serverHandshake(conn, testSecret); err != nil {
+				ch, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID())
+				if err != nil {
 					return
 				}
 				for {
-					frame, err := ReadFrame(conn, nil, MaxFrameBytes)
+					frame, err := ch.readFrame(nil, MaxFrameBytes)
 					if err != nil {
 						return
 					}
@@ -200,7 +204,7 @@ func lyingPeer(t *testing.T) string {
 					}
 					w := msg.(*RowWrite)
 					crc := Checksum(applyExtents(w.RowBytes, w.Extents))
-					WriteMessage(conn, &Ack{Seq: w.Seq, Row: w.Row, CRC: crc ^ 1})
+					ch.writeMessage(&Ack{Seq: w.Seq, Row: w.Row, CRC: crc ^ 1})
 				}
 			})
 		}
@@ -257,7 +261,7 @@ func TestMirrorSlowPeer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if _, err := serverHandshake(conn, testSecret); err == nil {
+			if _, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID()); err == nil {
 				conns <- conn
 			}
 		}

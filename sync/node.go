@@ -19,7 +19,7 @@ type Config struct {
 	Secret     []byte                           // --secret-file, see ReadSecretFile
 	Replicated Mode                             // --replicated-kv
 	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
-	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen)
+	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen); see rowGeometry
 	Logf       func(format string, args ...any) // nil: log.Printf
 }
 
@@ -55,15 +55,16 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Logf = log.Printf
 	}
 	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
+	self := newNodeID() // shared by the Server and the Mirror, see auth.go
 	if cfg.Listen != "" {
-		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
+		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
 		if err != nil {
 			return nil, err
 		}
 		n.server = s
 	}
 	if len(cfg.Peers) > 0 {
-		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Deadline: cfg.Deadline, Logf: cfg.Logf})
+		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Node: self, Deadline: cfg.Deadline, Logf: cfg.Logf})
 		if err != nil {
 			n.Close()
 			return nil, err
@@ -106,23 +107,36 @@ func (n *Node) ServeLoads() bool {
 	return n.mirror == nil || (n.gate.Allowed() && n.mirror.Healthy())
 }
 
-// MirrorLoadedRow mirrors a row that the caller has already identified as the
-// destination of a load and verified to have CRC32C crc (the filesystem
-// finds it from the block's digest at FLUSH), so the row is not checksummed
-// again. A non-nil error means the peers may hold stale bytes and the close
-// must fail; without peers it does nothing.
-func (n *Node) MirrorLoadedRow(ctx context.Context, region *Region, row int, crc uint32) error {
+// MirrorBlock writes block, whose CRC32C is crc and which the caller has
+// verified, into row of region on every peer and returns once each
+// acknowledged that checksum. The filesystem calls it while the engine's
+// own read of the block into that row is still open (before its last READ
+// returns), so it sends the block, not the live row. A non-nil error means a
+// peer may hold stale bytes and the load must fail; without peers it does
+// nothing.
+func (n *Node) MirrorBlock(ctx context.Context, region *Region, row int, block []byte, crc uint32) error {
 	if n.mirror == nil {
 		return nil
 	}
+	n.noteLocal(region)
 	if !n.gate.Allowed() {
 		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
 	}
-	if err := n.mirror.mirror(ctx, region, row, region.Row(row), func() uint32 { return crc }, func() {}); err != nil {
+	if len(block) != region.RowBytes() {
+		return fmt.Errorf("rowsync: block of %d bytes for rows of %d", len(block), region.RowBytes())
+	}
+	if err := n.mirror.mirror(ctx, region, row, block, func() uint32 { return crc }, func() {}); err != nil {
 		return err
 	}
 	n.rowsMirrored.Add(1)
 	return nil
+}
+
+// noteLocal tells the Server the row size the filesystem uses region at.
+func (n *Node) noteLocal(region *Region) {
+	if n.server != nil {
+		n.server.NoteLocalRowBytes(region.RowBytes())
+	}
 }
 
 // Mirrors reports whether the node has peers to mirror loaded rows to.
@@ -138,6 +152,7 @@ func (n *Node) SampleStoredRow(ctx context.Context, region *Region, row int, key
 	if n.mirror == nil {
 		return nil
 	}
+	n.noteLocal(region)
 	if len(key) > MaxKeyBytes {
 		return fmt.Errorf("rowsync: key of %d bytes, limit %d", len(key), MaxKeyBytes)
 	}
@@ -158,6 +173,7 @@ func (n *Node) Snapshot() Snapshot {
 		received = n.server.received()
 	}
 	if n.mirror != nil {
+		s.AuthFailures += n.mirror.AuthFailures()
 		for _, p := range n.mirror.peers {
 			ps := p.snapshot()
 			ip := p.ip()

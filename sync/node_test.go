@@ -163,16 +163,17 @@ func TestNodeWithoutFlags(t *testing.T) {
 func TestServerSessionTakeover(t *testing.T) {
 	dst := shmRegion(t, testRows, testRowBytes)
 	s := startServer(t, "127.0.0.1:0", testSecret, dst)
-	dial := func() net.Conn {
+	dial := func() *channel {
 		conn, err := net.Dial("tcp", s.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		if err := clientHandshake(conn, testSecret, 7); err != nil {
+		ch, _, err := clientHandshake(conn, presharedKey(testSecret), newNodeID(), 7)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return conn
+		return ch
 	}
 	rowWrite := func(seed uint64) ([]byte, uint32) {
 		data := make([]byte, testRowBytes)
@@ -183,20 +184,25 @@ func TestServerSessionTakeover(t *testing.T) {
 	// The old connection has a row write half sent when the Mirror gives up
 	// on it and reconnects.
 	old := dial()
+	waitFor(t, "the first connection serving the session", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.sessions[7] != nil })
 	stale, _ := rowWrite(1)
-	old.Write(stale[:len(stale)-1])
+	if err := old.writeFrame(net.Buffers{stale[:len(stale)-1]}); err != nil {
+		t.Fatal(err)
+	}
 	fresh, crc := rowWrite(2)
 	conn := dial()
-	conn.Write(fresh)
-	frame, err := ReadFrame(conn, nil, maxAckFrame)
+	if err := conn.writeFrame(net.Buffers{fresh}); err != nil {
+		t.Fatal(err)
+	}
+	frame, err := conn.readFrame(nil, maxAckFrame)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ack, err := Decode(frame); err != nil || ack.(*Ack).CRC != crc {
 		t.Fatalf("ack %+v, %v", ack, err)
 	}
-	old.Write(stale[len(stale)-1:])
-	if _, err := ReadFrame(old, nil, maxAckFrame); err == nil {
+	old.writeFrame(net.Buffers{stale[len(stale)-1:]})
+	if _, err := old.readFrame(nil, maxAckFrame); err == nil {
 		t.Error("the superseded connection still answers")
 	}
 	if Checksum(dst.Row(1)) != crc {

@@ -39,8 +39,12 @@ var ErrPeerDown = errors.New("rowsync: peer down")
 type MirrorConfig struct {
 	Peers    []string                         // host:port of every peer's Server
 	Secret   []byte                           // shared secret, at least MinSecretBytes
+	Node     NodeID                           // this node, as its Server knows it; zero: a random one
 	Deadline time.Duration                    // per row and peer; 0: DefaultDeadline
 	Logf     func(format string, args ...any) // nil: log.Printf
+	// Dial connects to a peer's address; nil: TCP with keepalive. The
+	// connection's RemoteAddr must be the address it reached (see auth.go).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Mirror is the sending side: it keeps one authenticated connection to each
@@ -78,14 +82,21 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
+	if cfg.Node == (NodeID{}) {
+		cfg.Node = newNodeID()
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = dialTCP
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Mirror{session: rand.Uint64(), deadline: cfg.Deadline, cancel: cancel}
+	psk := presharedKey(cfg.Secret)
 	for _, addr := range cfg.Peers {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			cancel()
 			return nil, fmt.Errorf("rowsync: peer %q: %w", addr, err)
 		}
-		p := &peer{addr: addr, secret: cfg.Secret, session: m.session, logf: cfg.Logf, state: StateConnecting}
+		p := &peer{addr: addr, psk: psk, node: cfg.Node, session: m.session, dial: cfg.Dial, logf: cfg.Logf, state: StateConnecting}
 		m.peers = append(m.peers, p)
 		m.wg.Go(func() { p.run(ctx) })
 	}
@@ -111,6 +122,16 @@ func (m *Mirror) Healthy() bool {
 		}
 	}
 	return true
+}
+
+// AuthFailures returns how many handshakes and acknowledgements from peers
+// failed authentication.
+func (m *Mirror) AuthFailures() uint64 {
+	var n uint64
+	for _, p := range m.peers {
+		n += p.authFailures.Load()
+	}
+	return n
 }
 
 // Stats returns one entry per peer, in configuration order.
@@ -187,11 +208,13 @@ func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row i
 // peer is one remote Server and the connection to it.
 type peer struct {
 	addr    string
-	secret  []byte
+	psk     []byte
+	node    NodeID
 	session uint64
+	dial    func(ctx context.Context, addr string) (net.Conn, error)
 	logf    func(format string, args ...any)
 
-	rowsSent, bytesSent, verified atomic.Uint64
+	rowsSent, bytesSent, verified, authFailures atomic.Uint64
 
 	mu       sync.Mutex // guards the fields below; taken before link.mu
 	link     *link      // nil while not connected
@@ -237,13 +260,17 @@ func (p *peer) run(ctx context.Context) {
 		if err == nil {
 			up := time.Now()
 			p.setLink(ctx, l)
-			l.fail(l.readAcks())
+			err = l.readAcks()
+			l.fail(err)
 			p.dropLink(l)
 			if time.Since(up) >= maxBackoff {
 				backoff = minBackoff
 			}
 		} else if ctx.Err() == nil {
 			p.setDown(err)
+		}
+		if errors.Is(err, ErrAuth) {
+			p.authFailures.Add(1)
 		}
 		select {
 		case <-ctx.Done():
@@ -264,16 +291,23 @@ const (
 	keepAliveCount    = 3
 )
 
-// connect dials and authenticates; canceling ctx aborts it.
-func (p *peer) connect(ctx context.Context) (*link, error) {
+// dialTCP is the default MirrorConfig.Dial.
+func dialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: handshakeTimeout, KeepAliveConfig: net.KeepAliveConfig{
 		Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveCount}}
-	conn, err := d.DialContext(ctx, "tcp", p.addr)
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// connect dials and authenticates; canceling ctx aborts it.
+func (p *peer) connect(ctx context.Context) (*link, error) {
+	dialCtx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	conn, err := p.dial(dialCtx, p.addr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	err = clientHandshake(conn, p.secret, p.session)
+	ch, _, err := clientHandshake(conn, p.psk, p.node, p.session)
 	if !stop() {
 		return nil, ctx.Err()
 	}
@@ -281,7 +315,7 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &link{conn: conn, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
+	return &link{conn: conn, ch: ch, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
 }
 
 // setLink makes l the peer's connection, unless the Mirror closed meanwhile.
@@ -413,7 +447,8 @@ func (p *peer) sample(ctx context.Context, deadline time.Duration, msg StoreSamp
 // any number may be in flight, each waiting for the Ack with its Seq.
 type link struct {
 	conn    net.Conn
-	writeMu sync.Mutex    // serializes frames on conn; held for one whole frame
+	ch      *channel      // conn's records
+	writeMu sync.Mutex    // serializes frames on ch; held for one whole frame
 	done    chan struct{} // closed when the link fails
 
 	mu      sync.Mutex // guards the fields below
@@ -438,7 +473,7 @@ func (l *link) send(ctx context.Context, build func(seq uint64) Message) (uint64
 	l.writeMu.Lock()
 	deadline, _ := ctx.Deadline()
 	l.conn.SetWriteDeadline(deadline)
-	err := WriteMessage(l.conn, build(seq))
+	err := l.ch.writeMessage(build(seq))
 	l.writeMu.Unlock()
 	if err != nil {
 		l.fail(fmt.Errorf("send: %w", err))
@@ -471,7 +506,7 @@ func (l *link) wait(ctx context.Context, seq uint64, acked chan *Ack) (*Ack, err
 func (l *link) readAcks() error {
 	var buf []byte
 	for {
-		frame, err := ReadFrame(l.conn, buf, maxAckFrame)
+		frame, err := l.ch.readFrame(buf, maxAckFrame)
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}

@@ -11,8 +11,8 @@ import (
 // sent and the receiver zero-fills them.
 const ZeroRunBytes = 4096
 
-// crcChunkBytes is how much of a row is written before it is read back for
-// the checksum, so that the read-back hits the cache.
+// crcChunkBytes is how much of a row is received before it is added to the
+// checksum, so that the checksum reads it from the cache.
 const crcChunkBytes = 64 << 10
 
 var (
@@ -58,23 +58,16 @@ func nonZeroExtents(row []byte) (extents []Extent) {
 	return extents
 }
 
-// writeAndSum copies src into dst (or zeroes dst when src is nil) in chunks,
-// reading each chunk back into the running CRC32C right after writing it.
-func writeAndSum(crc uint32, dst, src []byte) uint32 {
-	for off := 0; off < len(dst); off += crcChunkBytes {
-		chunk := dst[off:min(off+crcChunkBytes, len(dst))]
-		if src == nil {
-			clear(chunk)
-		} else {
-			copy(chunk, src[off:])
-		}
-		crc = crc32.Update(crc, castagnoli, chunk)
+// sumZeros extends a running CRC32C over n zero bytes.
+func sumZeros(crc uint32, n uint64) uint32 {
+	for ; n > 0; n -= min(n, ZeroRunBytes) {
+		crc = crc32.Update(crc, castagnoli, zeroPage[:min(n, ZeroRunBytes)])
 	}
 	return crc
 }
 
-// readAndSum fills dst from r in chunks, reading each chunk back into the
-// running CRC32C right after it arrived.
+// readAndSum fills dst from r in chunks, adding each chunk to the running
+// CRC32C right after it arrived, while it is in the cache.
 func readAndSum(crc uint32, dst []byte, r io.Reader) (uint32, error) {
 	for off := 0; off < len(dst); off += crcChunkBytes {
 		chunk := dst[off:min(off+crcChunkBytes, len(dst))]

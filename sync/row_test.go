@@ -2,6 +2,8 @@ package rowsync
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"strings"
 	"testing"
 )
@@ -44,23 +46,33 @@ func TestReceiveRow(t *testing.T) {
 	src := make([]byte, 40*ZeroRunBytes)
 	fillHalf(src, 1)
 	frame := Encode(&RowWrite{Seq: 3, Row: 1, Rows: 2, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
-	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
+	buf := make([]byte, len(src))
 	var asked *RowWrite
-	ack, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return dst, nil })
-	if err != nil {
-		t.Fatal(err)
+	w, crc, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil })
+	if err != nil || refused != nil {
+		t.Fatal(err, refused)
 	}
-	if asked.Row != 1 || asked.Rows != 2 || asked.RowBytes != uint64(len(src)) || asked.Seq != 3 {
-		t.Errorf("rowFor got %+v", asked)
+	if crc != Checksum(src) {
+		t.Errorf("CRC32C %08x, want %08x", crc, Checksum(src))
 	}
-	if ack.Seq != 3 || ack.Row != 1 || ack.Err != "" || ack.CRC != Checksum(src) || !bytes.Equal(dst, src) {
-		t.Errorf("ack %+v (want CRC %08x), rows equal %v", ack, Checksum(src), bytes.Equal(dst, src))
+	if asked.Row != 1 || asked.Rows != 2 || asked.RowBytes != uint64(len(src)) || asked.Seq != 3 || w != asked {
+		t.Errorf("bufFor got %+v", asked)
+	}
+	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
+	if commitRow(dst, w.Extents); !bytes.Equal(dst, src) {
+		t.Error("commitRow made another row")
 	}
 
-	// Without a destination the body is skipped and the error acknowledged.
+	// Without a buffer the body is skipped and the refusal returned.
 	r := bytes.NewReader(append(frame[5:], "next frame"...))
-	ack, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return dst[1:], nil })
-	if err != nil || !strings.Contains(ack.Err, "destination row of 163839 bytes") || r.Len() != len("next frame") {
-		t.Errorf("ack %+v, %v, %d bytes left", ack, err, r.Len())
+	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil })
+	if err != nil || refused == nil || !strings.Contains(refused.Error(), "buffer of 163839 bytes") || r.Len() != len("next frame") || w.Seq != 3 {
+		t.Errorf("refused %v, %v, %d bytes left", refused, err, r.Len())
+	}
+
+	// A body cut short is an error, whatever it had delivered.
+	r = bytes.NewReader(frame[5 : len(frame)-1])
+	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("receiveRow of a torn frame = %v", err)
 	}
 }

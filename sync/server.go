@@ -16,27 +16,31 @@ import (
 // acceptRetry is the pause after a failed accept.
 const acceptRetry = 100 * time.Millisecond
 
-// RegionFunc returns this node's region for rows of rowBytes bytes (the
-// sender's geometry, which the region must match). The region must stay
-// mapped while the Server may use it.
+// RegionFunc returns this node's region of rows of rowBytes bytes, the row
+// size the Server accepts (see rowGeometry). The region must stay mapped
+// while the Server may use it.
 type RegionFunc func(rowBytes int) (*Region, error)
 
 // ServerConfig configures a Server.
 type ServerConfig struct {
 	Listen string                           // host:port to listen on; port 0 picks one
 	Secret []byte                           // shared secret, at least MinSecretBytes
+	Node   NodeID                           // this node, as its Mirror knows it; zero: a random one
 	Region RegionFunc                       // the local region rows are written into
 	Gate   *Gate                            // notes the store samples peers send; nil: not noted
 	Logf   func(format string, args ...any) // nil: log.Printf
 }
 
 // Server is the receiving side: it accepts authenticated connections from
-// peers' Mirrors, writes the rows they send into the same rows of the local
-// region, and acknowledges each with the CRC32C of the row as it now holds it.
+// peers' Mirrors, receives each row they send into a buffer, writes it into
+// the same row of the local region once the whole row has arrived, and
+// acknowledges it with the CRC32C of the row it wrote.
 type Server struct {
 	cfg          ServerConfig
+	psk          []byte
 	ln           net.Listener
 	authFailures atomic.Uint64
+	geometry     rowGeometry
 	wg           sync.WaitGroup // accept loop and connections
 
 	mu       sync.Mutex // guards the fields below
@@ -44,6 +48,50 @@ type Server struct {
 	sessions map[uint64]*sessionConn   // the connection serving each session
 	inbound  map[string]*atomic.Uint64 // rows received, by remote IP
 	closed   bool
+}
+
+// rowGeometry is the row size this node accepts rows and samples at: never
+// one a request names, but this node's own. That is the size of the rows its
+// filesystem mirrors or samples itself (NoteLocalRowBytes); until it has
+// done so, the size of the first request that found a region of that size
+// here, kept until no region of that size is found any more. A request of
+// another size is refused, so a peer cannot map the region at a size of its
+// choosing and address any page of it.
+type rowGeometry struct {
+	mu       sync.Mutex
+	rowBytes int  // 0: none yet
+	local    bool // rowBytes came from this node's own use
+}
+
+// accept returns the row size to serve a request naming rowBytes at, taking
+// rowBytes when none is known yet.
+func (g *rowGeometry) accept(rowBytes int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rowBytes == 0 {
+		g.rowBytes = rowBytes
+	}
+	return g.rowBytes
+}
+
+// gone forgets a row size that no local region has, unless it is local.
+func (g *rowGeometry) gone(rowBytes int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.local && g.rowBytes == rowBytes {
+		g.rowBytes = 0
+	}
+}
+
+// noteLocal makes rowBytes the row size, and reports the size it replaces.
+func (g *rowGeometry) noteLocal(rowBytes int) (replaced int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rowBytes != rowBytes {
+		replaced = g.rowBytes
+	}
+	g.rowBytes, g.local = rowBytes, true
+	return replaced
 }
 
 // sessionConn is the authenticated connection of a session; done is closed
@@ -64,12 +112,16 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
+	if cfg.Node == (NodeID{}) {
+		cfg.Node = newNodeID()
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("rowsync: %w", err)
 	}
 	s := &Server{
 		cfg:      cfg,
+		psk:      presharedKey(cfg.Secret),
 		ln:       ln,
 		conns:    make(map[net.Conn]struct{}),
 		sessions: make(map[uint64]*sessionConn),
@@ -82,8 +134,17 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 // Addr returns the address the Server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// AuthFailures returns how many connections failed the handshake.
+// AuthFailures returns how many connections failed the handshake or sent a
+// record that failed authentication.
 func (s *Server) AuthFailures() uint64 { return s.authFailures.Load() }
+
+// NoteLocalRowBytes tells the Server the row size this node itself uses its
+// region at (see rowGeometry).
+func (s *Server) NoteLocalRowBytes(rowBytes int) {
+	if old := s.geometry.noteLocal(rowBytes); old != 0 {
+		s.cfg.Logf("rowsync: this node's rows are %d bytes; requests for rows of %d bytes are refused from now on", rowBytes, old)
+	}
+}
 
 // Close stops listening, drops every connection and waits for them to end.
 func (s *Server) Close() error {
@@ -132,7 +193,7 @@ func (s *Server) accept() {
 // serve authenticates conn, takes over its session, then answers its
 // requests in order until it fails.
 func (s *Server) serve(conn net.Conn) {
-	hello, err := serverHandshake(conn, s.cfg.Secret)
+	ch, hello, err := serverHandshake(conn, s.psk, s.cfg.Node)
 	if err != nil {
 		s.authFailures.Add(1)
 		s.cfg.Logf("rowsync: refused %s: %v", conn.RemoteAddr(), err)
@@ -140,37 +201,78 @@ func (s *Server) serve(conn net.Conn) {
 	}
 	defer s.takeSession(hello.Session, conn)()
 	received := s.inboundFor(conn.RemoteAddr())
-	var head [5]byte // length and type of a frame
-	var buf []byte
+	var rowBuf, frameBuf []byte
 	for {
-		if _, err := io.ReadFull(conn, head[:]); err != nil {
-			return
+		var head [5]byte // length and type of a frame
+		if _, err = io.ReadFull(ch, head[:]); err != nil {
+			break
 		}
 		var ack *Ack
 		switch n := binary.BigEndian.Uint32(head[:4]); {
 		case n == 0 || n > MaxFrameBytes:
 			err = fmt.Errorf("%w: length %d, limit %d", ErrBadFrame, n, MaxFrameBytes)
 		case head[4] == typeRowWrite:
-			ack, err = receiveRow(conn, n-1, s.rowFor)
+			ack, err = s.receiveRow(ch, n-1, &rowBuf)
 			if err == nil && ack.Err == "" {
 				received.Add(1)
 			}
 		default:
-			buf, err = ReadFrame(io.MultiReader(bytes.NewReader(head[:]), conn), buf, maxRequestFrame)
+			frameBuf, err = ReadFrame(io.MultiReader(bytes.NewReader(head[:]), ch), frameBuf, maxRequestFrame)
 			if err == nil {
-				ack, err = s.request(buf, conn.RemoteAddr().String())
+				err = ch.endFrame()
+			}
+			if err == nil {
+				ack, err = s.request(frameBuf, conn.RemoteAddr().String())
 			}
 		}
 		if err != nil {
-			if errors.Is(err, ErrBadFrame) {
-				s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
-			}
-			return
+			break
 		}
-		if err := WriteMessage(conn, ack); err != nil {
-			return
+		if err = ch.writeMessage(ack); err != nil {
+			break
 		}
 	}
+	switch {
+	case errors.Is(err, ErrAuth):
+		s.authFailures.Add(1)
+		s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
+	case errors.Is(err, ErrBadFrame):
+		s.cfg.Logf("rowsync: dropping %s: %v", conn.RemoteAddr(), err)
+	}
+}
+
+// receiveRow reads a RowWrite of bodyLen bytes from ch into *buf (grown to
+// the row size when too small) and, once the whole frame has arrived, writes
+// the row. The acknowledgement carries the CRC32C of the bytes written, summed
+// as they arrived. A refused row is acknowledged with its error and leaves the region
+// as it was, and so does a frame that fails to arrive whole.
+func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, error) {
+	var region *Region
+	w, crc, refused, err := receiveRow(ch, bodyLen, func(w *RowWrite) ([]byte, error) {
+		r, err := s.region(w.Rows, w.RowBytes)
+		if err != nil {
+			return nil, err
+		}
+		region = r
+		if cap(*buf) < r.RowBytes() {
+			*buf = make([]byte, r.RowBytes())
+		}
+		return (*buf)[:r.RowBytes()], nil
+	})
+	if err == nil {
+		err = ch.endFrame()
+	}
+	if err != nil {
+		return nil, err
+	}
+	ack := &Ack{Seq: w.Seq, Row: w.Row}
+	if refused != nil {
+		ack.Err = refused.Error()
+		return ack, nil
+	}
+	commitRow(region.Row(int(w.Row)), w.Extents)
+	ack.CRC = crc
+	return ack, nil
 }
 
 // takeSession makes conn the connection of session: it closes the previous
@@ -194,15 +296,6 @@ func (s *Server) takeSession(session uint64, conn net.Conn) (release func()) {
 		s.mu.Unlock()
 		close(cur.done)
 	}
-}
-
-// rowFor returns the local row a RowWrite is for.
-func (s *Server) rowFor(w *RowWrite) ([]byte, error) {
-	region, err := s.region(w.Rows, w.RowBytes)
-	if err != nil {
-		return nil, err
-	}
-	return region.Row(int(w.Row)), nil
 }
 
 // request answers a frame other than a RowWrite: only a StoreSample is valid.
@@ -233,13 +326,19 @@ func (s *Server) sample(m *StoreSample, from string) *Ack {
 	return ack
 }
 
-// region returns the local region, checked against the sender's geometry.
+// region returns the local region at this node's own row size (see
+// rowGeometry), refusing a sender whose geometry differs.
 func (s *Server) region(rows uint32, rowBytes uint64) (*Region, error) {
-	r, err := s.cfg.Region(int(rowBytes))
+	own := s.geometry.accept(int(rowBytes))
+	if own != int(rowBytes) {
+		return nil, fmt.Errorf("geometry mismatch: sender has rows of %d bytes, receiver rows of %d bytes", rowBytes, own)
+	}
+	r, err := s.cfg.Region(own)
 	if err != nil {
+		s.geometry.gone(own)
 		return nil, fmt.Errorf("no local region: %v", err)
 	}
-	if r.Rows() != int(rows) || r.RowBytes() != int(rowBytes) {
+	if r.Rows() != int(rows) || r.RowBytes() != own {
 		return nil, fmt.Errorf("geometry mismatch: sender has %d rows of %d bytes, receiver %d rows of %d bytes", rows, rowBytes, r.Rows(), r.RowBytes())
 	}
 	return r, nil

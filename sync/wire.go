@@ -8,10 +8,10 @@ import (
 	"net"
 )
 
-// Wire format. Every message travels as one frame:
+// Wire format. Every message is one frame:
 //
 //	uint32  n: length of the rest of the frame, big endian, 1..MaxFrameBytes
-//	uint8   message type (typeHello ... typeStoreSample)
+//	uint8   message type (typeHello ... typeReady)
 //	n-1     body
 //
 // Bodies are fixed-width big-endian integers in declaration order; a string
@@ -20,12 +20,13 @@ import (
 // rejects anything else, including trailing bytes, so the encoding of a
 // message is unique.
 //
-// A connection starts with the handshake (Hello, Challenge, Response), during
-// which frames are limited to maxHandshakeFrame bytes. Then the client sends
-// RowWrite and StoreSample frames, possibly many before the first answer, and
-// the server answers each with an Ack carrying the same Seq, in order. The
-// server reads a RowWrite as a stream (receiveRow), straight into its row,
-// with the checks Decode makes.
+// Frames never travel in the clear. Hello and Welcome are the payloads of
+// the two handshake messages, and every later frame is sealed into records
+// (see channel.go). The client's first record holds Ready; then it sends
+// RowWrite and StoreSample frames, possibly many before the first answer,
+// and the server answers each with an Ack carrying the same Seq, in order.
+// The server reads a RowWrite as a stream (receiveRow) into a buffer with the
+// checks Decode makes, and writes the row only once the whole frame arrived.
 
 // MaxFrameBytes bounds the length field of a frame: a row of MaxRowBytes plus
 // its extent headers.
@@ -36,19 +37,15 @@ const (
 	MaxKeyBytes = 1024
 	// MaxErrBytes bounds Ack.Err; Encode truncates longer messages.
 	MaxErrBytes = 1024
-	// maxHandshakeFrame bounds frames before authentication.
-	maxHandshakeFrame = 256
+	// MaxAddrBytes bounds Hello.To; Encode truncates longer addresses.
+	MaxAddrBytes = 64
+	// maxHandshakeFrame bounds the frames of the handshake (Hello, Welcome, Ready).
+	maxHandshakeFrame = 128
 	// maxAckFrame bounds the frames a Mirror reads (acks only).
 	maxAckFrame = 64 + MaxErrBytes
 	// maxRequestFrame bounds the frames a Server reads whole (all but
 	// RowWrite, which it streams).
 	maxRequestFrame = 64 + MaxKeyBytes
-)
-
-// NonceBytes and MACBytes are the sizes of handshake nonces and HMAC-SHA256 tags.
-const (
-	NonceBytes = 32
-	MACBytes   = 32
 )
 
 // Sizes of a RowWrite body before its extents, and of an extent before its data.
@@ -57,46 +54,46 @@ const (
 	extentHeadBytes   = 16
 )
 
-// Message types.
+// Message types. 2 and 3 were protocol 1's Challenge and Response; they are
+// not reused.
 const (
-	typeHello uint8 = 1 + iota
-	typeChallenge
-	typeResponse
-	typeRowWrite
-	typeAck
-	typeStoreSample
+	typeHello       uint8 = 1
+	typeRowWrite    uint8 = 4
+	typeAck         uint8 = 5
+	typeStoreSample uint8 = 6
+	typeWelcome     uint8 = 7
+	typeReady       uint8 = 8
 )
 
 // ErrBadFrame is wrapped by every error Decode and ReadFrame return for bytes
 // that are not a valid frame.
 var ErrBadFrame = errors.New("rowsync: bad frame")
 
-// Message is one of *Hello, *Challenge, *Response, *RowWrite, *Ack, *StoreSample.
+// Message is one of *Hello, *Welcome, *Ready, *RowWrite, *Ack, *StoreSample.
 type Message interface {
 	messageType() uint8
 }
 
-// Hello opens a connection (client to server) with the client's nonce.
-// Session is random per Mirror: a server serves one connection per session
-// and drops the older one, so that rows still buffered on a connection the
-// Mirror gave up on can never land after rows sent on its successor.
+// Hello is the payload of the client's handshake message: who sends and to
+// whom (see auth.go). Session is random per Mirror: a server serves one
+// connection per session and drops the older one, so that rows still
+// buffered on a connection the Mirror gave up on can never land after rows
+// sent on its successor.
 type Hello struct {
-	Version uint16
 	Session uint64
-	Nonce   [NonceBytes]byte
+	Node    NodeID // the sending node
+	To      string // the IP:port the client's connection reached, at most MaxAddrBytes
 }
 
-// Challenge answers Hello (server to client): the server's nonce, and the
-// server's proof that it knows the secret (see serverMAC).
-type Challenge struct {
-	Nonce [NonceBytes]byte
-	MAC   [MACBytes]byte
+// Welcome is the payload of the server's handshake message: the node that
+// answers.
+type Welcome struct {
+	Node NodeID
 }
 
-// Response completes the handshake (client to server) with the client's proof.
-type Response struct {
-	MAC [MACBytes]byte
-}
+// Ready is the client's first record: it proves to the server that the
+// client holds the session keys, before the server acts on its Hello.
+type Ready struct{}
 
 // RowWrite asks the server to make row Row of its region hold the extents,
 // with zeros everywhere else. Rows and RowBytes are the sender's region
@@ -139,8 +136,8 @@ type StoreSample struct {
 }
 
 func (*Hello) messageType() uint8       { return typeHello }
-func (*Challenge) messageType() uint8   { return typeChallenge }
-func (*Response) messageType() uint8    { return typeResponse }
+func (*Welcome) messageType() uint8     { return typeWelcome }
+func (*Ready) messageType() uint8       { return typeReady }
 func (*RowWrite) messageType() uint8    { return typeRowWrite }
 func (*Ack) messageType() uint8         { return typeAck }
 func (*StoreSample) messageType() uint8 { return typeStoreSample }
@@ -154,14 +151,6 @@ func Encode(m Message) []byte {
 	return frame
 }
 
-// WriteMessage writes the frame of m to w; extent data is written from where
-// it lies, without copying it into the frame.
-func WriteMessage(w io.Writer, m Message) error {
-	bufs := encodeFrame(m)
-	_, err := bufs.WriteTo(w)
-	return err
-}
-
 // encodeFrame returns the frame of m as buffers: the header and body, with a
 // RowWrite's extent data left in place between its extent headers.
 func encodeFrame(m Message) net.Buffers {
@@ -170,14 +159,12 @@ func encodeFrame(m Message) net.Buffers {
 	var bufs net.Buffers
 	switch m := m.(type) {
 	case *Hello:
-		head = binary.BigEndian.AppendUint16(head, m.Version)
 		head = binary.BigEndian.AppendUint64(head, m.Session)
-		head = append(head, m.Nonce[:]...)
-	case *Challenge:
-		head = append(head, m.Nonce[:]...)
-		head = append(head, m.MAC[:]...)
-	case *Response:
-		head = append(head, m.MAC[:]...)
+		head = append(head, m.Node[:]...)
+		head = appendString(head, m.To, MaxAddrBytes)
+	case *Welcome:
+		head = append(head, m.Node[:]...)
+	case *Ready:
 	case *RowWrite:
 		head = binary.BigEndian.AppendUint64(head, m.Seq)
 		head = binary.BigEndian.AppendUint32(head, m.Row)
@@ -270,18 +257,16 @@ func Decode(frame []byte) (Message, error) {
 	var m Message
 	switch typ := frame[4]; typ {
 	case typeHello:
-		h := &Hello{Version: d.u16(), Session: d.u64()}
-		d.bytes(h.Nonce[:])
+		h := &Hello{Session: d.u64()}
+		d.bytes(h.Node[:])
+		h.To = d.str(MaxAddrBytes)
 		m = h
-	case typeChallenge:
-		c := &Challenge{}
-		d.bytes(c.Nonce[:])
-		d.bytes(c.MAC[:])
-		m = c
-	case typeResponse:
-		r := &Response{}
-		d.bytes(r.MAC[:])
-		m = r
+	case typeWelcome:
+		w := &Welcome{}
+		d.bytes(w.Node[:])
+		m = w
+	case typeReady:
+		m = &Ready{}
 	case typeRowWrite:
 		w, count := d.rowWriteHead()
 		w.Extents = d.extents(count, w.RowBytes)
@@ -438,61 +423,74 @@ func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
 
 // receiveRow is the streaming counterpart of Decode for a RowWrite whose
 // frame header (length, type) has been read: it reads the bodyLen bytes of
-// the body from r, with the same checks, straight into the row rowFor returns
-// for the RowWrite, zero-filling the gaps, and returns the Ack with the
-// CRC32C of the row as it now holds it. When rowFor fails, the body is
-// skipped and the Ack carries the error. An error return means the stream is
-// unusable: bytes that are not a valid frame (ErrBadFrame), or a read error.
-func receiveRow(r io.Reader, bodyLen uint32, rowFor func(*RowWrite) ([]byte, error)) (*Ack, error) {
+// the body from r, with the same checks, into the buffer bufFor returns for
+// the RowWrite (as long as the row), each extent at its offset in the row,
+// and returns the RowWrite with its extents aliasing that buffer and the
+// CRC32C of the row it describes, summed as the bytes arrive. Nothing else
+// is written: the caller writes the row (commitRow) once the frame is
+// complete. When bufFor fails, the body is skipped and its error returned as
+// refused. An error return means the stream is unusable: bytes that are not
+// a valid frame (ErrBadFrame), or a read error.
+func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error)) (w *RowWrite, crc uint32, refused, err error) {
 	if bodyLen < rowWriteHeadBytes {
-		return nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
+		return nil, 0, nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
 	}
 	var head [rowWriteHeadBytes]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return nil, err
+		return nil, 0, nil, err
 	}
 	left := uint64(bodyLen) - rowWriteHeadBytes
 	d := decoder{b: head[:]}
 	w, count := d.rowWriteHead()
 	d.extentCount(count, left)
 	if d.err != nil {
-		return nil, d.err
+		return nil, 0, nil, d.err
 	}
-	ack := &Ack{Seq: w.Seq, Row: w.Row}
-	row, err := rowFor(w)
-	if err == nil && uint64(len(row)) != w.RowBytes {
-		err = fmt.Errorf("destination row of %d bytes for a %d-byte row", len(row), w.RowBytes)
+	buf, refused := bufFor(w)
+	if refused == nil && uint64(len(buf)) != w.RowBytes {
+		refused = fmt.Errorf("buffer of %d bytes for a %d-byte row", len(buf), w.RowBytes)
 	}
-	if err != nil {
-		ack.Err = err.Error()
+	if refused != nil {
 		_, err = io.CopyN(io.Discard, r, int64(left))
-		return ack, err
+		return w, 0, refused, err
 	}
-	var crc uint32
+	w.Extents = make([]Extent, 0, min(count, 1024))
 	var end uint64 // end of the previous extent
 	for i := range count {
 		if left < extentHeadBytes {
-			return nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
+			return nil, 0, nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
 		}
 		var eh [extentHeadBytes]byte
 		if _, err := io.ReadFull(r, eh[:]); err != nil {
-			return nil, err
+			return nil, 0, nil, err
 		}
 		d := decoder{b: eh[:]}
 		off, n := d.extentHead(i, end, w.RowBytes, left)
 		if d.err != nil {
-			return nil, d.err
+			return nil, 0, nil, d.err
 		}
-		crc = writeAndSum(crc, row[end:off], nil)
-		if crc, err = readAndSum(crc, row[off:off+n], r); err != nil {
-			return nil, err
+		crc = sumZeros(crc, off-end)
+		data := buf[off : off+n : off+n]
+		if crc, err = readAndSum(crc, data, r); err != nil {
+			return nil, 0, nil, err
 		}
+		w.Extents = append(w.Extents, Extent{Off: off, Data: data})
 		left -= extentHeadBytes + n
 		end = off + n
 	}
 	if left > 0 {
-		return nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
+		return nil, 0, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
 	}
-	ack.CRC = writeAndSum(crc, row[end:], nil)
-	return ack, nil
+	return w, sumZeros(crc, w.RowBytes-end), nil, nil
+}
+
+// commitRow makes row hold extents (sorted, disjoint, inside the row) and
+// zeros elsewhere.
+func commitRow(row []byte, extents []Extent) {
+	var end uint64 // end of the previous extent
+	for _, e := range extents {
+		clear(row[end:e.Off])
+		end = e.Off + uint64(copy(row[e.Off:], e.Data))
+	}
+	clear(row[end:])
 }

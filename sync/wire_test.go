@@ -13,14 +13,14 @@ import (
 // sampleMessages returns one message of every type, for round trips and the
 // fuzz corpus.
 func sampleMessages() []Message {
-	var nonce, mac [32]byte
-	for i := range nonce {
-		nonce[i], mac[i] = byte(i), byte(255-i)
+	var a, b NodeID
+	for i := range a {
+		a[i], b[i] = byte(i), byte(255-i)
 	}
 	return []Message{
-		&Hello{Version: ProtocolVersion, Session: 0x0102030405060708, Nonce: nonce},
-		&Challenge{Nonce: nonce, MAC: mac},
-		&Response{MAC: mac},
+		&Hello{Session: 0x0102030405060708, Node: a, To: "10.0.0.2:7470"},
+		&Welcome{Node: b},
+		&Ready{},
 		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Extents: []Extent{
 			{Off: 0, Data: []byte("slot 0 begins")},
 			{Off: 8192, Data: bytes.Repeat([]byte{0xa5}, 100)},
@@ -46,11 +46,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(got, m) {
 			t.Errorf("round trip of %T: got %+v, want %+v", m, got, m)
 		}
-		var buf bytes.Buffer
-		if err := WriteMessage(&buf, m); err != nil || !bytes.Equal(buf.Bytes(), frame) {
-			t.Errorf("WriteMessage(%T) = %x, %v; Encode = %x", m, buf.Bytes(), err, frame)
-		}
-		read, err := ReadFrame(&buf, nil, MaxFrameBytes)
+		read, err := ReadFrame(bytes.NewReader(frame), nil, MaxFrameBytes)
 		if err != nil || !bytes.Equal(read, frame) {
 			t.Errorf("ReadFrame(%T) = %x, %v", m, read, err)
 		}
@@ -94,12 +90,15 @@ func TestDecodeErrors(t *testing.T) {
 	}{
 		{"empty", nil, "0 bytes, want at least 5"},
 		{"header only", []byte{0, 0, 0, 1}, "4 bytes"},
-		{"length too large", append(frame(typeResponse, [32]byte{}), 0), "length field 33, frame holds 34"},
-		{"length too small", frame(typeResponse, [32]byte{})[:20], "length field 33, frame holds 16"},
+		{"length too large", append(frame(typeWelcome, NodeID{}), 0), "length field 17, frame holds 18"},
+		{"length too small", frame(typeWelcome, NodeID{})[:10], "length field 17, frame holds 6"},
 		{"unknown type", frame(99, u32(0)), "unknown message type 99"},
 		{"zero type", frame(0), "unknown message type 0"},
-		{"short hello", frame(typeHello, u16(1), u64(2), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
-		{"trailing bytes", frame(typeResponse, [33]byte{}), "1 trailing bytes"},
+		{"protocol 1 challenge", frame(2, [64]byte{}), "unknown message type 2"},
+		{"short hello", frame(typeHello, u64(2), [15]byte{}), "fixed field needs 16 bytes, 15 left"},
+		{"address too long", frame(typeHello, u64(2), NodeID{}, u16(MaxAddrBytes+1)), "string of 65 bytes, limit 64"},
+		{"trailing bytes", frame(typeWelcome, [17]byte{}), "1 trailing bytes"},
+		{"ready with a body", frame(typeReady, u8(0)), "1 trailing bytes"},
 		{"zero row size", rowWrite(0, 0), "row size 0"},
 		{"huge row size", rowWrite(MaxRowBytes+1, 0), "row size 268435457"},
 		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), u32(0)), "row 4 of a 4-row region"},
@@ -166,30 +165,35 @@ func FuzzDecode(f *testing.F) {
 }
 
 // checkReceiveRow checks that receiveRow accepts frame b exactly when Decode
-// did (m, err) and then fills the row as the decoded extents say.
+// did (m, err) and then reads the extents Decode found, and that commitRow
+// makes of them the row they describe.
 func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 	if len(b) < 5 || b[4] != typeRowWrite || int64(binary.BigEndian.Uint32(b)) != int64(len(b)-4) {
 		return
 	}
-	row := []byte(nil)
-	rowFor := func(w *RowWrite) ([]byte, error) {
+	buf := []byte(nil)
+	bufFor := func(w *RowWrite) ([]byte, error) {
 		if w.RowBytes > 1<<16 {
 			return nil, errors.New("too large to check")
 		}
-		row = bytes.Repeat([]byte{0xee}, int(w.RowBytes))
-		return row, nil
+		buf = make([]byte, w.RowBytes)
+		return buf, nil
 	}
-	ack, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), rowFor)
+	got, crc, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor)
 	switch {
-	case err != nil && rerr == nil && row != nil:
+	case err != nil && rerr == nil && buf != nil:
 		t.Fatalf("receiveRow accepted what Decode refused (%v)", err)
 	case err == nil && rerr != nil:
 		t.Fatalf("receiveRow refused what Decode accepted: %v", rerr)
-	case err == nil && row != nil:
+	case err == nil && buf != nil:
 		w := m.(*RowWrite)
+		if refused != nil || got.Seq != w.Seq || got.Row != w.Row || !reflect.DeepEqual(applyExtents(w.RowBytes, got.Extents), applyExtents(w.RowBytes, w.Extents)) {
+			t.Fatalf("receiveRow read %+v (refused %v), Decode %+v", got, refused, w)
+		}
+		row := bytes.Repeat([]byte{0xee}, int(w.RowBytes))
 		want := applyExtents(w.RowBytes, w.Extents)
-		if !bytes.Equal(row, want) || ack.CRC != Checksum(want) || ack.Seq != w.Seq || ack.Row != w.Row {
-			t.Fatalf("receiveRow made a different row (ack %+v)", ack)
+		if commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != Checksum(want) {
+			t.Fatalf("commitRow made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, Checksum(want))
 		}
 	}
 }
