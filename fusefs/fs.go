@@ -184,8 +184,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			// in flight.
 			MaxBackground:       maxBackground,
 			CongestionThreshold: maxBackground * 3 / 4,
-			Debug:             opts.Debug,
-			Logger:            log.New(&slogWriter{opts.Logger}, "", 0),
+			Debug:               opts.Debug,
+			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
 	server, err := fs.Mount(mountpoint, f.root, fsOpts)
