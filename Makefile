@@ -7,8 +7,12 @@ TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
 .PHONY: build demo test deps vet clean
 
+# COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
+# revision itself (git worktrees, GOFLAGS=-buildvcs=false).
+COMMIT ?= $(shell git describe --always --dirty=+dirty --abbrev=12 2>/dev/null)
+
 build:
-	CGO_ENABLED=1 $(GO) build -o $(BIN) ./cmd/kvtierfs
+	CGO_ENABLED=1 $(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
 
 # deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
 # non-root users; root mounts directly), and iproute2 and util-linux (ip,

@@ -63,7 +63,7 @@ type mountConfig struct {
 func parseMountFlags(args []string) (mountConfig, error) {
 	var c mountConfig
 	var capacity string
-	fl := newFlagSet("mount", "mount MOUNTPOINT [flags]")
+	fl := newFlagSet("mount")
 	fl.StringVar(&c.store, "store", defaultStore(), "store directory holding the blocks (created if it is the default)")
 	fl.StringVar(&capacity, "capacity", "", "bytes the store may hold, e.g. 400GiB, 10G, 500MB (default 90% of the store filesystem)")
 	fl.StringVar(&c.shmGlob, "shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")

@@ -15,7 +15,7 @@ import (
 )
 
 func runStat(args []string) error {
-	fl := newFlagSet("stat", "stat MOUNTPOINT [--json]")
+	fl := newFlagSet("stat")
 	asJSON := fl.Bool("json", false, "print the raw JSON snapshot for tools")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {

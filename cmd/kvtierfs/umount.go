@@ -13,7 +13,7 @@ import (
 )
 
 func runUmount(args []string) error {
-	fl := newFlagSet("umount", "umount MOUNTPOINT")
+	fl := newFlagSet("umount")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
 		return err
