@@ -32,7 +32,7 @@ func explainFlagError(fl *pflag.FlagSet, err error) error {
 		f := missing.GetFlag()
 		return fmt.Errorf("--%s needs a value: %s (%s)", f.Name, allowedValues(f), f.Usage)
 	case errors.As(err, &unknown):
-		return fmt.Errorf("unknown flag --%s: %s", unknown.GetSpecifiedName(), help)
+		return fmt.Errorf("unknown flag: --%s (%s)", unknown.GetSpecifiedName(), help)
 	}
 	return fmt.Errorf("%w: %s", err, help)
 }

@@ -241,15 +241,11 @@ func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
 	}
 }
 
-// prepareMountpoint creates a missing mountpoint and refuses one that is
-// already a mount.
+// prepareMountpoint creates a missing mountpoint, detaches the mount of a
+// crashed daemon and refuses one that is live.
 func prepareMountpoint(mnt string) error {
-	mounted, err := isMountpoint(mnt)
-	if err != nil {
+	if err := clearStaleMount(mnt); err != nil {
 		return err
-	}
-	if mounted {
-		return fmt.Errorf("mountpoint %s is busy: something is already mounted there (unmount it first, e.g. 'kvtierfs umount %s')", mnt, mnt)
 	}
 	st, err := os.Stat(mnt)
 	if errors.Is(err, fs.ErrNotExist) {
