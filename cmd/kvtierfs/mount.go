@@ -214,12 +214,16 @@ func runMount(args []string) error {
 	}
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
 		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt)
+	if err := sdNotify("READY=1\nSTATUS=serving " + c.mountpoint); err != nil {
+		logger.Warn("service manager", "err", err)
+	}
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		sig := <-signals
 		logger.Info("unmounting", "signal", sig.String())
+		sdNotify("STOPPING=1")
 		unmountOnSignal(fsys, c.mountpoint, logger)
 	}()
 	fsys.Wait()

@@ -1,0 +1,67 @@
+package core_test
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// TestNotifiesServiceManager runs the daemon as systemd runs a Type=notify
+// service: READY=1 arrives on $NOTIFY_SOCKET once the mount serves, and
+// STOPPING=1 when it is asked to stop.
+func TestNotifiesServiceManager(t *testing.T) {
+	socketPath := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: socketPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mountpoint := filepath.Join(t.TempDir(), "mnt")
+
+	type message struct {
+		state      string
+		mountLive  bool
+		receiveErr error
+	}
+	messages := make(chan message, 4)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+			n, err := conn.Read(buf)
+			if err != nil {
+				messages <- message{receiveErr: err}
+				return
+			}
+			var st unix.Statfs_t
+			live := unix.Statfs(filepath.Join(mountpoint, fusefs.ControlDir, fusefs.StatsFile), &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
+			messages <- message{state: string(buf[:n]), mountLive: live}
+		}
+	}()
+
+	d := mounttest.Start(t, mounttest.Options{Mountpoint: mountpoint, Wrapper: []string{"env", "NOTIFY_SOCKET=" + socketPath}})
+	m := <-messages
+	if m.receiveErr != nil {
+		t.Fatalf("no READY=1 from the daemon: %v", m.receiveErr)
+	}
+	if !strings.Contains(m.state, "READY=1") {
+		t.Fatalf("first notification %q, want READY=1", m.state)
+	}
+	if !m.mountLive {
+		t.Fatal("READY=1 arrived before the mount served its stats file")
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	m = <-messages
+	if m.receiveErr != nil || m.state != "STOPPING=1" {
+		t.Fatalf("after SIGTERM: %q, %v; want STOPPING=1", m.state, m.receiveErr)
+	}
+}
