@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		{"kvtierfs_no_space_total", "Writes refused with ENOSPC.", c.NoSpace.Load},
 		{"kvtierfs_rejected_writes_total", "Block writes refused as malformed.", c.RejectedWrites.Load},
 	}
-	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds}
+	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds, statsCollector{f.Stats}}
 	for _, k := range counters {
 		value := k.value
 		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: k.name, Help: k.help},
