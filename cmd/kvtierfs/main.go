@@ -27,8 +27,8 @@ func init() {
 	commands = []command{
 		{"mount", "mount MOUNTPOINT [flags]", "serve the disk tier at MOUNTPOINT until SIGINT/SIGTERM",
 			"kvtierfs mount /mnt/kvtier --store /nvme/kvtier --capacity 400GiB", runMount},
-		{"stat", "stat MOUNTPOINT [--json]", "show occupancy, counters and warnings of a mount",
-			"kvtierfs stat /mnt/kvtier --json", runStat},
+		{"stat", "stat MOUNTPOINT [--json | --watch [--interval 2s]]", "show occupancy, counters and warnings of a mount",
+			"kvtierfs stat /mnt/kvtier --watch --interval 2s", runStat},
 		{"umount", "umount MOUNTPOINT", "unmount (lazily if busy)",
 			"kvtierfs umount /mnt/kvtier", runUmount},
 		{"bench", "bench SCENARIO [flags]", "replay the engine's KV offloading on real mounts and report",

@@ -2,14 +2,17 @@ package core_test
 
 import (
 	"net"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -63,5 +66,35 @@ func TestNotifiesServiceManager(t *testing.T) {
 	m = <-messages
 	if m.receiveErr != nil || m.state != "STOPPING=1" {
 		t.Fatalf("after SIGTERM: %q, %v; want STOPPING=1", m.state, m.receiveErr)
+	}
+}
+
+// TestStatWatchIntoPipe runs `kvtierfs stat --watch` into a pipe while a
+// block is stored: it prints one line per snapshot, the later ones with
+// rates, and exits 0 on SIGINT.
+func TestStatWatchIntoPipe(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	out := &daemon.LogBuffer{}
+	cmd := exec.Command(mounttest.Binary(), "stat", d.Mountpoint, "--watch", "--interval", "200ms")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	storeBlock(t, openTier(t, d), newRegion(t, 1).Row(0), 1)
+	// Wait for a second snapshot that sees the block; the count of lines is not asserted.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) >= 2 && strings.Contains(lines[len(lines)-1], "blocks=1 ") {
+			break
+		}
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("stat --watch exited with %v:\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	last := lines[len(lines)-1]
+	if len(lines) < 2 || !strings.Contains(lines[0], "lookups=-") || !strings.Contains(last, "blocks=1 ") ||
+		!strings.Contains(last, "lookups=") || strings.Contains(last, "lookups=-") || strings.Contains(out.String(), "\x1b[") {
+		t.Fatalf("stat --watch into a pipe printed:\n%s", out.String())
 	}
 }
