@@ -149,6 +149,7 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", []string{"/mnt/x", "--max-request", "64KiB"}, []string{"--max-request", "64KiB", "want 128KiB to 1GiB"}},
 		{"mount", []string{"/mnt/x", "--staging-depth", "0"}, []string{"--staging-depth", "0", "want at least 1"}},
 		{"mount", []string{"/mnt/x", "--lookup-protect", "-1s"}, []string{"--lookup-protect", "-1s", "want a positive duration"}},
+		{"mount", []string{"/mnt/x", "--log-format", "xml"}, []string{"--log-format", `"xml"`, "one of text, json"}},
 		{"mount", []string{"/mnt/x", "--no-such-flag"}, []string{"unknown flag: --no-such-flag", "kvtierfs mount --help"}},
 		{"mount", []string{"/mnt/x", "--peer", "b:7470"}, []string{"--peer", "need --secret-file"}},
 		{"stat", []string{}, []string{"expected exactly one MOUNTPOINT", "kvtierfs stat --help"}},

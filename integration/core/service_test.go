@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"encoding/json"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -96,5 +97,30 @@ func TestStatWatchIntoPipe(t *testing.T) {
 	if len(lines) < 2 || !strings.Contains(lines[0], "lookups=-") || !strings.Contains(last, "blocks=1 ") ||
 		!strings.Contains(last, "lookups=") || strings.Contains(last, "lookups=-") || strings.Contains(out.String(), "\x1b[") {
 		t.Fatalf("stat --watch into a pipe printed:\n%s", out.String())
+	}
+}
+
+// TestJSONLogs runs a daemon with --log-format json: every line it prints is
+// one JSON object, the mount among them.
+func TestJSONLogs(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--log-format", "json"}})
+	storeBlock(t, openTier(t, d), newRegion(t, 1).Row(0), 1)
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	messages := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(d.Log()), "\n") {
+		var record struct {
+			Level, Msg string
+		}
+		if err := json.Unmarshal([]byte(line), &record); err != nil || record.Level == "" {
+			t.Fatalf("not a JSON log record: %q", line)
+		}
+		messages[record.Msg] = true
+	}
+	for _, want := range []string{"mounted", "unmounted"} {
+		if !messages[want] {
+			t.Errorf("no %q record in the JSON log:\n%s", want, d.Log())
+		}
 	}
 }
