@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 func runStat(args []string) error {
@@ -20,6 +21,7 @@ func runStat(args []string) error {
 	asJSON := fl.Bool("json", false, "print the raw JSON snapshot for tools")
 	watch := fl.Bool("watch", false, "redraw a live view (occupancy, rates, peers, warnings) until Ctrl-C; one line per snapshot when stdout is not a terminal")
 	interval := fl.Duration("interval", 2*time.Second, "time between snapshots with --watch")
+	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions, for the orphaned ones")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
 		return err
@@ -49,6 +51,11 @@ func runStat(args []string) error {
 		return err
 	}
 	printStats(os.Stdout, st)
+	scan, err := scanRegions(*glob)
+	if err != nil {
+		return err
+	}
+	printOrphans(os.Stdout, scan)
 	return nil
 }
 
