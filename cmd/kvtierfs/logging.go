@@ -57,8 +57,9 @@ const eventLogInterval = 10 * time.Second
 
 // startEventLog logs, from a stats snapshot every eventLogInterval, the
 // events an operator follows in the log that no single request reports:
-// engine regions found and lost, eviction under pressure, warnings raised
-// and cleared. It returns a function that stops it.
+// engine regions found and lost, eviction under capacity pressure starting
+// and stopping, warnings raised and cleared. It returns a function that
+// stops it.
 func startEventLog(snapshot func() fusefs.Stats, logger *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	stopped := make(chan struct{})
@@ -66,16 +67,14 @@ func startEventLog(snapshot func() fusefs.Stats, logger *slog.Logger) (stop func
 		defer close(stopped)
 		tick := time.NewTicker(eventLogInterval)
 		defer tick.Stop()
-		prev := snapshot()
+		events := &eventLog{logger: logger, prev: snapshot()}
 		for {
 			select {
 			case <-done:
 				return
 			case <-tick.C:
+				events.observe(snapshot())
 			}
-			cur := snapshot()
-			logEvents(logger, prev, cur)
-			prev = cur
 		}
 	}()
 	return func() {
@@ -84,8 +83,19 @@ func startEventLog(snapshot func() fusefs.Stats, logger *slog.Logger) (stop func
 	}
 }
 
-// logEvents logs one line for each event between two snapshots.
-func logEvents(logger *slog.Logger, prev, cur fusefs.Stats) {
+// eventLog turns successive snapshots into log lines.
+type eventLog struct {
+	logger *slog.Logger
+	prev   fusefs.Stats
+	// evicting is whether the store evicted during the last interval, so
+	// that steady eviction in a full store is one line, not one per interval.
+	evicting bool
+}
+
+// observe logs one line for each event between the previous snapshot and cur.
+func (e *eventLog) observe(cur fusefs.Stats) {
+	prev, logger := e.prev, e.logger
+	e.prev = cur
 	before := map[string]bool{}
 	for _, r := range prev.Primary.Regions {
 		before[r.Path] = true
@@ -99,10 +109,15 @@ func logEvents(logger *slog.Logger, prev, cur fusefs.Stats) {
 	for _, path := range slices.Sorted(maps.Keys(before)) {
 		logger.Info("shm region lost", "path", path)
 	}
-	if evicted := cur.Disk.Evictions - prev.Disk.Evictions; evicted > 0 {
-		logger.Warn("evicting to stay within capacity", "blocks_evicted", evicted,
+	evicted := cur.Disk.Evictions - prev.Disk.Evictions
+	switch {
+	case evicted > 0 && !e.evicting:
+		logger.Info("evicting to stay within capacity", "blocks_evicted", evicted,
 			"on_disk", formatBytes(cur.Disk.PhysicalBytes), "capacity", formatBytes(cur.Disk.CapacityBytes))
+	case evicted == 0 && e.evicting:
+		logger.Info("eviction stopped", "on_disk", formatBytes(cur.Disk.PhysicalBytes), "capacity", formatBytes(cur.Disk.CapacityBytes))
 	}
+	e.evicting = evicted > 0
 	raised := map[string]string{}
 	for _, w := range prev.Warnings {
 		raised[w.Code] = w.Message

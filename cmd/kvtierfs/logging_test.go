@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,9 +12,10 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// TestLogEvents checks the one line per event logged between two
-// snapshots, in the json format: regions found and lost, eviction pressure,
-// warnings raised and cleared, and nothing when nothing changed.
+// TestLogEvents checks the one line per event logged between snapshots, in
+// the json format: regions found and lost, eviction starting (once while it
+// goes on) and stopping, warnings raised and cleared, and nothing when
+// nothing changed.
 func TestLogEvents(t *testing.T) {
 	var buf bytes.Buffer
 	defer slog.SetDefault(slog.Default())
@@ -27,23 +29,40 @@ func TestLogEvents(t *testing.T) {
 		Warnings: []fusefs.Warning{{Code: "no_space", Message: "raise --capacity"}},
 	}
 	cur.Disk.Evictions = 3
-	logEvents(logger, prev, cur)
-	var got []string
-	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatalf("log line is not JSON: %q", line)
+	events := &eventLog{logger: logger, prev: prev}
+	records := func() []string {
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line is not JSON: %q", line)
+			}
+			got = append(got, rec["level"].(string)+" "+rec["msg"].(string))
 		}
-		got = append(got, rec["level"].(string)+" "+rec["msg"].(string))
+		buf.Reset()
+		return got
 	}
-	want := []string{"INFO shm region found", "INFO shm region lost", "WARN evicting to stay within capacity",
+	events.observe(cur)
+	want := []string{"INFO shm region found", "INFO shm region lost", "INFO evicting to stay within capacity",
 		"WARN warning raised", "INFO warning cleared"}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+	if got := records(); !slices.Equal(got, want) {
 		t.Errorf("events\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	buf.Reset()
-	logEvents(logger, cur, cur)
-	if buf.Len() != 0 {
-		t.Errorf("events logged between equal snapshots: %s", buf.String())
+	still := cur
+	still.Disk.Evictions = 7
+	events.observe(still)
+	if got := records(); len(got) != 0 {
+		t.Errorf("steady eviction logged again: %v", got)
+	}
+	events.observe(still)
+	if got := records(); !slices.Equal(got, []string{"INFO eviction stopped"}) {
+		t.Errorf("eviction stopping logged %v", got)
+	}
+	events.observe(still)
+	if got := records(); len(got) != 0 {
+		t.Errorf("events logged between equal snapshots: %v", got)
 	}
 }
