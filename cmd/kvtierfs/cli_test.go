@@ -194,9 +194,15 @@ func TestHelpHasExample(t *testing.T) {
 				t.Errorf("%s --help lacks %q:\n%s", c.name, w, help)
 			}
 		}
-		if !strings.HasPrefix(c.example, "kvtierfs ") {
-			t.Errorf("%s: example %q is not a kvtierfs command line", c.name, c.example)
+		argv := strings.Fields(c.example)
+		if argv[1] == "--version" {
+			argv[1] = "version"
 		}
+		if argv[0] != "kvtierfs" || argv[1] != c.name {
+			t.Errorf("%s: example %q is not a kvtierfs %s command line", c.name, c.example, c.name)
+			continue
+		}
+		checkCommandLine(t, c.name+" example", argv[1:])
 	}
 }
 

@@ -26,8 +26,9 @@ func flagsOf(t *testing.T, name string) *pflag.FlagSet {
 	if c == nil {
 		t.Fatalf("deploy files run 'kvtierfs %s', which is not a command", name)
 	}
+	saved := usageOutput
 	usageOutput = io.Discard
-	defer func() { usageOutput = os.Stdout }()
+	defer func() { usageOutput = saved }()
 	if err := c.run([]string{"--help"}); !errors.Is(err, pflag.ErrHelp) {
 		t.Fatalf("kvtierfs %s --help: %v", name, err)
 	}
