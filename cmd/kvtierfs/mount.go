@@ -48,6 +48,7 @@ type mountConfig struct {
 	lookupProtect time.Duration
 	debug         bool
 	debugFUSE     bool
+	logFormat     *logFormat
 	listen        string
 	peers         []string
 	secretFile    string
@@ -58,7 +59,6 @@ type mountConfig struct {
 	diagWindow    time.Duration
 	diagMinBytes  int64
 	maxRequest    int64
-	logFormat     *logFormat
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
