@@ -20,7 +20,7 @@ build:
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
-	if [ "$$(id -u)" != 0 ] && ! command -v fusermount3 >/dev/null; then pkgs="$$pkgs fuse3"; fi; \
+	command -v fusermount3 >/dev/null || pkgs="$$pkgs fuse3"; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	command -v nsenter >/dev/null || pkgs="$$pkgs util-linux"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && apt-get install -y -qq $$pkgs; fi
