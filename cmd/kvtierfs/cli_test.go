@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -136,22 +137,26 @@ func TestBenchFlagRules(t *testing.T) {
 // TestFlagErrors checks that a bad flag names the flag, the value and what
 // the flag accepts, and exits with the usage status.
 func TestFlagErrors(t *testing.T) {
+	// Should a case pass validation, it must not mount: its mountpoint is
+	// the test's and its store missing.
+	mnt, store := filepath.Join(t.TempDir(), "mnt"), filepath.Join(t.TempDir(), "missing")
+	mount := func(flags ...string) []string { return append([]string{mnt, "--store", store}, flags...) }
 	cases := []struct {
 		command string
 		args    []string
 		want    []string
 	}{
-		{"mount", []string{"/mnt/x", "--staging-depth", "many"}, []string{"--staging-depth", `"many"`, "want an integer"}},
-		{"mount", []string{"/mnt/x", "--replicated-kv", "maybe"}, []string{"--replicated-kv", `"maybe"`, "one of auto, on, off"}},
-		{"mount", []string{"/mnt/x", "--sync-deadline", "soon"}, []string{"--sync-deadline", `"soon"`, "a duration such as"}},
-		{"mount", []string{"/mnt/x", "--sync-deadline"}, []string{"--sync-deadline needs a value", "a duration"}},
-		{"mount", []string{"/mnt/x", "--capacity", "lots"}, []string{"--capacity", `"lots"`, "want a positive size"}},
-		{"mount", []string{"/mnt/x", "--max-request", "64KiB"}, []string{"--max-request", "64KiB", "want 128KiB to 1GiB"}},
-		{"mount", []string{"/mnt/x", "--staging-depth", "0"}, []string{"--staging-depth", "0", "want at least 1"}},
-		{"mount", []string{"/mnt/x", "--lookup-protect", "-1s"}, []string{"--lookup-protect", "-1s", "want a positive duration"}},
-		{"mount", []string{"/mnt/x", "--log-format", "xml"}, []string{"--log-format", `"xml"`, "one of text, json"}},
-		{"mount", []string{"/mnt/x", "--no-such-flag"}, []string{"unknown flag: --no-such-flag", "kvtierfs mount --help"}},
-		{"mount", []string{"/mnt/x", "--peer", "b:7470"}, []string{"--peer", "need --secret-file"}},
+		{"mount", mount("--staging-depth", "many"), []string{"--staging-depth", `"many"`, "want an integer"}},
+		{"mount", mount("--replicated-kv", "maybe"), []string{"--replicated-kv", `"maybe"`, "one of auto, on, off"}},
+		{"mount", mount("--sync-deadline", "soon"), []string{"--sync-deadline", `"soon"`, "a duration such as"}},
+		{"mount", mount("--sync-deadline"), []string{"--sync-deadline needs a value", "a duration"}},
+		{"mount", mount("--capacity", "lots"), []string{"--capacity", `"lots"`, "want a positive size"}},
+		{"mount", mount("--max-request", "2GiB"), []string{"--max-request", "2GiB", "to 1GiB"}},
+		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
+		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
+		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
+		{"mount", mount("--no-such-flag"), []string{"unknown flag: --no-such-flag", "kvtierfs mount --help"}},
+		{"mount", mount("--peer", "b:7470"), []string{"--peer", "need --secret-file"}},
 		{"stat", []string{}, []string{"expected exactly one MOUNTPOINT", "kvtierfs stat --help"}},
 		{"stat", []string{"/a", "/b"}, []string{"expected exactly one MOUNTPOINT, got 2"}},
 		{"stat", []string{"/a", "--json=perhaps"}, []string{"--json", `"perhaps"`, "true or false"}},
