@@ -7,8 +7,12 @@ TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
 .PHONY: build demo test deps vet clean
 
+# COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
+# revision itself (git worktrees, GOFLAGS=-buildvcs=false).
+COMMIT ?= $(shell git describe --always --dirty=+dirty --abbrev=12 2>/dev/null)
+
 build:
-	CGO_ENABLED=1 $(GO) build -o $(BIN) ./cmd/kvtierfs
+	CGO_ENABLED=1 $(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
 
 # deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
 # non-root users; root mounts directly), and iproute2 and util-linux (ip,
@@ -16,7 +20,7 @@ build:
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
-	if [ "$$(id -u)" != 0 ] && ! command -v fusermount3 >/dev/null; then pkgs="$$pkgs fuse3"; fi; \
+	command -v fusermount3 >/dev/null || pkgs="$$pkgs fuse3"; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	command -v nsenter >/dev/null || pkgs="$$pkgs util-linux"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && apt-get install -y -qq $$pkgs; fi

@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		{"kvtierfs_tmps_expired_total", "Tmp files removed because their closed writer never renamed them.", c.TmpsExpired.Load},
 		{"kvtierfs_publish_refused_total", "Renames refused because the tmp name no longer named the file written.", c.PublishRefused.Load},
 	}
-	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds}
+	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds, statsCollector{f.Stats}}
 	for _, k := range counters {
 		value := k.value
 		collectors = append(collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: k.name, Help: k.help},

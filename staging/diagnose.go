@@ -22,7 +22,8 @@ const (
 	// groups of the same tier are read (EAGLE store filter, DESIGN §3.1).
 	WarnWriteOnlyGroup = "write_only_group"
 	// WarnHashSeedDrift: lookups find almost nothing, the store holds many
-	// blocks never looked up and new ones keep arriving (PYTHONHASHSEED).
+	// blocks never looked up and new ones keep arriving: the engines' block
+	// hashes differ (hash algorithm, or PYTHONHASHSEED with xxhash).
 	WarnHashSeedDrift = "hash_seed_drift"
 	// WarnPrimaryTierExhausted: keys answer present but are not read, as
 	// many as the primary region has rows (DESIGN §3.3).
@@ -292,7 +293,7 @@ func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
 		"%s written in %d blocks and nothing read in the last %s (%d lookups, %d answered present). "+
 			"The tier costs disk writes and serves no load. If lookups answer present, the engine vetoes its hits: "+
 			"check EAGLE/MTP groups (write_only_group, staging.Retained) and the primary tier (primary_tier_exhausted); "+
-			"if they miss, check that every engine process has the same PYTHONHASHSEED; if there are no lookups, "+
+			"if they miss, check that every engine process uses the same --prefix-caching-hash-algo (and, with an xxhash algorithm, the same PYTHONHASHSEED); if there are no lookups, "+
 			"check that the engine's secondary_tiers config points its loads at this mount.",
 		formatBytes(total.storedBytes), total.storedBlocks, d.opts.Window, total.lookups, total.lookupHits)}, true
 }
@@ -308,9 +309,11 @@ func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) 
 	}
 	return Warning{Code: WarnHashSeedDrift, Message: fmt.Sprintf(
 		"lookups found %d of %d keys (%.2f%%) in the last %s while %d new blocks were stored, and %d of the %d blocks in the store "+
-			"were never looked up since the mount. The engine's chunk hashes no longer match the stored ones: its processes use different "+
-			"hash seeds. Set the same PYTHONHASHSEED (e.g. PYTHONHASHSEED=0) for every engine process on every node and keep it "+
-			"across restarts; blocks stored under another seed are never found again and age out by eviction.",
+			"were never looked up since the mount. The engine's block hashes no longer match the stored ones. vLLM's default block "+
+			"hash is the same in every process since vLLM PR #51875: check that every engine process on every node uses the same "+
+			"--prefix-caching-hash-algo. Only the xxhash algorithms still depend on PYTHONHASHSEED: with them, set the same "+
+			"PYTHONHASHSEED (e.g. 0) for every engine process on every node and keep it across restarts. Blocks stored under other "+
+			"hashes are never found again and age out by eviction.",
 		total.lookupHits, total.lookups, 100*float64(total.lookupHits)/float64(total.lookups), d.opts.Window,
 		total.storedBlocks, st.NeverLookedUp, st.Blocks)}, true
 }

@@ -151,7 +151,7 @@ func TestDiagnostics(t *testing.T) {
 		// hash_seed_drift: new keys miss, old blocks are never asked for.
 		{name: "hash seed drift", state: StoreState{Blocks: 5000, NeverLookedUp: 4800, PrimaryRows: 100},
 			want:     WarnHashSeedDrift,
-			evidence: []string{"found 1 of 302 keys (0.33%)", "30 new blocks", "4800 of the 5000 blocks", "PYTHONHASHSEED"},
+			evidence: []string{"found 1 of 302 keys (0.33%)", "30 new blocks", "4800 of the 5000 blocks", "vLLM PR #51875", "--prefix-caching-hash-algo", "Only the xxhash algorithms still depend on PYTHONHASHSEED"},
 			run: func(w workload) {
 				w.minutes(3, func(m int) {
 					w.lookUp(prompt(tierB, 0, 100*m, 100), false)

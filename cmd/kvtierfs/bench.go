@@ -60,7 +60,7 @@ type benchFlags struct {
 }
 
 func newBenchFlags() *benchFlags {
-	b := &benchFlags{fl: newFlagSet("bench", "bench SCENARIO [flags]")}
+	b := &benchFlags{fl: newFlagSet("bench")}
 	fl := b.fl
 	fl.StringVar(&b.scenario, "scenario", "", "scenario: "+strings.Join(benchScenarios, ", ")+" (or as the first argument)")
 	fl.StringVar(&b.engines, "engine", "", "engine behaviours to run, comma-separated: stock, fixed (default stock,fixed; multinode: fixed)")
@@ -117,11 +117,8 @@ var (
 
 func runBench(args []string) error {
 	b := newBenchFlags()
-	if err := b.fl.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+	if err := parseFlags(b.fl, args); err != nil {
+		return err
 	}
 	scenario, err := b.scenarioName()
 	if err != nil {

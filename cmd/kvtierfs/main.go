@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/pflag"
@@ -13,48 +14,92 @@ import (
 // command is one subcommand of kvtierfs.
 type command struct {
 	name, usage, summary string
-	run                  func(args []string) error
+	// example is a typical command line, shown by --help.
+	example string
+	run     func(args []string) error
 }
 
-var commands = []command{
-	{"mount", "mount MOUNTPOINT [flags]", "serve the disk tier at MOUNTPOINT until SIGINT/SIGTERM", runMount},
-	{"stat", "stat MOUNTPOINT [--json]", "show occupancy, counters and warnings of a mount", runStat},
-	{"umount", "umount MOUNTPOINT", "unmount (lazily if busy)", runUmount},
-	{"bench", "bench SCENARIO [flags]", "replay the engine's KV offloading on real mounts and report", runBench},
-}
+// commands lists the subcommands; init sets it, as their run functions look
+// their own entry up.
+var commands []command
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "kvtierfs: a FUSE disk tier for an inference engine's KV cache\n\nUsage:\n")
-	for _, c := range commands {
-		fmt.Fprintf(os.Stderr, "  kvtierfs %-28s %s\n", c.usage, c.summary)
+func init() {
+	commands = []command{
+		{"mount", "mount MOUNTPOINT [flags]", "serve the disk tier at MOUNTPOINT until SIGINT/SIGTERM",
+			"kvtierfs mount /mnt/kvtier --store /nvme/kvtier --capacity 400GiB", runMount},
+		{"stat", "stat MOUNTPOINT [--json | --watch [--interval 2s]]", "show occupancy, counters and warnings of a mount",
+			"kvtierfs stat /mnt/kvtier --watch --interval 2s", runStat},
+		{"umount", "umount MOUNTPOINT", "unmount (lazily if busy)",
+			"kvtierfs umount /mnt/kvtier", runUmount},
+		{"bench", "bench SCENARIO [flags]", "replay the engine's KV offloading on real mounts and report",
+			"kvtierfs bench disk --blocks 64 --row-bytes 8MiB", runBench},
+		{"gc-regions", "gc-regions [--dry-run]", "remove engine shm regions no process maps (left by dead engines)",
+			"kvtierfs gc-regions --dry-run", runGCRegions},
+		{"version", "version", "print the version, commit and Go version (also --version)",
+			"kvtierfs --version", runVersion},
 	}
-	fmt.Fprintf(os.Stderr, "\nRun 'kvtierfs COMMAND --help' for the flags of a command.\n")
+}
+
+// commandNamed returns the subcommand called name, or nil.
+func commandNamed(name string) *command {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+// usageOutput receives the help text that --help asks for.
+var usageOutput io.Writer = os.Stdout
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "kvtierfs: a FUSE disk tier for an inference engine's KV cache\n\nUsage:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  kvtierfs %-34s %s\n", c.usage, c.summary)
+	}
+	fmt.Fprintf(w, "\nExample:\n  %s\n\nRun 'kvtierfs COMMAND --help' for the flags of a command.\n", commands[0].example)
 }
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
 		if len(os.Args) < 2 {
+			usage(os.Stderr)
 			os.Exit(2)
 		}
+		usage(usageOutput)
 		return
 	}
-	for _, c := range commands {
-		if c.name == os.Args[1] {
-			err := c.run(os.Args[2:])
-			if errors.Is(err, pflag.ErrHelp) {
-				return
-			}
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "kvtierfs %s: %v\n", c.name, err)
-				os.Exit(exitCode(err))
-			}
-			return
-		}
+	name := os.Args[1]
+	if name == "--version" {
+		name = "version"
 	}
-	fmt.Fprintf(os.Stderr, "kvtierfs: unknown command %q (commands: mount, stat, umount)\n\n", os.Args[1])
-	usage()
-	os.Exit(2)
+	c := commandNamed(name)
+	if c == nil {
+		fmt.Fprintf(os.Stderr, "kvtierfs: unknown command %q (commands: %s)\n\n", name, commandNames())
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	err := c.run(os.Args[2:])
+	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvtierfs %s: %v\n", c.name, err)
+		os.Exit(exitCode(err))
+	}
+}
+
+// commandNames lists the subcommands, comma-separated.
+func commandNames() string {
+	s := ""
+	for i, c := range commands {
+		if i > 0 {
+			s += ", "
+		}
+		s += c.name
+	}
+	return s
 }
 
 // usageError is a problem with the command line; it exits with status 2.
@@ -68,27 +113,30 @@ func exitCode(err error) int {
 	return 1
 }
 
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name, usageLine string) *pflag.FlagSet {
+// flagSets holds the flag set each subcommand built last, so tests can check
+// deploy files against the real flags.
+var flagSets = map[string]*pflag.FlagSet{}
+
+// newFlagSet returns the flag set of subcommand name; it reports errors
+// instead of exiting, and its usage shows the command's example.
+func newFlagSet(name string) *pflag.FlagSet {
+	c := commandNamed(name)
 	fl := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fl.SortFlags = false
 	fl.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kvtierfs %s\n\nFlags:\n%s", usageLine, fl.FlagUsages())
+		fmt.Fprintf(usageOutput, "Usage: kvtierfs %s\n\n%s.\n\nExample:\n  %s\n\nFlags:\n%s", c.usage, c.summary, c.example, fl.FlagUsages())
 	}
+	flagSets[name] = fl
 	return fl
 }
 
 // parseArgs parses flags and requires exactly one positional MOUNTPOINT.
 func parseArgs(fl *pflag.FlagSet, args []string) (string, error) {
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return "", err
-		}
-		return "", usageError{err}
+	if err := parseFlags(fl, args); err != nil {
+		return "", err
 	}
 	if fl.NArg() != 1 {
-		fl.Usage()
-		return "", usageError{fmt.Errorf("expected exactly one MOUNTPOINT, got %d arguments", fl.NArg())}
+		return "", usageError{fmt.Errorf("expected exactly one MOUNTPOINT, got %d arguments (run 'kvtierfs %s --help')", fl.NArg(), fl.Name())}
 	}
 	return fl.Arg(0), nil
 }

@@ -48,6 +48,7 @@ type mountConfig struct {
 	lookupProtect time.Duration
 	debug         bool
 	debugFUSE     bool
+	logFormat     *logFormat
 	listen        string
 	peers         []string
 	secretFile    string
@@ -63,7 +64,7 @@ type mountConfig struct {
 func parseMountFlags(args []string) (mountConfig, error) {
 	var c mountConfig
 	var capacity string
-	fl := newFlagSet("mount", "mount MOUNTPOINT [flags]")
+	fl := newFlagSet("mount")
 	fl.StringVar(&c.store, "store", defaultStore(), "store directory holding the blocks (created if it is the default)")
 	fl.StringVar(&capacity, "capacity", "", "bytes the store may hold, e.g. 400GiB, 10G, 500MB (default 90% of the store filesystem)")
 	fl.StringVar(&c.shmGlob, "shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
@@ -82,6 +83,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
+	c.logFormat = addLogFormatFlag(fl)
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
 		return c, err
@@ -141,7 +143,7 @@ func runMount(args []string) error {
 	if c.debug || c.debugFUSE {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	logger := newLogger(os.Stderr, *c.logFormat, level)
 
 	if err := checkDisjoint(c.mountpoint, c.store); err != nil {
 		return usageError{err}
@@ -192,6 +194,10 @@ func runMount(args []string) error {
 	}
 	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes,
 		ReadGrace: min(30*time.Second, c.diagWindow/4)})
+	// Caught from before the mount on (a stop request as soon as the mount
+	// is visible still unmounts); until then a signal ends the process.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
 		MaxRequest: int(c.maxRequest)})
@@ -214,12 +220,16 @@ func runMount(args []string) error {
 	}
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
 		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt)
+	stopEventLog := startEventLog(fsys.Stats, logger)
+	defer stopEventLog()
+	if err := sdNotify("READY=1\nSTATUS=serving " + c.mountpoint); err != nil {
+		logger.Warn("service manager", "err", err)
+	}
 
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
 		sig := <-signals
 		logger.Info("unmounting", "signal", sig.String())
+		sdNotify("STOPPING=1")
 		unmountOnSignal(fsys, c.mountpoint, logger)
 	}()
 	fsys.Wait()
@@ -241,15 +251,11 @@ func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
 	}
 }
 
-// prepareMountpoint creates a missing mountpoint and refuses one that is
-// already a mount.
+// prepareMountpoint creates a missing mountpoint, detaches the mount of a
+// crashed daemon and refuses one that is live.
 func prepareMountpoint(mnt string) error {
-	mounted, err := isMountpoint(mnt)
-	if err != nil {
+	if err := clearStaleMount(mnt); err != nil {
 		return err
-	}
-	if mounted {
-		return fmt.Errorf("mountpoint %s is busy: something is already mounted there (unmount it first, e.g. 'kvtierfs umount %s')", mnt, mnt)
 	}
 	st, err := os.Stat(mnt)
 	if errors.Is(err, fs.ErrNotExist) {

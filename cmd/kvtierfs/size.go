@@ -30,7 +30,7 @@ func parseSize(flag, s string) (int64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 || v*mult > 1<<62 {
+	if err != nil || !(v > 0 && v*mult <= 1<<62) { // also refuses NaN
 		return 0, fmt.Errorf("--%s %q: want a positive size such as 400GiB, 10G, 500MB or a byte count", flag, s)
 	}
 	return int64(v * mult), nil

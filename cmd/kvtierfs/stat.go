@@ -10,34 +10,75 @@ import (
 	"path/filepath"
 	"sort"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 func runStat(args []string) error {
-	fl := newFlagSet("stat", "stat MOUNTPOINT [--json]")
+	fl := newFlagSet("stat")
 	asJSON := fl.Bool("json", false, "print the raw JSON snapshot for tools")
+	watch := fl.Bool("watch", false, "redraw a live view (occupancy, rates, peers, warnings) until Ctrl-C; one line per snapshot when stdout is not a terminal")
+	interval := fl.Duration("interval", 2*time.Second, "time between snapshots with --watch")
+	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions, for the orphaned ones")
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
 		return err
 	}
-	raw, err := os.ReadFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.StatsFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, fusefs.ControlDir, fusefs.StatsFile)
+	if *watch {
+		if *asJSON {
+			return usageError{fmt.Errorf("--json and --watch: choose one (--watch prints one line per snapshot into a pipe)")}
+		}
+		if *interval < 100*time.Millisecond {
+			return usageError{fmt.Errorf("--interval %s: want at least 100ms", *interval)}
+		}
+		return watchStats(os.Stdout, mnt, *interval, isTerminal(os.Stdout))
 	}
+	if fl.Changed("interval") {
+		return usageError{fmt.Errorf("--interval applies only with --watch")}
+	}
+	if *asJSON {
+		raw, err := readStatsFile(mnt)
+		if err != nil {
+			return err
+		}
+		_, err = os.Stdout.Write(raw)
+		return err
+	}
+	st, err := readStats(mnt)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		_, err := os.Stdout.Write(raw)
+	printStats(os.Stdout, st)
+	scan, err := scanRegions(*glob)
+	if err != nil {
 		return err
 	}
-	var st fusefs.Stats
-	if err := json.Unmarshal(raw, &st); err != nil {
-		return fmt.Errorf("decoding stats of %s: %w", mnt, err)
-	}
-	printStats(os.Stdout, st)
+	printOrphans(os.Stdout, scan)
 	return nil
+}
+
+// readStatsFile reads the stats file of a mount.
+func readStatsFile(mnt string) ([]byte, error) {
+	raw, err := os.ReadFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.StatsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, fusefs.ControlDir, fusefs.StatsFile)
+	}
+	return raw, err
+}
+
+// readStats reads and decodes the stats snapshot of a mount.
+func readStats(mnt string) (fusefs.Stats, error) {
+	var st fusefs.Stats
+	raw, err := readStatsFile(mnt)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, fmt.Errorf("decoding stats of %s: %w", mnt, err)
+	}
+	return st, nil
 }
 
 // printStats renders a stats snapshot as a table an operator reads in seconds.

@@ -120,6 +120,15 @@ func (d *Daemon) Kill9() {
 	Detach(d.Mountpoint)
 }
 
+// Crash kills the daemon with SIGKILL and leaves its dead mount in place, as
+// a crash in the field does; Stop or Kill9 detaches it later.
+func (d *Daemon) Crash() {
+	if d.Running() {
+		d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
 // Detach lazily unmounts a mountpoint while anything is mounted there.
 func Detach(mnt string) {
 	for range 50 {

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestParseSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int64
+	}{
+		{"4096", 4096},
+		{"4096B", 4096},
+		{"1K", 1 << 10},
+		{"1KiB", 1 << 10},
+		{"1KB", 1000},
+		{"10G", 10 << 30},
+		{"10gib", 10 << 30},
+		{"500MB", 500e6},
+		{"1.5TB", 1.5e12},
+		{"400GiB", 400 << 30},
+		{" 2 MiB ", 2 << 20},
+		{"1T", 1 << 40},
+	}
+	for _, c := range cases {
+		got, err := parseSize("capacity", c.in)
+		if err != nil || got != c.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"", "0", "-1G", "G", "ten", "1X", "1e30", "NaN", "Inf"} {
+		_, err := parseSize("capacity", bad)
+		if err == nil {
+			t.Errorf("parseSize(%q) accepted", bad)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "--capacity") || !strings.Contains(msg, "want a positive size") {
+			t.Errorf("parseSize(%q) error %q does not name the flag and what is allowed", bad, msg)
+		}
+	}
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	cases := map[string]string{
+		`/mnt/kvtier`:                "/mnt/kvtier",
+		`/mnt/a\040b`:                "/mnt/a b",
+		`/mnt/tab\011x`:              "/mnt/tab\tx",
+		`/mnt/nl\012`:                "/mnt/nl\n",
+		`/mnt/back\134slash`:         `/mnt/back\slash`,
+		`/mnt/trailing\`:             `/mnt/trailing\`,
+		`/mnt/short\04`:              `/mnt/short\04`,
+		`/mnt/not\999octal`:          `/mnt/not\999octal`,
+		`\040\040`:                   "  ",
+		`/mnt/utf8\303\251t\303\251`: "/mnt/utf8été",
+	}
+	for in, want := range cases {
+		if got := unescapeMountinfo(in); got != want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCheckDisjoint(t *testing.T) {
+	cases := []struct {
+		mountpoint, store string
+		ok                bool
+	}{
+		{"/mnt/kvtier", "/nvme/kvtier", true},
+		{"/mnt/kvtier", "/mnt/kvtier-store", true}, // a shared prefix is not containment
+		{"/mnt/kvtier", "/mnt/kvtier", false},
+		{"/mnt/kvtier", "/mnt/kvtier/store", false},
+		{"/nvme/kvtier/mnt", "/nvme/kvtier", false},
+		{"/mnt/kvtier/", "/mnt/kvtier/../kvtier/x", false},
+		{"/a/b", "/a/c", true},
+	}
+	for _, c := range cases {
+		err := checkDisjoint(c.mountpoint, c.store)
+		if (err == nil) != c.ok {
+			t.Errorf("checkDisjoint(%q, %q) = %v, want ok=%v", c.mountpoint, c.store, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--store") {
+			t.Errorf("checkDisjoint error %q does not name --store", err)
+		}
+	}
+}
+
+func TestBenchFlagRules(t *testing.T) {
+	cases := []struct {
+		args    []string
+		want    string // scenario, or empty when refused
+		errText string
+	}{
+		{[]string{"disk"}, "disk", ""},
+		{[]string{"--scenario", "chain"}, "chain", ""},
+		{[]string{"eagle", "--scenario", "eagle"}, "eagle", ""},
+		{[]string{"disk", "--blocks", "8", "--lookups", "100"}, "disk", ""},
+		{[]string{"chain", "--half-zero", "--staging-bytes", "64MiB"}, "chain", ""},
+		{[]string{"agent", "--sessions", "2", "--sync", "on"}, "agent", ""},
+		{[]string{"multinode", "--promote", "16"}, "multinode", ""},
+		{[]string{}, "", "--scenario: missing"},
+		{[]string{"nosuch"}, "", `--scenario "nosuch": want one of`},
+		{[]string{"disk", "chain"}, "", "expected one SCENARIO, got 2"},
+		{[]string{"disk", "--scenario", "chain"}, "", "scenario given twice"},
+		{[]string{"disk", "--half-zero"}, "", "--half-zero does not apply to scenario disk"},
+		{[]string{"disk", "--engine", "stock"}, "", "--engine does not apply to scenario disk"},
+		{[]string{"chain", "--sync", "on"}, "", "--sync does not apply to scenario chain"},
+		{[]string{"eagle", "--blocks", "8"}, "", "--blocks does not apply to scenario eagle"},
+		{[]string{"disk", "--rows", "8"}, "", "--rows does not apply to scenario disk"},
+		{[]string{"eagle", "--sessions", "2"}, "", "--sessions does not apply to scenario eagle"},
+		{[]string{"agent", "--promote", "2"}, "", "--promote does not apply to scenario agent"},
+	}
+	for _, c := range cases {
+		b := newBenchFlags()
+		if err := parseFlags(b.fl, c.args); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		got, err := b.scenarioName()
+		if err == nil {
+			err = b.checkApplicable(got)
+		}
+		switch {
+		case c.want != "" && (err != nil || got != c.want):
+			t.Errorf("%q: scenario %q, %v; want %q", c.args, got, err, c.want)
+		case c.want == "" && (err == nil || !strings.Contains(err.Error(), c.errText)):
+			t.Errorf("%q: error %v; want one containing %q", c.args, err, c.errText)
+		}
+	}
+}
+
+// TestFlagErrors checks that a bad flag names the flag, the value and what
+// the flag accepts, and exits with the usage status.
+func TestFlagErrors(t *testing.T) {
+	// Should a case pass validation, it must not mount: its mountpoint is
+	// the test's and its store missing.
+	mnt, store := filepath.Join(t.TempDir(), "mnt"), filepath.Join(t.TempDir(), "missing")
+	mount := func(flags ...string) []string { return append([]string{mnt, "--store", store}, flags...) }
+	cases := []struct {
+		command string
+		args    []string
+		want    []string
+	}{
+		{"mount", mount("--staging-depth", "many"), []string{"--staging-depth", `"many"`, "want an integer"}},
+		{"mount", mount("--replicated-kv", "maybe"), []string{"--replicated-kv", `"maybe"`, "one of auto, on, off"}},
+		{"mount", mount("--sync-deadline", "soon"), []string{"--sync-deadline", `"soon"`, "a duration such as"}},
+		{"mount", mount("--sync-deadline"), []string{"--sync-deadline needs a value", "a duration"}},
+		{"mount", mount("--capacity", "lots"), []string{"--capacity", `"lots"`, "want a positive size"}},
+		{"mount", mount("--max-request", "2GiB"), []string{"--max-request", "2GiB", "to 1GiB"}},
+		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
+		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
+		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
+		{"mount", mount("--no-such-flag"), []string{"unknown flag: --no-such-flag", "kvtierfs mount --help"}},
+		{"mount", mount("--peer", "b:7470"), []string{"--peer", "need --secret-file"}},
+		{"stat", []string{}, []string{"expected exactly one MOUNTPOINT", "kvtierfs stat --help"}},
+		{"stat", []string{"/a", "/b"}, []string{"expected exactly one MOUNTPOINT, got 2"}},
+		{"stat", []string{"/a", "--json=perhaps"}, []string{"--json", `"perhaps"`, "true or false"}},
+		{"umount", []string{"-x", "/a"}, []string{"unknown flag", "kvtierfs umount --help"}},
+		{"bench", []string{"disk", "--blocks", "q"}, []string{"--blocks", `"q"`, "want an integer"}},
+		{"version", []string{"extra"}, []string{"expected no arguments"}},
+	}
+	for _, c := range cases {
+		err := commandNamed(c.command).run(c.args)
+		if err == nil {
+			t.Errorf("%s %q: accepted", c.command, c.args)
+			continue
+		}
+		if exitCode(err) != 2 {
+			t.Errorf("%s %q: %v exits %d, want 2", c.command, c.args, err, exitCode(err))
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s %q: error %q lacks %q", c.command, c.args, err, w)
+			}
+		}
+	}
+}
+
+// TestHelpHasExample checks that every command's --help shows its usage,
+// an example and its flags.
+func TestHelpHasExample(t *testing.T) {
+	var out strings.Builder
+	usageOutput = &out
+	t.Cleanup(func() { usageOutput = os.Stdout })
+	for _, c := range commands {
+		out.Reset()
+		err := c.run([]string{"--help"})
+		if !errors.Is(err, pflag.ErrHelp) {
+			t.Errorf("%s --help: %v, want ErrHelp", c.name, err)
+		}
+		help := out.String()
+		for _, w := range []string{"Usage: kvtierfs " + c.usage, "Example:\n  kvtierfs ", c.example} {
+			if !strings.Contains(help, w) {
+				t.Errorf("%s --help lacks %q:\n%s", c.name, w, help)
+			}
+		}
+		argv := strings.Fields(c.example)
+		if argv[1] == "--version" {
+			argv[1] = "version"
+		}
+		if argv[0] != "kvtierfs" || argv[1] != c.name {
+			t.Errorf("%s: example %q is not a kvtierfs %s command line", c.name, c.example, c.name)
+			continue
+		}
+		checkCommandLine(t, c.name+" example", argv[1:])
+	}
+}
+
+func TestWriteVersion(t *testing.T) {
+	info := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v0.3.0"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}}}
+	var out strings.Builder
+	writeVersion(&out, info)
+	for _, w := range []string{"kvtierfs v0.3.0", "commit abc123+dirty", "go1.26.8"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("version %q lacks %q", out.String(), w)
+		}
+	}
+	commit = "feed42"
+	t.Cleanup(func() { commit = "" })
+	out.Reset()
+	writeVersion(&out, &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
+	if !strings.Contains(out.String(), "commit feed42 go1.26.8") {
+		t.Errorf("version without vcs stamp = %q, want the -ldflags commit", out.String())
+	}
+}

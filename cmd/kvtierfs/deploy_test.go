@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
+)
+
+// deployDir holds the deploy files, relative to this package.
+const deployDir = "../../deploy"
+
+// flagsOf returns the flag set subcommand name builds, by asking it for help.
+func flagsOf(t *testing.T, name string) *pflag.FlagSet {
+	t.Helper()
+	c := commandNamed(name)
+	if c == nil {
+		t.Fatalf("deploy files run 'kvtierfs %s', which is not a command", name)
+	}
+	saved := usageOutput
+	usageOutput = io.Discard
+	defer func() { usageOutput = saved }()
+	if err := c.run([]string{"--help"}); !errors.Is(err, pflag.ErrHelp) {
+		t.Fatalf("kvtierfs %s --help: %v", name, err)
+	}
+	return flagSets[name]
+}
+
+// checkCommandLine checks that argv (after the kvtierfs binary) names a
+// command and only flags that command has.
+func checkCommandLine(t *testing.T, where string, argv []string) {
+	t.Helper()
+	if len(argv) == 0 {
+		t.Errorf("%s: kvtierfs without a command", where)
+		return
+	}
+	fl := flagsOf(t, argv[0])
+	for _, arg := range argv[1:] {
+		if !strings.HasPrefix(arg, "--") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		if fl.Lookup(name) == nil {
+			t.Errorf("%s: kvtierfs %s has no flag --%s", where, argv[0], name)
+		}
+	}
+}
+
+// kvtierfsArgs returns what follows the kvtierfs binary in argv, if it runs it.
+func kvtierfsArgs(argv []string) ([]string, bool) {
+	for i, a := range argv {
+		if filepath.Base(a) == "kvtierfs" {
+			return argv[i+1:], true
+		}
+	}
+	return nil, false
+}
+
+// container is the part of a Kubernetes container spec the checks read.
+type container struct {
+	Name           string   `yaml:"name"`
+	Command        []string `yaml:"command"`
+	Args           []string `yaml:"args"`
+	ReadinessProbe *struct {
+		Exec struct {
+			Command []string `yaml:"command"`
+		} `yaml:"exec"`
+	} `yaml:"readinessProbe"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	SecurityContext struct {
+		Privileged   bool `yaml:"privileged"`
+		Capabilities struct {
+			Add []string `yaml:"add"`
+		} `yaml:"capabilities"`
+	} `yaml:"securityContext"`
+	VolumeMounts []struct {
+		Name             string `yaml:"name"`
+		MountPath        string `yaml:"mountPath"`
+		MountPropagation string `yaml:"mountPropagation"`
+	} `yaml:"volumeMounts"`
+}
+
+// workload is a Kubernetes object with a pod template.
+type workload struct {
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	Spec struct {
+		Template struct {
+			Metadata struct {
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"metadata"`
+			Spec struct {
+				InitContainers []container `yaml:"initContainers"`
+				Containers     []container `yaml:"containers"`
+				Volumes        []struct {
+					Name     string `yaml:"name"`
+					HostPath *struct {
+						Path string `yaml:"path"`
+					} `yaml:"hostPath"`
+				} `yaml:"volumes"`
+			} `yaml:"spec"`
+		} `yaml:"template"`
+	} `yaml:"spec"`
+}
+
+// readWorkloads decodes every document of the Kubernetes manifests.
+func readWorkloads(t *testing.T) map[string]workload {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(deployDir, "kubernetes", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in %s/kubernetes: %v", deployDir, err)
+	}
+	out := map[string]workload{}
+	for _, file := range files {
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(f)
+		dec.KnownFields(false)
+		for {
+			var w workload
+			err := dec.Decode(&w)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			out[w.Kind+"/"+w.Metadata.Name] = w
+		}
+		f.Close()
+	}
+	return out
+}
+
+// TestKubernetesManifests checks the DaemonSet and the engine's pod: every
+// kvtierfs command line in them uses real flags, the mount propagates to the
+// host and into the engine, the daemon has /dev/fuse and CAP_SYS_ADMIN, a
+// readiness probe and scrape annotations for its metrics port, and the
+// engine's tier root is the daemon's mountpoint.
+func TestKubernetesManifests(t *testing.T) {
+	objects := readWorkloads(t)
+	ds, ok := objects["DaemonSet/kvtierfs"]
+	if !ok {
+		t.Fatalf("no DaemonSet kvtierfs among %v", slices.Collect(maps.Keys(objects)))
+	}
+	checked := 0
+	for key, w := range objects {
+		for _, c := range append(w.Spec.Template.Spec.InitContainers, w.Spec.Template.Spec.Containers...) {
+			if argv, ok := kvtierfsArgs(append(c.Command, c.Args...)); ok {
+				checkCommandLine(t, key+" container "+c.Name, argv)
+				checked++
+			}
+			if p := c.ReadinessProbe; p != nil {
+				if argv, ok := kvtierfsArgs(p.Exec.Command); ok {
+					checkCommandLine(t, key+" readiness probe of "+c.Name, argv)
+					checked++
+				}
+			}
+		}
+	}
+	if checked < 2 {
+		t.Fatalf("found %d kvtierfs command lines in the manifests, want the mount and its probe", checked)
+	}
+
+	daemon := ds.Spec.Template.Spec.Containers[0]
+	argv, _ := kvtierfsArgs(append(daemon.Command, daemon.Args...))
+	if len(argv) < 2 || argv[0] != "mount" {
+		t.Fatalf("the DaemonSet runs kvtierfs %v, want mount MOUNTPOINT", argv)
+	}
+	mountpoint := argv[1]
+	hostPaths := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	propagated, fuse := "", false
+	for _, m := range daemon.VolumeMounts {
+		if m.MountPropagation == "Bidirectional" && strings.HasPrefix(mountpoint, m.MountPath+"/") {
+			propagated = hostPaths[m.Name]
+		}
+		fuse = fuse || m.MountPath == "/dev/fuse" && hostPaths[m.Name] == "/dev/fuse"
+	}
+	if propagated == "" {
+		t.Errorf("the mountpoint %s is not below a Bidirectional hostPath volume: the host never sees the mount", mountpoint)
+	}
+	if !fuse {
+		t.Error("the daemon has no /dev/fuse")
+	}
+	sc := daemon.SecurityContext
+	if !sc.Privileged || !slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") {
+		t.Errorf("the daemon is not privileged with SYS_ADMIN (Bidirectional propagation and FUSE mounts need both): %+v", sc)
+	}
+	if p := daemon.ReadinessProbe; p == nil || !slices.Contains(p.Exec.Command, "stat") || !slices.Contains(p.Exec.Command, mountpoint) {
+		t.Errorf("the readiness probe does not stat the mountpoint %s", mountpoint)
+	}
+	metricsAddr := flagValue(daemon.Args, "--metrics-addr")
+	ann := ds.Spec.Template.Metadata.Annotations
+	if ann["prometheus.io/scrape"] != "true" || !strings.HasSuffix(metricsAddr, ":"+ann["prometheus.io/port"]) ||
+		strings.HasPrefix(metricsAddr, "127.") {
+		t.Errorf("scrape annotations %v do not reach --metrics-addr %q", ann, metricsAddr)
+	}
+
+	engine, ok := objects["Deployment/vllm"]
+	if !ok {
+		t.Fatal("no Deployment vllm (the engine's side)")
+	}
+	engineHostPaths := map[string]string{}
+	for _, v := range engine.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			engineHostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	vllm := engine.Spec.Template.Spec.Containers[0]
+	var config struct {
+		Connector string `json:"kv_connector"`
+		Extra     struct {
+			SecondaryTiers []struct {
+				Type    string `json:"type"`
+				RootDir string `json:"root_dir"`
+			} `json:"secondary_tiers"`
+		} `json:"kv_connector_extra_config"`
+	}
+	if err := json.Unmarshal([]byte(flagValue(vllm.Args, "--kv-transfer-config")), &config); err != nil {
+		t.Fatalf("--kv-transfer-config of the engine: %v", err)
+	}
+	if len(config.Extra.SecondaryTiers) != 1 || config.Extra.SecondaryTiers[0].Type != "fs" || config.Extra.SecondaryTiers[0].RootDir != mountpoint {
+		t.Errorf("the engine's secondary tiers %+v are not the fs tier at %s", config.Extra.SecondaryTiers, mountpoint)
+	}
+	seen := false
+	for _, m := range vllm.VolumeMounts {
+		if engineHostPaths[m.Name] == propagated && m.MountPropagation == "HostToContainer" && strings.HasPrefix(mountpoint, m.MountPath+"/") {
+			seen = true
+		}
+	}
+	if !seen {
+		t.Errorf("the engine does not mount host path %s with HostToContainer at the daemon's mountpoint's parent", propagated)
+	}
+}
+
+// flagValue returns the value following flag in args, or after flag=.
+func flagValue(args []string, flag string) string {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestSystemdFiles checks that the unit's command lines and every flag in the
+// env file, commented-out examples included, are real commands and flags.
+func TestSystemdFiles(t *testing.T) {
+	env := readEnvFile(t, filepath.Join(deployDir, "systemd", "kvtierfs.env"))
+	if len(env["KVTIERFS_MOUNTPOINT"]) == 0 || len(env["KVTIERFS_FLAGS"]) == 0 {
+		t.Fatalf("kvtierfs.env sets no KVTIERFS_MOUNTPOINT or KVTIERFS_FLAGS: %v", env)
+	}
+	for _, flags := range env["KVTIERFS_FLAGS"] {
+		checkCommandLine(t, "kvtierfs.env", append([]string{"mount", env["KVTIERFS_MOUNTPOINT"][0]}, strings.Fields(flags)...))
+	}
+	unit, err := os.ReadFile(filepath.Join(deployDir, "systemd", "kvtierfs.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var directives []string
+	for _, line := range strings.Split(string(unit), "\n") {
+		key, value, ok := strings.Cut(line, "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		directives = append(directives, key+"="+value)
+		if strings.HasPrefix(key, "Exec") {
+			argv, ok := kvtierfsArgs(strings.Fields(strings.TrimLeft(value, "-")))
+			if !ok {
+				t.Errorf("%s does not run kvtierfs: %s", key, value)
+				continue
+			}
+			checkCommandLine(t, "kvtierfs.service "+key, argv)
+		}
+	}
+	for _, want := range []string{"Type=notify", "Restart=on-failure", "EnvironmentFile=/etc/kvtierfs/kvtierfs.env"} {
+		if !slices.Contains(directives, want) {
+			t.Errorf("kvtierfs.service lacks %s", want)
+		}
+	}
+}
+
+// readEnvFile reads KEY=VALUE lines, commented-out ones too, as systemd's
+// EnvironmentFile does (quotes removed); a key may appear several times.
+func readEnvFile(t *testing.T, path string) map[string][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	env := map[string][]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		key, value, ok := strings.Cut(strings.TrimPrefix(line, "#"), "=")
+		if !ok || strings.ContainsAny(key, " \t") {
+			continue
+		}
+		env[key] = append(env[key], strings.Trim(value, `"`))
+	}
+	return env
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// helperEnv makes the test binary a process that maps (map), opens (open)
+// or maps as a kvtierfs daemon would (daemon) the file named by
+// helperFileEnv, then waits until its stdin closes.
+const (
+	helperEnv     = "KVTIERFS_TEST_REGION_HELPER"
+	helperFileEnv = "KVTIERFS_TEST_REGION_FILE"
+)
+
+// TestRegionHelperProcess is the helper process itself; it does nothing in
+// a normal test run.
+func TestRegionHelperProcess(t *testing.T) {
+	mode := os.Getenv(helperEnv)
+	if mode == "" {
+		return
+	}
+	f, err := os.OpenFile(os.Getenv(helperFileEnv), os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	if mode == "daemon" {
+		os.WriteFile("/proc/self/comm", []byte("kvtierfs"), 0)
+	}
+	if mode != "open" {
+		if _, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		f.Close()
+	}
+	fmt.Println("ready")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	os.Exit(0)
+}
+
+// startRegionHelper starts a helper process on file; it ends at cleanup or
+// when the returned function is called.
+func startRegionHelper(t *testing.T, mode, file string) (stop func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRegionHelperProcess$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperFileEnv+"="+file)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			stdin.Close()
+			cmd.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+		stop()
+		t.Fatalf("helper %s on %s: %q", mode, file, line)
+	}
+	return stop
+}
+
+// TestOrphanedRegions creates regions mapped by a live process, held open
+// by one, mapped only by a kvtierfs daemon, and used by none, plus a
+// symlink matching the glob: only the unused ones are orphans, gc-regions
+// --dry-run removes nothing, gc-regions removes exactly the orphans, and a
+// region becomes an orphan when the process mapping it exits.
+func TestOrphanedRegions(t *testing.T) {
+	dir := "/dev/shm"
+	prefix := fmt.Sprintf("kvtierfs-orphan-test-%d-", os.Getpid())
+	glob := filepath.Join(dir, prefix+"*.mmap")
+	region := func(name string) string {
+		p := filepath.Join(dir, prefix+name+".mmap")
+		if err := os.WriteFile(p, make([]byte, 8192), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(p) })
+		return p
+	}
+	mapped, opened, daemonOnly, orphan := region("mapped"), region("opened"), region("daemon"), region("orphan")
+	target := filepath.Join(t.TempDir(), "not-a-region")
+	if err := os.WriteFile(target, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, prefix+"link.mmap")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(link) })
+
+	stopMapper := startRegionHelper(t, "map", mapped)
+	startRegionHelper(t, "open", opened)
+	startRegionHelper(t, "daemon", daemonOnly)
+
+	paths := func(rs []regionFile) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.path)
+		}
+		slices.Sort(out)
+		return out
+	}
+	scan, err := scanRegions(glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOrphans := []string{daemonOnly, orphan}
+	slices.Sort(wantOrphans)
+	if got := paths(scan.orphans); !slices.Equal(got, wantOrphans) {
+		t.Fatalf("orphans %v, want %v", got, wantOrphans)
+	}
+	wantInUse := []string{mapped, opened}
+	slices.Sort(wantInUse)
+	if got := paths(scan.inUse); !slices.Equal(got, wantInUse) {
+		t.Fatalf("in use %v, want %v", got, wantInUse)
+	}
+	var out strings.Builder
+	printOrphans(&out, scan)
+	if !strings.Contains(out.String(), "orphaned regions: 2 mapped by no process") || !strings.Contains(out.String(), orphan+"  8.0 KiB") {
+		t.Errorf("stat's orphan lines:\n%s", out.String())
+	}
+
+	// Unreadable processes might map a region: nothing is removed.
+	unproven := scan
+	unproven.unreadable = []int{os.Getpid()}
+	if err := gcRegions(io.Discard, unproven, false); err == nil || !strings.Contains(err.Error(), "no region is proven orphaned") {
+		t.Fatalf("gc-regions with an unreadable process: %v", err)
+	}
+	var st unix.Stat_t
+	if unix.Lstat(orphan, &st) != nil {
+		t.Fatal("gc-regions removed a region while a process was unreadable")
+	}
+	if len(scan.unreadable) > 0 {
+		// A sandbox's PID 1 may be out of even root's reach; it is no engine.
+		t.Logf("processes %v unreadable here; going on with the readable ones", scan.unreadable)
+		scan.unreadable = nil
+	}
+
+	out.Reset()
+	if err := gcRegions(&out, scan, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{mapped, opened, daemonOnly, orphan, link, target} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Fatalf("--dry-run removed %s: %v", p, err)
+		}
+	}
+	if !strings.Contains(out.String(), "would remove "+orphan) {
+		t.Errorf("--dry-run printed:\n%s", out.String())
+	}
+
+	out.Reset()
+	if err := gcRegions(&out, scan, false); err != nil {
+		t.Fatalf("gc-regions: %v\n%s", err, out.String())
+	}
+	for _, p := range []string{daemonOnly, orphan} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("gc-regions kept the orphan %s", p)
+		}
+	}
+	for _, p := range []string{mapped, opened, link, target} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("gc-regions removed %s, which it must keep: %v", p, err)
+		}
+	}
+
+	stopMapper()
+	if scan, err = scanRegions(glob); err != nil {
+		t.Fatal(err)
+	}
+	if got := paths(scan.orphans); !slices.Equal(got, []string{mapped}) {
+		t.Fatalf("after the mapping process exited: orphans %v, want [%s]", got, mapped)
+	}
+}
+
+// TestRemoveOrphanRechecks refuses to remove a region that was replaced or
+// mapped since the scan.
+func TestRemoveOrphanRechecks(t *testing.T) {
+	p := filepath.Join("/dev/shm", fmt.Sprintf("kvtierfs-orphan-recheck-%d.mmap", os.Getpid()))
+	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(p) })
+	scan, err := scanRegions(p)
+	if err != nil || len(scan.orphans) != 1 {
+		t.Fatalf("scan: %+v, %v", scan, err)
+	}
+	startRegionHelper(t, "map", p)
+	if err := removeOrphan(scan.orphans[0]); err == nil {
+		t.Fatal("removed a region mapped since the scan")
+	}
+	replaced := scan.orphans[0]
+	replaced.id.inode++
+	if err := removeOrphan(replaced); err == nil || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("removing a replaced region: %v", err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal("the region was removed")
+	}
+}

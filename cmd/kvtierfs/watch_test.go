@@ -1,0 +1,88 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/staging"
+	rowsync "github.com/kvtierfs/kvtierfs/sync"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// watchSnapshots returns two snapshots 2 s apart with known differences.
+func watchSnapshots() (prev, cur fusefs.Stats) {
+	prev = fusefs.Stats{
+		Mountpoint:  "/mnt/kvtier",
+		Disk:        disk.Stats{Blocks: 100, PhysicalBytes: 50 << 30, CapacityBytes: 100 << 30, FreeBytes: 50 << 30, Evictions: 10},
+		Primary:     fusefs.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_1.mmap", Size: 124 << 18, Rows: 124, RowBytes: 1 << 18}}},
+		Counters:    fusefs.Counters{Lookups: 1000, LookupHits: 500, Reads: 10, ReadBytes: 10 << 20, Writes: 5, WriteBytes: 5 << 20, RowsMirrored: 10},
+		Staging:     &staging.Stats{BudgetBytes: 4 << 30, Bytes: 1 << 30, Chains: 2, Hits: 4},
+		Peers:       []rowsync.PeerStats{{Addr: "nodeB:7470", State: "up", RowsSent: 10}},
+		Replication: &rowsync.GateSnapshot{Allowed: true},
+	}
+	cur = prev
+	cur.Disk.Evictions = 14
+	cur.Counters = fusefs.Counters{Lookups: 1200, LookupHits: 550, Reads: 30, ReadBytes: 30 << 20, Writes: 9, WriteBytes: 9 << 20, RowsMirrored: 30}
+	cur.Staging = &staging.Stats{BudgetBytes: 4 << 30, Bytes: 3 << 30, Chains: 1, Hits: 14}
+	cur.Peers = []rowsync.PeerStats{{Addr: "nodeB:7470", State: "down", RowsSent: 30, LastError: "connection refused"}}
+	cur.Warnings = []fusefs.Warning{{Code: "peer_down", Message: "peer nodeB:7470 is down"}}
+	return prev, cur
+}
+
+func TestRenderWatch(t *testing.T) {
+	prev, cur := watchSnapshots()
+	r := snapshotRates(&prev, &cur, 2*time.Second)
+	var out strings.Builder
+	renderWatch(&out, cur, r, time.Date(2026, 12, 1, 1, 2, 3, 0, time.UTC), 2*time.Second)
+	view := out.String()
+	for _, want := range []string{
+		"kvtierfs /mnt/kvtier   01:02:03   every 2s",
+		"disk     [" + strings.Repeat("█", 15) + strings.Repeat("·", 15) + "]  50.0%  50.0 GiB of 100.0 GiB, 100 blocks",
+		"staging  [" + strings.Repeat("█", 23) + strings.Repeat("·", 7) + "]  75.0%  3.0 GiB of 4.0 GiB, 1 chains",
+		"primary  /dev/shm/vllm_offload_1.mmap: 31.0 MiB, 124 rows × 256.0 KiB",
+		"lookups  100.0/s    hits 25.0%",
+		"loads    10.0/s     10.0 MiB/s, 5.0/s from staging",
+		"stores   2.0/s      2.0 MiB/s, 2.0/s evictions",
+		"mirrored 10.0/s",
+		"peer     nodeB:7470 down, 10.0 rows/s, last error: connection refused",
+		"  [peer_down] peer nodeB:7470 is down",
+	} {
+		if !strings.Contains(view, want) {
+			t.Errorf("view lacks %q:\n%s", want, view)
+		}
+	}
+
+	out.Reset()
+	renderWatch(&out, prev, snapshotRates(nil, &prev, 0), time.Now(), time.Second)
+	if view := out.String(); !strings.Contains(view, "lookups  -") || !strings.Contains(view, "warnings: none") {
+		t.Errorf("first frame shows rates or warnings it cannot know:\n%s", view)
+	}
+}
+
+func TestRenderWatchLine(t *testing.T) {
+	prev, cur := watchSnapshots()
+	var out strings.Builder
+	renderWatchLine(&out, cur, snapshotRates(&prev, &cur, 2*time.Second), time.Date(2026, 12, 1, 1, 2, 3, 0, time.UTC))
+	want := "2026-12-01T01:02:03Z disk=50.0% blocks=100 staging=75.0% primary_rows=124 lookups=100.0/s loads=10.0/s " +
+		"load_bytes=10.0 MiB/s stores=2.0/s store_bytes=2.0 MiB/s mirrored=10.0/s peers_up=0/1 warnings=peer_down\n"
+	if out.String() != want {
+		t.Errorf("line\n%q\nwant\n%q", out.String(), want)
+	}
+}
+
+func TestBar(t *testing.T) {
+	cases := map[[2]int64]string{
+		{0, 100}:   "[" + strings.Repeat("·", 30) + "]   0.0%",
+		{100, 100}: "[" + strings.Repeat("█", 30) + "] 100.0%",
+		{150, 100}: "[" + strings.Repeat("█", 30) + "] 100.0%",
+		{1, 0}:     "[" + strings.Repeat("·", 30) + "]   0.0%",
+	}
+	for in, want := range cases {
+		if got := bar(in[0], in[1]); got != want {
+			t.Errorf("bar(%d, %d) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
+}
