@@ -144,6 +144,9 @@ func runMount(args []string) error {
 		level = slog.LevelDebug
 	}
 	logger := newLogger(os.Stderr, *c.logFormat, level)
+	if limit := limitMemory(c.stagingBytes); limit > 0 {
+		logger.Debug("Go memory limit set from --staging-bytes", "limit", formatBytes(limit))
+	}
 
 	if err := checkDisjoint(c.mountpoint, c.store); err != nil {
 		return usageError{err}
