@@ -45,13 +45,20 @@ type MirrorConfig struct {
 	// Dial connects to a peer's address; nil: TCP with keepalive. The
 	// connection's RemoteAddr must be the address it reached (see auth.go).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// Lanes is how many connections each peer gets; 0: DefaultLanes.
+	Lanes int
 }
 
-// Mirror is the sending side: it keeps one authenticated connection to each
-// peer, reconnecting with backoff, and copies rows to all of them.
+// DefaultLanes is MirrorConfig.Lanes's default. Rows to one peer are spread
+// over its lanes, so that sealing, opening and copying rows run on several
+// cores at each end instead of one connection's pair of goroutines.
+const DefaultLanes = 4
+
+// Mirror is the sending side: it keeps Lanes authenticated connections to
+// each peer, reconnecting each with backoff, and copies every row to all
+// peers, each over one of its lanes.
 type Mirror struct {
-	session  uint64 // see Hello
-	peers    []*peer
+	peers    []*peerLanes
 	deadline time.Duration
 	cancel   context.CancelFunc // stops the connection loops
 	wg       sync.WaitGroup     // the peers' connection loops
@@ -88,26 +95,76 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 	if cfg.Dial == nil {
 		cfg.Dial = dialTCP
 	}
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = DefaultLanes
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Mirror{session: rand.Uint64(), deadline: cfg.Deadline, cancel: cancel}
+	m := &Mirror{deadline: cfg.Deadline, cancel: cancel}
 	psk := presharedKey(cfg.Secret)
 	for _, addr := range cfg.Peers {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			cancel()
 			return nil, fmt.Errorf("rowsync: peer %q: %w", addr, err)
 		}
-		p := &peer{addr: addr, psk: psk, node: cfg.Node, session: m.session, dial: cfg.Dial, logf: cfg.Logf, state: StateConnecting}
-		m.peers = append(m.peers, p)
-		m.wg.Go(func() { p.run(ctx) })
+		pl := &peerLanes{}
+		for range cfg.Lanes {
+			// Each lane is a session of its own (see Hello), so the peer's
+			// Server keeps them side by side.
+			p := &peer{addr: addr, psk: psk, node: cfg.Node, session: rand.Uint64(), dial: cfg.Dial, logf: cfg.Logf, state: StateConnecting}
+			pl.lanes = append(pl.lanes, p)
+			m.wg.Go(func() { p.run(ctx) })
+		}
+		m.peers = append(m.peers, pl)
 	}
 	return m, nil
+}
+
+// peerLanes is one peer and the connections (lanes) to it.
+type peerLanes struct {
+	lanes []*peer
+	next  atomic.Uint32
+}
+
+// pick returns the lane for the next request, round robin.
+func (pl *peerLanes) pick() *peer {
+	return pl.lanes[int(pl.next.Add(1))%len(pl.lanes)]
+}
+
+// snapshot sums the lanes' counters; the peer is up only while every lane
+// is, and otherwise shows the first lane that is down, else the first that
+// is still connecting.
+func (pl *peerLanes) snapshot() PeerStats {
+	var sum PeerStats
+	rank := map[string]int{StateUp: 0, StateConnecting: 1, StateDown: 2}
+	for i, p := range pl.lanes {
+		s := p.snapshot()
+		if i == 0 || rank[s.State] > rank[sum.State] {
+			sum.Addr, sum.State, sum.LastError = s.Addr, s.State, s.LastError
+		}
+		sum.RowsSent += s.RowsSent
+		sum.Bytes += s.Bytes
+		sum.Verified += s.Verified
+	}
+	return sum
+}
+
+// ip returns the IP of the peer's last successful connection.
+func (pl *peerLanes) ip() string {
+	for _, p := range pl.lanes {
+		if ip := p.ip(); ip != "" {
+			return ip
+		}
+	}
+	return ""
 }
 
 // Close drops every connection and stops reconnecting.
 func (m *Mirror) Close() error {
 	m.cancel()
-	for _, p := range m.peers {
-		p.closeLink()
+	for _, pl := range m.peers {
+		for _, p := range pl.lanes {
+			p.closeLink()
+		}
 	}
 	m.wg.Wait()
 	return nil
@@ -116,8 +173,8 @@ func (m *Mirror) Close() error {
 // Healthy reports whether every peer is up. While it is false, a node must
 // answer lookups "absent": a load now could not be mirrored.
 func (m *Mirror) Healthy() bool {
-	for _, p := range m.peers {
-		if p.snapshot().State != StateUp {
+	for _, pl := range m.peers {
+		if pl.snapshot().State != StateUp {
 			return false
 		}
 	}
@@ -128,8 +185,10 @@ func (m *Mirror) Healthy() bool {
 // failed authentication.
 func (m *Mirror) AuthFailures() uint64 {
 	var n uint64
-	for _, p := range m.peers {
-		n += p.authFailures.Load()
+	for _, pl := range m.peers {
+		for _, p := range pl.lanes {
+			n += p.authFailures.Load()
+		}
 	}
 	return n
 }
@@ -137,8 +196,8 @@ func (m *Mirror) AuthFailures() uint64 {
 // Stats returns one entry per peer, in configuration order.
 func (m *Mirror) Stats() []PeerStats {
 	stats := make([]PeerStats, len(m.peers))
-	for i, p := range m.peers {
-		stats[i] = p.snapshot()
+	for i, pl := range m.peers {
+		stats[i] = pl.snapshot()
 	}
 	return stats
 }
@@ -174,8 +233,8 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
-	for i, p := range m.peers {
-		wg.Go(func() { errs[i] = p.writeRow(ctx, m.deadline, msg, payload, want) })
+	for i, pl := range m.peers {
+		wg.Go(func() { errs[i] = pl.pick().writeRow(ctx, m.deadline, msg, payload, want) })
 	}
 	meanwhile()
 	wg.Wait()
@@ -192,7 +251,8 @@ func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row i
 	msg := StoreSample{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(region.RowBytes()), CRC: crc, Key: key}
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
-	for i, p := range m.peers {
+	for i, pl := range m.peers {
+		p := pl.pick()
 		wg.Go(func() {
 			theirs, err := p.sample(ctx, m.deadline, msg)
 			if err == nil {
