@@ -183,9 +183,9 @@ func TestRelayedToAnotherNode(t *testing.T) {
 }
 
 // mitmCase mirrors one row to a fresh server through a relay that tampers
-// with the connection, and returns the Mirror's error, the server and its row
-// before and after.
-func mitmCase(t *testing.T, toServer, toClient tamper) (err error, s *Server, m *Mirror, before, after []byte) {
+// with the connection, and returns the server, the Mirror, the server's row
+// before and after, and the Mirror's error.
+func mitmCase(t *testing.T, toServer, toClient tamper) (s *Server, m *Mirror, before, after []byte, err error) {
 	t.Helper()
 	src, dst := shmRegion(t, testRows, testRowBytes), shmRegion(t, testRows, testRowBytes)
 	fillHalf(dst.Row(5), 500)
@@ -199,7 +199,7 @@ func mitmCase(t *testing.T, toServer, toClient tamper) (err error, s *Server, m 
 	// the row any more.
 	m.Close()
 	waitFor(t, "the server idle", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.conns) == 0 })
-	return err, s, m, before, bytes.Clone(dst.Row(5))
+	return s, m, before, bytes.Clone(dst.Row(5)), err
 }
 
 // The first bytes of each direction are the handshake; these offsets land
@@ -212,7 +212,7 @@ var (
 )
 
 func TestManInTheMiddleChangesRow(t *testing.T) {
-	err, s, _, before, after := mitmCase(t, flipAt(rowByteOffset), nil)
+	s, _, before, after, err := mitmCase(t, flipAt(rowByteOffset), nil)
 	if err == nil {
 		t.Fatal("a row changed on the way was acknowledged")
 	}
@@ -223,7 +223,7 @@ func TestManInTheMiddleChangesRow(t *testing.T) {
 }
 
 func TestManInTheMiddleChangesAck(t *testing.T) {
-	err, _, m, _, _ := mitmCase(t, nil, flipAt(ackByteOffset))
+	_, m, _, _, err := mitmCase(t, nil, flipAt(ackByteOffset))
 	if err == nil {
 		t.Fatal("a changed acknowledgement verified the row")
 	}
@@ -231,7 +231,7 @@ func TestManInTheMiddleChangesAck(t *testing.T) {
 }
 
 func TestTornRowWrite(t *testing.T) {
-	err, _, _, before, after := mitmCase(t, cutAt(rowByteOffset), nil)
+	_, _, before, after, err := mitmCase(t, cutAt(rowByteOffset), nil)
 	if err == nil {
 		t.Fatal("a row cut on the way was acknowledged")
 	}
