@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,8 +48,36 @@ type Daemon struct {
 // startTimeout bounds how long a mount may take to come up.
 const startTimeout = 20 * time.Second
 
-// Start launches the daemon and waits until its stats file is readable. On
-// failure nothing is left running or mounted.
+// readyGrace is how long Start waits for READY=1 once the mount serves.
+const readyGrace = 5 * time.Second
+
+// listenReady opens a datagram socket for the daemon's READY=1, in a
+// directory of its own that any user may reach (daemons run as other users
+// in some tests).
+func listenReady() (*net.UnixConn, string, error) {
+	dir, err := os.MkdirTemp("", "kvtierfs-notify-")
+	if err != nil {
+		return nil, "", err
+	}
+	os.Chmod(dir, 0o777)
+	path := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", err
+	}
+	os.Chmod(path, 0o666)
+	return conn, path, nil
+}
+
+// Start launches the daemon and waits until it serves: its stats file is
+// readable and it has reported READY=1 on NOTIFY_SOCKET. The second matters:
+// go-fuse opens and closes a file on the new mount before the mount call
+// returns, and a daemon killed while it holds that file can never exit (its
+// close waits on the very server that died). A daemon whose notification
+// cannot arrive (a wrapper that drops the environment or changes the user)
+// is taken as up readyGrace after its stats file appeared. On failure
+// nothing is left running or mounted.
 func Start(opts Options) (*Daemon, error) {
 	args := append([]string{"mount", opts.Mountpoint, "--store", opts.Store, "--metrics-addr", "", "--shm-glob", opts.ShmGlob}, opts.Args...)
 	d := &Daemon{Mountpoint: opts.Mountpoint, Store: opts.Store, exited: make(chan struct{})}
@@ -57,17 +86,51 @@ func Start(opts Options) (*Daemon, error) {
 	if opts.Log != nil {
 		d.cmd.Stdout, d.cmd.Stderr = opts.Log, opts.Log
 	}
+	ready, notifyPath, err := listenReady()
+	if err != nil {
+		return nil, err
+	}
+	defer ready.Close()
+	defer os.RemoveAll(filepath.Dir(notifyPath))
+	d.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notifyPath)
 	if err := d.cmd.Start(); err != nil {
 		return nil, err
 	}
+	readyc := make(chan struct{})
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, err := ready.Read(buf)
+			if err != nil {
+				return
+			}
+			if bytes.Contains(buf[:n], []byte("READY=1")) {
+				close(readyc)
+				return
+			}
+		}
+	}()
 	go func() {
 		d.exitErr = d.cmd.Wait()
 		close(d.exited)
 	}()
 	deadline := time.Now().Add(startTimeout)
+	var servedAt time.Time
 	for {
-		if _, err := os.Stat(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.StatsFile)); err == nil {
-			return d, nil
+		if servedAt.IsZero() {
+			if _, err := os.Stat(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.StatsFile)); err == nil {
+				servedAt = time.Now()
+			}
+		}
+		if !servedAt.IsZero() {
+			select {
+			case <-readyc:
+				return d, nil
+			default:
+			}
+			if time.Since(servedAt) > readyGrace {
+				return d, nil
+			}
 		}
 		select {
 		case <-d.exited:
