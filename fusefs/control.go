@@ -107,17 +107,44 @@ type matchHandle struct {
 var _ = (fs.FileWriter)((*matchHandle)(nil))
 
 // Write appends to the request; writing again after reading starts a new one.
+// A request over staging.MaxRequestBytes fails with EFBIG; one that would take
+// the requests buffered on all descriptors over maxMatchBuffered, with ENOBUFS.
 func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.answer != nil {
-		h.request, h.answer = nil, nil
+		h.answer = nil
+		h.dropRequestLocked()
 	}
 	if len(h.request)+len(data) > staging.MaxRequestBytes {
 		return 0, syscall.EFBIG
 	}
+	if h.fsys.matchBuffered.Add(int64(len(data))) > maxMatchBuffered {
+		h.fsys.matchBuffered.Add(-int64(len(data)))
+		return 0, syscall.ENOBUFS
+	}
 	h.request = append(h.request, data...)
 	return uint32(len(data)), 0
+}
+
+// maxMatchBuffered bounds the match request bytes buffered on all open
+// descriptors together.
+const maxMatchBuffered = 4 * staging.MaxRequestBytes
+
+// dropRequestLocked forgets the request buffered so far.
+func (h *matchHandle) dropRequestLocked() {
+	h.fsys.matchBuffered.Add(-int64(len(h.request)))
+	h.request = nil
+}
+
+var _ = (fs.FileReleaser)((*matchHandle)(nil))
+
+// Release returns the descriptor's buffered request to maxMatchBuffered.
+func (h *matchHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropRequestLocked()
+	return 0
 }
 
 var _ = (fs.FileReader)((*matchHandle)(nil))
@@ -128,6 +155,7 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	defer h.mu.Unlock()
 	if h.answer == nil {
 		h.answer = h.fsys.match(h.request, h.stream)
+		h.dropRequestLocked()
 	}
 	return readFrom(h.answer, off, len(dest)), 0
 }

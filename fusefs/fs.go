@@ -118,6 +118,8 @@ type FS struct {
 	// matches counts batched match requests; matchStreams numbers them.
 	matches      atomic.Int64
 	matchStreams atomic.Uint32
+	// matchBuffered is the match request bytes buffered on open descriptors.
+	matchBuffered atomic.Int64
 }
 
 // regionRefresh is how often the shm regions are looked for again.

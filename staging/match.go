@@ -133,14 +133,18 @@ type MatchResult struct {
 	Probes int `json:"probes"`
 }
 
-// Request limits. Validate enforces them, DecodeMatchRequest checks the size
-// first. 64 MiB holds about a million 64-digit keys in JSON; a 242k-token
-// prefix in the field queried 12,434 keys.
+// Request limits, so that one request costs bounded memory and CPU (DESIGN
+// "Threat model"). Validate enforces them, DecodeMatchRequest checks the
+// size first. A 242k-token prefix in the field queried 12,434 keys per
+// group; models have a handful of KV cache groups. 16 MiB holds the
+// largest request of MaxRequestKeys 64-digit keys in JSON.
 const (
-	// MaxRequestBytes bounds the JSON request: 64 MiB.
-	MaxRequestBytes = 64 << 20
+	// MaxRequestBytes bounds the JSON request: 16 MiB.
+	MaxRequestBytes = 16 << 20
 	// MaxRequestKeys bounds the keys of a request, summed over its groups.
-	MaxRequestKeys = 1 << 20
+	MaxRequestKeys = 1 << 18
+	// MaxRequestGroups bounds the KV cache groups of a request.
+	MaxRequestGroups = 64
 )
 
 // Key and tier name bounds. Keys must have the 5 digits BlockPath splits off;
@@ -167,8 +171,8 @@ func (e *RequestError) Error() string {
 // MaxRequestBytes or MaxRequestKeys.
 var ErrRequestTooLarge = errors.New("match request too large")
 
-// Validate checks a request: a tier that is one directory name; at least one
-// group; unique non-negative group ids; a known kind; tail and acc 0 for full
+// Validate checks a request: a tier that is one directory name; one to
+// MaxRequestGroups groups; unique non-negative group ids; a known kind; tail and acc 0 for full
 // attention, and 0 < tail <= acc for sliding and EAGLE groups; the same
 // number of keys in every group; every key lowercase hex of 5 to 128 digits;
 // at most MaxRequestKeys keys in all.
@@ -178,6 +182,9 @@ func (r MatchRequest) Validate() error {
 	}
 	if len(r.Groups) == 0 {
 		return &RequestError{"groups", "no groups"}
+	}
+	if len(r.Groups) > MaxRequestGroups {
+		return fmt.Errorf("%w: %d groups (limit %d)", ErrRequestTooLarge, len(r.Groups), MaxRequestGroups)
 	}
 	totalKeys := 0
 	for _, g := range r.Groups {
