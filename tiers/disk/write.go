@@ -75,6 +75,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	if err == nil && !private {
 		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
 	}
+	if err == nil {
+		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
+	}
 	if err == nil && flags&syscall.O_NONBLOCK != 0 {
 		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
 	}
