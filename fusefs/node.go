@@ -201,10 +201,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errno
 	}
 	replaced()
-	if srcKind == disk.BlockTmp && n.fsys.store.IsTracked(srcRel) {
-		// Out of the block layout, its bytes count as another file's.
-		n.fsys.store.ForgetTmp(srcRel)
-		n.fsys.settlePath(dstRel)
+	if srcKind == disk.BlockTmp {
+		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
 	return 0
 }

@@ -13,20 +13,21 @@ import (
 
 // Files outside the block layout are stored as they come, with two rules
 // (DESIGN "Threat model"): what is created through the mount belongs to the
-// engine's uid with owner-only permissions, and every byte written counts
+// engine's uid, and every byte written counts
 // against the capacity. So their writes reach the daemon (no passthrough),
 // which reserves room before each write or fallocate and then records what
 // the file allocates (disk.Store.ReserveOther, SettleOther).
 
-// createOther creates a file outside the block layout, private to the
-// engine's uid.
+// createOther creates a file outside the block layout, owned by the
+// engine's uid. It keeps the mode asked (POSIX): the mount root keeps other
+// users out.
 func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode&0o700, out)
+	child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
 	f := n.fsys.newOtherFile(n.rel(name), fh)
-	if err := n.fsys.privatize(f.fd, mode&0o700, &out.Attr); err != nil {
+	if err := n.fsys.privatize(f.fd, mode&0o7777, &out.Attr); err != nil {
 		n.fsys.logger.Warn("could not give a new file to the engine's uid", "path", n.rel(name), "err", err)
 		fh.(fs.FileReleaser).Release(ctx)
 		unix.Unlink(n.fsys.store.Path(n.rel(name)))
@@ -51,7 +52,7 @@ func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint
 }
 
 // privatize gives the file or directory open at fd to the engine's uid with
-// mode's owner bits, and reports its attributes in out.
+// mode, and reports its attributes in out.
 func (f *FS) privatize(fd int, mode uint32, out *fuse.Attr) error {
 	if err := f.store.MakePrivate(fd, mode); err != nil {
 		return err

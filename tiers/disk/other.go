@@ -65,11 +65,15 @@ func (s *Store) RemovingOther(rel string) (gone func()) {
 // countOtherFile counts a regular file found outside the block layout when
 // the store is indexed.
 func (s *Store) countOtherFile(path string) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.countOtherLocked(&st)
+	s.countOtherFileLocked(path)
+}
+
+// countOtherFileLocked counts the regular file at path outside the block layout.
+func (s *Store) countOtherFileLocked(path string) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		s.countOtherLocked(&st)
+	}
 }

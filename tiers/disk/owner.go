@@ -32,8 +32,8 @@ func (s *Store) Owner() Owner {
 }
 
 // MakePrivate gives an open file or directory to the store's owner with
-// mode (PrivateFileMode, PrivateDirMode), through its descriptor so that
-// nothing swapped in at its path is touched.
+// mode (PrivateFileMode, PrivateDirMode for the store's own), through its
+// descriptor so that nothing swapped in at its path is touched.
 func (s *Store) MakePrivate(fd int, mode uint32) error {
 	if s.cfg.Owner != nil {
 		if err := unix.Fchown(fd, s.cfg.Owner.UID, s.cfg.Owner.GID); err != nil {

@@ -224,13 +224,13 @@ func Open(cfg Config) (*Store, error) {
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
 	}
-	if err := s.MakePrivate(int(lock.Fd()), PrivateDirMode); err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("store directory %s: %w", root, err)
-	}
 	if err := s.probeWritable(); err != nil {
 		lock.Close()
 		return nil, err
+	}
+	if err := s.MakePrivate(int(lock.Fd()), PrivateDirMode); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("store directory %s: %w", root, err)
 	}
 	if err := s.setCapacity(cfg.Capacity); err != nil {
 		lock.Close()

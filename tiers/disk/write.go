@@ -616,9 +616,9 @@ func (s *Store) RemoveTmp(rel string) error {
 	return nil
 }
 
-// ForgetTmp stops tracking a tmp file that was renamed to a name outside the
-// block layout; its bytes no longer count against the capacity.
-func (s *Store) ForgetTmp(rel string) {
+// ForgetTmp stops tracking a tmp file that was renamed to renamedTo, a name
+// outside the block layout: its bytes now count as that file's (other.go).
+func (s *Store) ForgetTmp(rel, renamedTo string) {
 	s.mu.Lock()
 	t := s.tmps[rel]
 	s.mu.Unlock()
@@ -632,6 +632,7 @@ func (s *Store) ForgetTmp(rel string) {
 	if s.tmps[rel] == t {
 		s.untrackLocked(rel, t)
 		t.closeIfRetired()
+		s.countOtherFileLocked(s.Path(renamedTo))
 	}
 }
 

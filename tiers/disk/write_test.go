@@ -567,12 +567,12 @@ func TestForgetTmp(t *testing.T) {
 	if err := os.Rename(s.Path(tmp), s.Path(testTier+"/notes.txt")); err != nil {
 		t.Fatal(err)
 	}
-	s.ForgetTmp(tmp)
-	if s.IsTracked(tmp) || usedBytes(s) != 0 {
-		t.Errorf("after ForgetTmp: tracked=%v used=%d", s.IsTracked(tmp), usedBytes(s))
+	s.ForgetTmp(tmp, testTier+"/notes.txt")
+	if s.IsTracked(tmp) || usedBytes(s) != 2*PageSize {
+		t.Errorf("after ForgetTmp: tracked=%v used=%d; the renamed file still counts", s.IsTracked(tmp), usedBytes(s))
 	}
-	s.ForgetTmp(tmp) // idempotent
-	if usedBytes(s) != 0 {
+	s.ForgetTmp(tmp, testTier+"/notes.txt") // idempotent
+	if usedBytes(s) != 2*PageSize {
 		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
 	}
 	checkAccounting(t, s)
