@@ -86,7 +86,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
-	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only (default: the user running kvtierfs mount)")
+	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	c.logFormat = addLogFormatFlag(fl)
@@ -169,7 +169,8 @@ func runMount(args []string) error {
 		return err
 	}
 	defer store.Close()
-	regions, err := shm.NewSet(c.shmGlob)
+	regionOwner := uint32(c.engineUID)
+	regions, err := shm.NewSetWith(c.shmGlob, shm.Options{EngineUID: &regionOwner})
 	if err != nil {
 		return usageError{err}
 	}
