@@ -83,6 +83,33 @@ func TestPrivateToEngineUID(t *testing.T) {
 	}
 }
 
+// TestEngineRegionsMapped gives one shm region to the engine's uid and one
+// to another user: with --engine-uid the daemon maps the engine's and
+// ignores the other (tiers/shm maps root's and the engine's files only).
+func TestEngineRegionsMapped(t *testing.T) {
+	engine, other := newUser(t, "eng"), newUser(t, "oth")
+	prefix := fmt.Sprintf("/dev/shm/kvtier-access-%d", os.Getpid())
+	for name, u := range map[string]testUser{"engine": engine, "other": other} {
+		region, err := engineio.CreateRegion(prefix+"-"+name+".mmap", 2, rowBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { region.Close() })
+		if err := os.Chown(region.Path, u.uid, u.gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: prefix + "-*.mmap",
+		Args: []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid)}})
+	st := d.Stats()
+	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Path != prefix+"-engine.mmap" {
+		t.Errorf("regions mapped: %+v, want the engine's only", st.Primary.Regions)
+	}
+	if len(st.Primary.Ignored) != 1 || st.Primary.Ignored[0].Path != prefix+"-other.mmap" {
+		t.Errorf("regions ignored: %+v, want the other user's", st.Primary.Ignored)
+	}
+}
+
 // TestPrivateByDefault checks the defaults: no allow_other, and an engine
 // uid other than the mounting user's refused without --allow-other.
 func TestPrivateByDefault(t *testing.T) {
