@@ -12,8 +12,48 @@ import (
 	"github.com/kvtierfs/kvtierfs/staging"
 )
 
+// The control directory and its files belong to the engine's uid (the
+// store's owner) with modes 0700 and 0600, and each open checks the caller:
+// only that uid and root may read stats or match keys (DESIGN "Threat model").
+
+// controlDir is MOUNTPOINT/.kvtier.
+type controlDir struct {
+	fs.Inode
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*controlDir)(nil))
+
+// Getattr reports a directory private to the engine's uid.
+func (d *controlDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.fsys.privateAttr(&out.Attr, syscall.S_IFDIR|0o700)
+	return 0
+}
+
+// privateAttr sets the mode and the engine's ownership of a control node.
+func (f *FS) privateAttr(out *fuse.Attr, mode uint32) {
+	owner := f.store.Owner()
+	out.Mode = mode
+	out.Uid, out.Gid = uint32(owner.UID), uint32(owner.GID)
+}
+
+// mayControl reports whether the caller of a request may use the control
+// files: the engine's uid or root.
+func (f *FS) mayControl(ctx context.Context) bool {
+	caller, ok := fuse.FromContext(ctx)
+	return ok && (caller.Uid == 0 || caller.Uid == uint32(f.store.Owner().UID))
+}
+
+// refuseCaller logs and refuses a control request from another user.
+func (f *FS) refuseCaller(ctx context.Context, file string) syscall.Errno {
+	caller, _ := fuse.FromContext(ctx)
+	f.logger.Warn("refused a control file to a user who is neither the engine's uid nor root",
+		"file", file, "uid", caller.Uid, "engine_uid", f.store.Owner().UID)
+	return syscall.EACCES
+}
+
 // statsFile is MOUNTPOINT/.kvtier/stats.json: each open takes a snapshot that
-// the descriptor then reads, so any user who can see the mount can run stat.
+// the descriptor then reads.
 type statsFile struct {
 	fs.Inode
 	fsys *FS
@@ -21,9 +61,9 @@ type statsFile struct {
 
 var _ = (fs.NodeGetattrer)((*statsFile)(nil))
 
-// Getattr reports a read-only file; its size is unknown until opened.
+// Getattr reports a file the engine's uid may read; its size is unknown until opened.
 func (s *statsFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
+	s.fsys.privateAttr(&out.Attr, syscall.S_IFREG|0o400)
 	return 0
 }
 
@@ -31,6 +71,9 @@ var _ = (fs.NodeOpener)((*statsFile)(nil))
 
 // Open snapshots the stats.
 func (s *statsFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if !s.fsys.mayControl(ctx) {
+		return nil, 0, s.fsys.refuseCaller(ctx, StatsFile)
+	}
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
@@ -73,9 +116,9 @@ type matchFile struct {
 
 var _ = (fs.NodeGetattrer)((*matchFile)(nil))
 
-// Getattr reports a file anyone may write requests to.
+// Getattr reports a file the engine's uid may write requests to.
 func (m *matchFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o666
+	m.fsys.privateAttr(&out.Attr, syscall.S_IFREG|0o600)
 	return 0
 }
 
@@ -83,7 +126,10 @@ var _ = (fs.NodeSetattrer)((*matchFile)(nil))
 
 // Setattr accepts the truncation of an O_TRUNC open; each descriptor holds its own request.
 func (m *matchFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o666
+	if !m.fsys.mayControl(ctx) {
+		return m.fsys.refuseCaller(ctx, MatchFile)
+	}
+	m.fsys.privateAttr(&out.Attr, syscall.S_IFREG|0o600)
 	return 0
 }
 
@@ -91,6 +137,9 @@ var _ = (fs.NodeOpener)((*matchFile)(nil))
 
 // Open starts an empty request.
 func (m *matchFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if !m.fsys.mayControl(ctx) {
+		return nil, 0, m.fsys.refuseCaller(ctx, MatchFile)
+	}
 	return &matchHandle{fsys: m.fsys, stream: m.fsys.matchStreams.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
 }
 
@@ -107,17 +156,47 @@ type matchHandle struct {
 var _ = (fs.FileWriter)((*matchHandle)(nil))
 
 // Write appends to the request; writing again after reading starts a new one.
+// A request over staging.MaxRequestBytes fails with EFBIG; one that would take
+// the requests buffered on all descriptors over maxMatchBuffered, with ENOBUFS.
 func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if !h.fsys.mayControl(ctx) {
+		return 0, h.fsys.refuseCaller(ctx, MatchFile)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.answer != nil {
-		h.request, h.answer = nil, nil
+		h.answer = nil
+		h.dropRequestLocked()
 	}
 	if len(h.request)+len(data) > staging.MaxRequestBytes {
 		return 0, syscall.EFBIG
 	}
+	if h.fsys.matchBuffered.Add(int64(len(data))) > maxMatchBuffered {
+		h.fsys.matchBuffered.Add(-int64(len(data)))
+		return 0, syscall.ENOBUFS
+	}
 	h.request = append(h.request, data...)
 	return uint32(len(data)), 0
+}
+
+// maxMatchBuffered bounds the match request bytes buffered on all open
+// descriptors together.
+const maxMatchBuffered = 4 * staging.MaxRequestBytes
+
+// dropRequestLocked forgets the request buffered so far.
+func (h *matchHandle) dropRequestLocked() {
+	h.fsys.matchBuffered.Add(-int64(len(h.request)))
+	h.request = nil
+}
+
+var _ = (fs.FileReleaser)((*matchHandle)(nil))
+
+// Release returns the descriptor's buffered request to maxMatchBuffered.
+func (h *matchHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropRequestLocked()
+	return 0
 }
 
 var _ = (fs.FileReader)((*matchHandle)(nil))
@@ -128,6 +207,7 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	defer h.mu.Unlock()
 	if h.answer == nil {
 		h.answer = h.fsys.match(h.request, h.stream)
+		h.dropRequestLocked()
 	}
 	return readFrom(h.answer, off, len(dest)), 0
 }

@@ -90,6 +90,11 @@ type Options struct {
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
 	Diagnostics *staging.Diagnostics
+	// AllowOther lets users other than the one who mounts reach the mount
+	// (the allow_other mount option), which an engine running as another
+	// user than the daemon needs. Access is still limited to the store
+	// owner's uid and root (DESIGN "Threat model").
+	AllowOther bool
 }
 
 // FS is a mounted kvtierfs.
@@ -118,6 +123,8 @@ type FS struct {
 	// matches counts batched match requests; matchStreams numbers them.
 	matches      atomic.Int64
 	matchStreams atomic.Uint32
+	// matchBuffered is the match request bytes buffered on open descriptors.
+	matchBuffered atomic.Int64
 }
 
 // regionRefresh is how often the shm regions are looked for again.
@@ -170,7 +177,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			FsName:      "kvtierfs:" + opts.Store.Root(),
 			Name:        "kvtierfs",
 			DirectMount: os.Geteuid() == 0,
-			AllowOther:  os.Geteuid() == 0,
+			AllowOther:  opts.AllowOther,
 			MaxWrite:    opts.MaxRequest,
 			// The kernel checks permissions from cached attributes instead of
 			// sending an ACCESS request for every faccessat lookup.
@@ -256,7 +263,7 @@ func raisePageLimit(maxRequest int, logger *slog.Logger) {
 // addControl attaches the virtual control directory to the root.
 func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
-	dir := root.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
+	dir := root.NewPersistentInode(ctx, &controlDir{fsys: f}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
 	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
 	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir

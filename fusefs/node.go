@@ -8,6 +8,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
@@ -120,11 +121,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	rel := n.rel(name)
 	if kind, _ := disk.Classify(rel); kind != disk.BlockTmp {
-		child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
-		if errno == 0 {
-			out.SetEntryTimeout(n.fsys.entryTimeout)
-		}
-		return child, fh, fuseFlags, errno
+		return n.createOther(ctx, name, flags, mode, out)
 	}
 	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
 	if err != nil {
@@ -158,7 +155,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	case kind == disk.BlockTmp && writing && n.fsys.store.IsTracked(rel):
 		return nil, 0, syscall.EBUSY
 	}
-	return n.LoopbackNode.Open(ctx, flags&^syscall.O_DIRECT)
+	return n.openOther(ctx, flags)
 }
 
 var _ = (fs.NodeRenamer)((*node)(nil))
@@ -196,11 +193,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)
 		return syscall.EBUSY
 	}
+	replaced := func() {}
+	if flags&unix.RENAME_EXCHANGE == 0 {
+		replaced = n.fsys.store.RemovingOther(dstRel)
+	}
 	if errno := n.LoopbackNode.Rename(ctx, name, &dst.LoopbackNode, newName, flags); errno != 0 {
 		return errno
 	}
+	replaced()
 	if srcKind == disk.BlockTmp {
-		n.fsys.store.ForgetTmp(srcRel)
+		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
 	return 0
 }
@@ -218,17 +220,45 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	case kind == disk.BlockTmp && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
 	}
-	return n.LoopbackNode.Unlink(ctx, name)
+	gone := n.fsys.store.RemovingOther(rel)
+	errno := n.LoopbackNode.Unlink(ctx, name)
+	if errno == 0 {
+		gone()
+	}
+	return errno
+}
+
+var _ = (fs.NodeTmpfiler)((*node)(nil))
+
+// Tmpfile refuses O_TMPFILE: such a file is written past the daemon (no
+// name to count it by) and cannot be linked into the store.
+func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EOPNOTSUPP
 }
 
 var _ = (fs.NodeMkdirer)((*node)(nil))
 
-// Mkdir creates a directory, except over the control directory's name.
+// Mkdir creates a directory, except over the control directory's name,
+// owned by the engine's uid and private to it.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if n.isRoot() && name == ControlDir {
 		return nil, syscall.EEXIST
 	}
-	return n.cached(out)(n.LoopbackNode.Mkdir(ctx, name, mode, out))
+	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode&0o700, out)
+	if errno != 0 {
+		return nil, errno
+	}
+	fd, err := unix.Open(n.fsys.store.Path(n.rel(name)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == nil {
+		defer unix.Close(fd)
+		err = n.fsys.privatize(fd, mode&0o700, &out.Attr)
+	}
+	if err != nil {
+		n.fsys.logger.Warn("could not give a new directory to the engine's uid", "path", n.rel(name), "err", err)
+		unix.Rmdir(n.fsys.store.Path(n.rel(name)))
+		return nil, syscall.EIO
+	}
+	return n.cached(out)(child, 0)
 }
 
 var _ = (fs.NodeMknoder)((*node)(nil))
@@ -253,10 +283,18 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 var _ = (fs.NodeLinker)((*node)(nil))
 
-// Link creates hard links outside the block layout only.
+// Link creates hard links outside the block layout only, and never to a
+// block or a block tmp file: a second name would let the block be written,
+// or the tmp be changed after it is published, past the store's rules.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
+	}
+	if t, ok := target.(*node); ok {
+		if kind, _ := disk.Classify(t.self()); kind == disk.Block || kind == disk.BlockTmp {
+			n.fsys.logger.Warn("refused a hard link to a block or block tmp file", "path", t.self(), "link", n.rel(name))
+			return nil, syscall.EPERM
+		}
 	}
 	return n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out))
 }
@@ -284,7 +322,11 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 			return syscall.EPERM
 		}
 	}
-	return n.LoopbackNode.Setattr(ctx, f, in, out)
+	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
+	if _, sizeChange := in.GetSize(); sizeChange && f == nil && errno == 0 {
+		n.fsys.settlePath(n.self())
+	}
+	return errno
 }
 
 var _ = (fs.NodeStatfser)((*node)(nil))

@@ -72,6 +72,9 @@ type DiagnosticsOptions struct {
 	PinTolerance float64
 	// MaxTrackedKeys bounds the keys remembered as waiting. Default 1<<18.
 	MaxTrackedKeys int
+	// MaxTrackedGroups bounds the (tier, group) pairs counted; beyond it the
+	// least recently counted are forgotten. Default 1024.
+	MaxTrackedGroups int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -96,6 +99,7 @@ type Diagnostics struct {
 
 	mu      sync.Mutex
 	groups  map[chainID]*window // per tier directory and group
+	uses    uint64              // counts made, which order the groups by recent use
 	waiting map[Key]*presence   // keys that answered present and have not been read since
 }
 
@@ -123,6 +127,7 @@ func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
 	positiveOr(&opts.MinWaiting, 64)
 	positiveOr(&opts.PinTolerance, 0.1)
 	positiveOr(&opts.MaxTrackedKeys, 1<<18)
+	positiveOr(&opts.MaxTrackedGroups, 1024)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -208,10 +213,37 @@ func (d *Diagnostics) add(id chainID, add func(*tally)) {
 	defer d.mu.Unlock()
 	w := d.groups[id]
 	if w == nil {
+		if len(d.groups) >= d.opts.MaxTrackedGroups {
+			d.forgetGroupsLocked(epoch)
+		}
 		w = &window{}
 		d.groups[id] = w
 	}
+	d.uses++
+	w.last, w.lastUse = epoch, d.uses
 	add(w.at(epoch))
+}
+
+// forgetGroupsLocked makes room for new (tier, group) pairs: it forgets
+// those with nothing counted in the window ending at epoch and, if fewer
+// than a quarter of MaxTrackedGroups go that way, the least recently counted
+// down to three quarters of it. A flood of new pairs thus costs one walk per
+// MaxTrackedGroups/4 of them, and pairs in use outlive it.
+func (d *Diagnostics) forgetGroupsLocked(epoch int64) {
+	for id, w := range d.groups {
+		if epoch-w.last >= windowBuckets {
+			delete(d.groups, id)
+		}
+	}
+	keep := d.opts.MaxTrackedGroups * 3 / 4
+	if len(d.groups) <= keep {
+		return
+	}
+	ids := slices.Collect(maps.Keys(d.groups))
+	slices.SortFunc(ids, func(a, b chainID) int { return cmp.Compare(d.groups[a].lastUse, d.groups[b].lastUse) })
+	for _, id := range ids[:len(ids)-keep] {
+		delete(d.groups, id)
+	}
 }
 
 // Warnings returns the failures diagnosed now, sorted by code and subject;
@@ -383,6 +415,8 @@ func (t *tally) add(o tally) {
 type window struct {
 	buckets [windowBuckets]tally
 	epochs  [windowBuckets]int64 // the epoch each bucket counts
+	last    int64                // the latest epoch counted
+	lastUse uint64               // Diagnostics.uses at the latest count
 }
 
 // at returns the bucket of epoch, emptied if it last counted an older one.

@@ -133,14 +133,18 @@ type MatchResult struct {
 	Probes int `json:"probes"`
 }
 
-// Request limits. Validate enforces them, DecodeMatchRequest checks the size
-// first. 64 MiB holds about a million 64-digit keys in JSON; a 242k-token
-// prefix in the field queried 12,434 keys.
+// Request limits, so that one request costs bounded memory and CPU (DESIGN
+// "Threat model"). Validate enforces them, DecodeMatchRequest checks the
+// size first. A 242k-token prefix in the field queried 12,434 keys per
+// group; models have a handful of KV cache groups. 16 MiB holds the
+// largest request of MaxRequestKeys 64-digit keys in JSON.
 const (
-	// MaxRequestBytes bounds the JSON request: 64 MiB.
-	MaxRequestBytes = 64 << 20
+	// MaxRequestBytes bounds the JSON request: 16 MiB.
+	MaxRequestBytes = 16 << 20
 	// MaxRequestKeys bounds the keys of a request, summed over its groups.
-	MaxRequestKeys = 1 << 20
+	MaxRequestKeys = 1 << 18
+	// MaxRequestGroups bounds the KV cache groups of a request.
+	MaxRequestGroups = 64
 )
 
 // Key and tier name bounds. Keys must have the 5 digits BlockPath splits off;
@@ -167,8 +171,8 @@ func (e *RequestError) Error() string {
 // MaxRequestBytes or MaxRequestKeys.
 var ErrRequestTooLarge = errors.New("match request too large")
 
-// Validate checks a request: a tier that is one directory name; at least one
-// group; unique non-negative group ids; a known kind; tail and acc 0 for full
+// Validate checks a request: a tier that is one directory name; one to
+// MaxRequestGroups groups; unique non-negative group ids; a known kind; tail and acc 0 for full
 // attention, and 0 < tail <= acc for sliding and EAGLE groups; the same
 // number of keys in every group; every key lowercase hex of 5 to 128 digits;
 // at most MaxRequestKeys keys in all.
@@ -178,6 +182,9 @@ func (r MatchRequest) Validate() error {
 	}
 	if len(r.Groups) == 0 {
 		return &RequestError{"groups", "no groups"}
+	}
+	if len(r.Groups) > MaxRequestGroups {
+		return fmt.Errorf("%w: %d groups (limit %d)", ErrRequestTooLarge, len(r.Groups), MaxRequestGroups)
 	}
 	totalKeys := 0
 	for _, g := range r.Groups {
@@ -310,19 +317,29 @@ const (
 )
 
 // matcher memoises present per (group, chunk); groups are indexed as in the
-// request.
+// request. skip[g][c] leads, through a chain that find compresses, to the
+// first chunk at or after c not known to be stored, so a lookup steps over
+// runs it already knows in one go: the engine's passes may look a group up
+// once per chunk of the prompt, and walking the same known run each time
+// cost a request of 2^18 keys seconds of CPU.
 type matcher struct {
 	groups  []GroupSpec
 	chunks  int
 	present func(group int, key string) bool
 	state   [][]chunkState
+	skip    [][]int32
 	probes  int
 }
 
 func newMatcher(groups []GroupSpec, present func(group int, key string) bool) *matcher {
-	m := &matcher{groups: groups, chunks: len(groups[0].Keys), present: present, state: make([][]chunkState, len(groups))}
+	m := &matcher{groups: groups, chunks: len(groups[0].Keys), present: present,
+		state: make([][]chunkState, len(groups)), skip: make([][]int32, len(groups))}
 	for g := range groups {
 		m.state[g] = make([]chunkState, m.chunks)
+		m.skip[g] = make([]int32, m.chunks+1)
+		for c := range m.skip[g] {
+			m.skip[g][c] = int32(c)
+		}
 	}
 	return m
 }
@@ -334,10 +351,25 @@ func (m *matcher) has(g, chunk int) bool {
 	m.probes++
 	if m.present(m.groups[g].Group, m.groups[g].Keys[chunk]) {
 		m.state[g][chunk] = stored
+		m.skip[g][chunk] = int32(chunk + 1)
 		return true
 	}
 	m.state[g][chunk] = absent
 	return false
+}
+
+// nextNotStored returns the first chunk at or after c of group g not known
+// to be stored (m.chunks if none), compressing the skip chain it follows.
+func (m *matcher) nextNotStored(g, c int) int {
+	skip := m.skip[g]
+	root := c
+	for int(skip[root]) != root {
+		root = int(skip[root])
+	}
+	for int(skip[c]) != root {
+		c, skip[c] = int(skip[c]), int32(root)
+	}
+	return root
 }
 
 // leadingRun returns how many of the chunks [0, limit) are present before the
@@ -365,7 +397,7 @@ func (m *matcher) lastRunEnd(g, limit, window int) int {
 	for end > 0 {
 		start := max(0, end-window)
 		gap := -1
-		for c := start; c < knownFrom; c++ {
+		for c := m.nextNotStored(g, start); c < knownFrom; c = m.nextNotStored(g, c) {
 			if !m.has(g, c) {
 				gap = c
 				break

@@ -451,6 +451,25 @@ func TestDecodeMatchRequestMalformed(t *testing.T) {
 	}
 }
 
+func TestMatchTooManyGroups(t *testing.T) {
+	req := MatchRequest{Tier: "t"}
+	for g := range MaxRequestGroups + 1 {
+		req.Groups = append(req.Groups, GroupSpec{Group: g, Kind: KindFull, Keys: []string{"abcde"}})
+	}
+	probes := 0
+	_, err := Match(req, func(int, string) bool { probes++; return true })
+	if !errors.Is(err, ErrRequestTooLarge) || !strings.Contains(err.Error(), "groups (limit") {
+		t.Errorf("Match error = %v, want ErrRequestTooLarge naming the groups", err)
+	}
+	if probes != 0 {
+		t.Errorf("a refused request probed %d blocks", probes)
+	}
+	req.Groups = req.Groups[:MaxRequestGroups]
+	if err := req.Validate(); err != nil {
+		t.Errorf("MaxRequestGroups groups fail: %v", err)
+	}
+}
+
 func TestDecodeMatchRequestTooLarge(t *testing.T) {
 	body := bytes.Repeat([]byte(" "), MaxRequestBytes+1)
 	if _, err := DecodeMatchRequest(body); !errors.Is(err, ErrRequestTooLarge) {

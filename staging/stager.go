@@ -91,9 +91,14 @@ const (
 	DefaultMaxKeys = 1 << 18
 )
 
-// maxCursors bounds the (thread, chain) lookup cursors kept before idle
-// ones are forgotten.
-const maxCursors = 1024
+// Bounds on what lookups teach the Stager, so that no flood of lookups or
+// match requests grows it without limit (DESIGN "Threat model").
+const (
+	// maxCursors bounds the (thread, chain) lookup cursors.
+	maxCursors = 1024
+	// maxChains bounds the (tier, group) chains.
+	maxChains = 4096
+)
 
 // Stats is a snapshot of staging: the "staging" object of `kvtierfs stat`
 // and the staging metrics.
@@ -148,7 +153,10 @@ type Stager struct {
 	counters Stats          // Waves, Hits, Misses and WastedBytes
 	lastGen  uint64         // generation of the newest entry
 	lastRun  uint64         // id of the newest lookup batch
-	evicted  []uint64       // generations reclaimLocked dropped, for the caller to delete from the cache
+	// chainUses numbers the uses of chains (present lookups, stores, reads):
+	// chain.lastUsed orders them for forgetIdleChainsLocked.
+	chainUses uint64
+	evicted   []uint64 // generations reclaimLocked dropped, for the caller to delete from the cache
 	// lastBlockBytes is the size of the latest block fetched, the reservation
 	// of a chain's fetches until the chain has fetched a block of its own.
 	lastBlockBytes int64
@@ -193,6 +201,7 @@ type chain struct {
 	lastRead   Key      // the key read most recently
 	lastStored Key
 	storedAt   time.Time
+	lastUsed   uint64 // Stager.chainUses at the chain's latest use
 }
 
 // node is what is known of one key of a chain.
@@ -288,35 +297,49 @@ func (s *Stager) NoteLookup(key Key, stream uint32, present bool) {
 		return
 	}
 	now := s.opts.Now()
-	c := s.chainLocked(id)
-	cur := s.cursorLocked(cursorID{stream: stream, chain: id}, now)
-	if now.Sub(cur.at) > s.opts.BatchGap {
-		cur.run, cur.prev = s.newRunLocked(), ""
-	}
-	cur.at = now
-	var stale uint64
 	if !present {
-		if n := c.nodes[key]; n != nil {
-			n.present = false
+		// An absent key creates no state: a thread with no cursor yet starts
+		// a new batch at its next present key anyway.
+		var stale uint64
+		if c := s.chains[id]; c != nil {
+			if n := c.nodes[key]; n != nil {
+				n.present = false
+			}
 		}
 		if e := s.entries[key]; e != nil {
 			stale = s.dropLocked(e, true)
 		}
-		cur.prev = ""
-	} else {
-		n := s.nodeLocked(c, key)
-		n.present = true
-		if n.run == cur.run { // listed again: the thread started over
-			cur.run, cur.prev = s.newRunLocked(), ""
+		if cur := s.cursors[cursorID{stream: stream, chain: id}]; cur != nil {
+			s.advanceCursorLocked(cur, now)
+			cur.prev = ""
 		}
-		n.run = cur.run
-		if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
-			p.next, p.nextFromLookup = key, true
-		}
-		cur.prev = key
+		s.mu.Unlock()
+		s.uncache(stale)
+		return
 	}
+	c := s.chainLocked(id)
+	cur := s.cursorLocked(cursorID{stream: stream, chain: id}, now)
+	s.advanceCursorLocked(cur, now)
+	n := s.nodeLocked(c, key)
+	n.present = true
+	if n.run == cur.run { // listed again: the thread started over
+		cur.run, cur.prev = s.newRunLocked(), ""
+	}
+	n.run = cur.run
+	if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
+		p.next, p.nextFromLookup = key, true
+	}
+	cur.prev = key
 	s.mu.Unlock()
-	s.uncache(stale)
+}
+
+// advanceCursorLocked starts a new batch for a cursor idle longer than
+// BatchGap and notes a lookup at now.
+func (s *Stager) advanceCursorLocked(cur *cursor, now time.Time) {
+	if now.Sub(cur.at) > s.opts.BatchGap {
+		cur.run, cur.prev = s.newRunLocked(), ""
+	}
+	cur.at = now
 }
 
 // NoteStore records that key was stored (its rename landed): the block is

@@ -1,18 +1,61 @@
 package staging
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // Chain learning and wave scheduling of the Stager. Every function here is
 // called with Stager.mu held.
 
-// chainLocked returns the chain of id, creating it.
+// chainLocked returns the chain of id, creating it. When maxChains are
+// kept, the chains holding nothing staged or in flight are forgotten first,
+// with what they learnt.
 func (s *Stager) chainLocked(id chainID) *chain {
 	c := s.chains[id]
 	if c == nil {
+		if len(s.chains) >= maxChains {
+			s.forgetIdleChainsLocked()
+		}
 		c = &chain{nodes: make(map[Key]*node)}
 		s.chains[id] = c
 	}
+	s.touchLocked(c)
 	return c
+}
+
+// touchLocked marks c as the most recently used chain.
+func (s *Stager) touchLocked(c *chain) {
+	s.chainUses++
+	c.lastUsed = s.chainUses
+}
+
+// forgetIdleChainsLocked drops the chains that hold no entry, and their
+// cursors: at least a quarter of maxChains when that many are idle, the
+// least recently read or stored first, so a chain in use outlives a flood
+// of new ones.
+func (s *Stager) forgetIdleChainsLocked() {
+	type idle struct {
+		id   chainID
+		last uint64
+	}
+	var candidates []idle
+	for id, c := range s.chains {
+		if len(c.ahead) == 0 && c.held == 0 {
+			candidates = append(candidates, idle{id, c.lastUsed})
+		}
+	}
+	slices.SortFunc(candidates, func(a, b idle) int { return cmp.Compare(a.last, b.last) })
+	for _, cand := range candidates[:min(len(candidates), max(maxChains/4, len(s.chains)-maxChains+1))] {
+		s.keys -= len(s.chains[cand.id].nodes)
+		delete(s.chains, cand.id)
+	}
+	for id := range s.cursors {
+		if s.chains[id.chain] == nil {
+			delete(s.cursors, id)
+		}
+	}
 }
 
 // nodeLocked returns key's node in c, creating it. When the Stager already
@@ -45,6 +88,15 @@ func (s *Stager) cursorLocked(id cursorID, now time.Time) *cursor {
 			if now.Sub(cur.at) > s.opts.BatchGap {
 				delete(s.cursors, other)
 			}
+		}
+		// Still full of busy cursors (a flood): forget any, down to three
+		// quarters, so each full cursor table costs one walk per
+		// maxCursors/4 new cursors. A forgotten cursor only splits a batch.
+		for other := range s.cursors {
+			if len(s.cursors) < maxCursors*3/4 {
+				break
+			}
+			delete(s.cursors, other)
 		}
 	}
 	cur := &cursor{}
@@ -83,6 +135,7 @@ func (s *Stager) noteReadLocked(id chainID, key Key) {
 	if c.readInPass(n) {
 		c.passStart = c.reads
 	}
+	s.touchLocked(c)
 	c.reads++
 	n.readSeq = c.reads
 	c.lastRead = key

@@ -10,7 +10,9 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -59,6 +61,8 @@ type mountConfig struct {
 	diagWindow    time.Duration
 	diagMinBytes  int64
 	maxRequest    int64
+	allowOther    bool
+	engineUID     int
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -81,6 +85,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
+	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
+	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	c.logFormat = addLogFormatFlag(fl)
@@ -123,6 +129,9 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	if c.syncDeadline <= 0 {
 		return c, usageError{fmt.Errorf("--sync-deadline %s: want a positive duration such as 2s", c.syncDeadline)}
 	}
+	if err := checkEngineUID(c.engineUID, c.allowOther); err != nil {
+		return c, usageError{err}
+	}
 	if (c.listen != "" || len(c.peers) > 0) && c.secretFile == "" {
 		return c, usageError{fmt.Errorf("--listen and --peer need --secret-file: peers authenticate each other with a shared secret")}
 	}
@@ -155,12 +164,13 @@ func runMount(args []string) error {
 		return err
 	}
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
-		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger})
+		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	regions, err := shm.NewSet(c.shmGlob)
+	regionOwner := uint32(c.engineUID)
+	regions, err := shm.NewSetWith(c.shmGlob, shm.Options{EngineUID: &regionOwner})
 	if err != nil {
 		return usageError{err}
 	}
@@ -203,7 +213,7 @@ func runMount(args []string) error {
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
-		MaxRequest: int(c.maxRequest)})
+		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther})
 	if err != nil {
 		return err
 	}
@@ -310,4 +320,31 @@ func checkDisjoint(mountpoint, store string) error {
 		return fmt.Errorf("mountpoint %s and --store %s must not contain each other", m, st)
 	}
 	return nil
+}
+
+// checkEngineUID refuses an engine uid the mount could not serve: another
+// user than the one mounting needs --allow-other to reach the mount, and
+// only root can give the store to another user.
+func checkEngineUID(uid int, allowOther bool) error {
+	switch {
+	case uid < 0:
+		return fmt.Errorf("--engine-uid %d: want a uid, 0 or more", uid)
+	case uid != os.Getuid() && os.Geteuid() != 0:
+		return fmt.Errorf("--engine-uid %d: only root can give the store to another user than itself (uid %d)", uid, os.Getuid())
+	case uid != os.Getuid() && !allowOther:
+		return fmt.Errorf("--engine-uid %d is not the user mounting (uid %d): add --allow-other so that the engine can reach the mount", uid, os.Getuid())
+	}
+	return nil
+}
+
+// engineOwner is the store's owner for the engine's uid, with its primary
+// group when the user database knows it (else the group of the same number).
+func engineOwner(uid int) *disk.Owner {
+	gid := uid
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		if g, err := strconv.Atoi(u.Gid); err == nil {
+			gid = g
+		}
+	}
+	return &disk.Owner{UID: uid, GID: gid}
 }

@@ -65,6 +65,9 @@ func readStatsFile(mnt string) ([]byte, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, fusefs.ControlDir, fusefs.StatsFile)
 	}
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, fmt.Errorf("%s: permission denied: a kvtierfs mount is private to the engine's uid (--engine-uid) and root; run stat as one of them", mnt)
+	}
 	return raw, err
 }
 

@@ -101,13 +101,16 @@ func (s *Store) extendChainLocked(b *block, stream uint32, now int64) {
 // maxStreams bounds the lookup threads remembered before idle ones are forgotten.
 const maxStreams = 1024
 
-// pruneStreamsLocked forgets threads that have not looked anything up for a while.
+// pruneStreamsLocked forgets threads that have not looked anything up for a
+// while and, when a flood keeps more than three quarters of maxStreams busy,
+// any of them down to that: each full table then costs one walk per
+// maxStreams/4 new threads. A forgotten thread only starts a new chain.
 func (s *Store) pruneStreamsLocked(now int64) {
 	if len(s.streams) < maxStreams {
 		return
 	}
 	for id, st := range s.streams {
-		if now-st.lastAt > int64(chainGap) {
+		if now-st.lastAt > int64(chainGap) || len(s.streams) > maxStreams*3/4 {
 			delete(s.streams, id)
 		}
 	}

@@ -191,12 +191,41 @@ func blockFilesOnDisk(t *testing.T, root string) []string {
 	return out
 }
 
+// fileOnDisk is a regular file's inode and what it allocates.
+type fileOnDisk struct {
+	id        fileID
+	allocated int64
+}
+
+// regularFilesOnDisk lists every regular file under root by relative path.
+func regularFilesOnDisk(t *testing.T, root string) map[string]fileOnDisk {
+	t.Helper()
+	files := make(map[string]fileOnDisk)
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		files[rel] = fileOnDisk{id: fileID{dev: st.Dev, ino: st.Ino}, allocated: st.Blocks * 512}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
 // checkAccounting asserts that the index matches the block files on disk and
 // that the used byte count is exactly the blocks' physical bytes plus the
-// bytes of the tracked tmp files.
+// bytes of the tracked tmp files plus what every other file allocates.
 func checkAccounting(t *testing.T, s *Store) {
 	t.Helper()
 	onDisk := blockFilesOnDisk(t, s.Root())
+	files := regularFilesOnDisk(t, s.Root())
 	s.mu.Lock()
 	var indexed []string
 	var want int64
@@ -215,6 +244,13 @@ func checkAccounting(t *testing.T, s *Store) {
 	for _, tmp := range s.tmps {
 		want += tmp.size
 	}
+	counted := make(map[fileID]bool)
+	for rel, f := range files {
+		if s.blocks[rel] == nil && s.tmps[rel] == nil && !counted[f.id] {
+			counted[f.id] = true
+			want += f.allocated
+		}
+	}
 	used := s.used
 	if !reflect.DeepEqual(walked, s.totals) {
 		t.Errorf("running totals %+v, the index sums to %+v", s.totals, walked)
@@ -227,7 +263,7 @@ func checkAccounting(t *testing.T, s *Store) {
 		t.Errorf("index and disk disagree:\nindex: %v\ndisk:  %v", indexed, onDisk)
 	}
 	if used != want {
-		t.Errorf("used = %d, want %d (block physical bytes + tmp bytes)", used, want)
+		t.Errorf("used = %d, want %d (block physical bytes + tmp bytes + other files)", used, want)
 	}
 	if lruLen != nBlocks {
 		t.Errorf("LRU list has %d entries, index has %d blocks", lruLen, nBlocks)

@@ -67,6 +67,9 @@ type Config struct {
 	Now func() time.Time
 	// TmpMaxAge bounds how long a closed tmp file waits for its rename; 0 means DefaultTmpMaxAge.
 	TmpMaxAge time.Duration
+	// Owner receives the store root and the block files; nil leaves them to
+	// the daemon's user. Either way they are private (owner.go).
+	Owner *Owner
 }
 
 // block is one published block in the index.
@@ -146,6 +149,7 @@ type Store struct {
 	blocks     map[string]*block
 	lru        *list.List
 	tmps       map[string]*tmpFile
+	others     map[fileID]int64 // bytes allocated by files outside the block layout (other.go)
 	used       int64
 	rowBytes   map[string]int64
 	tierBlocks map[string]int
@@ -211,6 +215,7 @@ func Open(cfg Config) (*Store, error) {
 		blocks:      make(map[string]*block),
 		lru:         list.New(),
 		tmps:        make(map[string]*tmpFile),
+		others:      make(map[fileID]int64),
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),
 		totals:      blockTotals{groups: make(map[int]GroupStats)},
@@ -222,6 +227,10 @@ func Open(cfg Config) (*Store, error) {
 	if err := s.probeWritable(); err != nil {
 		lock.Close()
 		return nil, err
+	}
+	if err := s.MakePrivate(int(lock.Fd()), PrivateDirMode); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("store directory %s: %w", root, err)
 	}
 	if err := s.setCapacity(cfg.Capacity); err != nil {
 		lock.Close()
@@ -314,6 +323,7 @@ func (s *Store) rebuild() error {
 			return nil
 		}
 		if kind != Block || !d.Type().IsRegular() {
+			s.countOtherFile(p)
 			return nil
 		}
 		b, err := s.readBlockMeta(rel, name)
@@ -322,6 +332,7 @@ func (s *Store) rebuild() error {
 		case errors.As(err, &unproven):
 			s.counters.UnprovenBlocks.Add(1)
 			s.cfg.Logger.Warn("block not indexed: nothing proves its bytes are this block's", "path", p, "reason", unproven.reason)
+			s.countOtherFile(p)
 			refused++
 			return nil
 		case err != nil:
@@ -385,6 +396,7 @@ func (s *Store) consistentSizes(found []*block) ([]*block, int) {
 		if b.size != row[b.name.Tier] {
 			s.cfg.Logger.Warn("ignoring block file whose size is not its tier's row size", "path", s.Path(b.rel),
 				"size", b.size, "row_bytes", row[b.name.Tier])
+			s.countOtherFile(s.Path(b.rel))
 			skipped++
 			continue
 		}

@@ -75,6 +75,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	if err == nil && !private {
 		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
 	}
+	if err == nil {
+		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
+	}
 	if err == nil && flags&syscall.O_NONBLOCK != 0 {
 		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
 	}
@@ -613,9 +616,9 @@ func (s *Store) RemoveTmp(rel string) error {
 	return nil
 }
 
-// ForgetTmp stops tracking a tmp file that was renamed to a name outside the
-// block layout; its bytes no longer count against the capacity.
-func (s *Store) ForgetTmp(rel string) {
+// ForgetTmp stops tracking a tmp file that was renamed to renamedTo, a name
+// outside the block layout: its bytes now count as that file's (other.go).
+func (s *Store) ForgetTmp(rel, renamedTo string) {
 	s.mu.Lock()
 	t := s.tmps[rel]
 	s.mu.Unlock()
@@ -629,6 +632,7 @@ func (s *Store) ForgetTmp(rel string) {
 	if s.tmps[rel] == t {
 		s.untrackLocked(rel, t)
 		t.closeIfRetired()
+		s.countOtherFileLocked(s.Path(renamedTo))
 	}
 }
 

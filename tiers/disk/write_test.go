@@ -547,8 +547,8 @@ func TestCreateTmpErrors(t *testing.T) {
 	if _, err := s.CreateTmp(missing, engineCreateFlags, 0o644); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("CreateTmp in a missing directory: %v, want ENOENT", err)
 	}
-	if fi, err := os.Stat(s.Path(tmp)); err != nil || fi.Mode().Perm() != 0o644 {
-		t.Errorf("tmp mode: %v, %v", fi, err)
+	if fi, err := os.Stat(s.Path(tmp)); err != nil || fi.Mode().Perm() != PrivateFileMode {
+		t.Errorf("tmp mode: %v, %v; want %o whatever the engine asks (private by default)", fi, err, PrivateFileMode)
 	}
 	if err := s.RemoveTmp(tmp); err != nil {
 		t.Fatal(err)
@@ -567,12 +567,12 @@ func TestForgetTmp(t *testing.T) {
 	if err := os.Rename(s.Path(tmp), s.Path(testTier+"/notes.txt")); err != nil {
 		t.Fatal(err)
 	}
-	s.ForgetTmp(tmp)
-	if s.IsTracked(tmp) || usedBytes(s) != 0 {
-		t.Errorf("after ForgetTmp: tracked=%v used=%d", s.IsTracked(tmp), usedBytes(s))
+	s.ForgetTmp(tmp, testTier+"/notes.txt")
+	if s.IsTracked(tmp) || usedBytes(s) != 2*PageSize {
+		t.Errorf("after ForgetTmp: tracked=%v used=%d; the renamed file still counts", s.IsTracked(tmp), usedBytes(s))
 	}
-	s.ForgetTmp(tmp) // idempotent
-	if usedBytes(s) != 0 {
+	s.ForgetTmp(tmp, testTier+"/notes.txt") // idempotent
+	if usedBytes(s) != 2*PageSize {
 		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
 	}
 	checkAccounting(t, s)

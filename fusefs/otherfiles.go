@@ -1,0 +1,160 @@
+package fusefs
+
+import (
+	"context"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// Files outside the block layout are stored as they come, with two rules
+// (DESIGN "Threat model"): what is created through the mount belongs to the
+// engine's uid, and every byte written counts
+// against the capacity. So their writes reach the daemon (no passthrough),
+// which reserves room before each write or fallocate and then records what
+// the file allocates (disk.Store.ReserveOther, SettleOther).
+
+// createOther creates a file outside the block layout, owned by the
+// engine's uid. It keeps the mode asked (POSIX): the mount root keeps other
+// users out.
+func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	f := n.fsys.newOtherFile(n.rel(name), fh)
+	if err := n.fsys.privatize(f.fd, mode&0o7777, &out.Attr); err != nil {
+		n.fsys.logger.Warn("could not give a new file to the engine's uid", "path", n.rel(name), "err", err)
+		fh.(fs.FileReleaser).Release(ctx)
+		unix.Unlink(n.fsys.store.Path(n.rel(name)))
+		return nil, nil, 0, syscall.EIO
+	}
+	f.settle(0)
+	out.SetEntryTimeout(n.fsys.entryTimeout)
+	return child, f, fuseFlags, 0
+}
+
+// openOther opens a file outside the block layout through the daemon.
+func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags&^syscall.O_DIRECT)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	f := n.fsys.newOtherFile(n.self(), fh)
+	if flags&syscall.O_TRUNC != 0 {
+		f.settle(0)
+	}
+	return f, fuseFlags, 0
+}
+
+// privatize gives the file or directory open at fd to the engine's uid with
+// mode, and reports its attributes in out.
+func (f *FS) privatize(fd int, mode uint32, out *fuse.Attr) error {
+	if err := f.store.MakePrivate(fd, mode); err != nil {
+		return err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err
+	}
+	out.FromStat(&st)
+	return nil
+}
+
+// otherFile is an open file outside the block layout: go-fuse's loopback
+// file, with its writes counted against the capacity and no passthrough
+// (the kernel would write past the daemon).
+type otherFile struct {
+	*fs.LoopbackFile
+	fsys *FS
+	rel  string
+	fd   int
+}
+
+// newOtherFile wraps a loopback file handle.
+func (f *FS) newOtherFile(rel string, fh fs.FileHandle) *otherFile {
+	lf := fh.(*fs.LoopbackFile)
+	fd, _ := lf.PassthroughFd()
+	return &otherFile{LoopbackFile: lf, fsys: f, rel: rel, fd: fd}
+}
+
+// PassthroughFd declines passthrough, so every write reaches Write.
+func (o *otherFile) PassthroughFd() (int, bool) { return 0, false }
+
+// settle records what the file allocates after a change, returning reserved bytes.
+func (o *otherFile) settle(reserved int64) {
+	var st unix.Stat_t
+	if err := unix.Fstat(o.fd, &st); err != nil {
+		st = unix.Stat_t{}
+	}
+	o.fsys.store.SettleOther(&st, reserved)
+}
+
+// reserve makes room for n bytes before they are written.
+func (o *otherFile) reserve(n int64) syscall.Errno {
+	if err := o.fsys.store.ReserveOther(n, o.rel); err != nil {
+		o.fsys.logger.Warn("refused a write outside the block layout: it would take the store over its capacity",
+			"path", o.rel, "bytes", n, "err", err)
+		return disk.Errno(err)
+	}
+	return 0
+}
+
+// Write writes within the capacity.
+func (o *otherFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if errno := o.reserve(int64(len(data))); errno != 0 {
+		return 0, errno
+	}
+	defer o.settle(int64(len(data)))
+	return o.LoopbackFile.Write(ctx, data, off)
+}
+
+// Writev writes within the capacity.
+func (o *otherFile) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	var n int64
+	for _, d := range data {
+		n += int64(len(d))
+	}
+	if errno := o.reserve(n); errno != 0 {
+		return 0, errno
+	}
+	defer o.settle(n)
+	return o.LoopbackFile.Writev(ctx, data, off)
+}
+
+// Allocate allocates within the capacity.
+func (o *otherFile) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	reserved := int64(size)
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0 {
+		reserved = 0 // frees space
+	}
+	if errno := o.reserve(reserved); errno != 0 {
+		return errno
+	}
+	defer o.settle(reserved)
+	return o.LoopbackFile.Allocate(ctx, off, size, mode)
+}
+
+// Setattr applies a change (truncate included) and records the new size.
+func (o *otherFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	defer o.settle(0)
+	return o.LoopbackFile.Setattr(ctx, in, out)
+}
+
+// Ioctl is refused: the daemon would run it on the store file as root.
+func (o *otherFile) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
+}
+
+// settlePath records what the file at rel outside the block layout
+// allocates, after a change made without an open handle.
+func (f *FS) settlePath(rel string) {
+	var st unix.Stat_t
+	if err := unix.Lstat(f.store.Path(rel), &st); err == nil {
+		f.store.SettleOther(&st, 0)
+	}
+}

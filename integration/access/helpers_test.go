@@ -1,0 +1,244 @@
+// Package access_test checks who may see and use a mount (DESIGN "Threat
+// model") with real users the tests create, and that no request or file
+// escapes the daemon's bounds.
+package access_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// helperEnv makes the test binary act as a helper run as another user
+// (runHelper) instead of running the tests.
+const helperEnv = "KVTIERFS_ACCESS_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(runHelper(os.Args[1:]))
+	}
+	mounttest.Main(m)
+}
+
+// rowBytes is the CI-size row: 64 pages.
+const rowBytes = 256 << 10
+
+// tierDir is the engine's per-model directory used by these tests.
+const tierDir = "TestModel_0123456789ab_r0"
+
+// hashOf is the chunk hash of block i.
+func hashOf(i int) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("chunk-%d", i)))
+	return hex.EncodeToString(sum[:])
+}
+
+// runHelper runs one operation on a mount as the user it was started as
+// and prints what happened; it exits 0 when the operation succeeded.
+//
+//	list DIR                    read a directory
+//	read FILE                   read a file
+//	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
+//	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
+func runHelper(args []string) int {
+	var err error
+	var out string
+	switch args[0] {
+	case "list":
+		var entries []os.DirEntry
+		entries, err = os.ReadDir(args[1])
+		out = fmt.Sprintf("%d entries", len(entries))
+	case "read":
+		var data []byte
+		data, err = os.ReadFile(args[1])
+		out = fmt.Sprintf("%d bytes", len(data))
+	case "match":
+		out, err = matchOne(args[1], args[2])
+	case "store":
+		err = storeOne(args[1], args[2])
+		out = "stored"
+	default:
+		err = fmt.Errorf("unknown helper operation %q", args[0])
+	}
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	fmt.Println(out)
+	return 0
+}
+
+// matchOne writes a one-key request to the match file and reads the answer.
+func matchOne(mnt, key string) (string, error) {
+	f, err := os.OpenFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.MatchFile), os.O_RDWR, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	request := fmt.Sprintf(`{"tier":%q,"groups":[{"group":0,"kind":"full","keys":[%q]}]}`, tierDir, key)
+	if _, err := f.WriteString(request); err != nil {
+		return "", err
+	}
+	answer := make([]byte, 4096)
+	n, err := f.ReadAt(answer, 0)
+	if n == 0 {
+		return "", err
+	}
+	return string(bytes.TrimSpace(answer[:n])), nil
+}
+
+// storeOne stores block hash from a row of a region of the caller's own.
+func storeOne(mnt, hash string) error {
+	region, err := engineio.CreateRegion(fmt.Sprintf("/dev/shm/kvtier-access-%d.mmap", os.Getpid()), 1, rowBytes)
+	if err != nil {
+		return err
+	}
+	defer region.Close()
+	engineio.FillPattern(region.Row(0), 1)
+	tier, err := engineio.OpenTier(mnt)
+	if err != nil {
+		return err
+	}
+	_, err = tier.Store(tier.BlockPath(tierDir, 0, hash), region.Row(0))
+	return err
+}
+
+// testUser is an unprivileged user created for one test.
+type testUser struct {
+	name     string
+	uid, gid int
+}
+
+// newUser creates a user (with its own group) that is deleted when the test ends.
+func newUser(t *testing.T, role string) testUser {
+	t.Helper()
+	name := fmt.Sprintf("kvt%s%d", role, os.Getpid()%100000)
+	if out, err := exec.Command("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd %s: %v\n%s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+			t.Errorf("userdel %s: %v\n%s", name, err, out)
+		}
+	})
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return testUser{name: name, uid: uid, gid: gid}
+}
+
+// sharedDir is a directory every user may enter, removed when the test ends.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvtierfs-access-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// binaries copies this test binary and kvtierfs where every user may run them.
+func binaries(t *testing.T, dir string) (helper, kvtierfs string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helper, kvtierfs = filepath.Join(dir, "helper"), filepath.Join(dir, "kvtierfs")
+	for src, dst := range map[string]string{self: helper, mounttest.Binary(): kvtierfs} {
+		copyFile(t, src, dst)
+	}
+	return helper, kvtierfs
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// as runs a command as u; it returns the command's output and whether it succeeded.
+func as(u testUser, env []string, name string, args ...string) (string, bool) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid)}}
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err == nil
+}
+
+// helperAs runs a helper operation as u.
+func helperAs(u testUser, helper string, args ...string) (string, bool) {
+	return as(u, []string{helperEnv + "=1"}, helper, args...)
+}
+
+// vmRSS is a process's resident set size in bytes, from /proc/PID/status.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}
+
+// mountOptions returns the super options of the filesystem mounted at mnt
+// from /proc/self/mountinfo.
+func mountOptions(t *testing.T, mnt string) string {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && fields[4] == mnt {
+			return fields[len(fields)-1]
+		}
+	}
+	t.Fatalf("%s is not in /proc/self/mountinfo", mnt)
+	return ""
+}
