@@ -125,9 +125,16 @@ type peerLanes struct {
 	next  atomic.Uint32
 }
 
-// pick returns the lane for the next request, round robin.
-func (pl *peerLanes) pick() *peer {
-	return pl.lanes[int(pl.next.Add(1))%len(pl.lanes)]
+// pick returns the lane for the next request, round robin, or the
+// ErrPeerDown error of a lane that is down: the peer is up only while every
+// lane is (Healthy), so a request fails as soon as any lane has failed.
+func (pl *peerLanes) pick() (*peer, error) {
+	for _, p := range pl.lanes {
+		if _, err := p.current(); err != nil {
+			return nil, err
+		}
+	}
+	return pl.lanes[int(pl.next.Add(1))%len(pl.lanes)], nil
 }
 
 // snapshot sums the lanes' counters; the peer is up only while every lane
@@ -234,7 +241,13 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
 	for i, pl := range m.peers {
-		wg.Go(func() { errs[i] = pl.pick().writeRow(ctx, m.deadline, msg, payload, want) })
+		wg.Go(func() {
+			p, err := pl.pick()
+			if err == nil {
+				err = p.writeRow(ctx, m.deadline, msg, payload, want)
+			}
+			errs[i] = err
+		})
 	}
 	meanwhile()
 	wg.Wait()
@@ -252,8 +265,12 @@ func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row i
 	errs := make([]error, len(m.peers))
 	var wg sync.WaitGroup
 	for i, pl := range m.peers {
-		p := pl.pick()
 		wg.Go(func() {
+			p, err := pl.pick()
+			if err != nil {
+				errs[i] = err
+				return
+			}
 			theirs, err := p.sample(ctx, m.deadline, msg)
 			if err == nil {
 				g.NoteSample(key, crc, theirs, p.addr)
