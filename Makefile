@@ -5,7 +5,7 @@ BIN := bin/kvtierfs
 # running concurrently on small machines.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
-.PHONY: build demo test deps vet clean
+.PHONY: build demo test deps vet lint race clean
 
 # COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
 # revision itself (git worktrees, GOFLAGS=-buildvcs=false).
@@ -36,6 +36,16 @@ vet:
 
 test: deps vet
 	$(GO) test $(TEST_FLAGS) ./...
+
+# lint is vet plus staticcheck, fetched from the module proxy at a fixed version.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint: vet
+	$(GO) run $(STATICCHECK) ./...
+
+# race runs the unit tests of the concurrent packages under the race detector.
+RACE_PKGS := ./fusefs/core/ ./sync/ ./staging/ ./tiers/...
+race:
+	$(GO) test -count=1 -race $(RACE_PKGS)
 
 clean:
 	rm -rf bin

@@ -158,10 +158,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.metrics = m
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
-	loopRoot.NewNode = func(r *fs.LoopbackRoot, parent *fs.Inode, name string, st *syscall.Stat_t) fs.InodeEmbedder {
-		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, fsys: f}
-	}
-	f.root = &node{LoopbackNode: fs.LoopbackNode{RootData: loopRoot}, fsys: f}
+	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
 	loopRoot.RootNode = f.root
 
 	if opts.MaxRequest == 0 {

@@ -16,8 +16,19 @@ import (
 // node is a file or directory of the store. It is go-fuse's loopback node with
 // the block-specific operations routed through the store.
 type node struct {
-	fs.LoopbackNode
+	*fs.LoopbackNode
 	fsys *FS
+}
+
+var _ = (fs.NodeWrapChilder)((*node)(nil))
+
+// WrapChild makes every node the loopback creates below the root a node of
+// this filesystem.
+func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if lb, ok := ops.(*fs.LoopbackNode); ok {
+		return &node{LoopbackNode: lb, fsys: n.fsys}
+	}
+	return ops
 }
 
 // rel is the store-relative path of child name of this directory.
@@ -197,7 +208,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if flags&unix.RENAME_EXCHANGE == 0 {
 		replaced = n.fsys.store.RemovingOther(dstRel)
 	}
-	if errno := n.LoopbackNode.Rename(ctx, name, &dst.LoopbackNode, newName, flags); errno != 0 {
+	if errno := n.LoopbackNode.Rename(ctx, name, dst.LoopbackNode, newName, flags); errno != 0 {
 		return errno
 	}
 	replaced()
