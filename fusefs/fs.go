@@ -226,6 +226,9 @@ func (f *FS) watchRegions() {
 			if err := f.regions.Refresh(); err != nil {
 				f.logger.Debug("shm regions", "err", err)
 			}
+			if f.syncRegions != nil {
+				f.syncRegions.Sweep()
+			}
 		}
 	}
 }

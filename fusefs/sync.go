@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
@@ -13,14 +14,27 @@ import (
 // SyncRegions maps the engine's regions read-write for row mirroring: the
 // rows peers write into this node, and the geometry of the rows it sends. A
 // mapping is made once per region file (path and the file's identity in the
-// shm set, device and inode) and row size, and stays mapped until Close,
-// because the server may write into it at any time; a region file the engine
-// recreates gets a new mapping, and rows found in the old file are refused.
+// shm set, device and inode) and row size. A region file the engine
+// recreates gets a new mapping, rows found in the old file are refused, and
+// the old mapping is unmapped retireAfter later (a request that got it
+// before lasts at most a frame's transfer or a sync deadline), so an engine
+// restart does not keep the old region's memory alive.
 type SyncRegions struct {
 	regions *shm.Set
+	now     func() time.Time
 
-	mu     sync.Mutex
-	mapped map[syncRegionKey]*rowsync.Region
+	mu      sync.Mutex
+	mapped  map[syncRegionKey]*rowsync.Region
+	retired []retiredRegion
+}
+
+// retireAfter is how long a replaced region's mapping stays mapped.
+const retireAfter = time.Minute
+
+// retiredRegion is the mapping of a region file that was replaced, and when.
+type retiredRegion struct {
+	region *rowsync.Region
+	since  time.Time
 }
 
 type syncRegionKey struct {
@@ -31,7 +45,7 @@ type syncRegionKey struct {
 
 // NewSyncRegions returns an empty cache over the regions of set.
 func NewSyncRegions(set *shm.Set) *SyncRegions {
-	return &SyncRegions{regions: set, mapped: make(map[syncRegionKey]*rowsync.Region)}
+	return &SyncRegions{regions: set, now: time.Now, mapped: make(map[syncRegionKey]*rowsync.Region)}
 }
 
 // Get returns the mapping of the region file at path, which must still be
@@ -43,6 +57,7 @@ func (c *SyncRegions) Get(path string, file shm.FileID, rowBytes int) (*rowsync.
 	key := syncRegionKey{path: path, file: file, rowBytes: rowBytes}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.retireLocked()
 	if r, ok := c.mapped[key]; ok {
 		return r, nil
 	}
@@ -56,6 +71,35 @@ func (c *SyncRegions) Get(path string, file shm.FileID, rowBytes int) (*rowsync.
 	}
 	c.mapped[key] = r
 	return r, nil
+}
+
+// Sweep retires the mappings of files the shm set no longer has and unmaps
+// those retired long enough; the mount calls it at every region refresh.
+func (c *SyncRegions) Sweep() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retireLocked()
+}
+
+// retireLocked retires the mappings of files the shm set no longer has
+// (replaced or removed) and unmaps those retired more than retireAfter ago.
+func (c *SyncRegions) retireLocked() {
+	now := c.now()
+	for k, r := range c.mapped {
+		if file, ok := c.regions.FileOf(k.path); !ok || file != k.file {
+			c.retired = append(c.retired, retiredRegion{region: r, since: now})
+			delete(c.mapped, k)
+		}
+	}
+	kept := c.retired[:0]
+	for _, r := range c.retired {
+		if now.Sub(r.since) >= retireAfter {
+			r.region.Close()
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	c.retired = kept
 }
 
 // Local is the rowsync.RegionFunc of this node: its one region of rowBytes rows.
@@ -82,6 +126,10 @@ func (c *SyncRegions) Close() {
 		r.Close()
 		delete(c.mapped, k)
 	}
+	for _, r := range c.retired {
+		r.region.Close()
+	}
+	c.retired = nil
 }
 
 // rowMirror is the peers as loads reach them; nil on a single node.
