@@ -47,6 +47,12 @@ const (
 	DefaultNegativeTimeout = 5 * time.Second
 )
 
+// DirTimeout is how long the kernel caches the entries and attributes of
+// directories: they change only through the mount, whose replies keep the
+// kernel's caches right, so a key's lookup walks its directories without a
+// round trip to the daemon.
+const DirTimeout = time.Hour
+
 // DefaultMaxRequest is the largest FUSE request the mount asks for. A row
 // load served from memory is split into requests of this size that daemon
 // threads copy in parallel (a kernel copy through /dev/fuse runs at about

@@ -98,7 +98,15 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // `return n.cached(out)(n.LoopbackNode.Mkdir(…, out))`.
 func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
 	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
-		if errno == 0 {
+		switch {
+		case errno != 0:
+		case out.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+			// Directories change only through the mount (the daemon never
+			// removes one), which keeps the kernel's view right: every
+			// lookup of a key walks them without asking the daemon.
+			out.SetEntryTimeout(DirTimeout)
+			out.SetAttrTimeout(DirTimeout)
+		default:
 			out.SetEntryTimeout(n.fsys.entryTimeout)
 		}
 		return child, errno
