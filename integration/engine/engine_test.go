@@ -153,7 +153,7 @@ func TestMultinodeSyncOff(t *testing.T) {
 // TestMultinodeSyncOn: with the filesystem mirroring promoted rows, N/N.
 func TestMultinodeSyncOn(t *testing.T) {
 	if err := CheckSync(mounttest.Binary()); err != nil {
-		t.Skipf("SKIP until `kvtierfs mount` has --listen/--peer/--secret-file/--replicated-kv: %v", err)
+		t.Fatalf("`kvtierfs mount` cannot mirror rows: %v", err)
 	}
 	cfg := multinodeConfig(t, true)
 	res := run(t, cfg)
@@ -167,7 +167,7 @@ func TestMultinodeSyncOn(t *testing.T) {
 // answers lookups "absent", so no rank ever loads wrong KV.
 func TestMultinodeGQASyncOn(t *testing.T) {
 	if err := CheckSync(mounttest.Binary()); err != nil {
-		t.Skipf("SKIP until `kvtierfs mount` mirrors rows: %v", err)
+		t.Fatalf("`kvtierfs mount` cannot mirror rows: %v", err)
 	}
 	cfg := multinodeConfig(t, true)
 	cfg.KV = KVGQA
@@ -231,7 +231,7 @@ func TestAgent(t *testing.T) {
 func TestAgentTwoNodes(t *testing.T) {
 	for _, sync := range []bool{false, true} {
 		if err := CheckSync(mounttest.Binary()); sync && err != nil {
-			t.Skipf("SKIP sync on until `kvtierfs mount` mirrors rows: %v", err)
+			t.Fatalf("`kvtierfs mount` cannot mirror rows: %v", err)
 		}
 		cfg := agentConfig(t, EngineFixed)
 		cfg.Nodes, cfg.WorldSize, cfg.Sync, cfg.Requests = 2, 2, sync, 6

@@ -292,7 +292,7 @@ func TestNonReplicatedKVDisablesMirroring(t *testing.T) {
 func TestMirrorOverVeth(t *testing.T) {
 	for _, tool := range []string{"ip", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("SKIP: %s is not installed (iproute2, util-linux); make deps installs them", tool)
+			t.Fatalf("%s is not installed (iproute2, util-linux): run make deps", tool)
 		}
 	}
 	nsA, nsB := fmt.Sprintf("kvtA%d", os.Getpid()), fmt.Sprintf("kvtB%d", os.Getpid())
@@ -304,7 +304,7 @@ func TestMirrorOverVeth(t *testing.T) {
 		return nil
 	}
 	if err := ip("netns", "add", nsA); err != nil {
-		t.Skipf("SKIP: network namespaces unavailable: %v", err)
+		t.Fatalf("network namespaces unavailable: %v", err)
 	}
 	t.Cleanup(func() { ip("netns", "del", nsA) })
 	if err := ip("netns", "add", nsB); err != nil {
