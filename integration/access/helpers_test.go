@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -166,28 +165,9 @@ func binaries(t *testing.T, dir string) (helper, kvtierfs string) {
 	}
 	helper, kvtierfs = filepath.Join(dir, "helper"), filepath.Join(dir, "kvtierfs")
 	for src, dst := range map[string]string{self: helper, mounttest.Binary(): kvtierfs} {
-		copyFile(t, src, dst)
+		mounttest.CopyExecutable(t, src, dst)
 	}
 	return helper, kvtierfs
-}
-
-func copyFile(t *testing.T, src, dst string) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // as runs a command as u; it returns the command's output and whether it succeeded.

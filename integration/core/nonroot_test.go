@@ -3,7 +3,6 @@ package core_test
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -45,7 +44,7 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 	binary := filepath.Join(base, "kvtierfs")
-	copyFile(t, mounttest.Binary(), binary)
+	mounttest.CopyExecutable(t, mounttest.Binary(), binary)
 	store, mnt := filepath.Join(base, "store"), filepath.Join(base, "mnt")
 	for _, dir := range []string{store, mnt} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -154,23 +153,4 @@ func privateFuseNamespace(t *testing.T, dir string) string {
 		t.Fatalf("mount namespace with a 0666 /dev/fuse: %q", line)
 	}
 	return strconv.Itoa(holder.Process.Pid)
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	src, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
 }

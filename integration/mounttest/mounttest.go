@@ -6,6 +6,7 @@ package mounttest
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,4 +145,26 @@ func (d *Daemon) WaitLog(s string) bool {
 func Run(args ...string) (string, error) {
 	out, err := exec.Command(binary, args...).CombinedOutput()
 	return string(out), err
+}
+
+// CopyExecutable copies the file from to a new executable file to, for
+// tests that run a binary from a directory other users may read.
+func CopyExecutable(t testing.TB, from, to string) {
+	t.Helper()
+	src, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
