@@ -133,6 +133,25 @@ func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte
 	return m.err
 }
 
+// mirror is a fakeMirror over the fixture's region that fails with err.
+func (f *fixture) mirror(err error) *fakeMirror {
+	return &fakeMirror{err: err, row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
+}
+
+// open opens rel through loads built from cfg over the fixture; the load is
+// released when the test ends.
+func (f *fixture) open(t *testing.T, cfg Config, rel string) (*Loads, *Load) {
+	t.Helper()
+	cfg.Store, cfg.Regions = f.store, f.regions
+	loads := NewLoads(cfg)
+	l, err := loads.Open(context.Background(), rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Release() })
+	return loads, l
+}
+
 func TestLoadFromStoreVerifiesAtOpen(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
@@ -223,13 +242,8 @@ func TestMirrorBeforeTheLastReadReturns(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
 	copy(f.region.Row(1), bytes.Repeat([]byte{7}, rowBytes)) // stale bytes of another block
-	m := &fakeMirror{row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(nil)
+	loads, l := f.open(t, Config{Mirror: m}, rel)
 	if err := engineRead(context.Background(), l, f.region.Row(1), 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -250,13 +264,8 @@ func TestMirrorBeforeTheLastReadReturns(t *testing.T) {
 func TestFailedMirrorFailsTheRead(t *testing.T) {
 	f := newFixture(t)
 	rel, _ := f.put(t, 1)
-	m := &fakeMirror{err: errors.New("peer answered another checksum"), row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(errors.New("peer answered another checksum"))
+	loads, l := f.open(t, Config{Mirror: m}, rel)
 	if err := engineRead(context.Background(), l, f.region.Row(1), 1<<20); disk.Errno(err) != syscall.EIO {
 		t.Fatalf("read with a failing peer: %v, want EIO", err)
 	}
@@ -274,13 +283,8 @@ func TestFailedMirrorFailsTheRead(t *testing.T) {
 func TestLastReadWaitsForTheEarlierOnes(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
-	m := &fakeMirror{row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(nil)
+	_, l := f.open(t, Config{Mirror: m}, rel)
 	const req = 1 << 20
 	last := int64(rowBytes / req * req)
 	done := make(chan error, 1)
@@ -303,13 +307,8 @@ func TestLastReadWaitsForTheEarlierOnes(t *testing.T) {
 func TestLastReadFailsWhenEarlierOnesNeverArrive(t *testing.T) {
 	f := newFixture(t)
 	rel, _ := f.put(t, 1)
-	m := &fakeMirror{row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m, Deadline: 50 * time.Millisecond})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(nil)
+	_, l := f.open(t, Config{Mirror: m, Deadline: 50 * time.Millisecond}, rel)
 	if _, err := l.Read(context.Background(), 2<<20, 1<<20); disk.Errno(err) != syscall.EIO {
 		t.Fatalf("last read without the earlier ones: %v, want EIO", err)
 	}
@@ -321,13 +320,8 @@ func TestLastReadFailsWhenEarlierOnesNeverArrive(t *testing.T) {
 func TestOneRequestRowCannotBeMirrored(t *testing.T) {
 	f := newFixture(t)
 	rel, _ := f.put(t, 1)
-	m := &fakeMirror{row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(nil)
+	_, l := f.open(t, Config{Mirror: m}, rel)
 	if err := engineRead(context.Background(), l, f.region.Row(1), 4<<20); disk.Errno(err) != syscall.EIO {
 		t.Fatalf("a row read in one request with mirroring on: %v, want EIO", err)
 	}
@@ -339,13 +333,8 @@ func TestReloadIntoTheRowThatHoldsItIsMirrored(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
 	copy(f.region.Row(2), data)
-	m := &fakeMirror{row: func(ref shm.RowRef) []byte { return f.region.Row(ref.Row) }}
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
-	l, err := loads.Open(context.Background(), rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
+	m := f.mirror(nil)
+	_, l := f.open(t, Config{Mirror: m}, rel)
 	if err := engineRead(context.Background(), l, f.region.Row(2), 1<<20); err != nil {
 		t.Fatal(err)
 	}
