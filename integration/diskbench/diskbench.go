@@ -264,11 +264,6 @@ func parallel(threads, n int, fn func(thread, i int) error) (time.Duration, erro
 	return elapsed, nil
 }
 
-// throughput is GB/s for moving every block once in d.
-func (r *run) throughput(d time.Duration) float64 {
-	return float64(r.cfg.Blocks) * float64(r.cfg.RowBytes) / d.Seconds() / 1e9
-}
-
 func (r *run) report(res *Result, m Measurement) {
 	res.Measurements = append(res.Measurements, m)
 	fmt.Fprintf(r.cfg.Progress, "%-28s mount %10.3f %s   direct %10.3f %s   ratio %.2f   daemon %.3f CPU s/GB\n",
@@ -299,41 +294,67 @@ func (r *run) perGB(cpu time.Duration, n int) float64 {
 	return cpu.Seconds() / (float64(n) * float64(r.cfg.RowBytes) / 1e9)
 }
 
-// stores writes every block to the mount and to the bare directory.
-func (r *run) stores(res *Result) error {
-	storeAll := func(tier *engineio.Tier) (time.Duration, error) {
-		return r.parallel(func(thread, i int) error {
-			_, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.sourceRow(i))
-			return err
-		})
+// sides is one phase run on both sides: the mount, then the bare directory
+// (or the store directory read straight), each preceded by prepare.
+type sides struct {
+	phase         string
+	blocks        int
+	prepare       func() error
+	mount, direct func() (time.Duration, error)
+}
+
+// compare runs a phase on both sides and reports GB/s of blocks rows each,
+// with the daemon's CPU time per GB on the mount side.
+func (r *run) compare(res *Result, p sides) error {
+	if err := p.prepare(); err != nil {
+		return err
 	}
 	cpu := r.daemonCPU()
-	mount, err := storeAll(r.mount)
+	mount, err := p.mount()
 	cpu = r.daemonCPU() - cpu
 	if err != nil {
-		return fmt.Errorf("stores through the mount: %w", err)
+		return fmt.Errorf("%s through the mount: %w", p.phase, err)
 	}
-	unix.Sync() // each side starts with no dirty pages of the other
-	direct, err := storeAll(r.bare)
+	if err := p.prepare(); err != nil {
+		return err
+	}
+	direct, err := p.direct()
 	if err != nil {
-		return fmt.Errorf("stores on the bare directory: %w", err)
+		return fmt.Errorf("%s on the bare directory: %w", p.phase, err)
 	}
-	m, dr := r.throughput(mount), r.throughput(direct)
-	r.report(res, Measurement{Phase: "store (O_DIRECT write)", Unit: "GB/s", Mount: m, Direct: dr, Ratio: m / dr,
-		DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
+	moved := float64(p.blocks) * float64(r.cfg.RowBytes)
+	m, d := moved/mount.Seconds()/1e9, moved/direct.Seconds()/1e9
+	r.report(res, Measurement{Phase: p.phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, p.blocks)})
 	return nil
 }
 
-// loadAll loads every block from a tier into the region's rows (block i
-// into row i mod rows) on native threads, as vLLM's C loader does; the rows
-// hold no block beforehand.
-func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
-	r.scrambleRows()
-	paths := make([]string, r.cfg.Blocks)
-	for i := range paths {
-		paths[i] = tier.BlockPath(tierDir, 0, key(i))
+// stores writes every block to the mount and to the bare directory, each
+// side starting with no dirty pages of the other.
+func (r *run) stores(res *Result) error {
+	storeAll := func(tier *engineio.Tier) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			return r.parallel(func(thread, i int) error {
+				_, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.sourceRow(i))
+				return err
+			})
+		}
 	}
-	return nativeLoads(paths, r.region.Bytes(), r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
+	return r.compare(res, sides{phase: "store (O_DIRECT write)", blocks: r.cfg.Blocks,
+		prepare: func() error { unix.Sync(); return nil }, mount: storeAll(r.mount), direct: storeAll(r.bare)})
+}
+
+// loadAll returns the loads of every block from a tier into the region's
+// rows (block i into row i mod rows) on native threads, as vLLM's C loader
+// does; the rows hold no block beforehand.
+func (r *run) loadAll(tier *engineio.Tier) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		r.scrambleRows()
+		paths := make([]string, r.cfg.Blocks)
+		for i := range paths {
+			paths[i] = tier.BlockPath(tierDir, 0, key(i))
+		}
+		return nativeLoads(paths, r.region.Bytes(), r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
+	}
 }
 
 // reloads loads blocks into rows that still hold them (an engine re-promoting
@@ -341,37 +362,20 @@ func (r *run) loadAll(tier *engineio.Tier) (time.Duration, error) {
 // instead of reading the disk, the bare directory reads the disk.
 func (r *run) reloads(res *Result) error {
 	n := min(r.cfg.Blocks, sourceRows)
-	reload := func(tier *engineio.Tier) (time.Duration, error) {
-		paths := make([]string, n)
-		for i := range paths { // earlier phases loaded other blocks into these rows
-			engineio.FillPattern(r.region.Row(i), uint64(i))
-			r.sourceRow(i)
-			paths[i] = tier.BlockPath(tierDir, 0, key(i))
+	reload := func(tier *engineio.Tier) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			paths := make([]string, n)
+			for i := range paths { // earlier phases loaded other blocks into these rows
+				engineio.FillPattern(r.region.Row(i), uint64(i))
+				r.sourceRow(i)
+				paths[i] = tier.BlockPath(tierDir, 0, key(i))
+			}
+			rows := r.region.Bytes()[:n*r.cfg.RowBytes]
+			return nativeLoads(paths, rows, r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
 		}
-		rows := r.region.Bytes()[:n*r.cfg.RowBytes]
-		return nativeLoads(paths, rows, r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
 	}
-	if err := r.dropCaches(); err != nil {
-		return err
-	}
-	cpu := r.daemonCPU()
-	mount, err := reload(r.mount)
-	cpu = r.daemonCPU() - cpu
-	if err != nil {
-		return fmt.Errorf("reloads through the mount: %w", err)
-	}
-	if err := r.dropCaches(); err != nil {
-		return err
-	}
-	direct, err := reload(r.store)
-	if err != nil {
-		return fmt.Errorf("reloads from the store directory: %w", err)
-	}
-	moved := float64(n) * float64(r.cfg.RowBytes)
-	m, d := moved/mount.Seconds()/1e9, moved/direct.Seconds()/1e9
-	r.report(res, Measurement{Phase: "reload into its own row", Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d,
-		DaemonCPUPerGB: r.perGB(cpu, n)})
-	return nil
+	return r.compare(res, sides{phase: "reload into its own row", blocks: n, prepare: r.dropCaches,
+		mount: reload(r.mount), direct: reload(r.store)})
 }
 
 // dropCaches writes back and empties the page cache.
@@ -393,25 +397,8 @@ func (r *run) coldLoads(res *Result) error {
 	if !r.cfg.DropCaches {
 		phase = "load, first (O_DIRECT)"
 	}
-	if err := r.dropCaches(); err != nil {
-		return err
-	}
-	cpu := r.daemonCPU()
-	mount, err := r.loadAll(r.mount)
-	cpu = r.daemonCPU() - cpu
-	if err != nil {
-		return fmt.Errorf("cold loads through the mount: %w", err)
-	}
-	if err := r.dropCaches(); err != nil {
-		return err
-	}
-	direct, err := r.loadAll(r.store)
-	if err != nil {
-		return fmt.Errorf("cold loads from the store directory: %w", err)
-	}
-	m, d := r.throughput(mount), r.throughput(direct)
-	r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
-	return nil
+	return r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, prepare: r.dropCaches,
+		mount: r.loadAll(r.mount), direct: r.loadAll(r.store)})
 }
 
 // warmLoads loads every block again, with O_DIRECT as the engine does (the
@@ -421,29 +408,23 @@ func (r *run) warmLoads(res *Result) error {
 	for _, direct := range []bool{true, false} {
 		mountTier := &engineio.Tier{Root: r.mount.Root, Direct: direct}
 		storeTier := &engineio.Tier{Root: r.store.Root, Direct: direct}
+		prepare := func() error { return nil }
+		phase := "load, warm cache (O_DIRECT)"
 		if !direct {
 			// O_DIRECT phases leave the page cache empty: fill it first, so
 			// that neither side pays the disk for the other.
-			if _, err := r.loadAll(storeTier); err != nil {
-				return fmt.Errorf("warming the page cache: %w", err)
+			phase = "load, warm cache (buffered)"
+			prepare = func() error {
+				if _, err := r.loadAll(storeTier)(); err != nil {
+					return fmt.Errorf("warming the page cache: %w", err)
+				}
+				return nil
 			}
 		}
-		cpu := r.daemonCPU()
-		mount, err := r.loadAll(mountTier)
-		cpu = r.daemonCPU() - cpu
-		if err != nil {
-			return fmt.Errorf("warm loads through the mount: %w", err)
+		if err := r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, prepare: prepare,
+			mount: r.loadAll(mountTier), direct: r.loadAll(storeTier)}); err != nil {
+			return err
 		}
-		bare, err := r.loadAll(storeTier)
-		if err != nil {
-			return fmt.Errorf("warm loads from the store directory: %w", err)
-		}
-		phase := "load, warm cache (O_DIRECT)"
-		if !direct {
-			phase = "load, warm cache (buffered)"
-		}
-		m, d := r.throughput(mount), r.throughput(bare)
-		r.report(res, Measurement{Phase: phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, r.cfg.Blocks)})
 	}
 	return nil
 }
