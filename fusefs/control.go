@@ -150,3 +150,52 @@ func (f *FS) match(request []byte, stream uint32) []byte {
 	f.matches.Add(1)
 	return append(staging.EncodeMatchResult(res, err), '\n')
 }
+
+// controlDir is MOUNTPOINT/.kvtier. Its files are the daemon's, not the
+// store's: nothing in it can be unlinked, renamed, replaced or added, by root
+// either, so `kvtierfs stat` finds the mount for as long as it is mounted.
+type controlDir struct {
+	fs.Inode
+}
+
+var _ = (fs.NodeUnlinker)((*controlDir)(nil))
+
+// Unlink refuses: the control files live as long as the mount.
+func (d *controlDir) Unlink(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+var _ = (fs.NodeRmdirer)((*controlDir)(nil))
+
+// Rmdir refuses: the control directory holds no directories to remove.
+func (d *controlDir) Rmdir(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+var _ = (fs.NodeRenamer)((*controlDir)(nil))
+
+// Rename refuses moving a control file away or anything over one.
+func (d *controlDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
+var _ = (fs.NodeCreater)((*controlDir)(nil))
+
+// Create refuses new files beside the control files.
+func (d *controlDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EPERM
+}
+
+var _ = (fs.NodeGetattrer)((*controlDir)(nil))
+
+// Getattr reports a directory anyone may list and no one may write.
+func (d *controlDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o555
+	return 0
+}
+
+var _ = (fs.NodeRmdirer)((*node)(nil))
+
+// Rmdir removes a directory of the store; the control directory stays.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.isRoot() && name == ControlDir {
+		return syscall.EPERM
+	}
+	return n.LoopbackNode.Rmdir(ctx, name)
+}

@@ -256,7 +256,7 @@ func raisePageLimit(maxRequest int, logger *slog.Logger) {
 // addControl attaches the virtual control directory to the root.
 func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
-	dir := root.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
+	dir := root.NewPersistentInode(ctx, &controlDir{}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
 	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
 	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir
