@@ -267,3 +267,53 @@ func findTmps(t *testing.T, dir string) []string {
 	}
 	return tmps
 }
+
+// TestStoreShortWrites runs the daemon with a file size limit of half a row
+// (RLIMIT_FSIZE, `prlimit --fsize`): every block write lands its first half
+// in a short write and then fails with EFBIG, as a write into a filesystem
+// that fills mid-row does with ENOSPC. Stores fail and leave nothing behind,
+// blocks stored before load byte-exact, and stat names the fault.
+func TestStoreShortWrites(t *testing.T) {
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("SKIP: prlimit is not installed (util-linux); make deps installs it")
+	}
+	store := t.TempDir()
+	region := newRegion(t, 2)
+	d := mounttest.Start(t, mounttest.Options{Store: store})
+	tier := openTier(t, d)
+	const before = 4
+	for i := range before {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	d.Stop()
+
+	d = mounttest.Start(t, mounttest.Options{Store: store, Wrapper: []string{prlimit, "--fsize=" + strconv.Itoa(rowBytes/2), "--"}})
+	tier = openTier(t, d)
+	for i := before; i < before+4; i++ {
+		fillRow(region.Row(0), i)
+		path := tier.BlockPath(tierDir, 0, hashOf(i))
+		if _, err := tier.Store(path, region.Row(0)); !errors.Is(err, syscall.EFBIG) {
+			t.Fatalf("store %d past the file size limit: %v, want EFBIG", i, err)
+		}
+		if tier.Exists(path) {
+			t.Fatalf("block %d answers present after its write failed", i)
+		}
+	}
+	if tmps := findTmps(t, store); len(tmps) != 0 {
+		t.Fatalf("tmp files left after short writes: %v", tmps)
+	}
+	for i := range before {
+		copy(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes))
+		if err := tier.LoadIgnoringClose(tier.BlockPath(tierDir, 0, hashOf(i)), region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(i)) {
+			t.Fatalf("block %d stored before: load %v, bytes equal %v", i, err, bytes.Equal(region.Row(1), expectedRow(i)))
+		}
+	}
+	st := d.Stats()
+	if st.Counters.StoreIOErrors == 0 || !hasWarning(st.Warnings, "store_io_errors") || st.Disk.Blocks != before {
+		t.Fatalf("after short writes: counters %+v, warnings %+v, %d blocks", st.Counters, st.Warnings, st.Disk.Blocks)
+	}
+	if !strings.Contains(d.Log(), "store write failed after") {
+		t.Fatal("the short write was not logged")
+	}
+}
