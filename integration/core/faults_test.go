@@ -74,9 +74,10 @@ func run(name string, args ...string) error {
 // TestStoreFilesystemFills stores blocks while another writer fills the store
 // filesystem (a 12 MiB ext4 on a loop device, or tmpfs), with --capacity far
 // above what the filesystem holds: every store succeeds or fails with
-// ENOSPC, no tmp is left behind, every block stored loads byte-exact or is
-// absent (evicted to make room), stat names the fault, and once the space
-// is back the daemon stores and serves again.
+// ENOSPC, no tmp is left behind, blocks protected by a lookup survive and
+// load byte-exact, every other block stored loads byte-exact or is absent
+// (evicted to make room), stat names the fault, and once the space is back
+// the daemon stores and serves again.
 func TestStoreFilesystemFills(t *testing.T) {
 	fsDir, kind := smallFilesystem(t, 12)
 	store := filepath.Join(fsDir, "store")
@@ -90,7 +91,11 @@ func TestStoreFilesystemFills(t *testing.T) {
 	const before = 8 // stored while the filesystem has room
 	var stored []int
 	for i := range before {
-		storeBlock(t, tier, region.Row(0), i)
+		// Looked up after the store, as the engine's next request does: these
+		// are protected from eviction and must survive the filling intact.
+		if !tier.Exists(storeBlock(t, tier, region.Row(0), i)) {
+			t.Fatalf("block %d absent right after its store", i)
+		}
 		stored = append(stored, i)
 	}
 	filler := filepath.Join(fsDir, "filler")
@@ -144,6 +149,9 @@ func TestStoreFilesystemFills(t *testing.T) {
 	for _, i := range stored {
 		path := tier.BlockPath(tierDir, 0, hashOf(i))
 		if !tier.Exists(path) {
+			if i < before {
+				t.Fatalf("protected block %d was lost while the filesystem filled", i)
+			}
 			continue
 		}
 		present++
