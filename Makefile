@@ -19,15 +19,18 @@ build:
 
 # deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
 # non-root users; root mounts directly), iproute2 and util-linux (ip,
-# nsenter: network namespaces in the multi-node tests), and passwd (useradd:
-# the access tests create users).
+# nsenter: network namespaces in the multi-node tests; prlimit: short writes
+# in the fault tests), passwd (useradd: the access tests create users) and
+# e2fsprogs (mkfs.ext4: the fault tests' loop-device store that fills up and
+# fails).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
 	command -v fusermount3 >/dev/null || pkgs="$$pkgs fuse3"; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
-	command -v nsenter >/dev/null || pkgs="$$pkgs util-linux"; \
+	command -v nsenter >/dev/null && command -v prlimit >/dev/null || pkgs="$$pkgs util-linux"; \
 	command -v useradd >/dev/null || pkgs="$$pkgs passwd"; \
+	command -v mkfs.ext4 >/dev/null || pkgs="$$pkgs e2fsprogs"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && apt-get install -y -qq $$pkgs; fi
 
 demo: deps build

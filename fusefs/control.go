@@ -230,3 +230,41 @@ func (f *FS) match(request []byte, stream uint32) []byte {
 	f.matches.Add(1)
 	return append(staging.EncodeMatchResult(res, err), '\n')
 }
+
+// The control files are the daemon's, not the store's: nothing in
+// MOUNTPOINT/.kvtier can be unlinked, renamed, replaced or added, by root
+// either, so `kvtierfs stat` finds the mount for as long as it is mounted.
+
+var _ = (fs.NodeUnlinker)((*controlDir)(nil))
+
+// Unlink refuses: the control files live as long as the mount.
+func (d *controlDir) Unlink(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+var _ = (fs.NodeRmdirer)((*controlDir)(nil))
+
+// Rmdir refuses: the control directory holds no directories to remove.
+func (d *controlDir) Rmdir(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+var _ = (fs.NodeRenamer)((*controlDir)(nil))
+
+// Rename refuses moving a control file away or anything over one.
+func (d *controlDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
+var _ = (fs.NodeCreater)((*controlDir)(nil))
+
+// Create refuses new files beside the control files.
+func (d *controlDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EPERM
+}
+
+var _ = (fs.NodeRmdirer)((*node)(nil))
+
+// Rmdir removes a directory of the store; the control directory stays.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.isRoot() && name == ControlDir {
+		return syscall.EPERM
+	}
+	return n.LoopbackNode.Rmdir(ctx, name)
+}

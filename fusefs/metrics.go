@@ -49,6 +49,7 @@ func newMetrics(reg prometheus.Registerer, f *FS) (*metrics, error) {
 		{"kvtierfs_unproven_blocks_total", "Block files found at mount without a digest bound to their name, not indexed.", c.UnprovenBlocks.Load},
 		{"kvtierfs_tmps_expired_total", "Tmp files removed because their closed writer never renamed them.", c.TmpsExpired.Load},
 		{"kvtierfs_publish_refused_total", "Renames refused because the tmp name no longer named the file written.", c.PublishRefused.Load},
+		{"kvtierfs_store_io_errors_total", "Reads and writes the store filesystem failed (EIO, ENOSPC).", c.IOErrors.Load},
 	}
 	collectors := []prometheus.Collector{m.lookupSeconds, m.readSeconds, m.writeSeconds, statsCollector{f.Stats}}
 	for _, k := range counters {

@@ -181,11 +181,14 @@ var _ = (fs.NodeRenamer)((*node)(nil))
 
 // Rename publishes blocks (tmp → block name) and moves everything else as it is.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if _, control := newParent.(*controlDir); control {
+		return syscall.EPERM
+	}
 	dst, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV
 	}
-	if dst.isRoot() && newName == ControlDir {
+	if n.isRoot() && name == ControlDir || dst.isRoot() && newName == ControlDir {
 		return syscall.EPERM
 	}
 	srcRel, dstRel := n.rel(name), dst.rel(newName)

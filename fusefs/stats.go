@@ -68,8 +68,10 @@ type Counters struct {
 	UnprovenBlocks int64 `json:"unproven_blocks"`
 	TmpsExpired    int64 `json:"tmps_expired"`
 	PublishRefused int64 `json:"publish_refused"`
-	ShmIgnored     int64 `json:"shm_ignored"`
-	ShmFaults      int64 `json:"shm_faults"`
+	// StoreIOErrors counts reads and writes the store filesystem failed.
+	StoreIOErrors int64 `json:"store_io_errors"`
+	ShmIgnored    int64 `json:"shm_ignored"`
+	ShmFaults     int64 `json:"shm_faults"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -104,6 +106,7 @@ func (f *FS) Stats() Stats {
 			UnprovenBlocks:   c.UnprovenBlocks.Load(),
 			TmpsExpired:      c.TmpsExpired.Load(),
 			PublishRefused:   c.PublishRefused.Load(),
+			StoreIOErrors:    c.IOErrors.Load(),
 		},
 		Peers:    []rowsync.PeerStats{},
 		Warnings: []Warning{},
@@ -166,6 +169,11 @@ func (f *FS) Stats() Stats {
 	if st.Counters.NoSpace > 0 {
 		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: noSpaceMessage(st.Counters.NoSpace, d)})
 	}
+	if st.Counters.StoreIOErrors > 0 {
+		st.Warnings = append(st.Warnings, Warning{Code: "store_io_errors", Message: fmt.Sprintf(
+			"%d reads or writes failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl",
+			st.Counters.StoreIOErrors)})
+	}
 	return st
 }
 
@@ -176,7 +184,7 @@ func noSpaceMessage(refused int64, d disk.Stats) string {
 		return fmt.Sprintf("%d writes failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
 			refused, d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
 	}
-	return fmt.Sprintf("%d writes failed with ENOSPC because every block was protected: raise --capacity or lower --lookup-protect", refused)
+	return fmt.Sprintf("%d writes failed with ENOSPC because the store filesystem is full or every block was protected: free space there (df), raise --capacity or lower --lookup-protect", refused)
 }
 
 // syncWarnings names what keeps rows from being mirrored.

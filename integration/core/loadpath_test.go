@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -273,14 +274,23 @@ func TestEngineChecksumXattr(t *testing.T) {
 	}
 }
 
-// TestHotBlocksLoadWithoutSpuriousErrors has eight threads look up and load
+// TestHotBlocksLoadWithoutSpuriousErrors looks up and loads, from 8 threads,
 // sixteen hot blocks over and over with staging on, O_DIRECT and buffered
 // mixed, as engines do for a shared prefix. With loads passed through to
 // the store the kernel failed an open (EIO) whenever a staged load met a
 // passthrough one of the same block, and vLLM deleted the block; now every
-// load must succeed with the right bytes.
+// load must succeed with the right bytes. CI runs 40 rounds (5,120 loads);
+// KVTIERFS_HOT_ROUNDS sets more, for the per-million figure in RELIABILITY.md.
 func TestHotBlocksLoadWithoutSpuriousErrors(t *testing.T) {
-	const hot, threads, rounds = 16, 8, 40
+	const hot, threads = 16, 8
+	rounds := 40
+	if v := os.Getenv("KVTIERFS_HOT_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("KVTIERFS_HOT_ROUNDS=%q: want a positive number of rounds", v)
+		}
+		rounds = n
+	}
 	region := newRegion(t, hot+threads)
 	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path, Args: []string{"--staging-bytes", "2MiB"}})
 	direct := openTier(t, d)
@@ -290,9 +300,21 @@ func TestHotBlocksLoadWithoutSpuriousErrors(t *testing.T) {
 		paths[i] = storeBlock(t, direct, region.Row(threads+i), i)
 		sentinel(region.Row(threads + i)) // no row holds a block: loads read the store or staging
 	}
-	errs := make(chan error, threads)
+	// Every failure is counted, not only the first, so that a long run
+	// gives a rate; the file stays (LoadIgnoringClose), so later loads go on.
+	var failed atomic.Int64
+	firstErr := make(chan error, 1)
+	fail := func(err error) {
+		failed.Add(1)
+		select {
+		case firstErr <- err:
+		default:
+		}
+	}
+	done := make(chan struct{}, threads)
 	for th := range threads {
 		go engineio.OnSignalFreeThread(func() {
+			defer func() { done <- struct{}{} }()
 			tier := direct
 			if th%2 == 1 {
 				tier = buffered
@@ -302,29 +324,30 @@ func TestHotBlocksLoadWithoutSpuriousErrors(t *testing.T) {
 				for i := range hot {
 					k := (i + r + th) % hot
 					if !tier.Exists(paths[k]) {
-						errs <- fmt.Errorf("thread %d: block %d answered absent", th, k)
-						return
+						fail(fmt.Errorf("thread %d: block %d answered absent", th, k))
+						continue
 					}
 					if err := tier.LoadIgnoringClose(paths[k], row); err != nil {
-						errs <- fmt.Errorf("thread %d, O_DIRECT %v: %w", th, tier.Direct, err)
-						return
+						fail(fmt.Errorf("thread %d, O_DIRECT %v: %w", th, tier.Direct, err))
+						continue
 					}
 					if !bytes.Equal(row, expectedRow(k)) {
-						errs <- fmt.Errorf("thread %d: block %d loaded wrong bytes", th, k)
-						return
+						fail(fmt.Errorf("thread %d: block %d loaded wrong bytes", th, k))
 					}
 				}
 			}
-			errs <- nil
 		})
 	}
 	for range threads {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+		<-done
+	}
+	loads := threads * rounds * hot
+	t.Logf("hot loads=%d spurious_errors=%d (%.1f per million)", loads, failed.Load(), float64(failed.Load())*1e6/float64(loads))
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d lookups and loads failed; the first: %v", n, loads, <-firstErr)
 	}
 	c := d.Stats().Counters
-	if c.Reads != threads*rounds*hot || c.LoadsRefused != 0 {
-		t.Fatalf("%d loads counted, %d refused; want %d, none", c.Reads, c.LoadsRefused, threads*rounds*hot)
+	if c.Reads != int64(loads) || c.LoadsRefused != 0 {
+		t.Fatalf("%d loads counted, %d refused; want %d, none", c.Reads, c.LoadsRefused, loads)
 	}
 }

@@ -1,6 +1,9 @@
 package disk
 
-import "syscall"
+import (
+	"fmt"
+	"syscall"
+)
 
 // protectedLocked reports whether a block must not be evicted now: a load is
 // in flight, or it answered a lookup within the protection window.
@@ -41,7 +44,8 @@ func (s *Store) chainTailLocked(c *chain, now int64, chosen map[*block]bool) *bl
 // before evicting any: when the room cannot be made, nothing is evicted and
 // the write fails with ENOSPC.
 func (s *Store) makeRoomLocked(n int64, forRel string) error {
-	need := s.used + n - s.limitLocked()
+	limit := s.limitLocked()
+	need := s.used + n - limit
 	if need <= 0 {
 		return nil
 	}
@@ -55,9 +59,13 @@ func (s *Store) makeRoomLocked(n int64, forRel string) error {
 			for _, t := range s.tmps {
 				tmpBytes += t.allocated
 			}
+			filesystem := ""
+			if limit < s.capacity {
+				filesystem = fmt.Sprintf(" (the store filesystem is filling up from outside: %d bytes of the %d-byte capacity are left to blocks; free space there, df)", limit, s.capacity)
+			}
 			return newError("write", forRel, syscall.ENOSPC,
-				"store full: %d bytes used of %d: %d by %d tmp files not yet renamed (one whose writer closed it is removed %s later), the rest by blocks that are all protected (read in flight or looked up in the last %s)",
-				s.used, s.limitLocked(), tmpBytes, len(s.tmps), s.cfg.TmpMaxAge, s.cfg.LookupProtect)
+				"store full: %d bytes used of %d%s: %d by %d tmp files not yet renamed (one whose writer closed it is removed %s later), the rest by blocks that are all protected (read in flight or looked up in the last %s)",
+				s.used, limit, filesystem, tmpBytes, len(s.tmps), s.cfg.TmpMaxAge, s.cfg.LookupProtect)
 		}
 		chosen[v] = true
 		victims = append(victims, v)

@@ -86,6 +86,10 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		return nil, newError("open", rel, syscall.ENOENT, "block file vanished from the store")
 	}
 	if err != nil {
+		if errors.Is(err, syscall.EIO) {
+			s.counters.IOErrors.Add(1)
+			s.cfg.Logger.Error("the store filesystem failed to open a block", "path", s.Path(rel), "err", err)
+		}
 		return nil, err
 	}
 	b.readers++
@@ -168,6 +172,7 @@ func (r *Reader) ReadAll() ([]byte, error) {
 		}
 		if err != nil {
 			s.buffers.put(buf)
+			s.counters.IOErrors.Add(1)
 			return nil, s.corrupt(r.b, "reading %d bytes: %v", size, err)
 		}
 		if m == 0 {

@@ -25,6 +25,9 @@ type Counters struct {
 	// PublishRefused counts renames refused because the tmp's name no longer
 	// named the file written (swapped for a link or another file).
 	PublishRefused atomic.Int64
+	// IOErrors counts reads and writes that the store filesystem itself
+	// failed (a failing disk's EIO, a full filesystem's ENOSPC).
+	IOErrors atomic.Int64
 }
 
 // Counters exposes the store's counters for metrics.

@@ -164,6 +164,7 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.tmp.captureProbes(p[:n], off)
 	w.tmp.size += int64(n)
 	if werr != nil {
+		w.s.counters.IOErrors.Add(1)
 		return n, newError("write", w.rel, Errno(werr), "store write failed after %d of %d bytes: %v", n, len(p), werr)
 	}
 	w.s.counters.WriteBytes.Add(int64(n))
