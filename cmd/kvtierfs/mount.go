@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -59,6 +60,9 @@ type mountConfig struct {
 	diagWindow    time.Duration
 	diagMinBytes  int64
 	maxRequest    int64
+	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
+	kvEventsEndpoint string
+	kvEventsTopic    string
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -81,6 +85,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
 	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
+	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
+	fl.StringVar(&c.kvEventsTopic, "kv-events-topic", "", "topic frame of the KV events, as vLLM's kv-events-config topic")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	c.logFormat = addLogFormatFlag(fl)
@@ -122,6 +128,11 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if c.syncDeadline <= 0 {
 		return c, usageError{fmt.Errorf("--sync-deadline %s: want a positive duration such as 2s", c.syncDeadline)}
+	}
+	if c.kvEventsEndpoint != "" {
+		if err := kvevents.CheckEndpoint(c.kvEventsEndpoint); err != nil {
+			return c, usageError{fmt.Errorf("--kv-events-endpoint %s: %w", c.kvEventsEndpoint, err)}
+		}
 	}
 	if (c.listen != "" || len(c.peers) > 0) && c.secretFile == "" {
 		return c, usageError{fmt.Errorf("--listen and --peer need --secret-file: peers authenticate each other with a shared secret")}
@@ -187,6 +198,13 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
+	events, err := startKVEvents(c, store, reg, logger)
+	if err != nil {
+		return fmt.Errorf("--kv-events-endpoint %w", err)
+	}
+	if events != nil {
+		defer events.Close()
+	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
 		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
@@ -203,7 +221,7 @@ func runMount(args []string) error {
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
-		MaxRequest: int(c.maxRequest)})
+		MaxRequest: int(c.maxRequest), KVEvents: events})
 	if err != nil {
 		return err
 	}
