@@ -28,6 +28,11 @@ const (
 	socketHWM = 10000
 	// dialRetry is the wait between attempts to reach a connect endpoint.
 	dialRetry = 500 * time.Millisecond
+	// A connecting publisher whose socket has had no subscription for
+	// redialAfter checks redialCheck apart opens a new socket and dials
+	// again (the router went away, or never answered as a ZMQ peer).
+	redialCheck = time.Second
+	redialAfter = 3
 )
 
 // Options configures a Publisher.
@@ -51,14 +56,20 @@ type Options struct {
 // BlockGone never blocks: blocks wait in a bounded queue for the publishing
 // goroutine and are dropped, and counted, when it is full.
 type Publisher struct {
-	sock     zmq4.Socket
-	cancel   context.CancelFunc
+	endpoint string
+	bind     bool
 	topic    []byte
 	queue    chan removal
 	logger   *slog.Logger
 	stop     chan struct{}
 	running  sync.WaitGroup
 	stopOnce sync.Once
+
+	// mu guards the socket, which the publishing goroutine replaces when a
+	// connecting publisher dials again.
+	mu        sync.Mutex
+	sock      zmq4.Socket
+	closeSock func()
 
 	published atomic.Int64
 	dropped   atomic.Int64
@@ -105,40 +116,80 @@ func open(opts Options) (*Publisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	bind := strings.Contains(opts.Endpoint, "*") || strings.Contains(opts.Endpoint, "::") || transport != "tcp"
-	sockOpts := []zmq4.Option{zmq4.WithLogger(slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug))}
-	if !bind {
-		sockOpts = append(sockOpts, zmq4.WithDialerRetry(dialRetry), zmq4.WithDialerMaxRetries(-1),
-			zmq4.WithAutomaticReconnect(true))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{
-		sock:   zmq4.NewPub(ctx, sockOpts...),
-		cancel: cancel,
-		topic:  []byte(opts.Topic),
-		queue:  make(chan removal, opts.QueueLen),
-		logger: opts.Logger,
-		stop:   make(chan struct{}),
+		endpoint: opts.Endpoint,
+		bind:     strings.Contains(opts.Endpoint, "*") || strings.Contains(opts.Endpoint, "::") || transport != "tcp",
+		topic:    []byte(opts.Topic),
+		queue:    make(chan removal, opts.QueueLen),
+		logger:   opts.Logger,
+		stop:     make(chan struct{}),
 	}
-	if err := p.sock.SetOption(zmq4.OptionHWM, socketHWM); err != nil {
-		p.sock.Close()
-		cancel()
+	if err := p.connect(); err != nil {
 		return nil, err
 	}
-	if bind {
-		if err := p.sock.Listen(opts.Endpoint); err != nil {
-			p.sock.Close()
-			cancel()
-			return nil, err
+	return p, nil
+}
+
+// connect opens a new socket, binds it or starts dialing, and puts it in
+// place of the previous one, which it closes.
+//
+// zmq4's own automatic reconnection is not used: it dials from inside the
+// socket's writer when a send fails, while holding the lock that adding the
+// new connection takes, and deadlocks the socket.
+func (p *Publisher) connect() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	opts := []zmq4.Option{zmq4.WithLogger(slog.NewLogLogger(p.logger.Handler(), slog.LevelDebug))}
+	if !p.bind {
+		opts = append(opts, zmq4.WithDialerRetry(dialRetry), zmq4.WithDialerMaxRetries(-1))
+	}
+	sock := zmq4.NewPub(ctx, opts...)
+	closeSock := func() {
+		cancel()
+		sock.Close()
+	}
+	if err := sock.SetOption(zmq4.OptionHWM, socketHWM); err != nil {
+		closeSock()
+		return err
+	}
+	if p.bind {
+		if err := sock.Listen(p.endpoint); err != nil {
+			closeSock()
+			return err
 		}
 	} else {
-		p.running.Go(func() {
-			if err := p.sock.Dial(opts.Endpoint); err != nil && ctx.Err() == nil {
-				p.logger.Warn("KV events: cannot connect", "endpoint", opts.Endpoint, "err", err)
+		go func() {
+			err := sock.Dial(p.endpoint)
+			if ctx.Err() != nil {
+				// Replaced or closed while dialing: a connection made
+				// since then is closed with the socket.
+				sock.Close()
+				return
 			}
-		})
+			if err != nil {
+				p.logger.Warn("KV events: cannot connect", "endpoint", p.endpoint, "err", err)
+			}
+		}()
 	}
-	return p, nil
+	p.mu.Lock()
+	previous := p.closeSock
+	p.sock, p.closeSock = sock, closeSock
+	p.mu.Unlock()
+	if previous != nil {
+		previous()
+	}
+	return nil
+}
+
+// socket is the socket in use.
+func (p *Publisher) socket() zmq4.Socket {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sock
+}
+
+// subscribed tells whether some subscriber's subscription reached the socket.
+func (p *Publisher) subscribed() bool {
+	return len(p.socket().(zmq4.Topics).Topics()) > 0
 }
 
 // BlockGone queues a BlockRemoved event for the block at the store-relative
@@ -187,24 +238,41 @@ func (p *Publisher) Register(reg prometheus.Registerer) error {
 
 // Close stops publishing and closes the socket; blocks still queued are not sent.
 func (p *Publisher) Close() error {
-	var err error
 	p.stopOnce.Do(func() {
 		close(p.stop)
-		p.cancel()
-		err = p.sock.Close()
 		p.running.Wait()
+		p.mu.Lock()
+		p.closeSock()
+		p.mu.Unlock()
 	})
-	return err
+	return nil
 }
 
-// run publishes queued blocks in batches until Close.
+// run publishes queued blocks in batches until Close; a connecting
+// publisher also dials again when its socket stays without a subscription.
 func (p *Publisher) run() {
+	var redial <-chan time.Time
+	if !p.bind {
+		tick := time.NewTicker(redialCheck)
+		defer tick.Stop()
+		redial = tick.C
+	}
+	unsubscribed := 0
 	batch := make([]removal, 0, maxBatchBlocks)
-	var buf []byte
 	for {
 		select {
 		case <-p.stop:
 			return
+		case <-redial:
+			if p.subscribed() {
+				unsubscribed = 0
+			} else if unsubscribed++; unsubscribed >= redialAfter {
+				unsubscribed = 0
+				if err := p.connect(); err != nil {
+					p.logger.Warn("KV events: cannot open a new socket", "endpoint", p.endpoint, "err", err)
+				}
+			}
+			continue
 		case r := <-p.queue:
 			batch = append(batch[:0], r)
 		}
@@ -217,28 +285,28 @@ func (p *Publisher) run() {
 				break drain
 			}
 		}
-		buf = p.send(buf[:0], batch)
+		p.send(batch)
 	}
 }
 
 // send publishes one batch as vLLM's ZmqEventPublisher frames it: topic,
 // sequence number (8 bytes, big-endian) and payload. Blocks dropped since the
 // last batch leave a gap in the sequence numbers, the sign by which vLLM's
-// subscribers detect lost batches.
-func (p *Publisher) send(buf []byte, batch []removal) []byte {
+// subscribers detect lost batches. The socket queues the frames and writes
+// them later, so each batch has a buffer of its own.
+func (p *Publisher) send(batch []removal) {
 	if dropped := p.dropped.Load(); dropped != p.reported {
 		p.reported = dropped
 		p.seq++
 	}
-	buf = encodeBatch(buf, float64(time.Now().UnixNano())/1e9, groupRemovals(batch))
+	payload := encodeBatch(nil, float64(time.Now().UnixNano())/1e9, groupRemovals(batch))
 	seq := binary.BigEndian.AppendUint64(nil, p.seq)
 	p.seq++
-	if err := p.sock.Send(zmq4.NewMsgFrom(p.topic, seq, buf)); err != nil {
+	if err := p.socket().Send(zmq4.NewMsgFrom(p.topic, seq, payload)); err != nil {
 		p.logger.Debug("KV events: send failed", "err", err)
-		return buf
+		return
 	}
 	p.published.Add(int64(len(batch)))
-	return buf
 }
 
 // groupRemovals splits a batch into one event per KV cache group, groups in

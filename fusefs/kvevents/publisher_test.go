@@ -77,7 +77,7 @@ func (s *subscriber) next(t *testing.T) zmq4.Msg {
 func waitSubscribed(t *testing.T, p *Publisher) {
 	t.Helper()
 	for range 3000 {
-		if len(p.sock.(zmq4.Topics).Topics()) > 0 {
+		if p.subscribed() {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -261,4 +261,44 @@ func TestCheckEndpoint(t *testing.T) {
 			t.Errorf("%s accepted", bad)
 		}
 	}
+}
+
+// TestPublisherReconnectsAfterRouterRestart: a connecting publisher whose
+// router goes away reaches the router's next socket at the same address.
+func TestPublisherReconnectsAfterRouterRestart(t *testing.T) {
+	first := subscribe(t)
+	if err := first.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + first.Addr().String()
+	first.receive(t, "")
+	p, err := Start(Options{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitSubscribed(t, p)
+	p.BlockGone(blockG0)
+	first.next(t)
+	first.Close()
+
+	second := subscribe(t)
+	if err := second.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	second.receive(t, "")
+	// Batches sent before the new subscription arrives are lost, as with
+	// any PUB socket: send until one gets through.
+	for range 600 {
+		p.BlockGone(blockG2)
+		select {
+		case msg := <-second.msgs:
+			if got := decodeBatch(t, msg.Frames[2]); got[0].Hashes[0] != blockG2ID {
+				t.Fatalf("events %+v after reconnecting, want block %d", got, blockG2ID)
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatal("nothing received after the router came back")
 }
