@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -101,6 +102,8 @@ type Options struct {
 	// user than the daemon needs. Access is still limited to the store
 	// owner's uid and root (DESIGN "Threat model").
 	AllowOther bool
+	// KVEvents publishes removed blocks to routers; nil when it is off.
+	KVEvents *kvevents.Publisher
 }
 
 // FS is a mounted kvtierfs.
@@ -121,6 +124,7 @@ type FS struct {
 	syncRegions  *SyncRegions
 	stager       *staging.Stager
 	diagnostics  *staging.Diagnostics
+	kvEvents     *kvevents.Publisher
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
@@ -149,7 +153,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents}
 	if f.diagnostics == nil {
 		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
 	}

@@ -72,6 +72,11 @@ type Counters struct {
 	StoreIOErrors int64 `json:"store_io_errors"`
 	ShmIgnored    int64 `json:"shm_ignored"`
 	ShmFaults     int64 `json:"shm_faults"`
+	// KVEventsPublished counts removed blocks published as BlockRemoved KV
+	// events, KVEventsDropped those dropped because the publisher's queue was
+	// full (both 0 without --kv-events-endpoint).
+	KVEventsPublished int64 `json:"kv_events_published"`
+	KVEventsDropped   int64 `json:"kv_events_dropped"`
 }
 
 // Warning is a known failure the operator should act on.
@@ -113,6 +118,7 @@ func (f *FS) Stats() Stats {
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
 	st.Counters.Matches = f.matches.Load()
+	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
 	if f.stager != nil {
 		ss := f.stager.Stats()
 		st.Staging = &ss

@@ -155,6 +155,7 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
 		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
 		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
+		{"mount", mount("--kv-events-endpoint", "127.0.0.1:5557"), []string{"--kv-events-endpoint", "127.0.0.1:5557", "tcp://*:5557"}},
 		{"mount", mount("--no-such-flag"), []string{"unknown flag: --no-such-flag", "kvtierfs mount --help"}},
 		{"mount", mount("--peer", "b:7470"), []string{"--peer", "need --secret-file"}},
 		{"stat", []string{}, []string{"expected exactly one MOUNTPOINT", "kvtierfs stat --help"}},

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	rowsync "github.com/kvtierfs/kvtierfs/sync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -63,6 +64,9 @@ type mountConfig struct {
 	maxRequest    int64
 	allowOther    bool
 	engineUID     int
+	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
+	kvEventsEndpoint string
+	kvEventsTopic    string
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -87,6 +91,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
+	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
+	fl.StringVar(&c.kvEventsTopic, "kv-events-topic", "", "topic frame of the KV events, as vLLM's kv-events-config topic")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	c.logFormat = addLogFormatFlag(fl)
@@ -131,6 +137,11 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if err := checkEngineUID(c.engineUID, c.allowOther); err != nil {
 		return c, usageError{err}
+	}
+	if c.kvEventsEndpoint != "" {
+		if err := kvevents.CheckEndpoint(c.kvEventsEndpoint); err != nil {
+			return c, usageError{fmt.Errorf("--kv-events-endpoint %s: %w", c.kvEventsEndpoint, err)}
+		}
 	}
 	if (c.listen != "" || len(c.peers) > 0) && c.secretFile == "" {
 		return c, usageError{fmt.Errorf("--listen and --peer need --secret-file: peers authenticate each other with a shared secret")}
@@ -197,6 +208,13 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
+	events, err := startKVEvents(c, store, reg, logger)
+	if err != nil {
+		return fmt.Errorf("--kv-events-endpoint %w", err)
+	}
+	if events != nil {
+		defer events.Close()
+	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
 		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
@@ -213,7 +231,7 @@ func runMount(args []string) error {
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
-		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther})
+		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events})
 	if err != nil {
 		return err
 	}

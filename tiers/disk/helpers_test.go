@@ -298,7 +298,7 @@ func (r *removals) next(t *testing.T) string {
 	case rel := <-r.ch:
 		return rel
 	case <-time.After(20 * time.Second):
-		t.Fatal("OnRemove was not called")
+		t.Fatal("no removal was reported")
 		return ""
 	}
 }

@@ -164,8 +164,9 @@ type Store struct {
 
 	removed     chan struct{}
 	pendingMu   sync.Mutex
-	pending     []string
+	pending     []removal
 	onRemove    func(rel string)
+	onBlockGone func(rel string)
 	stopRemoval chan struct{}
 	removalDone chan struct{}
 }
@@ -509,14 +510,34 @@ func (s *Store) OnRemove(fn func(rel string)) {
 	s.pendingMu.Unlock()
 }
 
-// queueRemoval hands a removed path to the OnRemove goroutine without blocking.
-func (s *Store) queueRemoval(rel string) {
+// OnBlockGone sets the function called from the same goroutine with the path
+// of every block that leaves the store: those OnRemove reports, and those the
+// engine unlinks through the mount. A block replaced by a rename over its name
+// stays in the store and is not reported.
+func (s *Store) OnBlockGone(fn func(rel string)) {
 	s.pendingMu.Lock()
-	if s.onRemove == nil {
+	s.onBlockGone = fn
+	s.pendingMu.Unlock()
+}
+
+// removal is a block gone from the index, waiting for the listeners.
+type removal struct {
+	rel string
+	// requested is true for an unlink at the engine's request: the kernel
+	// already forgot the entry, so only OnBlockGone hears of it.
+	requested bool
+}
+
+// queueRemoval hands a removed block to the listeners' goroutine without blocking.
+func (s *Store) queueRemoval(rel string) { s.queue(removal{rel: rel}) }
+
+func (s *Store) queue(r removal) {
+	s.pendingMu.Lock()
+	if s.onBlockGone == nil && (s.onRemove == nil || r.requested) {
 		s.pendingMu.Unlock()
 		return
 	}
-	s.pending = append(s.pending, rel)
+	s.pending = append(s.pending, r)
 	s.pendingMu.Unlock()
 	select {
 	case s.removed <- struct{}{}:
@@ -524,7 +545,7 @@ func (s *Store) queueRemoval(rel string) {
 	}
 }
 
-// notifyRemovals delivers queued removals to OnRemove until Close.
+// notifyRemovals delivers queued removals to the listeners until Close.
 func (s *Store) notifyRemovals() {
 	defer close(s.removalDone)
 	for {
@@ -534,11 +555,16 @@ func (s *Store) notifyRemovals() {
 		case <-s.removed:
 		}
 		s.pendingMu.Lock()
-		batch, fn := s.pending, s.onRemove
+		batch, onRemove, onBlockGone := s.pending, s.onRemove, s.onBlockGone
 		s.pending = nil
 		s.pendingMu.Unlock()
-		for _, rel := range batch {
-			fn(rel)
+		for _, r := range batch {
+			if onRemove != nil && !r.requested {
+				onRemove(r.rel)
+			}
+			if onBlockGone != nil {
+				onBlockGone(r.rel)
+			}
 		}
 	}
 }

@@ -654,6 +654,7 @@ func (s *Store) Remove(rel string) error {
 	}
 	if b := s.blocks[rel]; b != nil {
 		s.dropLocked(b)
+		s.queue(removal{rel: rel, requested: true})
 	}
 	return nil
 }

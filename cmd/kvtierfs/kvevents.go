@@ -1,0 +1,29 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// startKVEvents publishes the blocks that leave the store as vLLM KV events
+// when --kv-events-endpoint is set; nil when it is not.
+func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, logger *slog.Logger) (*kvevents.Publisher, error) {
+	if c.kvEventsEndpoint == "" {
+		return nil, nil
+	}
+	events, err := kvevents.Start(kvevents.Options{Endpoint: c.kvEventsEndpoint, Topic: c.kvEventsTopic, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	if err := events.Register(reg); err != nil {
+		events.Close()
+		return nil, err
+	}
+	store.OnBlockGone(events.BlockGone)
+	logger.Info("publishing removed blocks as KV events", "endpoint", c.kvEventsEndpoint, "topic", c.kvEventsTopic)
+	return events, nil
+}

@@ -1,0 +1,304 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Block paths in the engine's layout and the hashes vLLM reports for them
+// (the low 64 bits of the name, see TestBlockHash).
+const (
+	blockG2   = "M_0123456789ab_r0/b18/ef_g2/b18efa847f7a3fa48fe0aafd4a6250aa5129740e05126859377af20cedafdeee.bin"
+	blockG2ID = uint64(3997773756585991918)
+	blockG0   = "M_0123456789ab_r0/012/34_g0/0123456789abcdef0123456789abcdef.bin"
+	blockG0ID = uint64(81985529216486895)
+)
+
+// subscriber is a SUB socket of the test.
+type subscriber struct {
+	zmq4.Socket
+	msgs chan zmq4.Msg
+}
+
+// subscribe opens a SUB socket for topic; connect or bind it with its methods.
+func subscribe(t *testing.T) *subscriber {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &subscriber{Socket: zmq4.NewSub(ctx), msgs: make(chan zmq4.Msg, 16)}
+	t.Cleanup(func() {
+		cancel()
+		s.Close()
+	})
+	return s
+}
+
+// receive starts delivering the socket's messages to s.msgs.
+func (s *subscriber) receive(t *testing.T, topic string) {
+	t.Helper()
+	if err := s.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			msg, err := s.Recv()
+			if err != nil {
+				close(s.msgs)
+				return
+			}
+			s.msgs <- msg
+		}
+	}()
+}
+
+// next is the next message, failing the test when none comes.
+func (s *subscriber) next(t *testing.T) zmq4.Msg {
+	t.Helper()
+	select {
+	case msg, ok := <-s.msgs:
+		if !ok {
+			t.Fatal("subscriber closed")
+		}
+		return msg
+	case <-time.After(30 * time.Second):
+		t.Fatal("no KV event batch received")
+	}
+	return zmq4.Msg{}
+}
+
+// waitSubscribed waits until the publisher's socket knows a subscription.
+func waitSubscribed(t *testing.T, p *Publisher) {
+	t.Helper()
+	for range 3000 {
+		if p.subscribed() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the subscription never reached the publisher")
+}
+
+// removedEvent is a decoded BlockRemoved.
+type removedEvent struct {
+	Hashes []uint64
+	Medium string
+	Group  uint64
+}
+
+// decodeBatch decodes a KVEventBatch of BlockRemoved events with a msgpack
+// library independent of the encoder, checking every field vLLM's msgspec
+// decoder needs.
+func decodeBatch(t *testing.T, payload []byte) []removedEvent {
+	t.Helper()
+	var batch []any
+	if err := msgpack.Unmarshal(payload, &batch); err != nil {
+		t.Fatalf("decoding batch: %v", err)
+	}
+	if len(batch) != 3 {
+		t.Fatalf("batch %v: want [ts, events, data_parallel_rank]", batch)
+	}
+	if ts, ok := batch[0].(float64); !ok || time.Since(time.Unix(0, int64(ts*1e9))).Abs() > time.Hour {
+		t.Fatalf("ts %#v: want float64 Unix seconds of now", batch[0])
+	}
+	if rank := toUint(t, batch[2]); rank != 0 {
+		t.Fatalf("data_parallel_rank %d, want 0", rank)
+	}
+	raw, ok := batch[1].([]any)
+	if !ok {
+		t.Fatalf("events %#v: want an array", batch[1])
+	}
+	var events []removedEvent
+	for _, r := range raw {
+		m, ok := r.(map[string]any)
+		if !ok || len(m) != 4 || m["type"] != "BlockRemoved" {
+			t.Fatalf("event %#v: want a map tagged BlockRemoved with block_hashes, medium, group_idx", r)
+		}
+		var ev removedEvent
+		for _, h := range m["block_hashes"].([]any) {
+			ev.Hashes = append(ev.Hashes, toUint(t, h))
+		}
+		ev.Medium, _ = m["medium"].(string)
+		ev.Group = toUint(t, m["group_idx"])
+		events = append(events, ev)
+	}
+	return events
+}
+
+func toUint(t *testing.T, v any) uint64 {
+	t.Helper()
+	switch x := reflect.ValueOf(v); {
+	case x.CanUint():
+		return x.Uint()
+	case x.CanInt() && x.Int() >= 0:
+		return uint64(x.Int())
+	}
+	t.Fatalf("%#v is not a non-negative integer", v)
+	return 0
+}
+
+// seqOf checks a message's framing (topic, 8-byte sequence number, payload)
+// and returns its sequence number.
+func seqOf(t *testing.T, msg zmq4.Msg, topic string) uint64 {
+	t.Helper()
+	if len(msg.Frames) != 3 || string(msg.Frames[0]) != topic || len(msg.Frames[1]) != 8 {
+		t.Fatalf("message frames %q: want topic %q, 8-byte sequence number, payload", msg.Frames, topic)
+	}
+	return binary.BigEndian.Uint64(msg.Frames[1])
+}
+
+// TestPublisherBindsAndSendsBlockRemoved publishes on a bound ipc endpoint:
+// blocks become one BlockRemoved per group, other paths are ignored.
+func TestPublisherBindsAndSendsBlockRemoved(t *testing.T) {
+	endpoint := "ipc://" + filepath.Join(t.TempDir(), "events.sock")
+	p, err := Start(Options{Endpoint: endpoint, Topic: "kv@node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sub := subscribe(t)
+	if err := sub.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	sub.receive(t, "kv@")
+	waitSubscribed(t, p)
+
+	p.BlockGone("M_0123456789ab_r0/config.json")
+	p.BlockGone(blockG2 + "_0123abc.tmp")
+	p.BlockGone(blockG2)
+	msg := sub.next(t)
+	if seq := seqOf(t, msg, "kv@node"); seq != 0 {
+		t.Fatalf("first batch has sequence number %d, want 0", seq)
+	}
+	got := decodeBatch(t, msg.Frames[2])
+	want := []removedEvent{{Hashes: []uint64{blockG2ID}, Medium: "STORAGE", Group: 2}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %+v, want %+v", got, want)
+	}
+	if published, dropped := p.Counts(); published != 1 || dropped != 0 {
+		t.Fatalf("published %d, dropped %d; want 1, 0", published, dropped)
+	}
+}
+
+// TestPublisherDropsWhenQueueFull fills the queue before the publisher runs:
+// BlockGone neither blocks nor queues past it, the drops are counted, and the
+// next batch's sequence number skips one so subscribers see the loss.
+func TestPublisherDropsWhenQueueFull(t *testing.T) {
+	endpoint := "ipc://" + filepath.Join(t.TempDir(), "events.sock")
+	p, err := open(Options{Endpoint: endpoint, QueueLen: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sub := subscribe(t)
+	if err := sub.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	sub.receive(t, "")
+	waitSubscribed(t, p)
+
+	p.BlockGone(blockG0)
+	p.BlockGone(blockG2)
+	p.BlockGone(blockG2)
+	if _, dropped := p.Counts(); dropped != 2 {
+		t.Fatalf("dropped %d, want 2", dropped)
+	}
+	p.running.Go(p.run)
+	msg := sub.next(t)
+	if seq := seqOf(t, msg, ""); seq != 1 {
+		t.Fatalf("batch after drops has sequence number %d, want 1 (a gap)", seq)
+	}
+	got := decodeBatch(t, msg.Frames[2])
+	want := []removedEvent{{Hashes: []uint64{blockG0ID}, Medium: "STORAGE", Group: 0}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %+v, want %+v", got, want)
+	}
+}
+
+// TestPublisherConnectsWhenRouterComesUp starts a connecting publisher before
+// anything listens at its endpoint: it keeps trying and publishes once the
+// router's SUB socket is bound.
+func TestPublisherConnectsWhenRouterComesUp(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	endpoint := "tcp://" + addr
+	p, err := Start(Options{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sub := subscribe(t)
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	sub.receive(t, "")
+	waitSubscribed(t, p)
+	p.BlockGone(blockG0)
+	if got := decodeBatch(t, sub.next(t).Frames[2]); len(got) != 1 || !reflect.DeepEqual(got[0].Hashes, []uint64{blockG0ID}) {
+		t.Fatalf("events %+v, want block %d", got, blockG0ID)
+	}
+}
+
+// TestCheckEndpoint accepts what vLLM's publisher takes and names the rest.
+func TestCheckEndpoint(t *testing.T) {
+	for _, ok := range []string{"tcp://*:5557", "tcp://127.0.0.1:5557", "tcp://[::]:5557", "ipc:///run/kv.sock", "inproc://kv"} {
+		if err := CheckEndpoint(ok); err != nil {
+			t.Errorf("%s refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"127.0.0.1:5557", "udp://*:5557", "tcp://", "http://router"} {
+		if err := CheckEndpoint(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// TestPublisherReconnectsAfterRouterRestart: a connecting publisher whose
+// router goes away reaches the router's next socket at the same address.
+func TestPublisherReconnectsAfterRouterRestart(t *testing.T) {
+	first := subscribe(t)
+	if err := first.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + first.Addr().String()
+	first.receive(t, "")
+	p, err := Start(Options{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitSubscribed(t, p)
+	p.BlockGone(blockG0)
+	first.next(t)
+	first.Close()
+
+	second := subscribe(t)
+	if err := second.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	second.receive(t, "")
+	// Batches sent before the new subscription arrives are lost, as with
+	// any PUB socket: send until one gets through.
+	for range 600 {
+		p.BlockGone(blockG2)
+		select {
+		case msg := <-second.msgs:
+			if got := decodeBatch(t, msg.Frames[2]); got[0].Hashes[0] != blockG2ID {
+				t.Fatalf("events %+v after reconnecting, want block %d", got, blockG2ID)
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatal("nothing received after the router came back")
+}
