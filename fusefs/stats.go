@@ -5,7 +5,7 @@ import (
 	"sort"
 
 	"github.com/kvtierfs/kvtierfs/staging"
-	rowsync "github.com/kvtierfs/kvtierfs/sync"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )

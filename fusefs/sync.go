@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
-	rowsync "github.com/kvtierfs/kvtierfs/sync"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 

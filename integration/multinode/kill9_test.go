@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	rowsync "github.com/kvtierfs/kvtierfs/sync"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
 // Kill9RoundsEnv sets how many kill -9 rounds TestKill9RoundsTwoNodes runs;

@@ -25,7 +25,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	rowsync "github.com/kvtierfs/kvtierfs/sync"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
 func TestMain(m *testing.M) { mounttest.Main(m) }

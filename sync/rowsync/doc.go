@@ -1,7 +1,7 @@
 // Package rowsync keeps the engine's shm rows identical across the nodes of a
 // tensor-parallel group when the disk tier promotes a block into one node's
-// region (DESIGN.md §3, failure 2). It is the FUSE-free core of sync/: the
-// filesystem calls it at a few points and maps its errors.
+// region (DESIGN.md §3, failure 2). It is the FUSE-free part of the sync layer
+// (sync/): the filesystem calls it at a few points and maps its errors.
 //
 // The filesystem's call sequence, with n from Start:
 //
