@@ -1,6 +1,5 @@
 #!/bin/bash
-cd sync
+W=/var/tmp/kvb; mkdir -p $W
 for r in 1 2; do
-  echo "== dd8aaaf round $r"; timeout 100 ../bin/sync-dd8aaaf.test -test.run XXX -test.bench Mirror -test.benchtime 5x 2>&1 | grep Bench
-  echo "== new round $r"; timeout 100 ../bin/sync.test -test.run XXX -test.bench Mirror -test.benchtime 5x 2>&1 | grep Bench
-done | tee $OUT/sync-ab.txt
+ for b in kvtierfs kv-nostage; do echo "== $b round $r"; timeout 140 ./bin/$b bench disk --dir $W --blocks 384 2>&1 | grep -E "load,|reload|store \(" | grep -v "^load\|^store\|^reload"; done
+done | tee $OUT/stagingab.txt

@@ -7,8 +7,8 @@
 // is proven where the engine looks:
 //
 //   - Loads.Open pins the block and gets its bytes verified against the
-//     block's digest: from staging, from a row of the engine's region that
-//     still holds the block (no disk read), or read from the store. A block
+//     block's digest: from a row of the engine's region that still holds the
+//     block (no disk read), from staging, or read from the store. A block
 //     that fails is dropped and the open fails with EIO.
 //   - Load.Read serves the bytes of one read request from that buffer. On a
 //     multi-node group the request that reaches the end of the row waits

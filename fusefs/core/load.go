@@ -148,8 +148,8 @@ type Load struct {
 	flushed bool
 }
 
-// Open pins a block and gets its verified bytes: from staging, from a row of
-// the engine's region that still holds them, or by reading the store. A block
+// Open pins a block and gets its verified bytes: from a row of the engine's
+// region that still holds them, from staging, or by reading the store. A block
 // whose bytes fail their digest is dropped and the open fails with EIO.
 func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 	r, err := c.cfg.Store.PinBlock(rel)
@@ -192,12 +192,9 @@ func (l *Load) fill(rel string) error {
 	if canFind && c.mirrors() {
 		l.before = c.cfg.Regions.Candidates(d)
 	}
-	if c.cfg.Stager != nil {
-		if buf, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
-			l.buf, l.digest, l.Source = buf, d, FromStaging
-			return nil
-		}
-	}
+	// A row that still holds the block comes first: it costs no disk read,
+	// and a load served from it does not set staging fetching the blocks
+	// after it, which rows that held this one likely hold too (a reload).
 	if canFind {
 		buf := c.cfg.Store.Buffer(int(d.Size))
 		if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
@@ -205,6 +202,12 @@ func (l *Load) fill(rel string) error {
 			return nil
 		}
 		c.cfg.Store.RecycleBlock(buf)
+	}
+	if c.cfg.Stager != nil {
+		if buf, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
+			l.buf, l.digest, l.Source = buf, d, FromStaging
+			return nil
+		}
 	}
 	if c.cfg.Stager != nil {
 		c.cfg.Stager.StoreLoadStarted()

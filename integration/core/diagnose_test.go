@@ -14,7 +14,11 @@ import (
 // thousands of blocks the thresholds need stay small.
 const diagRow = engineio.PageSize
 
-// diagMount mounts with a 1 s diagnostics window and a 64 KiB write-only
+// diagWindow is the tests' diagnostics window: long enough that a loaded
+// machine still fits each test's stores and lookups inside one window.
+const diagWindow = 3 * time.Second
+
+// diagMount mounts with a diagWindow diagnostics window and a 64 KiB write-only
 // threshold, and a region of regionRows rows of diagRow bytes.
 func diagMount(t *testing.T, regionRows int) (*mounttest.Daemon, *engineio.Tier, *engineio.Region) {
 	t.Helper()
@@ -24,9 +28,9 @@ func diagMount(t *testing.T, regionRows int) (*mounttest.Daemon, *engineio.Tier,
 	}
 	t.Cleanup(func() { region.Close() })
 	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path,
-		Args: []string{"--diagnostics-window", "1s", "--diagnostics-min-bytes", "64KiB", "--staging-bytes", "0"}})
+		Args: []string{"--diagnostics-window", diagWindow.String(), "--diagnostics-min-bytes", "64KiB", "--staging-bytes", "0"}})
 	// No rule judges a mount younger than its window.
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(diagWindow + 100*time.Millisecond)
 	return d, openTier(t, d), region
 }
 
@@ -46,7 +50,7 @@ func storeSmall(t *testing.T, tier *engineio.Tier, region *engineio.Region, g, i
 // returns the warning codes.
 func warningsAfterWindow(t *testing.T, d *mounttest.Daemon) map[string]string {
 	t.Helper()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(diagWindow/4 + 100*time.Millisecond)
 	codes := map[string]string{}
 	for _, w := range d.Stats().Warnings {
 		codes[w.Code] = w.Message
