@@ -1,0 +1,27 @@
+package staging_test
+
+import (
+	"fmt"
+
+	"github.com/kvtierfs/kvtierfs/staging"
+)
+
+// A batched match: the engine's lookup of a whole prompt in one request,
+// answered under its rules. Written to MOUNTPOINT/.kvtier/match, the request
+// is answered from the mount's index; here a set stands in for the index.
+func ExampleMatch() {
+	keys := []string{
+		"3fa90000000000000000000000000001", "3fa90000000000000000000000000002",
+		"3fa90000000000000000000000000003", "3fa90000000000000000000000000004",
+	}
+	stored := map[string]bool{keys[0]: true, keys[1]: true, keys[3]: true}
+	req := staging.MatchRequest{Tier: "DeepSeek_0123456789ab_r0", Groups: []staging.GroupSpec{
+		{Group: 0, Kind: staging.KindFull, Keys: keys},
+	}}
+	res, err := staging.Match(req, func(group int, key string) bool { return stored[key] })
+	fmt.Println(res.HitChunks, res.PerGroup, err)
+	fmt.Println(staging.BlockPath(req.Tier, 0, keys[0]))
+	// Output:
+	// 2 [2] <nil>
+	// DeepSeek_0123456789ab_r0/3fa/90_g0/3fa90000000000000000000000000001.bin
+}
