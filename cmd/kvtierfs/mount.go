@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 
@@ -201,6 +202,9 @@ func runMount(args []string) error {
 	}
 
 	reg := prometheus.NewRegistry()
+	// The daemon's own health beside the tier's: goroutines, memory, open
+	// descriptors (go_* and process_* metrics).
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var metricsListener net.Listener
 	if c.metricsAddr != "" {
 		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {

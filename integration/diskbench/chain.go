@@ -302,6 +302,7 @@ func (r *chainRun) stagedLoadCost(d *daemon.Daemon, tier *engineio.Tier) (loadMs
 			r.cfg.Blocks, r.cfg.StagingBytes)
 	}
 	first := r.cfg.Blocks - samples - 1
+	r.scrambleRows()                    // no row may hold a block measured here: it would be served from the row
 	time.Sleep(staging.DefaultBatchGap) // a new lookup batch
 	for i := first; i < r.cfg.Blocks; i++ {
 		tier.Exists(tier.BlockPath(tierDir, 0, key(i)))

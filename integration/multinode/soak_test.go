@@ -3,6 +3,8 @@ package multinode_test
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -24,8 +26,9 @@ const defaultSoak = 45 * time.Second
 // mirrors to a peer, with eviction active (a store of a few rows) and a
 // small staging budget, for the soak's length. Every load that succeeds has
 // the right bytes and an identical peer row; the head's open descriptors
-// stay flat and its RSS within its memory limit (--staging-bytes plus the
-// documented overhead). It logs RSS and descriptors over time.
+// and goroutines stay flat and its RSS within its memory limit
+// (--staging-bytes plus the documented overhead). It logs RSS, descriptors
+// and goroutines over time.
 func TestSoakTwoNodes(t *testing.T) {
 	length := defaultSoak
 	if v := os.Getenv(SoakEnv); v != "" {
@@ -39,8 +42,10 @@ func TestSoakTwoNodes(t *testing.T) {
 	head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 	addr, secret := freeAddr(t), secretFile(t)
 	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+	metrics := freeAddr(t)
 	head.mount(t, t.TempDir(), nil, "--peer", addr, "--secret-file", secret, "--replicated-kv", "on",
-		"--capacity", strconv.Itoa(12*rowBytes), "--lookup-protect", "1s", "--staging-bytes", strconv.Itoa(4*rowBytes))
+		"--capacity", strconv.Itoa(12*rowBytes), "--lookup-protect", "1s", "--staging-bytes", strconv.Itoa(4*rowBytes),
+		"--metrics-addr", metrics)
 	pid := head.daemon.Pid()
 
 	var loads, failed, wrong, stale, stores atomic.Int64
@@ -88,12 +93,12 @@ func TestSoakTwoNodes(t *testing.T) {
 		})
 	}
 	type sample struct {
-		at       time.Duration
-		rss, fds int64
+		at                   time.Duration
+		rss, fds, goroutines int64
 	}
 	var samples []sample
 	take := func(at time.Duration) {
-		samples = append(samples, sample{at, rssBytes(t, pid), fdCount(t, pid)})
+		samples = append(samples, sample{at, rssBytes(t, pid), fdCount(t, pid), goroutines(t, metrics)})
 	}
 	start := time.Now()
 	take(0)
@@ -105,7 +110,7 @@ func TestSoakTwoNodes(t *testing.T) {
 	wg.Wait()
 	var log strings.Builder
 	for _, s := range samples {
-		fmt.Fprintf(&log, " %s: RSS %d MiB, %d fds;", s.at, s.rss>>20, s.fds)
+		fmt.Fprintf(&log, " %s: RSS %d MiB, %d fds, %d goroutines;", s.at, s.rss>>20, s.fds, s.goroutines)
 	}
 	st := head.daemon.Stats()
 	t.Logf("soak %s: %d stores, %d loads (%d failed), %d evictions;%s", length, stores.Load(), loads.Load(), failed.Load(),
@@ -119,6 +124,9 @@ func TestSoakTwoNodes(t *testing.T) {
 	first, last := samples[0], samples[len(samples)-1]
 	if last.fds > first.fds+16 {
 		t.Fatalf("the head's descriptors grew from %d to %d", first.fds, last.fds)
+	}
+	if last.goroutines > 2*first.goroutines+64 {
+		t.Fatalf("the head's goroutines grew from %d to %d", first.goroutines, last.goroutines)
 	}
 	// --staging-bytes plus the overhead the Go memory limit allows for
 	// (cmd/kvtierfs/memory.go); the buffers of open loads are far below
@@ -142,6 +150,31 @@ func rssBytes(t *testing.T, pid int) int64 {
 		}
 	}
 	t.Fatalf("no VmRSS for process %d", pid)
+	return 0
+}
+
+// goroutines reads go_goroutines from a daemon's metrics endpoint.
+func goroutines(t *testing.T, addr string) int64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("go_goroutines %q: %v", v, err)
+			}
+			return int64(n)
+		}
+	}
+	t.Fatal("no go_goroutines in the daemon's metrics")
 	return 0
 }
 
