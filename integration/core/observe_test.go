@@ -41,7 +41,10 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	if strings.Contains(string(body), "go_goroutines") {
+	if !strings.Contains(string(body), "go_goroutines") || !strings.Contains(string(body), "process_open_fds") {
+		t.Error("metrics lack the daemon's own health (go_goroutines, process_open_fds)")
+	}
+	if strings.Contains(string(body), "promhttp_metric_handler_requests_total") {
 		t.Error("metrics come from the global registry, not the mount's own")
 	}
 }
