@@ -22,7 +22,8 @@ build:
 # nsenter: network namespaces in the multi-node tests; prlimit: short writes
 # in the fault tests), passwd (useradd: the access tests create users) and
 # e2fsprogs (mkfs.ext4: the fault tests' loop-device store that fills up and
-# fails).
+# fails), glusterfs-server and glusterfs-client (glusterd and mount.glusterfs:
+# the shared-store tests' real distributed filesystem, integration/gluster).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
@@ -31,7 +32,9 @@ deps:
 	command -v nsenter >/dev/null && command -v prlimit >/dev/null || pkgs="$$pkgs util-linux"; \
 	command -v useradd >/dev/null || pkgs="$$pkgs passwd"; \
 	command -v mkfs.ext4 >/dev/null || pkgs="$$pkgs e2fsprogs"; \
-	if [ -n "$$pkgs" ]; then apt-get update -qq && apt-get install -y -qq $$pkgs; fi
+	command -v glusterd >/dev/null || pkgs="$$pkgs glusterfs-server"; \
+	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
+	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
 demo: deps build
 	./$(BIN) bench --scenario agent

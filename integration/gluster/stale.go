@@ -1,0 +1,101 @@
+package gluster
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ClearStale removes what a harness process that died without Close left
+// behind — mounts, glusterd, brick and client processes, namespaces, links
+// and state directories — recognised by their names and by the owner process
+// recorded beside them no longer running. A live harness's state is left
+// alone.
+func ClearStale() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), statePrefix+"*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, "owner.pid"))
+		if pid, perr := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil && perr == nil && alive(pid) {
+			continue
+		}
+		for _, mnt := range mountsUnder(dir) {
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+		for _, pid := range processesMatching(func(cmdline []string) bool { return mentions(cmdline, dir) }) {
+			stopProcess(pid)
+		}
+		os.RemoveAll(dir)
+	}
+	netns, _ := os.ReadDir("/run/netns")
+	for _, e := range netns {
+		if staleName(e.Name()) {
+			exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
+	links, _ := net.Interfaces()
+	for _, l := range links {
+		if staleName(l.Name) {
+			exec.Command("ip", "link", "del", l.Name).Run()
+		}
+	}
+}
+
+// staleName reports whether a namespace or link name is one of the harness's
+// (`kvg<pid><letter>…`) whose process no longer runs.
+func staleName(name string) bool {
+	rest, ok := strings.CutPrefix(name, linkPrefix)
+	if !ok {
+		return false
+	}
+	digits := len(rest) - len(strings.TrimLeft(rest, "0123456789"))
+	pid, err := strconv.Atoi(rest[:digits])
+	return err == nil && digits < len(rest) && !alive(pid)
+}
+
+func alive(pid int) bool {
+	return pid > 0 && unix.Kill(pid, 0) == nil
+}
+
+// mountsUnder lists mountpoints at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var mounts []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mnt := unescapeMountinfo(fields[4])
+		if mnt == dir || strings.HasPrefix(mnt, dir+"/") {
+			mounts = append([]string{mnt}, mounts...)
+		}
+	}
+	return mounts
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
