@@ -145,3 +145,26 @@ func (b *bound) probeUntilBack() {
 		}
 	}
 }
+
+// call runs fn under the bound and returns its result. The result travels
+// through a channel, never a variable the caller shares with the worker: a
+// call past its bound still writes after the caller moved on.
+func call[T any](b *bound, fn func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	err := b.do(func() error {
+		v, err := fn()
+		ch <- result{v, err}
+		return err
+	})
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	default:
+		var zero T
+		return zero, err
+	}
+}

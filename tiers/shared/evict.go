@@ -32,8 +32,8 @@ func (l *Level) scan() ([]sharedBlock, error) {
 	var out []sharedBlock
 	var walk func(rel string, depth int) error
 	walk = func(rel string, depth int) error {
-		var entries []fs.DirEntry
-		if err := l.bound.do(func() (err error) { entries, err = l.dir.ReadDir(rel); return err }); err != nil {
+		entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(rel) })
+		if err != nil {
 			if errors.Is(err, syscall.ENOENT) {
 				return nil
 			}
@@ -53,8 +53,8 @@ func (l *Level) scan() ([]sharedBlock, error) {
 			if kind != disk.Block {
 				continue
 			}
-			var info FileInfo
-			if err := l.bound.do(func() (err error) { info, err = l.dir.Stat(child); return err }); err != nil {
+			info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(child) })
+			if err != nil {
 				if errors.Is(err, syscall.ENOENT) {
 					continue
 				}
@@ -153,22 +153,20 @@ func (l *Level) evict() {
 		if l.protected(b, now) {
 			continue
 		}
-		changed := false
-		err := l.bound.do(func() error {
+		changed, err := call(l.bound, func() (changed bool, err error) {
 			// A block rewritten or fetched since the scan is not the one chosen.
 			info, err := l.dir.Stat(b.rel)
 			if err != nil {
-				return err
+				return false, err
 			}
 			if !info.sameFile(b.scanInfo) {
-				changed = true
-				return nil
+				return true, nil
 			}
 			if err := l.dir.Remove(b.rel); err != nil {
-				return err
+				return false, err
 			}
 			l.dir.Remove(b.rel + sidecarSuffix)
-			return nil
+			return false, nil
 		})
 		switch {
 		case changed:

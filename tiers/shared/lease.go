@@ -64,7 +64,7 @@ func (l *Level) setLease(held bool, expiry time.Time, seen string) {
 
 // readLease reads the lease file under the bound.
 func (l *Level) readLease() (holder string, expiry time.Time, content []byte, err error) {
-	err = l.bound.do(func() (err error) { content, err = l.dir.ReadFile(leaseFile); return err })
+	content, err = call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(leaseFile) })
 	if err != nil {
 		return "", time.Time{}, nil, err
 	}
@@ -105,8 +105,7 @@ func (l *Level) tryLease() bool {
 		l.setLease(false, time.Time{}, holder)
 		return false
 	}
-	var moved []byte
-	l.bound.do(func() (err error) { moved, err = l.dir.ReadFile(aside); return err })
+	moved, _ := call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(aside) })
 	if string(moved) != string(content) {
 		// A live lease was created in between and moved by us: put it back.
 		l.bound.do(func() error { return l.dir.Link(aside, leaseFile) })

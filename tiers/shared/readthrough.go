@@ -118,8 +118,7 @@ func (l *Level) Lookup(rel string) bool {
 	if !l.Reachable() {
 		return false
 	}
-	var info FileInfo
-	err := l.bound.do(func() (err error) { info, err = l.dir.Stat(rel); return err })
+	info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(rel) })
 	switch {
 	case err == nil:
 	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR):
@@ -178,19 +177,22 @@ func (l *Level) fetch(rel string, name disk.BlockName) error {
 		return fmt.Errorf("fetch %s: %w (%w)", rel, syscall.ENOENT, ErrUnreachable)
 	}
 	start := l.cfg.Clock.Now()
-	var before FileInfo
-	var data, rec []byte
-	var hasRecord bool
-	err := l.bound.do(func() (err error) {
-		if before, err = l.dir.Stat(rel); err != nil {
-			return err
+	type read struct {
+		before    FileInfo
+		data, rec []byte
+		hasRecord bool
+	}
+	got, err := call(l.bound, func() (r read, err error) {
+		if r.before, err = l.dir.Stat(rel); err != nil {
+			return r, err
 		}
-		if data, err = l.dir.ReadFile(rel); err != nil {
-			return err
+		if r.data, err = l.dir.ReadFile(rel); err != nil {
+			return r, err
 		}
-		rec, hasRecord, err = l.readRecord(rel)
-		return err
+		r.rec, r.hasRecord, err = l.readRecord(rel)
+		return r, err
 	})
+	before, data, rec, hasRecord := got.before, got.data, got.rec, got.hasRecord
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) {
 			l.reads.remember(rel, false, start)

@@ -223,10 +223,15 @@ func (l *Level) writeOne(p *pending) error {
 		// Evicted, replaced or corrupt locally: nothing to write.
 		return nil
 	}
-	defer l.cfg.Local.RecycleBlock(data)
 	if err := l.bound.do(func() error { return l.put(p.rel, name, data) }); err != nil {
+		if errors.Is(err, errTimedOut) {
+			// The stuck call may still read the buffer: leave it to the GC.
+			return err
+		}
+		l.cfg.Local.RecycleBlock(data)
 		return err
 	}
+	l.cfg.Local.RecycleBlock(data)
 	l.c.written.Add(1)
 	l.c.writtenBytes.Add(int64(len(data)))
 	l.reads.remember(p.rel, true, l.cfg.Clock.Now())
