@@ -211,7 +211,9 @@ func (l *Level) fetch(rel string, name disk.BlockName) error {
 		return fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
 	}
 	if err := l.cfg.Local.Import(rel, data); err != nil {
-		return err
+		// No room here (every local block protected): a miss, not an error.
+		l.cfg.Logger.Warn("block fetched from the shared store could not be kept locally", "path", rel, "err", err)
+		return fmt.Errorf("fetch %s: keeping it locally: %v: %w", rel, err, syscall.ENOENT)
 	}
 	l.noteRecent(rel)
 	// The evictor reads the modification time as the block's last use.
