@@ -74,9 +74,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case disk.Block:
 		start := time.Now()
 		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		n.fsys.noteLookup(rel, callerThread(ctx), present)
+		// A key missing here may be in the shared store (DESIGN.md "The shared level").
+		inShared := !present && n.fsys.shared != nil && n.fsys.shared.Lookup(rel)
+		n.fsys.noteLookup(rel, callerThread(ctx), present || inShared)
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-		if !present {
+		if !present && !inShared {
 			return nil, syscall.ENOENT
 		}
 		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
@@ -84,10 +86,21 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 			n.fsys.lookupsWithheld.Add(1)
 			return nil, syscall.ENOENT
 		}
+		if inShared {
+			return n.sharedBlockEntry(ctx, rel, out)
+		}
+		if n.fsys.shared != nil {
+			if d, ok := n.fsys.store.Digest(rel); ok {
+				n.fsys.shared.LookedUp(rel, d.Size)
+			}
+		}
 	case disk.BlockTmp:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(rel)
 	}
