@@ -50,6 +50,11 @@ func TestSharedCrossReplica(t *testing.T) {
 	const n = 4
 	region := newRegion(t, n)
 	tierA := openTier(t, a)
+	tierB := openTier(t, b)
+	// B asks before A stores: the absent answer is cached, in the kernel and the daemon.
+	if tierB.Exists(tierB.BlockPath(tierDir, 0, hashOf(0))) {
+		t.Fatal("B finds a block nobody stored")
+	}
 	for i := range n {
 		storeBlock(t, tierA, region.Row(i), i)
 	}
@@ -61,7 +66,9 @@ func TestSharedCrossReplica(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(sharedDir, rel)); err != nil || !bytes.Equal(got, expectedRow(0)) {
 		t.Fatalf("the shared directory does not hold block 0 in the tier layout: %v", err)
 	}
-	tierB := openTier(t, b)
+	// Visible on B within --shared-negative-ttl (400ms: 200ms of kernel
+	// negative entry, 200ms of the daemon's cache), not the kernel's default 5s.
+	time.Sleep(500 * time.Millisecond)
 	for round := range 2 {
 		for i := range n {
 			path := tierB.BlockPath(tierDir, 0, hashOf(i))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -79,6 +80,7 @@ func (b *bound) do(fn func() error) error {
 	default:
 		// Every worker is busy and as many calls wait: the directory is
 		// not keeping up (or hangs); do not queue behind it.
+		b.timeouts.Add(1)
 		b.markUnreachable()
 		return ErrUnreachable
 	}
@@ -86,17 +88,45 @@ func (b *bound) do(fn func() error) error {
 	defer t.Stop()
 	select {
 	case err := <-j.done:
+		if unavailable(err) {
+			// Answered, but the filesystem's client lost its servers.
+			b.markUnreachable()
+		}
 		return err
 	case <-t.C:
 		j.abandoned.Store(true)
+		b.timeouts.Add(1)
 		b.markUnreachable()
 		return errTimedOut
 	}
 }
 
-// markUnreachable counts a timeout and starts the prober if none runs.
+// unavailable reports an error meaning the shared filesystem cannot serve
+// now (its client lost the servers, or it cannot take writes), rather than
+// an answer about one file.
+func unavailable(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.ENOTCONN, syscall.ETIMEDOUT, syscall.EHOSTDOWN, syscall.EHOSTUNREACH, syscall.ENETDOWN,
+		syscall.ENETUNREACH, syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.ESHUTDOWN,
+		syscall.EIO, syscall.ENODEV, syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS:
+		return true
+	}
+	return false
+}
+
+// retryable reports whether a call failed for want of the shared store
+// (timed out, skipped while unreachable, or unavailable): worth trying again
+// once it is back.
+func retryable(err error) bool {
+	return errors.Is(err, ErrUnreachable) || errors.Is(err, errTimedOut) || unavailable(err)
+}
+
+// markUnreachable marks the directory unreachable and starts the prober if none runs.
 func (b *bound) markUnreachable() {
-	b.timeouts.Add(1)
 	b.unreachable.Store(true)
 	b.probeMu.Lock()
 	defer b.probeMu.Unlock()

@@ -17,6 +17,11 @@ import (
 // engine stores a request's blocks in prefix order, head first).
 const chainGap = time.Second
 
+// staleTmpAge is how old a tmp file in the shared layout must be before the
+// lease holder removes it: its writer crashed or was cut off (a write-behind
+// takes at most --shared-timeout).
+const staleTmpAge = 10 * time.Minute
+
 // sharedBlock is a block found in the shared layout.
 type sharedBlock struct {
 	rel      string
@@ -27,9 +32,10 @@ type sharedBlock struct {
 }
 
 // scan walks the shared layout (`<tier>/<h[0:3]>/<h[3:5]>_g<N>/<h>.bin`),
-// each directory read under the bound.
-func (l *Level) scan() ([]sharedBlock, error) {
-	var out []sharedBlock
+// each directory read under the bound; it also lists tmp files older than
+// staleTmpAge.
+func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
+	now := l.cfg.Clock.Now()
 	var walk func(rel string, depth int) error
 	walk = func(rel string, depth int) error {
 		entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(rel) })
@@ -50,6 +56,11 @@ func (l *Level) scan() ([]sharedBlock, error) {
 				continue
 			}
 			kind, name := disk.Classify(child)
+			if kind == disk.BlockTmp {
+				if info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(child) }); err == nil && now.Sub(info.ModTime) > staleTmpAge {
+					staleTmps = append(staleTmps, child)
+				}
+			}
 			if kind != disk.Block {
 				continue
 			}
@@ -69,9 +80,9 @@ func (l *Level) scan() ([]sharedBlock, error) {
 		return nil
 	}
 	if err := walk(".", 0); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return out, staleTmps, nil
 }
 
 // evictionOrder orders blocks for eviction: least recently used runs first,
@@ -124,10 +135,16 @@ func (l *Level) protected(b sharedBlock, now time.Time) bool {
 // evict brings the shared store down to its capacity, while this node holds
 // the lease: it stops at once when the lease is lost or cannot be renewed.
 func (l *Level) evict() {
-	blocks, err := l.scan()
+	blocks, staleTmps, err := l.scan()
 	if err != nil {
 		l.cfg.Logger.Warn("shared store scan failed", "err", err)
 		return
+	}
+	for _, tmp := range staleTmps {
+		if !l.holding() {
+			return
+		}
+		l.bound.do(func() error { return l.dir.Remove(tmp) })
 	}
 	var used int64
 	for _, b := range blocks {

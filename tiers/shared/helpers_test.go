@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -211,4 +212,39 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("never: %s", what)
+}
+
+// downDir fails every call with ENOTCONN while down, as a FUSE client of a
+// distributed filesystem that lost its servers answers.
+type downDir struct {
+	Dir
+	down atomic.Bool
+}
+
+func (d *downDir) err() error {
+	if d.down.Load() {
+		return syscall.ENOTCONN
+	}
+	return nil
+}
+
+func (d *downDir) Stat(rel string) (FileInfo, error) {
+	if err := d.err(); err != nil {
+		return FileInfo{}, err
+	}
+	return d.Dir.Stat(rel)
+}
+
+func (d *downDir) WriteFile(rel string, data []byte) error {
+	if err := d.err(); err != nil {
+		return err
+	}
+	return d.Dir.WriteFile(rel, data)
+}
+
+func (d *downDir) MkdirAll(rel string) error {
+	if err := d.err(); err != nil {
+		return err
+	}
+	return d.Dir.MkdirAll(rel)
 }

@@ -17,6 +17,8 @@ const leaseFile = controlDir + "/evict.lease"
 
 // lease is this node's view of the eviction lease.
 type lease struct {
+	// op serialises this node's attempts to take or renew the lease.
+	op     sync.Mutex
 	mu     sync.Mutex
 	holder string
 	// held is true while this node holds the lease, until expiry (its clock).
@@ -76,6 +78,8 @@ func (l *Level) readLease() (holder string, expiry time.Time, content []byte, er
 // node holds it afterwards. Every step reads the lease back, so that two
 // nodes never both act as holder for longer than one renewal period.
 func (l *Level) tryLease() bool {
+	l.lease.op.Lock()
+	defer l.lease.op.Unlock()
 	now := l.cfg.Clock.Now()
 	holder, expiry, content, err := l.readLease()
 	switch {

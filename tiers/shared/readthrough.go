@@ -105,6 +105,9 @@ func (l *Level) Lookup(rel string) bool {
 	if isBlock {
 		l.c.lookups.Add(1)
 	}
+	if !l.Reachable() {
+		return false
+	}
 	now := l.cfg.Clock.Now()
 	if a, ok := l.cached(rel, now); ok {
 		if isBlock && a.present {
@@ -114,9 +117,6 @@ func (l *Level) Lookup(rel string) bool {
 			l.c.negativeHits.Add(1)
 		}
 		return a.present && a.isDir != isBlock
-	}
-	if !l.Reachable() {
-		return false
 	}
 	info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(rel) })
 	switch {
@@ -216,6 +216,7 @@ func (l *Level) fetch(rel string, name disk.BlockName) error {
 		return fmt.Errorf("fetch %s: keeping it locally: %v: %w", rel, err, syscall.ENOENT)
 	}
 	l.noteRecent(rel)
+	l.wb.markAdmitted(rel)
 	// The evictor reads the modification time as the block's last use.
 	l.bound.do(func() error { return l.dir.Touch(rel, l.cfg.Clock.Now()) })
 	l.c.fetched.Add(1)

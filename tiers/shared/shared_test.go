@@ -110,7 +110,7 @@ func TestQueueBoundDropsOldest(t *testing.T) {
 		t.Fatalf("queue %d bytes (bound %d), dropped %d", s.QueueBytes, 3*testBlock, s.DroppedBlocks)
 	}
 	hang.resume()
-	eventually(t, "drained", func() bool { return l.Stats().QueueBlocks == 0 })
+	eventually(t, "drained", func() bool { return l.Stats().BytesBehind == 0 })
 	// The newest blocks survived.
 	if _, err := os.Stat(filepath.Join(root, blockRel(5))); err != nil {
 		t.Fatal("the newest block was dropped")
@@ -254,4 +254,30 @@ func TestUnreachable(t *testing.T) {
 	if !l.Lookup(blockRel(2)) {
 		t.Fatal("written block not found after recovery")
 	}
+}
+
+// TestDisconnectedKeepsQueue: a filesystem answering ENOTCONN (servers gone)
+// marks the level unreachable and keeps the blocks queued, not dropped; they
+// are written once it answers again.
+func TestDisconnectedKeepsQueue(t *testing.T) {
+	root := t.TempDir()
+	dir := &downDir{Dir: OSDir{root}}
+	l, local, _ := newTestLevel(t, dir, root, func(c *Config) { c.Timeout = 50 * time.Millisecond })
+	dir.down.Store(true)
+	for i := range 2 {
+		local.put(blockRel(i), blockData(i, testBlock))
+		l.Published(blockRel(i), testBlock)
+	}
+	eventually(t, "unreachable", func() bool { return !l.Stats().Reachable })
+	if l.Lookup(blockRel(0)) {
+		t.Fatal("present while disconnected")
+	}
+	if s := l.Stats(); s.WrittenBlocks != 0 || s.DroppedBlocks != 0 || s.BytesBehind != 2*testBlock {
+		t.Fatalf("while disconnected: %+v", s)
+	}
+	dir.down.Store(false)
+	eventually(t, "drained after reconnect", func() bool {
+		s := l.Stats()
+		return s.Reachable && s.WrittenBlocks == 2 && s.BytesBehind == 0
+	})
 }

@@ -108,6 +108,16 @@ func (l *Level) enqueue(rel string, size int64) {
 	}
 }
 
+// markAdmitted records a block the shared store holds (fetched from it), so
+// that a later local lookup does not write it back.
+func (w *writeBehind) markAdmitted(rel string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.admitted) < maxAdmitted {
+		w.admitted[rel] = struct{}{}
+	}
+}
+
 // next takes the oldest queued block, marking its bytes in flight.
 func (w *writeBehind) next() (*pending, bool) {
 	w.mu.Lock()
@@ -195,7 +205,7 @@ func (l *Level) writeLoop() {
 		}
 		err := l.writeOne(p)
 		switch {
-		case errors.Is(err, ErrUnreachable) || errors.Is(err, errTimedOut):
+		case retryable(err):
 			w.requeue(p)
 			select {
 			case <-l.stop:
