@@ -31,10 +31,6 @@ const rowBytes = 1 << 20
 // tierDir is the engine's per-model directory used by these tests.
 const tierDir = "SharedModel_0123456789ab_r0"
 
-// sharedSubdir is the directory on the volume that every node's daemon gets
-// as --shared.
-const sharedSubdir = "kv"
-
 // hashOf is the chunk hash of block i.
 func hashOf(i int) string {
 	sum := sha256.Sum256([]byte(fmt.Sprintf("shared-chunk-%d", i)))
@@ -52,17 +48,20 @@ func expectedRow(i int) []byte {
 // in the node's network namespace, its --shared on the node's own client
 // mount), the engine's view of the mount and a region for its rows.
 type replica struct {
-	node   *gluster.Node
+	node *gluster.Node
+	// sub is the --shared directory relative to the volume's root.
+	sub    string
 	daemon *mounttest.Daemon
 	tier   *engineio.Tier
 	region *engineio.Region
 }
 
-// startReplica mounts a daemon for node with --shared on the node's mount,
-// a short bound on shared calls and extra flags.
-func startReplica(t *testing.T, node *gluster.Node, extra ...string) *replica {
+// startReplica mounts a daemon for node with --shared on the node's mount
+// (the volume's directory sub), a short bound on shared calls and extra
+// flags.
+func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string) *replica {
 	t.Helper()
-	dir := filepath.Join(node.Mount, sharedSubdir)
+	dir := filepath.Join(node.Mount, sub)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +79,7 @@ func startReplica(t *testing.T, node *gluster.Node, extra ...string) *replica {
 	if !tier.Direct {
 		t.Fatal("O_DIRECT probe failed on the mount")
 	}
-	return &replica{node: node, daemon: d, tier: tier, region: region}
+	return &replica{node: node, sub: sub, daemon: d, tier: tier, region: region}
 }
 
 // path is block i's path on the replica's mount.
@@ -177,6 +176,14 @@ func blockFiles(t *testing.T, root string) map[string]int64 {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// shared is block i's path in the shared directory through the node's mount.
+func (r *replica) shared(i int) string { return filepath.Join(r.node.Mount, r.sub, r.rel(i)) }
+
+// onBrick is block i's path in the shared directory on the brick.
+func (r *replica) onBrick(c *gluster.Cluster, i int) string {
+	return filepath.Join(c.Brick(), r.sub, r.rel(i))
 }
 
 // timed runs fn and returns how long it took.

@@ -20,26 +20,42 @@ import (
 // --shared-timeout of 2 s given to the daemons, far below a hang.
 const opBound = 10 * time.Second
 
-// TestCrossReplicaOverGluster: replica A stores a chain; it is written
+// TestSharedOverGluster brings one volume up for every case; each case has
+// its own --shared directory on it.
+func TestSharedOverGluster(t *testing.T) {
+	c := gluster.Start(t, gluster.Options{})
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, *gluster.Cluster, string)
+	}{
+		{"cross-replica", crossReplica},
+		{"unreachable", sharedUnreachable},
+		{"corrupt", corruptSharedBlockRefused},
+		{"lease-capacity", evictionLeaseAndCapacity},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, tc.name) })
+	}
+}
+
+// crossReplica: replica A stores a chain; it is written
 // behind to the volume in the tier layout, digests in xattrs, readable by
 // vLLM straight from the volume; replica B on the other node, whose store
 // never saw it, finds every block and loads it byte-exact, the second time
 // from its own store.
-func TestCrossReplicaOverGluster(t *testing.T) {
-	c := gluster.Start(t, gluster.Options{})
-	a, b := startReplica(t, c.Nodes[0]), startReplica(t, c.Nodes[1])
+func crossReplica(t *testing.T, c *gluster.Cluster, sub string) {
+	a, b := startReplica(t, c.Nodes[0], sub), startReplica(t, c.Nodes[1], sub)
 	const n = 12
 	for i := range n {
 		a.store(t, i)
 	}
 	a.waitWrittenBehind(t, n, time.Minute)
 
-	onBrick := blockFiles(t, filepath.Join(c.Brick(), sharedSubdir))
+	onBrick := blockFiles(t, filepath.Join(c.Brick(), sub))
 	for i := range n {
 		if size, ok := onBrick[a.rel(i)]; !ok || size != rowBytes {
 			t.Fatalf("the brick holds block %d at %s as %d bytes (present %v), want %d", i, a.rel(i), size, ok, rowBytes)
 		}
-		brickPath := filepath.Join(c.Brick(), sharedSubdir, a.rel(i))
+		brickPath := a.onBrick(c, i)
 		if _, err := os.Stat(brickPath + ".kvdigest"); err == nil {
 			t.Fatalf("block %d has a digest sidecar on a volume that keeps xattrs", i)
 		}
@@ -49,7 +65,7 @@ func TestCrossReplicaOverGluster(t *testing.T) {
 	}
 	// The shared directory is also a valid vLLM tier root: the engine reads
 	// a block straight from the volume.
-	vllm := &engineio.Tier{Root: filepath.Join(b.node.Mount, sharedSubdir)}
+	vllm := &engineio.Tier{Root: filepath.Join(b.node.Mount, sub)}
 	row := b.region.Row(2)
 	if err := vllm.Load(vllm.BlockPath(tierDir, 0, hashOf(0)), row); err != nil || string(row) != string(expectedRow(0)) {
 		t.Fatalf("vLLM-style load straight from B's volume mount: %v", err)
@@ -98,14 +114,13 @@ func hasXattrPrefix(t *testing.T, path, prefix string) bool {
 	return false
 }
 
-// TestSharedUnreachable makes the volume unreachable — its brick process
+// sharedUnreachable makes the volume unreachable — its brick process
 // killed, or both nodes' links cut — after replica A wrote some blocks
 // behind. Meanwhile A stores and loads its own blocks as before, B's lookups
 // of blocks that are only in the shared store answer absent within a bound,
 // and both report the level unreachable. Once the volume is back, A's queue
 // drains and B finds and loads every block.
-func TestSharedUnreachable(t *testing.T) {
-	c := gluster.Start(t, gluster.Options{})
+func sharedUnreachable(t *testing.T, c *gluster.Cluster, sub string) {
 	faults := []struct {
 		name         string
 		cut, restore func() error
@@ -131,7 +146,7 @@ func TestSharedUnreachable(t *testing.T) {
 		t.Run(fault.name, func(t *testing.T) {
 			first := 100 * (f + 1)
 			const before, during = 4, 4
-			a, b := startReplica(t, c.Nodes[0]), startReplica(t, c.Nodes[1])
+			a, b := startReplica(t, c.Nodes[0], sub), startReplica(t, c.Nodes[1], sub)
 			for i := first; i < first+before; i++ {
 				a.store(t, i)
 			}
@@ -195,22 +210,21 @@ func TestSharedUnreachable(t *testing.T) {
 	}
 }
 
-// TestCorruptSharedBlockRefused changes bytes of a block in the shared store
+// corruptSharedBlockRefused changes bytes of a block in the shared store
 // — behind the filesystem's back on the brick, or through a client mount —
 // and checks that B's load is refused (never served), the block is dropped
 // from the shared store, the key answers absent on B and nothing of it stays
 // in B's store.
-func TestCorruptSharedBlockRefused(t *testing.T) {
-	c := gluster.Start(t, gluster.Options{})
+func corruptSharedBlockRefused(t *testing.T, c *gluster.Cluster, sub string) {
 	for k, where := range []string{"brick", "mount"} {
 		t.Run(where, func(t *testing.T) {
 			i := 200 + k
-			a, b := startReplica(t, c.Nodes[0]), startReplica(t, c.Nodes[1])
+			a, b := startReplica(t, c.Nodes[0], sub), startReplica(t, c.Nodes[1], sub)
 			a.store(t, i)
 			a.waitWrittenBehind(t, 1, time.Minute)
-			target := filepath.Join(c.Brick(), sharedSubdir, a.rel(i))
+			target := a.onBrick(c, i)
 			if where == "mount" {
-				target = filepath.Join(a.node.Mount, sharedSubdir, a.rel(i))
+				target = a.shared(i)
 			}
 			f, err := os.OpenFile(target, os.O_WRONLY, 0)
 			if err != nil {
@@ -238,7 +252,7 @@ func TestCorruptSharedBlockRefused(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			if _, err := os.Stat(filepath.Join(c.Brick(), sharedSubdir, a.rel(i))); !os.IsNotExist(err) {
+			if _, err := os.Stat(a.onBrick(c, i)); !os.IsNotExist(err) {
 				t.Fatalf("the corrupt block is still in the shared store: %v", err)
 			}
 			if sh := b.stats(t); sh.CorruptDropped != 1 || sh.FetchedBlocks != 0 {
@@ -254,16 +268,15 @@ func TestCorruptSharedBlockRefused(t *testing.T) {
 	}
 }
 
-// TestEvictionLeaseAndCapacity runs two replicas with --shared-capacity:
+// evictionLeaseAndCapacity runs two replicas with --shared-capacity:
 // exactly one holds the eviction lease, that one alone brings the shared
 // store down to the capacity (tail of the chain first), and when it crashes
 // the other takes the lease over once it expires and holds the capacity in
 // its turn.
-func TestEvictionLeaseAndCapacity(t *testing.T) {
-	c := gluster.Start(t, gluster.Options{})
+func evictionLeaseAndCapacity(t *testing.T, c *gluster.Cluster, sub string) {
 	const capacityBlocks, ttl = 6, 3 * time.Second
 	args := []string{"--shared-capacity", fmt.Sprint(capacityBlocks * rowBytes), "--shared-lease-ttl", ttl.String()}
-	reps := []*replica{startReplica(t, c.Nodes[0], args...), startReplica(t, c.Nodes[1], args...)}
+	reps := []*replica{startReplica(t, c.Nodes[0], sub, args...), startReplica(t, c.Nodes[1], sub, args...)}
 
 	holder, other := waitOneHolder(t, reps, 30*time.Second)
 	for range 20 {
@@ -282,8 +295,8 @@ func TestEvictionLeaseAndCapacity(t *testing.T) {
 	for _, r := range reps {
 		r.waitWrittenBehind(t, n/2, time.Minute)
 	}
-	ageChain(t, c, reps[0], 0, n)
-	holdsCapacity(t, c, capacityBlocks, 0, n)
+	ageChain(t, reps[0], 0, n)
+	holdsCapacity(t, c, sub, capacityBlocks, 0, n)
 	if sh := other.stats(t); sh.EvictedBlocks != 0 {
 		t.Fatalf("the replica without the lease evicted %d blocks", sh.EvictedBlocks)
 	}
@@ -301,11 +314,11 @@ func TestEvictionLeaseAndCapacity(t *testing.T) {
 		other.store(t, i)
 	}
 	other.waitWrittenBehind(t, n/2+capacityBlocks, time.Minute)
-	ageChain(t, c, other, more, more+capacityBlocks)
+	ageChain(t, other, more, more+capacityBlocks)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		used := int64(0)
-		for _, size := range blockFiles(t, filepath.Join(c.Brick(), sharedSubdir)) {
+		for _, size := range blockFiles(t, filepath.Join(c.Brick(), sub)) {
 			used += size
 		}
 		if used <= capacityBlocks*rowBytes {
@@ -342,12 +355,12 @@ func waitOneHolder(t *testing.T, reps []*replica, within time.Duration) (holder,
 // store ten minutes back, 100 ms apart in chain order, through a client
 // mount: the evictor spares blocks used within the last minute, and a test
 // does not wait that long.
-func ageChain(t *testing.T, c *gluster.Cluster, r *replica, from, to int) {
+func ageChain(t *testing.T, r *replica, from, to int) {
 	t.Helper()
 	base := time.Now().Add(-10 * time.Minute)
 	for i := from; i < to; i++ {
 		at := base.Add(time.Duration(i-from) * 100 * time.Millisecond)
-		if err := os.Chtimes(filepath.Join(r.node.Mount, sharedSubdir, r.rel(i)), at, at); err != nil {
+		if err := os.Chtimes(r.shared(i), at, at); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -355,12 +368,12 @@ func ageChain(t *testing.T, c *gluster.Cluster, r *replica, from, to int) {
 
 // holdsCapacity waits until the shared store holds at most capacity and
 // checks that the chain [from, to) lost its tail, not its head.
-func holdsCapacity(t *testing.T, c *gluster.Cluster, capacityBlocks, from, to int) {
+func holdsCapacity(t *testing.T, c *gluster.Cluster, sub string, capacityBlocks, from, to int) {
 	t.Helper()
 	var files map[string]int64
 	deadline := time.Now().Add(time.Minute)
 	for {
-		files = blockFiles(t, filepath.Join(c.Brick(), sharedSubdir))
+		files = blockFiles(t, filepath.Join(c.Brick(), sub))
 		used := int64(0)
 		for _, size := range files {
 			used += size
