@@ -89,6 +89,8 @@ type Cluster struct {
 	closed     bool
 	// brickSockets are files glusterd made outside the state directory.
 	brickSockets map[string]bool
+	// lock is held from Setup to Close: one cluster per machine at a time.
+	lock *os.File
 }
 
 // Options configures Setup.
@@ -133,26 +135,34 @@ func Setup(opts Options) (*Cluster, error) {
 	if err := EnsureInstalled(); err != nil {
 		return nil, err
 	}
+	lock, err := lockMachine()
+	if err != nil {
+		return nil, err
+	}
 	ClearStale()
+	fail := func(err error) (*Cluster, error) {
+		lock.Close()
+		return nil, err
+	}
 	if l, err := net.Listen("tcp", fmt.Sprintf(":%d", glusterdPort)); err != nil {
-		return nil, fmt.Errorf("port %d is taken (another glusterd?); the harness runs its own: %w", glusterdPort, err)
+		return fail(fmt.Errorf("port %d is taken (another glusterd?); the harness runs its own: %w", glusterdPort, err))
 	} else {
 		l.Close()
 	}
 	subnets, err := freeSubnets(opts.Nodes + 1)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	dir, err := os.MkdirTemp("", statePrefix)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return fail(err)
 	}
 	tag := fmt.Sprintf("%s%d%c", linkPrefix, os.Getpid(), 'a'+rune(clusterSeq.Add(1)%26))
-	c := &Cluster{dir: dir, brickSockets: map[string]bool{}, brick: filepath.Join(dir, "brick"), Volume: "kvt" + filepath.Base(dir)[len(statePrefix):]}
+	c := &Cluster{dir: dir, lock: lock, brickSockets: map[string]bool{}, brick: filepath.Join(dir, "brick"), Volume: "kvt" + filepath.Base(dir)[len(statePrefix):]}
 	c.server = &Node{Name: tag + "s", hostLink: tag + "hs", Addr: subnets[0] + ".2"}
 	c.ServerAddr = subnets[0] + ".1"
 	if err := c.server.link(subnets[0]); err != nil {
@@ -665,7 +675,29 @@ func (c *Cluster) Close() error {
 		}
 	}
 	c.closed = len(errs) == 0
+	if c.lock != nil {
+		c.lock.Close()
+		c.lock = nil
+	}
 	return errors.Join(errs...)
+}
+
+// lockPath is the file whose lock makes clusters on one machine take turns:
+// they share glusterd's port, and test packages may run in parallel.
+const lockPath = "/run/kvtierfs-gluster.lock"
+
+// lockMachine waits for the machine-wide harness lock (released by Close,
+// or by the kernel when the holding process dies).
+func lockMachine() (*os.File, error) {
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", lockPath, err)
+	}
+	return f, nil
 }
 
 func mentions(cmdline []string, s string) bool {
