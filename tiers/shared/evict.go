@@ -151,6 +151,8 @@ func (l *Level) protected(b sharedBlock, now time.Time) bool {
 // evict brings the shared store down to its capacity, while this node holds
 // the lease: it stops at once when the lease is lost or cannot be renewed.
 func (l *Level) evict() {
+	// A long walk is followed by a renewal before the first removal.
+	renewed := l.cfg.Clock.Now()
 	blocks, staleTmps, err := l.scan()
 	if errors.Is(err, errStopping) {
 		return
@@ -173,7 +175,6 @@ func (l *Level) evict() {
 	if used <= l.cfg.Capacity {
 		return
 	}
-	renewed := l.cfg.Clock.Now()
 	for _, b := range evictionOrder(blocks) {
 		if used <= l.cfg.Capacity || l.stopping() {
 			break

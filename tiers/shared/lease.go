@@ -220,15 +220,17 @@ func (l *Level) releaseLease() {
 func (l *Level) leaseLoop() {
 	defer l.wg.Done()
 	var lastScan time.Time
+	var lastTook time.Duration
 	for {
 		if l.cfg.Capacity == 0 {
 			// Nothing to evict here: only tell who holds the lease.
 			holder, _, _, _ := l.readLease()
 			l.setLease(false, time.Time{}, holder)
 		} else if l.tryLease() {
-			if now := l.cfg.Clock.Now(); now.Sub(lastScan) >= l.cfg.ScanInterval {
+			if now := l.cfg.Clock.Now(); now.Sub(lastScan) >= max(l.cfg.ScanInterval, scanShare*lastTook) {
 				lastScan = now
 				l.evict()
+				lastTook = l.cfg.Clock.Now().Sub(now)
 			}
 		}
 		select {
