@@ -228,9 +228,16 @@ func runMount(args []string) error {
 	if events != nil {
 		defer events.Close()
 	}
+	sharedLevel, err := startShared(c.shared, store, logger)
+	if err != nil {
+		return err
+	}
+	if sharedLevel != nil {
+		defer sharedLevel.Close()
+	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
-		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
+		if stager, err = staging.NewStager(stagingFetch(store, sharedLevel),
 			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
 			return err
 		}
@@ -243,12 +250,7 @@ func runMount(args []string) error {
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
 		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
-	sharedLevel, err := startShared(c.shared, store, logger)
-	if err != nil {
-		return err
-	}
 	if sharedLevel != nil {
-		defer sharedLevel.Close()
 		opts.Shared = sharedLevel
 		opts.NegativeTimeout = c.sharedKernelNegative
 	}

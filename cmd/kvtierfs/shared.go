@@ -1,14 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
@@ -109,4 +112,18 @@ func printShared(w io.Writer, sh *shared.Stats) {
 	fmt.Fprintf(w, "  read-through\t%d lookups (%d hits, %d answered by the negative cache), %d fetched (%s, %.3fs each), %d corrupt dropped\n",
 		sh.Lookups, sh.LookupHits, sh.NegativeHits, sh.FetchedBlocks, formatBytes(sh.FetchedBytes), sh.FetchSecondsAvg, sh.CorruptDropped)
 	fmt.Fprintf(w, "  eviction\t%s; lease %s; %d evicted\n", capacity, lease, sh.EvictedBlocks)
+}
+
+// stagingFetch is how staging reads a block ahead: from the store, or with
+// the shared level, from the shared store when only it holds the block
+// (fetched, verified and kept locally first), so staging streams a chain
+// from the shared store as it does from the disk.
+func stagingFetch(store *disk.Store, level *shared.Level) func(staging.Key) ([]byte, error) {
+	return func(key staging.Key) ([]byte, error) {
+		buf, err := store.ReadBlock(string(key))
+		if level != nil && errors.Is(err, syscall.ENOENT) && level.Fetch(string(key)) == nil {
+			return store.ReadBlock(string(key))
+		}
+		return buf, err
+	}
 }

@@ -16,10 +16,10 @@ var ErrUnreachable = errors.New("shared store unreachable")
 var errTimedOut = errors.New("shared store call timed out")
 
 // bound runs calls to the shared directory on a fixed set of workers, each
-// call waited for at most timeout. A call past its bound marks the level
-// unreachable: later calls fail at once with ErrUnreachable until the prober
-// finds the directory answering again. Stuck calls hold at most the workers
-// (a call that finds them all busy fails at once), so they never pile up.
+// call waited for (a worker, then its answer) at most timeout. A call past
+// its bound marks the level unreachable: later calls fail at once with
+// ErrUnreachable until the prober finds the directory answering again.
+// Stuck calls hold at most the workers and their queue, so they never pile up.
 type bound struct {
 	timeout time.Duration
 	jobs    chan *job
@@ -75,17 +75,17 @@ func (b *bound) do(fn func() error) error {
 		return ErrUnreachable
 	}
 	j := &job{fn: fn, done: make(chan error, 1)}
-	select {
-	case b.jobs <- j:
-	default:
-		// Every worker is busy and as many calls wait: the directory is
-		// not keeping up (or hangs); do not queue behind it.
-		b.timeouts.Add(1)
-		b.markUnreachable()
-		return ErrUnreachable
-	}
+	// The bound covers the wait for a worker too: calls stuck in a hung
+	// filesystem hold every worker, and the next callers give up in time.
 	t := time.NewTimer(b.timeout)
 	defer t.Stop()
+	select {
+	case b.jobs <- j:
+	case <-t.C:
+		b.timeouts.Add(1)
+		b.markUnreachable()
+		return errTimedOut
+	}
 	select {
 	case err := <-j.done:
 		if unavailable(err) {

@@ -22,6 +22,19 @@ const chainGap = time.Second
 // takes at most --shared-timeout).
 const staleTmpAge = 10 * time.Minute
 
+// errStopping ends a walk when the level closes.
+var errStopping = errors.New("shared level closing")
+
+// stopping reports whether Close was called.
+func (l *Level) stopping() bool {
+	select {
+	case <-l.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // sharedBlock is a block found in the shared layout.
 type sharedBlock struct {
 	rel      string
@@ -46,6 +59,9 @@ func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
 			return err
 		}
 		for _, e := range entries {
+			if l.stopping() {
+				return errStopping
+			}
 			child := path.Join(rel, e.Name())
 			if depth < 3 {
 				if e.IsDir() && !(depth == 0 && strings.HasPrefix(e.Name(), ".")) {
@@ -135,7 +151,12 @@ func (l *Level) protected(b sharedBlock, now time.Time) bool {
 // evict brings the shared store down to its capacity, while this node holds
 // the lease: it stops at once when the lease is lost or cannot be renewed.
 func (l *Level) evict() {
+	// A long walk is followed by a renewal before the first removal.
+	renewed := l.cfg.Clock.Now()
 	blocks, staleTmps, err := l.scan()
+	if errors.Is(err, errStopping) {
+		return
+	}
 	if err != nil {
 		l.cfg.Logger.Warn("shared store scan failed", "err", err)
 		return
@@ -154,9 +175,8 @@ func (l *Level) evict() {
 	if used <= l.cfg.Capacity {
 		return
 	}
-	renewed := l.cfg.Clock.Now()
 	for _, b := range evictionOrder(blocks) {
-		if used <= l.cfg.Capacity {
+		if used <= l.cfg.Capacity || l.stopping() {
 			break
 		}
 		now := l.cfg.Clock.Now()
@@ -170,7 +190,13 @@ func (l *Level) evict() {
 		if l.protected(b, now) {
 			continue
 		}
+		mine := l.leaseMine()
 		changed, err := call(l.bound, func() (changed bool, err error) {
+			// The lease is read again before every removal: a node whose
+			// lease another took over removes nothing more.
+			if got, err := l.dir.ReadFile(leaseFile); err != nil || string(got) != string(mine) {
+				return false, errLeaseLost
+			}
 			// A block rewritten or fetched since the scan is not the one chosen.
 			info, err := l.dir.Stat(b.rel)
 			if err != nil {
@@ -190,6 +216,9 @@ func (l *Level) evict() {
 			continue
 		case errors.Is(err, syscall.ENOENT):
 			// Removed by its writer or found corrupt elsewhere meanwhile.
+		case errors.Is(err, errLeaseLost):
+			l.setLease(false, time.Time{}, "")
+			return
 		case err != nil:
 			l.cfg.Logger.Warn("shared store eviction failed", "path", b.rel, "err", err)
 			return

@@ -24,6 +24,8 @@ type lease struct {
 	// held is true while this node holds the lease, until expiry (its clock).
 	held   bool
 	expiry time.Time
+	// content is the lease file as this node wrote it last.
+	content []byte
 	// seen is the holder the lease file named when last read.
 	seen string
 }
@@ -183,7 +185,17 @@ func (l *Level) confirmLease(content []byte, expiry time.Time) bool {
 		return false
 	}
 	l.setLease(true, expiry, l.cfg.Holder)
+	l.lease.mu.Lock()
+	l.lease.content = content
+	l.lease.mu.Unlock()
 	return true
+}
+
+// leaseMine is the lease file's content while this node holds it.
+func (l *Level) leaseMine() []byte {
+	l.lease.mu.Lock()
+	defer l.lease.mu.Unlock()
+	return l.lease.content
 }
 
 // releaseLease removes this node's lease at Close, so another takes over at once.
@@ -192,10 +204,9 @@ func (l *Level) releaseLease() {
 		return
 	}
 	l.lease.mu.Lock()
-	expiry := l.lease.expiry
+	mine := l.lease.content
 	l.lease.held = false
 	l.lease.mu.Unlock()
-	mine := l.leaseContent(expiry)
 	l.bound.do(func() error {
 		if got, err := l.dir.ReadFile(leaseFile); err != nil || string(got) != string(mine) {
 			return err
@@ -209,15 +220,17 @@ func (l *Level) releaseLease() {
 func (l *Level) leaseLoop() {
 	defer l.wg.Done()
 	var lastScan time.Time
+	var lastTook time.Duration
 	for {
 		if l.cfg.Capacity == 0 {
 			// Nothing to evict here: only tell who holds the lease.
 			holder, _, _, _ := l.readLease()
 			l.setLease(false, time.Time{}, holder)
 		} else if l.tryLease() {
-			if now := l.cfg.Clock.Now(); now.Sub(lastScan) >= l.cfg.ScanInterval {
+			if now := l.cfg.Clock.Now(); now.Sub(lastScan) >= max(l.cfg.ScanInterval, scanShare*lastTook) {
 				lastScan = now
 				l.evict()
+				lastTook = l.cfg.Clock.Now().Sub(now)
 			}
 		}
 		select {

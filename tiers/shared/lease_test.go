@@ -109,6 +109,17 @@ func TestLoserStopsEvicting(t *testing.T) {
 	p := filepath.Join(root, blockRel(1))
 	os.MkdirAll(filepath.Dir(p), 0o700)
 	os.WriteFile(p, blockData(1, testBlock), 0o600)
+	// Its own view still says held: the lease read before the removal stops it.
+	if !l.holding() {
+		t.Fatal("lease given up before its expiry")
+	}
+	l.evict()
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal("a node whose lease was taken over evicted")
+	}
+	if l.holding() {
+		t.Fatal("still holding after seeing another holder")
+	}
 	clock.Advance(time.Hour)
 	l.tryLease()
 	l.evict()

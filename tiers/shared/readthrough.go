@@ -177,69 +177,72 @@ func (l *Level) fetch(rel string, name disk.BlockName) error {
 		return fmt.Errorf("fetch %s: %w (%w)", rel, syscall.ENOENT, ErrUnreachable)
 	}
 	start := l.cfg.Clock.Now()
+	// One bounded call reads, verifies, and then touches the block (the
+	// evictor reads the modification time as its last use) or drops it, so
+	// the open waiting for it waits at most one bound.
 	type read struct {
-		before    FileInfo
-		data, rec []byte
+		data      []byte
 		hasRecord bool
+		corrupt   error
+		dropped   bool
 	}
 	got, err := call(l.bound, func() (r read, err error) {
-		if r.before, err = l.dir.Stat(rel); err != nil {
+		before, err := l.dir.Stat(rel)
+		if err != nil {
 			return r, err
 		}
 		if r.data, err = l.dir.ReadFile(rel); err != nil {
 			return r, err
 		}
-		r.rec, r.hasRecord, err = l.readRecord(rel)
-		return r, err
-	})
-	before, data, rec, hasRecord := got.before, got.data, got.rec, got.hasRecord
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE) {
-			l.reads.remember(rel, false, start)
-			return fmt.Errorf("fetch %s: gone from the shared store: %w", rel, syscall.ENOENT)
+		var rec []byte
+		if rec, r.hasRecord, err = l.readRecord(rel); err != nil || !r.hasRecord {
+			return r, err
 		}
+		if r.corrupt = verify(name, r.data, rec); r.corrupt == nil {
+			l.dir.Touch(rel, l.cfg.Clock.Now())
+			return r, nil
+		}
+		// Removed only if the name still holds the file read: another node
+		// may have replaced it meanwhile.
+		if now, err := l.dir.Stat(rel); err != nil || !now.sameFile(before) {
+			return r, nil
+		}
+		if err := l.dir.Remove(rel); err != nil {
+			return r, nil
+		}
+		l.dir.Remove(rel + sidecarSuffix)
+		r.dropped = true
+		return r, nil
+	})
+	switch {
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE):
+		l.reads.remember(rel, false, start)
+		return fmt.Errorf("fetch %s: gone from the shared store: %w", rel, syscall.ENOENT)
+	case err != nil:
 		return fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
-	}
-	if !hasRecord {
+	case !got.hasRecord:
 		// Not written by a kvtierfs (an engine writing straight to the
 		// shared directory): nothing proves its bytes; leave it there.
 		l.reads.remember(rel, false, start)
 		return fmt.Errorf("fetch %s: no digest record: %w", rel, syscall.ENOENT)
+	case got.corrupt != nil:
+		l.reads.remember(rel, false, start)
+		if got.dropped {
+			l.c.corruptDropped.Add(1)
+		}
+		l.cfg.Logger.Error("corrupt block in the shared store refused", "path", path.Join(l.cfg.Dir, rel),
+			"reason", got.corrupt, "removed", got.dropped)
+		return fmt.Errorf("fetch %s: %v: %w", rel, got.corrupt, syscall.ENOENT)
 	}
-	if err := verify(name, data, rec); err != nil {
-		l.dropCorrupt(rel, before, err)
-		return fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
-	}
-	if err := l.cfg.Local.Import(rel, data); err != nil {
+	if err := l.cfg.Local.Import(rel, got.data); err != nil {
 		// No room here (every local block protected): a miss, not an error.
 		l.cfg.Logger.Warn("block fetched from the shared store could not be kept locally", "path", rel, "err", err)
 		return fmt.Errorf("fetch %s: keeping it locally: %v: %w", rel, err, syscall.ENOENT)
 	}
 	l.noteRecent(rel)
 	l.wb.markAdmitted(rel)
-	// The evictor reads the modification time as the block's last use.
-	l.bound.do(func() error { return l.dir.Touch(rel, l.cfg.Clock.Now()) })
 	l.c.fetched.Add(1)
-	l.c.fetchedBytes.Add(int64(len(data)))
+	l.c.fetchedBytes.Add(int64(len(got.data)))
 	l.c.fetchNanos.Add(int64(l.cfg.Clock.Now().Sub(start)))
 	return nil
-}
-
-// dropCorrupt removes a shared block whose bytes fail their digest, if its
-// name still holds the file that was read (another node may have replaced it).
-func (l *Level) dropCorrupt(rel string, read FileInfo, why error) {
-	l.reads.remember(rel, false, l.cfg.Clock.Now())
-	err := l.bound.do(func() error {
-		now, err := l.dir.Stat(rel)
-		if err != nil || !now.sameFile(read) {
-			return err
-		}
-		if err := l.dir.Remove(rel); err != nil {
-			return err
-		}
-		l.dir.Remove(rel + sidecarSuffix)
-		l.c.corruptDropped.Add(1)
-		return nil
-	})
-	l.cfg.Logger.Error("corrupt block in the shared store refused", "path", path.Join(l.cfg.Dir, rel), "reason", why, "remove_err", err)
 }

@@ -35,11 +35,12 @@ const (
 	// evicted meanwhile is a miss at its load, never an error.
 	DefaultPositiveTTL = 30 * time.Second
 	// DefaultProtect keeps blocks written, fetched or looked up this recently
-	// from the shared evictor.
-	DefaultProtect = 60 * time.Second
-	// DefaultScanInterval is how often the lease holder walks the shared
-	// layout to enforce the capacity.
-	DefaultScanInterval = 10 * time.Second
+	// from the shared evictor: a replica that found a block loads it within
+	// seconds.
+	DefaultProtect = 10 * time.Second
+	// scanShare bounds the time the lease holder spends walking the shared
+	// layout: a walk that took d waits scanShare×d before the next.
+	scanShare = 10
 	// DefaultWorkers bounds the calls to the shared directory in flight.
 	DefaultWorkers = 8
 	// maxCached bounds the lookup answers kept (positive and negative).
@@ -112,7 +113,8 @@ type Config struct {
 	// LeaseTTL is the eviction lease's lifetime, renewed at a third of it.
 	LeaseTTL time.Duration
 	// Protect keeps recently used blocks from the evictor; ScanInterval is
-	// how often the holder walks the layout.
+	// how often the holder walks the layout at most (LeaseTTL if 0; a walk
+	// that took d waits at least scanShare×d).
 	Protect, ScanInterval time.Duration
 	// Holder names this node in the lease; the host name and pid if empty.
 	Holder  string
@@ -217,7 +219,7 @@ func setDefaults(cfg *Config) {
 	def(&cfg.Timeout, DefaultTimeout)
 	def(&cfg.LeaseTTL, DefaultLeaseTTL)
 	def(&cfg.Protect, DefaultProtect)
-	def(&cfg.ScanInterval, DefaultScanInterval)
+	def(&cfg.ScanInterval, cfg.LeaseTTL)
 	if cfg.Rate == 0 {
 		cfg.Rate = DefaultRate
 	}

@@ -111,12 +111,18 @@ func TestQueueBoundDropsOldest(t *testing.T) {
 	}
 	hang.resume()
 	eventually(t, "drained", func() bool { return l.Stats().BytesBehind == 0 })
-	// The newest blocks survived.
-	if _, err := os.Stat(filepath.Join(root, blockRel(5))); err != nil {
-		t.Fatal("the newest block was dropped")
+	// The newest three survived; the writer may have taken one older block
+	// before the queue filled, the others were dropped.
+	written := 0
+	for i := range 6 {
+		if _, err := os.Stat(filepath.Join(root, blockRel(i))); err == nil {
+			written++
+		} else if i >= 3 {
+			t.Fatalf("block %d, among the newest, was dropped", i)
+		}
 	}
-	if _, err := os.Stat(filepath.Join(root, blockRel(1))); err == nil {
-		t.Fatal("an old block beyond the bound was written")
+	if dropped := l.Stats().DroppedBlocks; dropped < 2 || int64(written)+dropped != 6 {
+		t.Fatalf("%d blocks written, %d dropped; want every block either", written, dropped)
 	}
 }
 
