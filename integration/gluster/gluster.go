@@ -471,16 +471,24 @@ func (c *Cluster) waitBrick(within time.Duration) (int, error) {
 // (glusterd puts it in /var/run/gluster whatever its run directory), for
 // Close to remove.
 func (c *Cluster) noteBrickSocket(pid int) {
+	if sock := socketArg(pid); sock != "" && filepath.Dir(sock) != c.path("run") {
+		c.brickSockets[sock] = true
+	}
+}
+
+// socketArg is the -S argument of a gluster process's command line, if any.
+func socketArg(pid int) string {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
-		return
+		return ""
 	}
 	args := strings.Split(string(raw), "\x00")
-	for i, a := range args[:max(len(args)-1, 0)] {
-		if a == "-S" && filepath.Dir(args[i+1]) != c.dir {
-			c.brickSockets[args[i+1]] = true
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-S" {
+			return args[i+1]
 		}
 	}
+	return ""
 }
 
 // Brick is the brick's directory: the files the volume stores, as the server
@@ -758,16 +766,22 @@ func stopProcess(pid int) error {
 	return waitGone(pid, 5*time.Second)
 }
 
+// zombie reports whether pid has exited and waits to be reaped.
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i > 0 && strings.HasPrefix(string(stat[i:]), ") Z")
+}
+
 // waitGone waits until pid no longer runs (a zombie counts as gone: the
 // harness's own children are reaped by their Wait).
 func waitGone(pid int, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return nil
-		}
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(string(stat[i:]), ") Z") {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil || zombie(pid) {
 			return nil
 		}
 		if time.Now().After(deadline) {

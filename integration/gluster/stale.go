@@ -28,7 +28,11 @@ func ClearStale() {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 		for _, pid := range processesMatching(func(cmdline []string) bool { return mentions(cmdline, dir) }) {
+			sock := socketArg(pid)
 			stopProcess(pid)
+			if strings.HasSuffix(sock, ".socket") && !strings.HasPrefix(sock, dir+"/") {
+				os.Remove(sock)
+			}
 		}
 		os.RemoveAll(dir)
 	}
@@ -58,8 +62,9 @@ func staleName(name string) bool {
 	return err == nil && digits < len(rest) && !alive(pid)
 }
 
+// alive reports whether pid runs (a zombie has ended).
 func alive(pid int) bool {
-	return pid > 0 && unix.Kill(pid, 0) == nil
+	return pid > 0 && unix.Kill(pid, 0) == nil && !zombie(pid)
 }
 
 // mountsUnder lists mountpoints at or below dir, deepest first.
