@@ -1,10 +1,12 @@
 package shared_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/gluster"
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
@@ -31,6 +34,7 @@ func TestSharedOverGluster(t *testing.T) {
 		{"cross-replica", crossReplica},
 		{"unreachable", sharedUnreachable},
 		{"corrupt", corruptSharedBlockRefused},
+		{"removed-while-read", removedWhileRead},
 		{"lease-capacity", evictionLeaseAndCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, tc.name) })
@@ -184,6 +188,9 @@ func sharedUnreachable(t *testing.T, c *gluster.Cluster, sub string) {
 			unreachable := func(st shared.Stats) bool { return !st.Reachable }
 			b.waitStats(t, 30*time.Second, "unreachable", unreachable)
 			sa := a.waitStats(t, 30*time.Second, "unreachable", unreachable)
+			if out, _ := mounttest.Run("stat", a.daemon.Mountpoint); !strings.Contains(out, "shared_unreachable") {
+				t.Fatalf("kvtierfs stat does not warn while the shared store is unreachable:\n%s", out)
+			}
 			if sa.WrittenBlocks != before || sa.BytesBehind < during*rowBytes {
 				t.Fatalf("A's write-behind while unreachable: %+v", sa)
 			}
@@ -265,6 +272,40 @@ func corruptSharedBlockRefused(t *testing.T, c *gluster.Cluster, sub string) {
 				t.Fatalf("A's own copy of the block: exact %v, %v", exact, err)
 			}
 		})
+	}
+}
+
+// removedWhileRead removes a block from the shared store (as another node's
+// evictor does) after B's lookup found it and before B loads it: the load is
+// a miss (ENOENT, the engine prefills the block again), never an I/O error,
+// and the key then answers absent (within the kernel's entry timeout).
+func removedWhileRead(t *testing.T, c *gluster.Cluster, sub string) {
+	const i = 250
+	a, b := startReplica(t, c.Nodes[0], sub), startReplica(t, c.Nodes[1], sub)
+	a.store(t, i)
+	a.waitWrittenBehind(t, 1, time.Minute)
+	if !b.tier.Exists(b.path(i)) {
+		t.Fatal("B does not see the block in the shared store")
+	}
+	if err := os.Remove(a.shared(i)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.load(i)
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("B's load of a block removed from the shared store after its lookup: %v, want ENOENT", err)
+	}
+	// The kernel may keep the positive entry of B's earlier lookup until
+	// its entry timeout.
+	began := time.Now()
+	for b.tier.Exists(b.path(i)) {
+		if time.Since(began) > 3*time.Second {
+			t.Fatal("the removed block still answers present on B")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("the removed block answered absent %s after the miss", time.Since(began).Round(time.Millisecond))
+	if sh := b.stats(t); sh.CorruptDropped != 0 || sh.FetchedBlocks != 0 {
+		t.Fatalf("B's shared stats: %+v", sh)
 	}
 }
 
