@@ -71,7 +71,7 @@ func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { region.Close() })
-	d := mounttest.Start(t, mounttest.Options{Args: args, Wrapper: node.Wrapper()})
+	d := mounttest.Start(t, mounttest.Options{Args: args, Wrapper: node.Wrapper(), ShmGlob: region.Path})
 	tier, err := engineio.OpenTier(d.Mountpoint)
 	if err != nil {
 		t.Fatal(err)

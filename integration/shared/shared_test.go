@@ -35,6 +35,7 @@ func TestSharedOverGluster(t *testing.T) {
 		{"unreachable", sharedUnreachable},
 		{"corrupt", corruptSharedBlockRefused},
 		{"removed-while-read", removedWhileRead},
+		{"mirrored-fetch", mirroredFetch},
 		{"lease-capacity", evictionLeaseAndCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, tc.name) })
@@ -306,6 +307,47 @@ func removedWhileRead(t *testing.T, c *gluster.Cluster, sub string) {
 	t.Logf("the removed block answered absent %s after the miss", time.Since(began).Round(time.Millisecond))
 	if sh := b.stats(t); sh.CorruptDropped != 0 || sh.FetchedBlocks != 0 {
 		t.Fatalf("B's shared stats: %+v", sh)
+	}
+}
+
+// mirroredFetch: a tensor-parallel group on node 2 (a head mirroring its
+// loaded rows to a peer, both with --shared) loads blocks that replica A on
+// node 1 stored and that are only in the shared store: the head fetches
+// them, and every loaded row is still mirrored to the peer before the read
+// returns, so the peer's row holds the same bytes.
+func mirroredFetch(t *testing.T, c *gluster.Cluster, sub string) {
+	const first, n = 400, 3
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("a1b2c3d4", 8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const addr = "127.0.0.1:7411" // the loopback of node 2's own namespace
+	a := startReplica(t, c.Nodes[0], sub)
+	// The group has stored nothing itself, so --replicated-kv auto would
+	// have no store-time samples and withhold every lookup: a replica that
+	// only reuses others' blocks declares its KV replicated (MLA).
+	peer := startReplica(t, c.Nodes[1], sub, "--listen", addr, "--secret-file", secret)
+	head := startReplica(t, c.Nodes[1], sub, "--peer", addr, "--secret-file", secret, "--replicated-kv", "on")
+	for i := first; i < first+n; i++ {
+		a.store(t, i)
+	}
+	a.waitWrittenBehind(t, n, time.Minute)
+	for i := first; i < first+n; i++ {
+		row := 1 + (i-first)%3
+		clear(head.region.Row(row))
+		if err := head.tier.LoadIgnoringClose(head.path(i), head.region.Row(row)); err != nil {
+			st := head.daemon.Stats()
+			t.Fatalf("the head loading block %d from the shared store: %v (withheld %d, replication %+v)", i, err, st.Counters.LookupsWithheld, st.Replication)
+		}
+		if string(head.region.Row(row)) != string(expectedRow(i)) {
+			t.Fatalf("the head loaded other bytes for block %d", i)
+		}
+		if string(peer.region.Row(row)) != string(head.region.Row(row)) {
+			t.Fatalf("block %d: the peer's row differs from the head's after the load returned", i)
+		}
+	}
+	if st := head.daemon.Stats(); st.Counters.RowsMirrored != n || st.Shared == nil || st.Shared.FetchedBlocks != n {
+		t.Fatalf("the head mirrored %d rows and fetched %+v, want %d each", st.Counters.RowsMirrored, st.Shared, n)
 	}
 }
 
