@@ -73,10 +73,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	switch kind, _ := disk.Classify(rel); kind {
 	case disk.Block:
 		start := time.Now()
-		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		// A key missing here may be in the shared store (DESIGN.md "The shared level").
-		inShared := !present && n.fsys.shared != nil && n.fsys.shared.Lookup(rel)
-		n.fsys.noteLookup(rel, callerThread(ctx), present || inShared)
+		present, inShared := n.fsys.lookupBlock(rel, callerThread(ctx))
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
 		if !present && !inShared {
 			return nil, syscall.ENOENT
@@ -88,11 +85,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 		if inShared {
 			return n.sharedBlockEntry(ctx, rel, out)
-		}
-		if n.fsys.shared != nil {
-			if d, ok := n.fsys.store.Digest(rel); ok {
-				n.fsys.shared.LookedUp(rel, d.Size)
-			}
 		}
 	case disk.BlockTmp:
 		return n.LoopbackNode.Lookup(ctx, name, out)

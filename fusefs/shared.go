@@ -30,6 +30,21 @@ type SharedLevel interface {
 	Stats() shared.Stats
 }
 
+// lookupBlock looks a block up in the store and, missing there, in the
+// shared store (DESIGN.md "The shared level"), and tells staging, the
+// diagnostics and the shared level's admission about it.
+func (f *FS) lookupBlock(rel string, stream uint32) (present, inShared bool) {
+	present = f.store.Lookup(rel, stream)
+	inShared = !present && f.shared != nil && f.shared.Lookup(rel)
+	f.noteLookup(rel, stream, present || inShared)
+	if present && f.shared != nil {
+		if d, ok := f.store.Digest(rel); ok {
+			f.shared.LookedUp(rel, d.Size)
+		}
+	}
+	return present, inShared
+}
+
 // sharedBlockEntry answers the lookup of a block only the shared store holds:
 // an inode with the block's attributes, which a load opens like any block
 // (core.Loads.Open fetches it first).

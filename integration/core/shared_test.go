@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/staging"
 )
 
 // sharedPair mounts two daemons ("replicas" on other nodes) sharing one plain
@@ -144,9 +145,9 @@ func TestSharedCorruptRefused(t *testing.T) {
 	}
 }
 
-// TestSharedChainStaged: a chain B looked up in prefix order but holds only
-// in the shared store is streamed ahead of its loads by staging, as from the
-// disk: loads are served from memory, and every byte is right.
+// TestSharedChainStaged: a chain B matched (.kvtier/match) but holds only in
+// the shared store is found whole, and streamed ahead of its loads by
+// staging, as from the disk: loads are served from memory, every byte right.
 func TestSharedChainStaged(t *testing.T) {
 	const blocks = 16
 	a, b, _ := sharedPair(t)
@@ -158,10 +159,19 @@ func TestSharedChainStaged(t *testing.T) {
 	waitWrittenBehind(t, a, blocks)
 	tierB := openTier(t, b)
 	time.Sleep(500 * time.Millisecond) // --shared-negative-ttl after the probe above
-	for i := range blocks {
-		if !tierB.Exists(tierB.BlockPath(tierDir, 0, hashOf(i))) {
-			t.Fatalf("B does not find block %d", i)
-		}
+	// A batched match on B finds the whole chain in the shared store (and
+	// teaches staging the chain, as the lookups would).
+	full := staging.GroupSpec{Group: 0, Kind: staging.KindFull}
+	for i := range blocks + 2 {
+		full.Keys = append(full.Keys, hashOf(i))
+	}
+	body, err := staging.EncodeMatchRequest(staging.MatchRequest{Tier: tierDir, Groups: []staging.GroupSpec{full}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := staging.DecodeMatchResult(matchThroughMount(t, b, body))
+	if err != nil || got.HitChunks != blocks {
+		t.Fatalf("B's match: %d hit chunks, want %d (%v)", got.HitChunks, blocks, err)
 	}
 	for i := range blocks {
 		row := region.Row(1)
