@@ -181,6 +181,9 @@ func runMount(args []string) error {
 	if err := checkDisjoint(c.mountpoint, c.store); err != nil {
 		return usageError{err}
 	}
+	if err := checkSharedDisjoint(c.shared.Dir, c.mountpoint, c.store); err != nil {
+		return usageError{err}
+	}
 	if err := prepareMountpoint(c.mountpoint); err != nil {
 		return err
 	}

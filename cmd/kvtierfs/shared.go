@@ -127,3 +127,18 @@ func stagingFetch(store *disk.Store, level *shared.Level) func(staging.Key) ([]b
 		return buf, err
 	}
 }
+
+// checkSharedDisjoint refuses a --shared directory that contains or lies
+// within the mountpoint or the store: blocks would be written behind into
+// the tier they come from.
+func checkSharedDisjoint(sharedDir, mountpoint, store string) error {
+	if sharedDir == "" {
+		return nil
+	}
+	for _, other := range []struct{ flag, dir string }{{"mountpoint", mountpoint}, {"--store", store}} {
+		if err := checkDisjoint(sharedDir, other.dir); err != nil {
+			return fmt.Errorf("--shared %s and %s %s must not contain each other", sharedDir, other.flag, other.dir)
+		}
+	}
+	return nil
+}

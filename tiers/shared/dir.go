@@ -55,7 +55,13 @@ func (a FileInfo) sameFile(b FileInfo) bool {
 // OSDir is a Dir on a mounted directory.
 type OSDir struct{ Root string }
 
-func (d OSDir) path(rel string) string { return filepath.Join(d.Root, rel) }
+func (d OSDir) path(rel string) string {
+	if rel == "." {
+		// The root itself, through a link if it is one.
+		return d.Root + "/."
+	}
+	return filepath.Join(d.Root, rel)
+}
 
 // Stat stats rel without following a link.
 func (d OSDir) Stat(rel string) (FileInfo, error) {

@@ -187,18 +187,24 @@ func New(cfg Config) (*Level, error) {
 		return nil, fmt.Errorf("shared level without a local store")
 	}
 	if cfg.FS == nil {
-		st, err := os.Stat(cfg.Dir)
-		if err != nil {
-			return nil, fmt.Errorf("--shared %s: %w", cfg.Dir, err)
-		}
-		if !st.IsDir() {
-			return nil, fmt.Errorf("--shared %s is not a directory", cfg.Dir)
-		}
 		cfg.FS = OSDir{Root: cfg.Dir}
 	}
 	setDefaults(&cfg)
 	l := &Level{cfg: cfg, dir: cfg.FS, stop: make(chan struct{})}
 	l.bound = newBound(cfg.Workers, cfg.Timeout, l.probe)
+	// A directory that does not answer now (its servers are down) does not
+	// keep the node from serving: the level starts unreachable.
+	root, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(".") })
+	switch {
+	case retryable(err):
+		cfg.Logger.Warn("the shared store does not answer: starting without it until it does", "dir", cfg.Dir, "err", err)
+	case err != nil:
+		l.bound.close()
+		return nil, fmt.Errorf("--shared %s: %w", cfg.Dir, err)
+	case !root.IsDir:
+		l.bound.close()
+		return nil, fmt.Errorf("--shared %s is not a directory", cfg.Dir)
+	}
 	l.wb.init()
 	l.reads.init()
 	l.lease.holder = cfg.Holder

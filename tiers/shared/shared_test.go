@@ -287,3 +287,22 @@ func TestDisconnectedKeepsQueue(t *testing.T) {
 		return s.Reachable && s.WrittenBlocks == 2 && s.BytesBehind == 0
 	})
 }
+
+// TestStartsWhileUnreachable: a shared directory that hangs at start does
+// not keep the level from starting; it joins once the directory answers.
+func TestStartsWhileUnreachable(t *testing.T) {
+	root := t.TempDir()
+	hang := newHangingDir(OSDir{root})
+	hang.hang()
+	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.Timeout = 50 * time.Millisecond })
+	if l.Reachable() {
+		t.Fatal("reachable while the directory hangs")
+	}
+	local.put(blockRel(1), blockData(1, testBlock))
+	l.Published(blockRel(1), testBlock)
+	hang.resume()
+	eventually(t, "joined and drained", func() bool { s := l.Stats(); return s.Reachable && s.WrittenBlocks == 1 && s.BytesBehind == 0 })
+	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local}); err == nil {
+		t.Fatal("a missing shared directory accepted")
+	}
+}
