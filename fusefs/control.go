@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The control directory and its files belong to the engine's uid (the
@@ -222,7 +223,7 @@ func (f *FS) match(request []byte, stream uint32) []byte {
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
 	res, err := staging.Match(req, func(group int, key string) bool {
-		rel := staging.BlockPath(req.Tier, group, key)
+		rel := block.Name{Tier: req.Tier, Group: group, Hash: key}.Path()
 		present := f.store.Lookup(rel, stream)
 		f.noteLookup(rel, stream, present)
 		return present && serving

@@ -28,6 +28,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -297,7 +298,7 @@ func (f *FS) noteMissedDir(rel string) {
 		f.store.CountMissedLookup()
 		f.diagnostics.MissedLookup(parts[0], -1)
 	case len(parts) == 3:
-		if g, ok := disk.GroupOfDir(parts[2]); ok {
+		if g, ok := block.GroupOfDir(parts[2]); ok {
 			f.store.CountMissedLookup()
 			f.diagnostics.MissedLookup(parts[0], g)
 		}

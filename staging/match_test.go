@@ -367,14 +367,6 @@ func TestGroupKindNames(t *testing.T) {
 	}
 }
 
-func TestBlockPath(t *testing.T) {
-	key := "0123456789abcdef0123456789abcdef"
-	want := "DeepSeek_abc123def456_r0/012/34_g3/0123456789abcdef0123456789abcdef.bin"
-	if got := BlockPath("DeepSeek_abc123def456_r0", 3, key); got != want {
-		t.Errorf("BlockPath = %q, want %q", got, want)
-	}
-}
-
 func TestMatchRequestJSON(t *testing.T) {
 	key0, key1 := testKey(0), testKey(1)
 	body := `{"tier":"DeepSeek_abc123def456_r0","groups":[` +
@@ -769,10 +761,10 @@ func BenchmarkMatch(b *testing.B) {
 			req, store := fieldCase(chunks, bench.retained)
 			index := make(map[string]struct{}, 2*chunks)
 			for ref := range store.blocks {
-				index[BlockPath(req.Tier, ref.group, ref.key)] = struct{}{}
+				index[blockPath(req.Tier, ref.group, ref.key)] = struct{}{}
 			}
 			present := func(group int, key string) bool {
-				_, ok := index[BlockPath(req.Tier, group, key)]
+				_, ok := index[blockPath(req.Tier, group, key)]
 				return ok
 			}
 			var result MatchResult

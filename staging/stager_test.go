@@ -14,11 +14,18 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
+
+// blockPath is the store-relative path of a chunk's block (block.Name.Path).
+func blockPath(tier string, group int, hash string) string {
+	return block.Name{Tier: tier, Group: group, Hash: hash}.Path()
+}
 
 // chunkKey is the block key of chunk i of a tier's group.
 func chunkKey(tier string, group, chunk int) Key {
-	return Key(BlockPath(tier, group, fmt.Sprintf("%064x", chunk+1)))
+	return Key(blockPath(tier, group, fmt.Sprintf("%064x", chunk+1)))
 }
 
 func chunkKeys(tier string, group, n int) []Key {
@@ -194,8 +201,8 @@ func TestParseKey(t *testing.T) {
 		id    chainID
 		valid bool
 	}{
-		{Key(BlockPath(tierA, 0, hash)), chainID{tierA, 0}, true},
-		{Key(BlockPath(tierB, 12, hash)), chainID{tierB, 12}, true},
+		{Key(blockPath(tierA, 0, hash)), chainID{tierA, 0}, true},
+		{Key(blockPath(tierB, 12, hash)), chainID{tierB, 12}, true},
 		{Key("Tier_x_r0/abc/de_g3/" + hash + ".bin"), chainID{"Tier_x_r0", 3}, true},
 		{Key(tierA + "/config.json"), chainID{}, false},
 		{Key(tierA + "/abc/de_g0/" + hash + ".bin_x7.tmp"), chainID{}, false},

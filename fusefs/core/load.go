@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -126,7 +127,7 @@ func (c *Loads) mirrors() bool { return c.cfg.Mirror != nil && c.cfg.Mirror.Mirr
 type Load struct {
 	loads  *Loads
 	r      *disk.Reader
-	digest shm.Digest
+	digest block.Digest
 	buf    []byte
 	// Source is where the bytes came from.
 	Source Source

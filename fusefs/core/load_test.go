@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -51,8 +52,8 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{store: store, region: region, regions: regions}
 }
 
-// block is the store-relative path and bytes of test block i.
-func block(i int) (string, []byte) {
+// testBlock is the store-relative path and bytes of test block i.
+func testBlock(i int) (string, []byte) {
 	h := fmt.Sprintf("%064x", i+1)
 	data := make([]byte, rowBytes)
 	engineio.FillPattern(data, uint64(i))
@@ -62,7 +63,7 @@ func block(i int) (string, []byte) {
 // put stores block i as the engine does: a tmp file written once, then renamed.
 func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 	t.Helper()
-	rel, data := block(i)
+	rel, data := testBlock(i)
 	if err := os.MkdirAll(filepath.Dir(f.store.Path(rel)), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -122,10 +123,10 @@ type fakeMirror struct {
 
 func (m *fakeMirror) Mirrors() bool { return true }
 
-func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error {
+func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if shm.CRC32C(block) != crc {
+	if block.CRC32C(data) != crc {
 		return errors.New("block does not match its checksum")
 	}
 	m.rows = append(m.rows, ref)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The byte-based path the tests and benchmarks drive Node with: the block's
@@ -31,34 +33,34 @@ const (
 
 // LoadDone finds the row of region that now holds block and mirrors it
 // (MirrorBlock); without peers it does nothing.
-func (n *Node) LoadDone(ctx context.Context, region *Region, block []byte) error {
+func (n *Node) LoadDone(ctx context.Context, region *Region, data []byte) error {
 	if n.mirror == nil {
 		return nil
 	}
 	if !n.gate.Allowed() {
 		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
 	}
-	row, matches := region.identify(block)
+	row, matches := region.identify(data)
 	switch {
 	case matches == 0:
 		return ErrRowNotFound
 	case matches > 1:
 		return ErrRowAmbiguous
 	}
-	return n.MirrorBlock(ctx, region, row, block, Checksum(block))
+	return n.MirrorBlock(ctx, region, row, data, block.CRC32C(data))
 }
 
 // StoreDone finds the row of region holding a stored block and, when the gate
 // wants this store sampled, compares it with the peers' (SampleStoredRow).
-func (n *Node) StoreDone(ctx context.Context, region *Region, key string, block []byte) error {
+func (n *Node) StoreDone(ctx context.Context, region *Region, key string, data []byte) error {
 	if !n.WantStoreSample() {
 		return nil
 	}
-	row, matches := region.identify(block)
+	row, matches := region.identify(data)
 	if matches != 1 {
 		return fmt.Errorf("rowsync: sample %q: %d rows hold the stored block", key, matches)
 	}
-	return n.SampleStoredRow(ctx, region, row, key, Checksum(block))
+	return n.SampleStoredRow(ctx, region, row, key, block.CRC32C(data))
 }
 
 // Identify finds the row that now holds exactly block. It compares a few
@@ -67,24 +69,24 @@ func (n *Node) StoreDone(ctx context.Context, region *Region, key string, block 
 // block, when len(block) is not RowBytes, and when more than one row holds it:
 // a stale copy of the same block elsewhere makes the answer ambiguous, and
 // mirroring the wrong row would leave the right one stale on the peers.
-func (r *Region) Identify(block []byte) (row int, ok bool) {
-	row, matches := r.identify(block)
+func (r *Region) Identify(data []byte) (row int, ok bool) {
+	row, matches := r.identify(data)
 	return row, matches == 1
 }
 
 // identify returns the first row holding exactly block and the number of rows
 // that do, counting no further than 2.
-func (r *Region) identify(block []byte) (row, matches int) {
-	if len(block) != r.rowBytes {
+func (r *Region) identify(data []byte) (row, matches int) {
+	if len(data) != r.rowBytes {
 		return -1, 0
 	}
 	var offsets [maxSamples]int
-	samples := sampleOffsets(block, &offsets)
-	width := min(sampleBytes, len(block))
+	samples := sampleOffsets(data, &offsets)
+	width := min(sampleBytes, len(data))
 	row = -1
 	for i := range r.rows {
 		cand := r.Row(i)
-		if !samplesEqual(cand, block, samples, width) || !bytes.Equal(cand, block) {
+		if !samplesEqual(cand, data, samples, width) || !bytes.Equal(cand, data) {
 			continue
 		}
 		if matches == 0 {
@@ -111,18 +113,18 @@ func samplesEqual(a, b []byte, offsets []int, width int) bool {
 // non-zero part of block (found by probing sampleProbes windows), so that the
 // samples tell rows apart even when most of the block is zero (the other
 // nodes' slots). A block that looks all zero gets windows spread over all of it.
-func sampleOffsets(block []byte, dst *[maxSamples]int) []int {
-	width := min(sampleBytes, len(block))
+func sampleOffsets(data []byte, dst *[maxSamples]int) []int {
+	width := min(sampleBytes, len(data))
 	var probes, nonZero [sampleProbes]int
 	n, nz := 0, 0
 	for i := range sampleProbes {
-		off := (len(block) - width) * i / (sampleProbes - 1)
+		off := (len(data) - width) * i / (sampleProbes - 1)
 		if n > 0 && off == probes[n-1] {
 			continue
 		}
 		probes[n] = off
 		n++
-		if !isZero(block[off : off+width]) {
+		if !block.IsZero(data[off : off+width]) {
 			nonZero[nz] = off
 			nz++
 		}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 func TestNewRegionGeometry(t *testing.T) {
@@ -49,24 +51,24 @@ func TestOpenRegion(t *testing.T) {
 }
 
 func TestIdentify(t *testing.T) {
-	const rows, rowBytes = 12, 10 * ZeroRunBytes
+	const rows, rowBytes = 12, 10 * block.PageSize
 	r := shmRegion(t, rows, rowBytes)
 	for i := range rows {
 		fillHalf(r.Row(i), uint64(i))
 	}
 	for i := range rows {
-		block := bytes.Clone(r.Row(i))
-		if row, ok := r.Identify(block); !ok || row != i {
+		data := bytes.Clone(r.Row(i))
+		if row, ok := r.Identify(data); !ok || row != i {
 			t.Errorf("Identify(row %d) = %d, %v", i, row, ok)
 		}
 	}
 
-	block := bytes.Clone(r.Row(5))
-	block[len(block)-1] = 1 // differs only in the zero half, where no sample lies
-	if row, ok := r.Identify(block); ok {
+	data := bytes.Clone(r.Row(5))
+	data[len(data)-1] = 1 // differs only in the zero half, where no sample lies
+	if row, ok := r.Identify(data); ok {
 		t.Errorf("Identify(modified block) = %d, true", row)
 	}
-	if row, ok := r.Identify(block[:rowBytes-1]); ok {
+	if row, ok := r.Identify(data[:rowBytes-1]); ok {
 		t.Errorf("Identify(short block) = %d, true", row)
 	}
 
@@ -98,15 +100,15 @@ func TestIdentifyZeroAndTinyRows(t *testing.T) {
 }
 
 func TestSampleOffsetsFollowNonZeroBytes(t *testing.T) {
-	block := make([]byte, 1<<20)
-	fillHalf(block[3<<18:], 1) // non-zero bytes only in [768 KiB, 896 KiB)
+	data := make([]byte, 1<<20)
+	fillHalf(data[3<<18:], 1) // non-zero bytes only in [768 KiB, 896 KiB)
 	var dst [maxSamples]int
-	offs := sampleOffsets(block, &dst)
+	offs := sampleOffsets(data, &dst)
 	if len(offs) != maxSamples {
 		t.Fatalf("%d samples, want %d", len(offs), maxSamples)
 	}
 	for _, off := range offs {
-		if isZero(block[off : off+sampleBytes]) {
+		if block.IsZero(data[off : off+sampleBytes]) {
 			t.Errorf("sample at %d is zero", off)
 		}
 	}
@@ -130,10 +132,10 @@ func BenchmarkIdentify(b *testing.B) {
 	for i := range rows {
 		fillHalf(r.Row(i), uint64(i))
 	}
-	block := bytes.Clone(r.Row(rows / 2))
+	data := bytes.Clone(r.Row(rows / 2))
 	b.Run("present", func(b *testing.B) {
 		for b.Loop() {
-			if row, ok := r.Identify(block); !ok || row != rows/2 {
+			if row, ok := r.Identify(data); !ok || row != rows/2 {
 				b.Fatalf("Identify = %d, %v", row, ok)
 			}
 		}

@@ -8,13 +8,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Reader is a verified, open block. The block cannot be evicted until Close.
 type Reader struct {
 	s    *Store
-	b    *block
+	b    *entry
 	file *os.File
 }
 
@@ -52,12 +52,12 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 }
 
 // Digest returns a present block's digest; ok is false for an absent block.
-func (s *Store) Digest(rel string) (shm.Digest, bool) {
+func (s *Store) Digest(rel string) (block.Digest, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.blocks[rel]
 	if b == nil {
-		return shm.Digest{}, false
+		return block.Digest{}, false
 	}
 	return b.digest, true
 }
@@ -99,7 +99,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 // Digest returns the block's digest. Every indexed block has one (a block
 // found without a record is not indexed), so ok is always true; it is kept
 // for callers written when blocks could lack one.
-func (r *Reader) Digest() (shm.Digest, bool) {
+func (r *Reader) Digest() (block.Digest, bool) {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
 	return r.b.digest, true
@@ -181,7 +181,7 @@ func (r *Reader) ReadAll() ([]byte, error) {
 		}
 		n += m
 	}
-	if crc := shm.CRC32C(buf); crc != d.CRC {
+	if crc := block.CRC32C(buf); crc != d.CRC {
 		s.buffers.put(buf)
 		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
 	}
@@ -204,7 +204,7 @@ func (r *Reader) Corrupt(reason string) error {
 }
 
 // corrupt drops a block whose bytes fail verification and returns EIO.
-func (s *Store) corrupt(b *block, format string, args ...any) error {
+func (s *Store) corrupt(b *entry, format string, args ...any) error {
 	s.counters.ChecksumFailures.Add(1)
 	e := newError("read", b.rel, syscall.EIO, format, args...)
 	s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg)
