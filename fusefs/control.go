@@ -223,9 +223,9 @@ func (f *FS) match(request []byte, stream uint32) []byte {
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
 	res, err := staging.Match(req, func(group int, key string) bool {
-		rel := block.Name{Tier: req.Tier, Group: group, Hash: key}.Path()
-		present := f.store.Lookup(rel, stream)
-		f.noteLookup(rel, stream, present)
+		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
+		present := f.store.Lookup(ref.Rel, stream)
+		f.noteLookup(ref, stream, present)
 		return present && serving
 	})
 	f.matches.Add(1)

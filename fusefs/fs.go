@@ -281,11 +281,11 @@ func (f *FS) addControl(ctx context.Context) {
 }
 
 // noteLookup tells staging and the diagnostics about a block lookup.
-func (f *FS) noteLookup(rel string, thread uint32, present bool) {
+func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
 	if f.stager != nil {
-		f.stager.NoteLookup(staging.Key(rel), thread, present)
+		f.stager.NoteLookup(ref, thread, present)
 	}
-	f.diagnostics.LookedUp(staging.Key(rel), present)
+	f.diagnostics.LookedUp(ref, present)
 }
 
 // noteMissedDir counts a lookup that failed at a missing directory of the
@@ -306,25 +306,28 @@ func (f *FS) noteMissedDir(rel string) {
 }
 
 // noteStore tells staging and the diagnostics about a published block.
-func (f *FS) noteStore(rel string) {
+func (f *FS) noteStore(ref block.Ref) {
 	if f.stager != nil {
-		f.stager.NoteStore(staging.Key(rel))
+		f.stager.NoteStore(ref)
 	}
-	if d, ok := f.store.Digest(rel); ok {
-		f.diagnostics.Stored(staging.Key(rel), d.Size)
+	if d, ok := f.store.Digest(ref.Rel); ok {
+		f.diagnostics.Stored(ref, d.Size)
 	}
 }
 
 // invalidate drops any staged copy of a block that is replaced or removed.
-func (f *FS) invalidate(rel string) {
+func (f *FS) invalidate(ref block.Ref) {
 	if f.stager != nil {
-		f.stager.Invalidate(staging.Key(rel))
+		f.stager.Invalidate(ref)
 	}
 }
 
-// forget drops a block the store removed by itself from staging and the kernel's caches.
+// forget drops a block the store removed by itself from staging and the
+// kernel's caches; the store reports only block files (block.ParseRef).
 func (f *FS) forget(rel string) {
-	f.invalidate(rel)
+	if ref, ok := block.ParseRef(rel); ok {
+		f.invalidate(ref)
+	}
 	dir, name := path.Split(rel)
 	parent := f.root.EmbeddedInode()
 	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {

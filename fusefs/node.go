@@ -71,11 +71,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return n.fsys.control, 0
 	}
 	rel := n.rel(name)
-	switch kind, _ := block.Parse(rel); kind {
+	switch kind, blockName := block.Parse(rel); kind {
 	case block.File:
 		start := time.Now()
 		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		n.fsys.noteLookup(rel, callerThread(ctx), present)
+		n.fsys.noteLookup(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx), present)
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
 		if !present {
 			return nil, syscall.ENOENT
@@ -115,12 +115,12 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 }
 
 // refuseName rejects names that the layout reserves: the control directory and
-// block names that cannot be created directly.
-func (n *node) refuseName(name string) syscall.Errno {
+// block names that cannot be created directly. kind is what the name is (block.Parse).
+func (n *node) refuseName(name string, kind block.Kind) syscall.Errno {
 	if n.isRoot() && name == ControlDir {
 		return syscall.EEXIST
 	}
-	switch kind, _ := block.Parse(n.rel(name)); kind {
+	switch kind {
 	case block.Malformed:
 		n.fsys.logger.Warn("refused malformed block name: blocks are named <hex hash>.bin", "path", n.rel(name))
 		return syscall.EINVAL
@@ -136,11 +136,12 @@ var _ = (fs.NodeCreater)((*node)(nil))
 // Create creates block tmp files through the store (checked, checksummed
 // writes) and every other file in the store directory as it is.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	if errno := n.refuseName(name); errno != 0 {
+	rel := n.rel(name)
+	kind, _ := block.Parse(rel)
+	if errno := n.refuseName(name, kind); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	rel := n.rel(name)
-	if kind, _ := block.Parse(rel); kind != block.TmpFile {
+	if kind != block.TmpFile {
 		return n.createOther(ctx, name, flags, mode, out)
 	}
 	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
@@ -162,12 +163,12 @@ var _ = (fs.NodeOpener)((*node)(nil))
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
-	switch kind, _ := block.Parse(rel); {
+	switch kind, blockName := block.Parse(rel); {
 	case kind == block.File && writing:
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == block.File:
-		h, err := n.fsys.openBlock(ctx, rel, flags&syscall.O_DIRECT != 0)
+		h, err := n.fsys.openBlock(ctx, block.Ref{Rel: rel, Name: blockName}, flags&syscall.O_DIRECT != 0)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
@@ -194,10 +195,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	srcRel, dstRel := n.rel(name), dst.rel(newName)
 	srcKind, _ := block.Parse(srcRel)
-	dstKind, _ := block.Parse(dstRel)
+	dstKind, dstName := block.Parse(dstRel)
+	dstRef := block.Ref{Rel: dstRel, Name: dstName}
 	switch {
 	case dstKind == block.Malformed:
-		return dst.refuseName(newName)
+		return dst.refuseName(newName, dstKind)
 	case srcKind == block.File:
 		n.fsys.logger.Warn("refused rename of a published block", "path", srcRel, "to", dstRel)
 		return syscall.EPERM
@@ -205,11 +207,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if flags != 0 {
 			return syscall.EINVAL
 		}
-		n.fsys.invalidate(dstRel)
+		n.fsys.invalidate(dstRef)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
-		n.fsys.noteStore(dstRel)
+		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
 	case n.fsys.store.HasBlocksUnder(srcRel):
@@ -236,9 +238,9 @@ var _ = (fs.NodeUnlinker)((*node)(nil))
 // the capacity accounting exact.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	rel := n.rel(name)
-	switch kind, _ := block.Parse(rel); {
+	switch kind, blockName := block.Parse(rel); {
 	case kind == block.File:
-		n.fsys.invalidate(rel)
+		n.fsys.invalidate(block.Ref{Rel: rel, Name: blockName})
 		return n.errno(n.fsys.store.Remove(rel))
 	case kind == block.TmpFile && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
@@ -324,10 +326,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
 func (n *node) refuseLayoutName(name string) syscall.Errno {
-	if errno := n.refuseName(name); errno != 0 {
+	kind, _ := block.Parse(n.rel(name))
+	if errno := n.refuseName(name, kind); errno != 0 {
 		return errno
 	}
-	if kind, _ := block.Parse(n.rel(name)); kind == block.TmpFile {
+	if kind == block.TmpFile {
 		return syscall.EPERM
 	}
 	return 0

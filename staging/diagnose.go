@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Field diagnostics (issue 4): the filesystem sees every store, lookup and
@@ -98,9 +100,9 @@ type Diagnostics struct {
 	start time.Time
 
 	mu      sync.Mutex
-	groups  map[chainID]*window // per tier directory and group
-	uses    uint64              // counts made, which order the groups by recent use
-	waiting map[Key]*presence   // keys that answered present and have not been read since
+	groups  map[chainID]*window     // per tier directory and group
+	uses    uint64                  // counts made, which order the groups by recent use
+	waiting map[block.Ref]*presence // keys that answered present and have not been read since
 }
 
 // presence is when a waiting key first and last answered present.
@@ -135,12 +137,12 @@ func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
 		opts:    opts,
 		start:   opts.Now(),
 		groups:  make(map[chainID]*window),
-		waiting: make(map[Key]*presence),
+		waiting: make(map[block.Ref]*presence),
 	}
 }
 
 // Stored records a block stored (its rename landed) with its size.
-func (d *Diagnostics) Stored(key Key, bytes int64) {
+func (d *Diagnostics) Stored(key block.Ref, bytes int64) {
 	d.count(key, func(t *tally) {
 		t.storedBlocks++
 		t.storedBytes += bytes
@@ -149,7 +151,7 @@ func (d *Diagnostics) Stored(key Key, bytes int64) {
 
 // Read records a load of a block (its open for a load, or the bytes
 // served), with its size.
-func (d *Diagnostics) Read(key Key, bytes int64) {
+func (d *Diagnostics) Read(key block.Ref, bytes int64) {
 	d.mu.Lock()
 	_, wasWaiting := d.waiting[key]
 	delete(d.waiting, key)
@@ -164,7 +166,7 @@ func (d *Diagnostics) Read(key Key, bytes int64) {
 }
 
 // LookedUp records the answer to a lookup of key.
-func (d *Diagnostics) LookedUp(key Key, present bool) {
+func (d *Diagnostics) LookedUp(key block.Ref, present bool) {
 	now := d.opts.Now()
 	d.mu.Lock()
 	if present {
@@ -196,15 +198,8 @@ func (d *Diagnostics) MissedLookup(tier string, group int) {
 	d.add(chainID{tier: tier, group: group}, func(t *tally) { t.lookups++ })
 }
 
-// count applies add to the current bucket of key's group; other paths are
-// ignored.
-func (d *Diagnostics) count(key Key, add func(*tally)) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
-	d.add(id, add)
-}
+// count applies add to the current bucket of key's group.
+func (d *Diagnostics) count(key block.Ref, add func(*tally)) { d.add(chainOf(key), add) }
 
 // add applies add to the current bucket of a tier group.
 func (d *Diagnostics) add(id chainID, add func(*tally)) {

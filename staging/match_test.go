@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // testKey is the key of chunk i: distinct, lowercase hex, 64 digits.
@@ -761,10 +763,10 @@ func BenchmarkMatch(b *testing.B) {
 			req, store := fieldCase(chunks, bench.retained)
 			index := make(map[string]struct{}, 2*chunks)
 			for ref := range store.blocks {
-				index[blockPath(req.Tier, ref.group, ref.key)] = struct{}{}
+				index[block.Name{Tier: req.Tier, Group: ref.group, Hash: ref.key}.Path()] = struct{}{}
 			}
 			present := func(group int, key string) bool {
-				_, ok := index[blockPath(req.Tier, group, key)]
+				_, ok := index[block.Name{Tier: req.Tier, Group: group, Hash: key}.Path()]
 				return ok
 			}
 			var result MatchResult

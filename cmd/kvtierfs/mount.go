@@ -26,6 +26,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -221,7 +222,7 @@ func runMount(args []string) error {
 	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
-		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
+		if stager, err = staging.NewStager(func(key block.Ref) ([]byte, error) { return store.ReadBlock(key.Rel) },
 			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
 			return err
 		}

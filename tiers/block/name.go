@@ -123,3 +123,25 @@ func Parse(rel string) (Kind, Name) {
 	}
 	return File, Name{Tier: tier, Group: group, Hash: hash}
 }
+
+// Ref is one block file: its store-relative path as the engine wrote it (the
+// directories above `_g<N>` are opaque, so the path is kept, not rebuilt) and
+// the name parsed from it. The FUSE adapter parses a path once and hands the
+// Ref on; staging and the diagnostics key blocks by it.
+type Ref struct {
+	Rel  string
+	Name Name
+}
+
+// ParseRef parses rel as a block file's path (Parse); ok is false for any
+// other path.
+func ParseRef(rel string) (ref Ref, ok bool) {
+	kind, name := Parse(rel)
+	return Ref{Rel: rel, Name: name}, kind == File
+}
+
+// String is the block file's path.
+func (r Ref) String() string { return r.Rel }
+
+// Ref is the name's block file at the path the engine lays it out at.
+func (n Name) Ref() Ref { return Ref{Rel: n.Path(), Name: n} }

@@ -35,6 +35,7 @@ func TestClassify(t *testing.T) {
 		{"t/abc/de_g007/" + h32 + ".bin", File, Name{Tier: "t", Group: 7, Hash: h32}},
 		// The directory names are opaque: only the _g<N> suffix matters.
 		{"t/zzz/anything_g1/" + h32 + ".bin", File, Name{Tier: "t", Group: 1, Hash: h32}},
+		{"t/x/abc/de_g0/" + h32 + ".bin", File, Name{Tier: "t", Group: 0, Hash: h32}}, // at any depth
 
 		// The engine's tmp files beside a block.
 		{dir64 + "/" + h64 + ".bin_123456789.tmp", TmpFile, Name{Tier: tier, Group: 0, Hash: h64}},
@@ -127,5 +128,23 @@ func TestNamePaths(t *testing.T) {
 	wantTmp := "DeepSeek_abc123def456_r0/" + h[:3] + "/" + h[3:5] + "_g3/" + h + ".bin_7f00.tmp"
 	if got := name.TmpPath("7f00"); got != wantTmp {
 		t.Errorf("TmpPath = %q, want %q", got, wantTmp)
+	}
+}
+
+func TestRefs(t *testing.T) {
+	h := hashHex(4, 32)
+	name := Name{Tier: "T_r0", Group: 2, Hash: h}
+	if ref := name.Ref(); ref.Rel != name.Path() || ref.Name != name || ref.String() != name.Path() {
+		t.Errorf("%+v.Ref() = %+v", name, ref)
+	}
+	// A block file keeps the path it was found under: directories are opaque.
+	odd := "T_r0/x/y_g2/" + h + ".bin"
+	if ref, ok := ParseRef(odd); !ok || ref.Rel != odd || ref.Name != name {
+		t.Errorf("ParseRef(%q) = %+v, %v", odd, ref, ok)
+	}
+	for _, rel := range []string{name.TmpPath("1"), "T_r0/config.json", "T_r0/abc/de_g2/" + strings.ToUpper(h) + ".bin"} {
+		if ref, ok := ParseRef(rel); ok {
+			t.Errorf("ParseRef(%q) = %+v, a block file", rel, ref)
+		}
 	}
 }
