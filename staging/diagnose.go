@@ -41,17 +41,29 @@ type Warning struct {
 	Message string `json:"message"`
 }
 
+// Defaults of the diagnostics options that the mount's flags show.
+const (
+	// DefaultDiagnosticsWindow is the default Window.
+	DefaultDiagnosticsWindow = 10 * time.Minute
+	// DefaultMinStoredBytes is the default MinStoredBytes: 1 GiB.
+	DefaultMinStoredBytes = 1 << 30
+	// MaxReadGrace caps the default ReadGrace, a quarter of the Window.
+	MaxReadGrace = 30 * time.Second
+)
+
 // DiagnosticsOptions are the windows and thresholds of the diagnostics.
 // Zero fields take the defaults.
 type DiagnosticsOptions struct {
 	// Window is how far back the rules look; none fires before the mount
-	// has been up for a whole window. Default 10 minutes.
+	// has been up for a whole window. Default DefaultDiagnosticsWindow.
 	Window time.Duration
 	// ReadGrace is how long a key that answered present may go unread
-	// before it counts as waiting. Default 30 seconds.
+	// before it counts as waiting. Default a quarter of Window, at most
+	// MaxReadGrace.
 	ReadGrace time.Duration
 	// MinStoredBytes is the bytes a group (write_only_group) or the whole
-	// tier (write_only_tier) must have stored in the window. Default 1 GiB.
+	// tier (write_only_tier) must have stored in the window. Default
+	// DefaultMinStoredBytes.
 	MinStoredBytes int64
 	// MinLookups is the lookups in the window hash_seed_drift needs.
 	// Default 1000.
@@ -119,9 +131,9 @@ func positiveOr[T int | int64 | float64 | time.Duration](v *T, def T) {
 
 // NewDiagnostics starts the diagnostics; the mount's uptime counts from now.
 func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
-	positiveOr(&opts.Window, 10*time.Minute)
-	positiveOr(&opts.ReadGrace, 30*time.Second)
-	positiveOr(&opts.MinStoredBytes, 1<<30)
+	positiveOr(&opts.Window, DefaultDiagnosticsWindow)
+	positiveOr(&opts.ReadGrace, min(MaxReadGrace, opts.Window/4))
+	positiveOr(&opts.MinStoredBytes, DefaultMinStoredBytes)
 	positiveOr(&opts.MinLookups, 1000)
 	positiveOr(&opts.MaxHitRatio, 0.01)
 	positiveOr(&opts.MinStores, 100)

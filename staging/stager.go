@@ -52,10 +52,11 @@ import (
 // worker goroutines, at most Options.QueueDepth at a time.
 type Fetch func(key block.Ref) ([]byte, error)
 
-// Options configure a Stager. Zero fields take the defaults.
+// Options configure a Stager. Zero fields but Budget take the defaults.
 type Options struct {
-	// Budget is the most bytes staging holds at once (--staging-bytes):
-	// staged blocks plus fetches queued or in flight. Default DefaultBudget().
+	// Budget is the most bytes staging holds at once: staged blocks plus
+	// fetches queued or in flight. It must be positive: staging that is off
+	// has no Stager. DefaultBudget is the mount's default.
 	Budget int64
 	// QueueDepth is the most reads from the store in flight at once: the
 	// Stager's fetches plus the engine's loads that read the store
@@ -237,7 +238,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		return nil, errors.New("staging: negative option")
 	}
 	if opts.Budget == 0 {
-		opts.Budget = DefaultBudget()
+		return nil, errors.New("staging: a budget of 0 bytes stages nothing; staging that is off has no Stager")
 	}
 	if opts.QueueDepth == 0 {
 		opts.QueueDepth = DefaultQueueDepth

@@ -197,8 +197,11 @@ func TestNewStagerOptions(t *testing.T) {
 	if _, err := NewStager(nil, Options{}); err == nil {
 		t.Error("NewStager accepted a nil Fetch")
 	}
-	if _, err := NewStager(f.fetch, Options{QueueDepth: -1}); err == nil {
+	if _, err := NewStager(f.fetch, Options{Budget: 1 << 20, QueueDepth: -1}); err == nil {
 		t.Error("NewStager accepted a negative queue depth")
+	}
+	if _, err := NewStager(f.fetch, Options{}); err == nil {
+		t.Error("NewStager accepted a budget of 0, which the mount's flag reads as staging off")
 	}
 	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20})
 	if s.opts.QueueDepth != DefaultQueueDepth || s.opts.WaveBlocks != DefaultWaveBlocks ||
