@@ -179,13 +179,13 @@ func runMount(args []string) error {
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
 		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
-		return err
+		return fmt.Errorf("--store: %w", err)
 	}
 	defer store.Close()
 	regionOwner := uint32(c.engineUID)
 	regions, err := shm.NewSetWith(c.shmGlob, shm.Options{EngineUID: &regionOwner})
 	if err != nil {
-		return usageError{err}
+		return usageError{fmt.Errorf("--shm-glob: %w", err)}
 	}
 	defer regions.Close()
 	if err := regions.Refresh(); err != nil {

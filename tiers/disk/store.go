@@ -190,7 +190,7 @@ func Open(cfg Config) (*Store, error) {
 	st, err := os.Stat(root)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("store directory %s does not exist: create it or choose another --store", root)
+			return nil, fmt.Errorf("store directory %s does not exist: create it or choose another", root)
 		}
 		return nil, fmt.Errorf("store directory %s: %w", root, err)
 	}
@@ -277,7 +277,7 @@ func (s *Store) setCapacity(capacity int64) error {
 	}
 	total := int64(st.Blocks) * st.Bsize
 	if capacity < 0 {
-		return fmt.Errorf("--capacity must be positive, got %d", capacity)
+		return fmt.Errorf("capacity of %d bytes: want a positive size, or 0 for %v of the filesystem", capacity, DefaultCapacityFraction)
 	}
 	if capacity == 0 {
 		capacity = int64(float64(total) * DefaultCapacityFraction)
