@@ -131,9 +131,11 @@ type FS struct {
 	loads *core.Loads
 	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
 	lookupsWithheld atomic.Int64
-	// matches counts batched match requests; matchStreams numbers them.
+	// matches counts batched match requests; matchThreads numbers them:
+	// a match's lookups are one thread's, whose id has bit 31 set, apart
+	// from the kernel's thread ids (callerThread).
 	matches      atomic.Int64
-	matchStreams atomic.Uint32
+	matchThreads atomic.Uint32
 	// matchBuffered is the match request bytes buffered on open descriptors.
 	matchBuffered atomic.Int64
 }

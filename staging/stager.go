@@ -217,7 +217,7 @@ type node struct {
 }
 
 type cursorID struct {
-	stream uint32
+	thread uint32
 	chain  chainID
 }
 
@@ -285,11 +285,11 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 }
 
 // NoteLookup records the answer to the engine's lookup of key by thread
-// stream (the FUSE caller's thread id): present keys looked up one after
+// (the FUSE caller's thread id, see disk.Store.Lookup): present keys looked up one after
 // the other by a thread are linked in prefix order. An absent answer also
 // drops any staged copy of key.
 // A lookup never fetches anything.
-func (s *Stager) NoteLookup(key block.Ref, stream uint32, present bool) {
+func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 	id := chainOf(key)
 	s.mu.Lock()
 	if s.closed {
@@ -309,7 +309,7 @@ func (s *Stager) NoteLookup(key block.Ref, stream uint32, present bool) {
 		if e := s.entries[key]; e != nil {
 			stale = s.dropLocked(e, true)
 		}
-		if cur := s.cursors[cursorID{stream: stream, chain: id}]; cur != nil {
+		if cur := s.cursors[cursorID{thread: thread, chain: id}]; cur != nil {
 			s.advanceCursorLocked(cur, now)
 			cur.prev = block.Ref{}
 		}
@@ -318,7 +318,7 @@ func (s *Stager) NoteLookup(key block.Ref, stream uint32, present bool) {
 		return
 	}
 	c := s.chainLocked(id)
-	cur := s.cursorLocked(cursorID{stream: stream, chain: id}, now)
+	cur := s.cursorLocked(cursorID{thread: thread, chain: id}, now)
 	s.advanceCursorLocked(cur, now)
 	n := s.nodeLocked(c, key)
 	n.present = true

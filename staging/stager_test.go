@@ -137,9 +137,9 @@ func newTestStager(t testing.TB, fetch Fetch, opts Options) *Stager {
 }
 
 // lookUp has stream look keys up, all present, in order.
-func lookUp(s *Stager, stream uint32, keys ...block.Ref) {
+func lookUp(s *Stager, thread uint32, keys ...block.Ref) {
 	for _, k := range keys {
-		s.NoteLookup(k, stream, true)
+		s.NoteLookup(k, thread, true)
 	}
 }
 

@@ -91,12 +91,12 @@ func (s *Store) evictLocked(b *entry) {
 // extendChainLocked appends a looked-up block to the chain of its thread. A
 // thread that pauses, or comes back to a key it already listed, starts a new
 // chain: the engine looks a request's keys up again from the start every step.
-func (s *Store) extendChainLocked(b *entry, stream uint32, now int64) {
-	st := s.streams[stream]
+func (s *Store) extendChainLocked(b *entry, thread uint32, now int64) {
+	st := s.cursors[thread]
 	if st == nil {
-		s.pruneStreamsLocked(now)
-		st = &lookupStream{}
-		s.streams[stream] = st
+		s.pruneCursorsLocked(now)
+		st = &lookupCursor{}
+		s.cursors[thread] = st
 	}
 	if st.chain == nil || now-st.lastAt > int64(chainGap) || b.chain == st.chain {
 		st.chain = &chain{}
@@ -106,20 +106,20 @@ func (s *Store) extendChainLocked(b *entry, stream uint32, now int64) {
 	b.chain = st.chain
 }
 
-// maxStreams bounds the lookup threads remembered before idle ones are forgotten.
-const maxStreams = 1024
+// maxCursors bounds the lookup threads remembered before idle ones are forgotten.
+const maxCursors = 1024
 
-// pruneStreamsLocked forgets threads that have not looked anything up for a
-// while and, when a flood keeps more than three quarters of maxStreams busy,
+// pruneCursorsLocked forgets threads that have not looked anything up for a
+// while and, when a flood keeps more than three quarters of maxCursors busy,
 // any of them down to that: each full table then costs one walk per
-// maxStreams/4 new threads. A forgotten thread only starts a new chain.
-func (s *Store) pruneStreamsLocked(now int64) {
-	if len(s.streams) < maxStreams {
+// maxCursors/4 new threads. A forgotten thread only starts a new chain.
+func (s *Store) pruneCursorsLocked(now int64) {
+	if len(s.cursors) < maxCursors {
 		return
 	}
-	for id, st := range s.streams {
-		if now-st.lastAt > int64(chainGap) || len(s.streams) > maxStreams*3/4 {
-			delete(s.streams, id)
+	for id, st := range s.cursors {
+		if now-st.lastAt > int64(chainGap) || len(s.cursors) > maxCursors*3/4 {
+			delete(s.cursors, id)
 		}
 	}
 }

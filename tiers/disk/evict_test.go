@@ -210,7 +210,7 @@ func TestEvictRespectsLookupProtection(t *testing.T) {
 			for i := 0; i < 4; i++ {
 				put(t, s, i)
 			}
-			// Looked up on separate streams (no chain), then the others used after them.
+			// Looked up on separate threads (no chain), then the others used after them.
 			if !s.Lookup(evName(0), 1) || !s.Lookup(evName(1), 2) {
 				t.Fatal("lookup missed")
 			}
@@ -275,12 +275,12 @@ func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
 
 func TestEvictChainsPerStream(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
-	// Two threads interleave: stream 1 looks up 0 then 2, stream 2 looks up 1 then 3.
+	// Two threads interleave: thread 1 looks up 0 then 2, thread 2 looks up 1 then 3.
 	for _, l := range []struct {
 		key    int
-		stream uint32
+		thread uint32
 	}{{0, 1}, {1, 2}, {2, 1}, {3, 2}} {
-		s.Lookup(evName(l.key), l.stream)
+		s.Lookup(evName(l.key), l.thread)
 		clock.Advance(10 * time.Millisecond)
 	}
 	clock.Advance(protect)

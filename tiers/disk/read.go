@@ -30,8 +30,9 @@ func (r *Reader) Size() int64 { return r.b.size }
 
 // Lookup answers whether a block is present, and records the lookup: it
 // protects the block from eviction and extends the chain that the calling
-// thread (stream) is looking up in prefix order.
-func (s *Store) Lookup(rel string, stream uint32) bool {
+// thread is looking up in prefix order. thread is the caller's kernel thread
+// id, or a match request's own id (bit 31 set, fusefs).
+func (s *Store) Lookup(rel string, thread uint32) bool {
 	s.counters.Lookups.Add(1)
 	now := s.nowNano()
 	s.mu.Lock()
@@ -47,7 +48,7 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 	b.lastLookup = now
 	b.lastUse = now
 	s.lru.MoveToFront(b.lru)
-	s.extendChainLocked(b, stream, now)
+	s.extendChainLocked(b, thread, now)
 	return true
 }
 

@@ -90,8 +90,8 @@ type chain struct {
 	members []*entry
 }
 
-// lookupStream remembers the chain a thread is currently looking up.
-type lookupStream struct {
+// lookupCursor remembers the chain a thread is currently looking up.
+type lookupCursor struct {
 	chain  *chain
 	lastAt int64
 }
@@ -150,7 +150,7 @@ type Store struct {
 	used       int64
 	rowBytes   map[string]int64
 	tierBlocks map[string]int
-	streams    map[uint32]*lookupStream
+	cursors    map[uint32]*lookupCursor
 	// totals are the index's sums, kept as blocks come and go so that Stats
 	// does not walk the index under the lock.
 	totals blockTotals
@@ -217,7 +217,7 @@ func Open(cfg Config) (*Store, error) {
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),
 		totals:      blockTotals{groups: make(map[int]GroupStats)},
-		streams:     make(map[uint32]*lookupStream),
+		cursors:     make(map[uint32]*lookupCursor),
 		removed:     make(chan struct{}, 1),
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
