@@ -40,6 +40,7 @@ func openRegion(tb testing.TB, path string, rowBytes int) *Region {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { r.Close() })
+	watchRegion(tb, r, path)
 	return r
 }
 

@@ -89,10 +89,10 @@ func TestNodeMirrorsPromotions(t *testing.T) {
 
 	// A stale copy elsewhere makes the row ambiguous; an unknown block has none.
 	copy(ra.Row(12), ra.Row(4))
-	if err := a.LoadDone(context.Background(), ra, promoted[4]); !errors.Is(err, ErrRowAmbiguous) {
+	if err := a.LoadDone(context.Background(), ra, promoted[4]); !errors.Is(err, errNoSingleRow) {
 		t.Errorf("LoadDone(block in two rows) = %v", err)
 	}
-	if err := a.LoadDone(context.Background(), ra, make([]byte, testRowBytes-1)); !errors.Is(err, ErrRowNotFound) {
+	if err := a.LoadDone(context.Background(), ra, make([]byte, testRowBytes-1)); !errors.Is(err, errNoSingleRow) {
 		t.Errorf("LoadDone(short block) = %v", err)
 	}
 
