@@ -1,4 +1,8 @@
-package core_test
+// Package mount_test runs one kvtierfs mount end to end, as the engine uses
+// it: stores, lookups, loads and matches through a real FUSE mount, with
+// faults, hostile input, the control files and the service around it.
+// Mirroring between nodes is integration/multinode's.
+package mount_test
 
 import (
 	"crypto/sha256"
