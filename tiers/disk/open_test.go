@@ -330,6 +330,9 @@ func TestOpenReadOnlyDirectory(t *testing.T) {
 		t.Error("block removed by a failed Open")
 	}
 	// The lock is released: the directory can be opened once it is writable.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	s, err = Open(Config{Dir: dir, Capacity: 1 << 30})
 	if err != nil {
 		t.Fatalf("Open of the writable directory after a failed read-only Open: %v", err)
