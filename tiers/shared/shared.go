@@ -21,7 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Defaults of Config, also the daemon's flag defaults.
@@ -309,7 +309,7 @@ func (l *Level) Stats() Stats {
 }
 
 // checksumXattr is the xattr holding a block's digest record, the local store's.
-const checksumXattr = disk.ReservedXattrPrefix + "crc32c"
+const checksumXattr = block.RecordXattr
 
 // sidecarSuffix names the file holding a block's record where xattrs are refused.
 const sidecarSuffix = ".kvdigest"

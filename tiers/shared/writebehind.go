@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // writeBehind is the queue of blocks published locally and not yet in the
@@ -228,8 +228,8 @@ func (l *Level) writeLoop() {
 
 // writeOne copies one local block to the shared store.
 func (l *Level) writeOne(p *pending) error {
-	kind, name := disk.Classify(p.rel)
-	if kind != disk.Block {
+	kind, name := block.Parse(p.rel)
+	if kind != block.File {
 		return nil
 	}
 	data, err := l.cfg.Local.ReadBlock(p.rel)
