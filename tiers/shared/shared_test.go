@@ -8,9 +8,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-const testBlock = 4 * pageSize
+const testBlock = 4 * block.PageSize
 
 // TestWriteBehindDrains: published blocks reach the shared directory in the
 // local layout, with their record in the xattr and their zero page a hole,
@@ -33,7 +35,7 @@ func TestWriteBehindDrains(t *testing.T) {
 		}
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= testBlock+pageSize {
+	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= testBlock+block.PageSize {
 		// (ext4 may give the record xattr a block of its own.)
 		t.Errorf("zero page not left as a hole: %d bytes allocated for %d and a record", st.Blocks*512, testBlock)
 	}
