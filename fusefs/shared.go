@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
@@ -28,6 +29,21 @@ type SharedLevel interface {
 	// Fetch copies a block from the shared store into the local store, verified.
 	Fetch(rel string) error
 	Stats() shared.Stats
+}
+
+// lookupBlock looks a block up in the store and, missing there, in the
+// shared store (DESIGN.md "The shared level"), and tells staging, the
+// diagnostics and the shared level's admission about it.
+func (f *FS) lookupBlock(ref block.Ref, thread uint32) (present, inShared bool) {
+	present = f.store.Lookup(ref.Rel, thread)
+	inShared = !present && f.shared != nil && f.shared.Lookup(ref.Rel)
+	f.noteLookup(ref, thread, present || inShared)
+	if present && f.shared != nil {
+		if d, ok := f.store.Digest(ref.Rel); ok {
+			f.shared.LookedUp(ref.Rel, d.Size)
+		}
+	}
+	return present, inShared
 }
 
 // sharedBlockEntry answers the lookup of a block only the shared store holds:
@@ -50,7 +66,7 @@ func (n *node) sharedBlockEntry(ctx context.Context, rel string, out *fuse.Entry
 func (f *FS) sharedAttr(size int64, ino uint64, out *fuse.Attr) {
 	owner := f.store.Owner()
 	st := syscall.Stat_t{Ino: ino, Mode: syscall.S_IFREG | disk.PrivateFileMode, Nlink: 1, Size: size,
-		Uid: uint32(owner.UID), Gid: uint32(owner.GID), Blksize: disk.PageSize, Blocks: (size + 511) / 512}
+		Uid: uint32(owner.UID), Gid: uint32(owner.GID), Blksize: block.PageSize, Blocks: (size + 511) / 512}
 	out.FromStat(&st)
 }
 
@@ -90,7 +106,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return errno
 	}
 	rel := n.self()
-	if kind, _ := disk.Classify(rel); kind != disk.Block {
+	if kind, _ := block.Parse(rel); kind != block.File {
 		return errno
 	}
 	size, ok := n.fsys.shared.Size(rel)

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
@@ -118,12 +118,27 @@ func printShared(w io.Writer, sh *shared.Stats) {
 // the shared level, from the shared store when only it holds the block
 // (fetched, verified and kept locally first), so staging streams a chain
 // from the shared store as it does from the disk.
-func stagingFetch(store *disk.Store, level *shared.Level) func(staging.Key) ([]byte, error) {
-	return func(key staging.Key) ([]byte, error) {
-		buf, err := store.ReadBlock(string(key))
-		if level != nil && errors.Is(err, syscall.ENOENT) && level.Fetch(string(key)) == nil {
-			return store.ReadBlock(string(key))
+func stagingFetch(store *disk.Store, level *shared.Level) func(block.Ref) ([]byte, error) {
+	return func(ref block.Ref) ([]byte, error) {
+		buf, err := store.ReadBlock(ref.Rel)
+		if level != nil && errors.Is(err, syscall.ENOENT) && level.Fetch(ref.Rel) == nil {
+			return store.ReadBlock(ref.Rel)
 		}
 		return buf, err
 	}
+}
+
+// checkSharedDisjoint refuses a --shared directory that contains or lies
+// within the mountpoint or the store: blocks would be written behind into
+// the tier they come from.
+func checkSharedDisjoint(sharedDir, mountpoint, store string) error {
+	if sharedDir == "" {
+		return nil
+	}
+	for _, other := range []struct{ flag, dir string }{{"mountpoint", mountpoint}, {"--store", store}} {
+		if err := checkDisjoint(sharedDir, other.dir); err != nil {
+			return fmt.Errorf("--shared %s and %s %s must not contain each other", sharedDir, other.flag, other.dir)
+		}
+	}
+	return nil
 }

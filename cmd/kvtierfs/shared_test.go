@@ -45,3 +45,16 @@ func TestPrintShared(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedDisjoint: a shared directory inside the store or the mountpoint is refused.
+func TestSharedDisjoint(t *testing.T) {
+	if err := checkSharedDisjoint("/nvme/store/shared", "/mnt/kv", "/nvme/store"); err == nil {
+		t.Error("a shared directory inside the store accepted")
+	}
+	if err := checkSharedDisjoint("/mnt", "/mnt/kv", "/nvme/store"); err == nil {
+		t.Error("a shared directory holding the mountpoint accepted")
+	}
+	if err := checkSharedDisjoint("/gluster/kv", "/mnt/kv", "/nvme/store"); err != nil {
+		t.Error(err)
+	}
+}

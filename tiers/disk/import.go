@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // importSerial numbers the tmp files Import writes.
@@ -20,13 +22,14 @@ var importSerial atomic.Uint64
 // as the mount would create them. The publish listener is not told: the
 // block came from the level it would write to.
 func (s *Store) Import(rel string, data []byte) error {
-	if kind, _ := Classify(rel); kind != Block {
+	kind, name := block.Parse(rel)
+	if kind != block.File {
 		return newError("import", rel, syscall.EINVAL, "not a block name")
 	}
 	if err := s.MakeDirs(path.Dir(rel)); err != nil {
 		return err
 	}
-	tmp := fmt.Sprintf("%s_kvtierfs-import-%d%s", rel, importSerial.Add(1), tmpSuffix)
+	tmp := name.TmpPath(fmt.Sprintf("kvtierfs-import-%d", importSerial.Add(1)))
 	w, err := s.CreateTmp(tmp, unix.O_EXCL, PrivateFileMode)
 	if err != nil {
 		return err

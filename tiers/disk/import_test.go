@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // TestImport: a block imported from elsewhere is published through the
@@ -23,7 +25,7 @@ func TestImport(t *testing.T) {
 	})
 	imported := blockRel("tier", 0, hashHex(1, 32))
 	data := pageData(1, 4)
-	clear(data[PageSize : 3*PageSize])
+	clear(data[block.PageSize : 3*block.PageSize])
 	if err := s.Import(imported, data); err != nil {
 		t.Fatal(err)
 	}

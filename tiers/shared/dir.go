@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Dir is the shared directory as the level uses it, by paths relative to its
@@ -55,7 +57,13 @@ func (a FileInfo) sameFile(b FileInfo) bool {
 // OSDir is a Dir on a mounted directory.
 type OSDir struct{ Root string }
 
-func (d OSDir) path(rel string) string { return filepath.Join(d.Root, rel) }
+func (d OSDir) path(rel string) string {
+	if rel == "." {
+		// The root itself, through a link if it is one.
+		return d.Root + "/."
+	}
+	return filepath.Join(d.Root, rel)
+}
 
 // Stat stats rel without following a link.
 func (d OSDir) Stat(rel string) (FileInfo, error) {
@@ -97,20 +105,20 @@ func (d OSDir) WriteFile(rel string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	for off := 0; off < len(data); off += pageSize {
-		end := min(off+pageSize, len(data))
-		if allZero(data[off:end]) {
+	for off := 0; off < len(data); off += block.PageSize {
+		end := min(off+block.PageSize, len(data))
+		if block.IsZero(data[off:end]) {
 			continue
 		}
 		// Runs of non-zero pages go out in one write each.
-		for end < len(data) && !allZero(data[end:min(end+pageSize, len(data))]) {
-			end = min(end+pageSize, len(data))
+		for end < len(data) && !block.IsZero(data[end:min(end+block.PageSize, len(data))]) {
+			end = min(end+block.PageSize, len(data))
 		}
 		if _, err := f.WriteAt(data[off:end], int64(off)); err != nil {
 			f.Close()
 			return err
 		}
-		off = end - pageSize
+		off = end - block.PageSize
 	}
 	if err := f.Truncate(int64(len(data))); err != nil {
 		f.Close()
@@ -150,16 +158,4 @@ func (d OSDir) GetXattr(rel, name string) ([]byte, error) {
 // SetXattr sets an extended attribute.
 func (d OSDir) SetXattr(rel, name string, value []byte) error {
 	return unix.Lsetxattr(d.path(rel), name, value, 0)
-}
-
-// pageSize is the granularity of the holes WriteFile leaves.
-const pageSize = 4096
-
-func allZero(p []byte) bool {
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
 }

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // chainGap separates write bursts: blocks of one tier and group written behind
@@ -38,7 +38,7 @@ func (l *Level) stopping() bool {
 // sharedBlock is a block found in the shared layout.
 type sharedBlock struct {
 	rel      string
-	name     disk.BlockName
+	name     block.Name
 	bytes    int64
 	lastUse  time.Time
 	scanInfo FileInfo
@@ -71,13 +71,13 @@ func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
 				}
 				continue
 			}
-			kind, name := disk.Classify(child)
-			if kind == disk.BlockTmp {
+			kind, name := block.Parse(child)
+			if kind == block.TmpFile {
 				if info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(child) }); err == nil && now.Sub(info.ModTime) > staleTmpAge {
 					staleTmps = append(staleTmps, child)
 				}
 			}
-			if kind != disk.Block {
+			if kind != block.File {
 				continue
 			}
 			info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(child) })

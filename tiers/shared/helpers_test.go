@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // fakeClock is a clock moved by hand; After fires once Advance passes its deadline.
@@ -178,8 +180,8 @@ func blockData(i, size int) []byte {
 	for j := range b {
 		b[j] = byte(i*7 + j%251 + 1)
 	}
-	if size >= 3*pageSize {
-		clear(b[pageSize : 2*pageSize])
+	if size >= 3*block.PageSize {
+		clear(b[block.PageSize : 2*block.PageSize])
 	}
 	return b
 }

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // readThrough caches the shared store's answers and coalesces fetches.
@@ -100,8 +100,8 @@ func (l *Level) noteRecent(rel string) {
 // Answers are cached (absent ones for NegativeTTL); while the store is
 // unreachable every lookup answers absent at once.
 func (l *Level) Lookup(rel string) bool {
-	kind, _ := disk.Classify(rel)
-	isBlock := kind == disk.Block
+	kind, _ := block.Parse(rel)
+	isBlock := kind == block.File
 	if isBlock {
 		l.c.lookups.Add(1)
 	}
@@ -150,8 +150,8 @@ func (l *Level) Size(rel string) (int64, bool) {
 // bytes read are still what its name holds. Concurrent fetches of one block
 // share one read.
 func (l *Level) Fetch(rel string) error {
-	kind, name := disk.Classify(rel)
-	if kind != disk.Block {
+	kind, name := block.Parse(rel)
+	if kind != block.File {
 		return syscall.EINVAL
 	}
 	r := &l.reads
@@ -172,7 +172,7 @@ func (l *Level) Fetch(rel string) error {
 	return c.err
 }
 
-func (l *Level) fetch(rel string, name disk.BlockName) error {
+func (l *Level) fetch(rel string, name block.Name) error {
 	if !l.Reachable() {
 		return fmt.Errorf("fetch %s: %w (%w)", rel, syscall.ENOENT, ErrUnreachable)
 	}

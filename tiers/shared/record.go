@@ -8,14 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
-
-// recordKey is the name a block's digest record is bound to, as the local store binds it.
-func recordKey(name disk.BlockName) shm.Key {
-	return shm.Key{Group: uint64(name.Group), Hash: name.Hash}
-}
 
 // tmpSerial numbers the tmp files this process writes.
 var tmpSerial atomic.Uint64
@@ -28,8 +22,8 @@ func isNotSupported(err error) bool {
 // put writes a block into the shared directory: its bytes to a tmp file
 // beside it, its record in the xattr (or a sidecar written first), then the
 // rename that publishes it. Runs on a bound worker.
-func (l *Level) put(rel string, name disk.BlockName, data []byte) error {
-	rec, err := shm.DigestOf(data).MarshalRecord(recordKey(name))
+func (l *Level) put(rel string, name block.Name, data []byte) error {
+	rec, err := block.DigestOf(data).MarshalRecord(name.Binding())
 	if err != nil {
 		return err
 	}
@@ -98,18 +92,18 @@ func (l *Level) readRecord(rel string) (rec []byte, ok bool, err error) {
 }
 
 // verify checks fetched bytes against their record, bound to the block's name.
-func verify(name disk.BlockName, data, rec []byte) error {
-	d, key, bound, err := shm.UnmarshalRecord(rec)
+func verify(name block.Name, data, rec []byte) error {
+	d, key, bound, err := block.UnmarshalRecord(rec)
 	if err != nil {
 		return err
 	}
-	if !bound || key != recordKey(name) {
+	if !bound || key != name.Binding() {
 		return fmt.Errorf("digest record is bound to %+v, not to this block", key)
 	}
 	if int64(len(data)) != d.Size {
 		return fmt.Errorf("%d bytes, the record covers %d", len(data), d.Size)
 	}
-	if crc := shm.CRC32C(data); crc != d.CRC {
+	if crc := block.CRC32C(data); crc != d.CRC {
 		return fmt.Errorf("crc32c %08x, recorded %08x", crc, d.CRC)
 	}
 	return nil

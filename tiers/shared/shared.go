@@ -21,7 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Defaults of Config, also the daemon's flag defaults.
@@ -187,18 +187,24 @@ func New(cfg Config) (*Level, error) {
 		return nil, fmt.Errorf("shared level without a local store")
 	}
 	if cfg.FS == nil {
-		st, err := os.Stat(cfg.Dir)
-		if err != nil {
-			return nil, fmt.Errorf("--shared %s: %w", cfg.Dir, err)
-		}
-		if !st.IsDir() {
-			return nil, fmt.Errorf("--shared %s is not a directory", cfg.Dir)
-		}
 		cfg.FS = OSDir{Root: cfg.Dir}
 	}
 	setDefaults(&cfg)
 	l := &Level{cfg: cfg, dir: cfg.FS, stop: make(chan struct{})}
 	l.bound = newBound(cfg.Workers, cfg.Timeout, l.probe)
+	// A directory that does not answer now (its servers are down) does not
+	// keep the node from serving: the level starts unreachable.
+	root, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(".") })
+	switch {
+	case retryable(err):
+		cfg.Logger.Warn("the shared store does not answer: starting without it until it does", "dir", cfg.Dir, "err", err)
+	case err != nil:
+		l.bound.close()
+		return nil, fmt.Errorf("--shared %s: %w", cfg.Dir, err)
+	case !root.IsDir:
+		l.bound.close()
+		return nil, fmt.Errorf("--shared %s is not a directory", cfg.Dir)
+	}
 	l.wb.init()
 	l.reads.init()
 	l.lease.holder = cfg.Holder
@@ -303,7 +309,7 @@ func (l *Level) Stats() Stats {
 }
 
 // checksumXattr is the xattr holding a block's digest record, the local store's.
-const checksumXattr = disk.ReservedXattrPrefix + "crc32c"
+const checksumXattr = block.RecordXattr
 
 // sidecarSuffix names the file holding a block's record where xattrs are refused.
 const sidecarSuffix = ".kvdigest"

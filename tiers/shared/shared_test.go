@@ -8,9 +8,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-const testBlock = 4 * pageSize
+const testBlock = 4 * block.PageSize
 
 // TestWriteBehindDrains: published blocks reach the shared directory in the
 // local layout, with their record in the xattr and their zero page a hole,
@@ -33,7 +35,7 @@ func TestWriteBehindDrains(t *testing.T) {
 		}
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= testBlock+pageSize {
+	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= testBlock+block.PageSize {
 		// (ext4 may give the record xattr a block of its own.)
 		t.Errorf("zero page not left as a hole: %d bytes allocated for %d and a record", st.Blocks*512, testBlock)
 	}
@@ -286,4 +288,23 @@ func TestDisconnectedKeepsQueue(t *testing.T) {
 		s := l.Stats()
 		return s.Reachable && s.WrittenBlocks == 2 && s.BytesBehind == 0
 	})
+}
+
+// TestStartsWhileUnreachable: a shared directory that hangs at start does
+// not keep the level from starting; it joins once the directory answers.
+func TestStartsWhileUnreachable(t *testing.T) {
+	root := t.TempDir()
+	hang := newHangingDir(OSDir{root})
+	hang.hang()
+	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.Timeout = 50 * time.Millisecond })
+	if l.Reachable() {
+		t.Fatal("reachable while the directory hangs")
+	}
+	local.put(blockRel(1), blockData(1, testBlock))
+	l.Published(blockRel(1), testBlock)
+	hang.resume()
+	eventually(t, "joined and drained", func() bool { s := l.Stats(); return s.Reachable && s.WrittenBlocks == 1 && s.BytesBehind == 0 })
+	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local}); err == nil {
+		t.Fatal("a missing shared directory accepted")
+	}
 }

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // writeBehind is the queue of blocks published locally and not yet in the
@@ -54,7 +54,7 @@ func (w *writeBehind) init() {
 // Under AdmitAll it is queued for write-behind.
 func (l *Level) Published(rel string, size int64) {
 	if l.cfg.Admit == AdmitAll {
-		l.enqueue(rel, size)
+		l.enqueue(rel, size, false)
 	}
 }
 
@@ -63,15 +63,19 @@ func (l *Level) Published(rel string, size int64) {
 func (l *Level) LookedUp(rel string, size int64) {
 	l.noteRecent(rel)
 	if l.cfg.Admit == AdmitLookedUp {
-		l.enqueue(rel, size)
+		l.enqueue(rel, size, true)
 	}
 }
 
-// enqueue queues a block once, dropping the oldest queued blocks beyond the bound.
-func (l *Level) enqueue(rel string, size int64) {
+// enqueue queues a block unless it is queued already (or, once, was ever
+// admitted: a lookup admits a block a single time), dropping the oldest
+// queued blocks beyond the bound.
+func (l *Level) enqueue(rel string, size int64, once bool) {
 	w := &l.wb
 	w.mu.Lock()
-	if _, done := w.admitted[rel]; done {
+	_, queued := w.queued[rel]
+	_, admitted := w.admitted[rel]
+	if queued || once && admitted {
 		w.mu.Unlock()
 		return
 	}
@@ -224,8 +228,8 @@ func (l *Level) writeLoop() {
 
 // writeOne copies one local block to the shared store.
 func (l *Level) writeOne(p *pending) error {
-	kind, name := disk.Classify(p.rel)
-	if kind != disk.Block {
+	kind, name := block.Parse(p.rel)
+	if kind != block.File {
 		return nil
 	}
 	data, err := l.cfg.Local.ReadBlock(p.rel)
