@@ -69,6 +69,9 @@ type Node struct {
 	mounted   bool
 }
 
+// ClientPid is the process id of the node's FUSE client (glusterfs).
+func (n *Node) ClientPid() int { return n.clientPid }
+
 // NetnsPath is the namespace's file, for `nsenter --net=`.
 func (n *Node) NetnsPath() string { return "/run/netns/" + n.Name }
 

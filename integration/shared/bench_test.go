@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -105,6 +106,12 @@ func TestCrossReplicaBench(t *testing.T) {
 	}
 	a.waitWrittenBehind(t, int64(blocks+benchLookupPresent), 10*time.Minute)
 
+	// CPU of B's daemon and of B's volume client during each load phase.
+	cpu := func(load func() time.Duration) (took time.Duration, daemonCPU, clientCPU time.Duration) {
+		d0, c0 := cpuTime(b.daemon.Pid()), cpuTime(b.node.ClientPid())
+		took = load()
+		return took, cpuTime(b.daemon.Pid()) - d0, cpuTime(b.node.ClientPid()) - c0
+	}
 	found := 0
 	coverageTime := timed(func() {
 		for i := range blocks {
@@ -113,10 +120,10 @@ func TestCrossReplicaBench(t *testing.T) {
 			}
 		}
 	})
-	first := loadChain(t, b.tier, region, blocks)
+	first, firstDaemon, firstClient := cpu(func() time.Duration { return loadChain(t, b.tier, region, blocks) })
 	vllmB := &engineio.Tier{Root: filepath.Join(b.node.Mount, vllmSub), Direct: vllmA.Direct}
-	straight := loadChain(t, vllmB, region, blocks)
-	second := loadChain(t, b.tier, region, blocks)
+	straight, _, straightClient := cpu(func() time.Duration { return loadChain(t, vllmB, region, blocks) })
+	second, secondDaemon, secondClient := cpu(func() time.Duration { return loadChain(t, b.tier, region, blocks) })
 	bareLoad := loadChain(t, bare, region, blocks)
 	if st := b.stats(t); st.FetchedBlocks != int64(blocks) {
 		t.Fatalf("B fetched %d blocks from the shared store, want %d", st.FetchedBlocks, blocks)
@@ -127,16 +134,19 @@ func TestCrossReplicaBench(t *testing.T) {
 
 	chainBytes := float64(blocks) * benchRowBytes
 	gbps := func(d time.Duration) string { return fmt.Sprintf("%.2f GB/s", chainBytes/d.Seconds()/1e9) }
+	perGB := func(daemon, client time.Duration) string {
+		return fmt.Sprintf("CPU s/GB: kvtierfs %.2f, volume client %.2f", daemon.Seconds()/(chainBytes/1e9), client.Seconds()/(chainBytes/1e9))
+	}
 	prefill := time.Duration(float64(blocks*benchTokensPerRow) / float64(prefillRate) * float64(time.Second))
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "\ncross-replica reuse over GlusterFS: %d blocks of 8 MiB (%d tokens), %d load threads, volume up in %s\n",
 		blocks, blocks*benchTokensPerRow, benchThreads, c.SetupTime.Round(time.Millisecond))
 	fmt.Fprintf(w, "A: stores through kvtierfs until written behind\t%s\t%s\n", storeTime.Round(time.Millisecond), gbps(storeTime))
 	fmt.Fprintf(w, "B: coverage (found / stored)\t%d / %d (%.1f %%)\t%s for the lookups\n", found, blocks, 100*float64(found)/float64(blocks), coverageTime.Round(time.Millisecond))
-	fmt.Fprintf(w, "B: first load, kvtierfs + shared store\t%s\t%s\n", first.Round(time.Millisecond), gbps(first))
-	fmt.Fprintf(w, "B: vLLM-style load straight on the volume (O_DIRECT %v)\t%s\t%s\n", vllmB.Direct, straight.Round(time.Millisecond), gbps(straight))
+	fmt.Fprintf(w, "B: first load, kvtierfs + shared store\t%s\t%s\t%s\n", first.Round(time.Millisecond), gbps(first), perGB(firstDaemon, firstClient))
+	fmt.Fprintf(w, "B: vLLM-style load straight on the volume (O_DIRECT %v)\t%s\t%s\t%s\n", vllmB.Direct, straight.Round(time.Millisecond), gbps(straight), perGB(0, straightClient))
 	fmt.Fprintf(w, "B: re-prefill estimate at %d tokens/s\t%s\t\n", prefillRate, prefill.Round(time.Millisecond))
-	fmt.Fprintf(w, "B: second load, kvtierfs (own store)\t%s\t%s\n", second.Round(time.Millisecond), gbps(second))
+	fmt.Fprintf(w, "B: second load, kvtierfs (own store)\t%s\t%s\t%s\n", second.Round(time.Millisecond), gbps(second), perGB(secondDaemon, secondClient))
 	fmt.Fprintf(w, "B: same loads from a bare local directory\t%s\t%s\n", bareLoad.Round(time.Millisecond), gbps(bareLoad))
 	fmt.Fprintf(w, "ratios: first load vs straight %.2fx, vs re-prefill %.1fx faster; second load / bare %.2f\n",
 		straight.Seconds()/first.Seconds(), prefill.Seconds()/first.Seconds(), bareLoad.Seconds()/second.Seconds())
@@ -148,6 +158,26 @@ func TestCrossReplicaBench(t *testing.T) {
 	}
 	w.Flush()
 }
+
+// cpuTime is the CPU time (user + system) a process has used so far; 0 if
+// it cannot be read.
+func cpuTime(pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces) start after ") ".
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat CPU times.
+const clockTicks = 100
 
 func perKey(d time.Duration) float64 { return float64(d.Microseconds()) / benchLookupKeys }
 
