@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // sharedPair mounts two daemons ("replicas" on other nodes) sharing one plain
@@ -186,4 +187,65 @@ func TestSharedChainStaged(t *testing.T) {
 	if st.Staging == nil || st.Staging.Hits == 0 || st.Shared.FetchedBlocks < blocks {
 		t.Fatalf("staging %+v, %d fetched: want loads served from blocks staged from the shared store", st.Staging, st.Shared.FetchedBlocks)
 	}
+}
+
+// TestSharedUnreachable: the shared filesystem hangs (its requests block in
+// the kernel). A's stores go on locally and wait to be written behind; both
+// replicas mark the level unreachable and answer shared lookups absent; B's
+// own blocks still store and load. When it answers again, A's queue drains
+// and B finds and loads what A stored meanwhile.
+func TestSharedUnreachable(t *testing.T) {
+	sharedDir := filepath.Join(t.TempDir(), "shared")
+	hung := mountHangFS(t, sharedDir)
+	args := []string{"--shared", sharedDir, "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
+	a := mounttest.Start(t, mounttest.Options{Args: args})
+	b := mounttest.Start(t, mounttest.Options{Args: args})
+	t.Cleanup(hung.resume) // before the daemons stop
+	region := newRegion(t, 2)
+	tierA, tierB := openTier(t, a), openTier(t, b)
+	storeBlock(t, tierA, region.Row(0), 0)
+	waitWrittenBehind(t, a, 1)
+
+	hung.hang()
+	storeBlock(t, tierA, region.Row(0), 1)
+	waitShared(t, a, "A unreachable with a block behind", func(sh *shared.Stats) bool { return !sh.Reachable && sh.BytesBehind > 0 })
+	if !hasWarning(a.Stats().Warnings, "shared_unreachable") {
+		t.Fatal("no shared_unreachable warning while the shared store hangs")
+	}
+	// B: shared lookups answer absent (the first one within the bound, then at once).
+	for i := range 3 {
+		if tierB.Exists(tierB.BlockPath(tierDir, 0, hashOf(i))) {
+			t.Fatalf("B finds block %d while the shared store hangs", i)
+		}
+	}
+	waitShared(t, b, "B unreachable", func(sh *shared.Stats) bool { return !sh.Reachable })
+	// B's own blocks are served as always.
+	pathB := storeBlock(t, tierB, region.Row(0), 9)
+	if err := tierB.Load(pathB, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(9)) {
+		t.Fatalf("B's own block while the shared store hangs: %v", err)
+	}
+
+	hung.resume()
+	waitShared(t, a, "A's queue drained", func(sh *shared.Stats) bool { return sh.Reachable && sh.WrittenBlocks >= 2 && sh.BytesBehind == 0 })
+	waitShared(t, b, "B reachable", func(sh *shared.Stats) bool { return sh.Reachable })
+	time.Sleep(500 * time.Millisecond) // --shared-negative-ttl
+	path := tierB.BlockPath(tierDir, 0, hashOf(1))
+	if !tierB.Exists(path) {
+		t.Fatal("B does not find the block A stored while the shared store hung")
+	}
+	if err := tierB.Load(path, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(1)) {
+		t.Fatalf("B loading it: %v", err)
+	}
+}
+
+// waitShared polls a daemon's "shared" stats until cond holds.
+func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*shared.Stats) bool) {
+	t.Helper()
+	for range 1000 {
+		if sh := d.Stats().Shared; sh != nil && cond(sh) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("never: %s: %+v", what, d.Stats().Shared)
 }
