@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -248,4 +250,71 @@ func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*share
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("never: %s: %+v", what, d.Stats().Shared)
+}
+
+// TestSharedLeaseAndCapacity: two replicas with a shared capacity; exactly
+// one holds the eviction lease and both name it; the holder brings the
+// shared store down to its capacity; when the holder goes, the other
+// takes the lease over.
+func TestSharedLeaseAndCapacity(t *testing.T) {
+	sharedDir := t.TempDir()
+	const blocks, capacityBlocks = 8, 4
+	args := []string{"--shared", sharedDir, "--shared-capacity", strconv.Itoa(capacityBlocks * rowBytes),
+		"--shared-lease-ttl", "1s", "--shared-negative-ttl", "400ms"}
+	a := mounttest.Start(t, mounttest.Options{Args: args})
+	b := mounttest.Start(t, mounttest.Options{Args: args})
+	var holder *mounttest.Daemon
+	for range 1000 {
+		sa, sb := a.Stats().Shared, b.Stats().Shared
+		if sa.LeaseHeld && sb.LeaseHeld {
+			t.Fatal("both replicas hold the eviction lease")
+		}
+		if sa.LeaseHeld && sb.LeaseHolder == sa.LeaseHolder {
+			holder = a
+		} else if sb.LeaseHeld && sa.LeaseHolder == sb.LeaseHolder {
+			holder = b
+		}
+		if holder != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if holder == nil {
+		t.Fatalf("no replica holds the lease: %+v / %+v", a.Stats().Shared, b.Stats().Shared)
+	}
+	other := map[*mounttest.Daemon]*mounttest.Daemon{a: b, b: a}[holder]
+	region := newRegion(t, 1)
+	tierA := openTier(t, a)
+	for i := range blocks {
+		storeBlock(t, tierA, region.Row(0), i)
+	}
+	waitWrittenBehind(t, a, blocks)
+	// The holder evicts once the blocks are older than the protection.
+	waitShared(t, holder, "shared store within its capacity", func(sh *shared.Stats) bool {
+		return sh.EvictedBlocks >= blocks-capacityBlocks && sh.UsedBytes <= capacityBlocks*rowBytes
+	})
+	if ev := other.Stats().Shared.EvictedBlocks; ev != 0 {
+		t.Fatalf("the replica without the lease evicted %d blocks", ev)
+	}
+	left := 0
+	for i := range blocks {
+		if _, err := os.Stat(filepath.Join(sharedDir, relOf(t, tierA, a, i))); err == nil {
+			left++
+		}
+	}
+	if left > capacityBlocks {
+		t.Fatalf("%d blocks left in the shared store, capacity %d", left, capacityBlocks)
+	}
+	holder.Stop()
+	waitShared(t, other, "the other replica takes the lease over", func(sh *shared.Stats) bool { return sh.LeaseHeld })
+}
+
+// relOf is block i's path relative to the tier root.
+func relOf(t *testing.T, tier *engineio.Tier, d *mounttest.Daemon, i int) string {
+	t.Helper()
+	rel, err := filepath.Rel(d.Mountpoint, tier.BlockPath(tierDir, 0, hashOf(i)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }
