@@ -33,7 +33,7 @@ func addSharedFlags(fl *pflag.FlagSet) *sharedFlags {
 	fl.StringVar(&s.queue, "shared-queue", "1GiB", "bound on the bytes waiting to be written behind; beyond it the oldest are dropped and counted")
 	fl.DurationVar(&s.negativeTTL, "shared-negative-ttl", shared.DefaultNegativeTTL, "how long an absent answer from the shared store is trusted, the kernel's negative entries included: a block another node stores is visible within this bound once written behind")
 	fl.DurationVar(&s.timeout, "shared-timeout", shared.DefaultTimeout, "bound on any one shared-store operation (one block's copy included); past it the level is unreachable and lookups answer absent at once until a probe succeeds")
-	fl.DurationVar(&s.lease, "shared-lease-ttl", shared.DefaultLeaseTTL, "eviction lease lifetime, renewed at a third of it")
+	fl.DurationVar(&s.lease, "shared-lease-ttl", shared.DefaultLeaseTTL, "eviction lease lifetime, renewed at a third of it; the holder walks the shared layout this often and spares blocks used within it (10s at most)")
 	return s
 }
 
@@ -68,6 +68,8 @@ func (s *sharedFlags) config() (cfg shared.Config, kernelNegative time.Duration,
 			return cfg, 0, fmt.Errorf("--%s %s: want a positive duration such as 2s", d.flag, d.v)
 		}
 	}
+	// The evictor spares blocks used within a lease lifetime, 10 s at most.
+	cfg.Protect = min(shared.DefaultProtect, s.lease)
 	kernelNegative = max(time.Nanosecond, min(fusefs.DefaultNegativeTimeout, s.negativeTTL/2))
 	cfg.NegativeTTL = max(time.Nanosecond, s.negativeTTL-kernelNegative)
 	return cfg, kernelNegative, nil

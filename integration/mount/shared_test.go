@@ -5,13 +5,16 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // sharedPair mounts two daemons ("replicas" on other nodes) sharing one plain
@@ -186,4 +189,132 @@ func TestSharedChainStaged(t *testing.T) {
 	if st.Staging == nil || st.Staging.Hits == 0 || st.Shared.FetchedBlocks < blocks {
 		t.Fatalf("staging %+v, %d fetched: want loads served from blocks staged from the shared store", st.Staging, st.Shared.FetchedBlocks)
 	}
+}
+
+// TestSharedUnreachable: the shared filesystem hangs (its requests block in
+// the kernel). A's stores go on locally and wait to be written behind; both
+// replicas mark the level unreachable and answer shared lookups absent; B's
+// own blocks still store and load. When it answers again, A's queue drains
+// and B finds and loads what A stored meanwhile.
+func TestSharedUnreachable(t *testing.T) {
+	sharedDir := filepath.Join(t.TempDir(), "shared")
+	hung := mountHangFS(t, sharedDir)
+	args := []string{"--shared", sharedDir, "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
+	a := mounttest.Start(t, mounttest.Options{Args: args})
+	b := mounttest.Start(t, mounttest.Options{Args: args})
+	t.Cleanup(hung.resume) // before the daemons stop
+	region := newRegion(t, 2)
+	tierA, tierB := openTier(t, a), openTier(t, b)
+	storeBlock(t, tierA, region.Row(0), 0)
+	waitWrittenBehind(t, a, 1)
+
+	hung.hang()
+	storeBlock(t, tierA, region.Row(0), 1)
+	waitShared(t, a, "A unreachable with a block behind", func(sh *shared.Stats) bool { return !sh.Reachable && sh.BytesBehind > 0 })
+	if !hasWarning(a.Stats().Warnings, "shared_unreachable") {
+		t.Fatal("no shared_unreachable warning while the shared store hangs")
+	}
+	// B: shared lookups answer absent (the first one within the bound, then at once).
+	for i := range 3 {
+		if tierB.Exists(tierB.BlockPath(tierDir, 0, hashOf(i))) {
+			t.Fatalf("B finds block %d while the shared store hangs", i)
+		}
+	}
+	waitShared(t, b, "B unreachable", func(sh *shared.Stats) bool { return !sh.Reachable })
+	// B's own blocks are served as always.
+	pathB := storeBlock(t, tierB, region.Row(0), 9)
+	if err := tierB.Load(pathB, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(9)) {
+		t.Fatalf("B's own block while the shared store hangs: %v", err)
+	}
+
+	hung.resume()
+	waitShared(t, a, "A's queue drained", func(sh *shared.Stats) bool { return sh.Reachable && sh.WrittenBlocks >= 2 && sh.BytesBehind == 0 })
+	waitShared(t, b, "B reachable", func(sh *shared.Stats) bool { return sh.Reachable })
+	time.Sleep(500 * time.Millisecond) // --shared-negative-ttl
+	path := tierB.BlockPath(tierDir, 0, hashOf(1))
+	if !tierB.Exists(path) {
+		t.Fatal("B does not find the block A stored while the shared store hung")
+	}
+	if err := tierB.Load(path, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(1)) {
+		t.Fatalf("B loading it: %v", err)
+	}
+}
+
+// waitShared polls a daemon's "shared" stats until cond holds.
+func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*shared.Stats) bool) {
+	t.Helper()
+	for range 1000 {
+		if sh := d.Stats().Shared; sh != nil && cond(sh) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("never: %s: %+v", what, d.Stats().Shared)
+}
+
+// TestSharedLeaseAndCapacity: two replicas with a shared capacity; exactly
+// one holds the eviction lease and both name it; the holder brings the
+// shared store down to its capacity; when the holder goes, the other
+// takes the lease over.
+func TestSharedLeaseAndCapacity(t *testing.T) {
+	sharedDir := t.TempDir()
+	const blocks, capacityBlocks = 8, 4
+	args := []string{"--shared", sharedDir, "--shared-capacity", strconv.Itoa(capacityBlocks * rowBytes),
+		"--shared-lease-ttl", "1s", "--shared-negative-ttl", "400ms"}
+	a := mounttest.Start(t, mounttest.Options{Args: args})
+	b := mounttest.Start(t, mounttest.Options{Args: args})
+	var holder *mounttest.Daemon
+	for range 1000 {
+		sa, sb := a.Stats().Shared, b.Stats().Shared
+		if sa.LeaseHeld && sb.LeaseHeld {
+			t.Fatal("both replicas hold the eviction lease")
+		}
+		if sa.LeaseHeld && sb.LeaseHolder == sa.LeaseHolder {
+			holder = a
+		} else if sb.LeaseHeld && sa.LeaseHolder == sb.LeaseHolder {
+			holder = b
+		}
+		if holder != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if holder == nil {
+		t.Fatalf("no replica holds the lease: %+v / %+v", a.Stats().Shared, b.Stats().Shared)
+	}
+	other := map[*mounttest.Daemon]*mounttest.Daemon{a: b, b: a}[holder]
+	region := newRegion(t, 1)
+	tierA := openTier(t, a)
+	for i := range blocks {
+		storeBlock(t, tierA, region.Row(0), i)
+	}
+	waitWrittenBehind(t, a, blocks)
+	// The holder evicts once the blocks are older than the protection.
+	waitShared(t, holder, "shared store within its capacity", func(sh *shared.Stats) bool {
+		return sh.EvictedBlocks >= blocks-capacityBlocks && sh.UsedBytes <= capacityBlocks*rowBytes
+	})
+	if ev := other.Stats().Shared.EvictedBlocks; ev != 0 {
+		t.Fatalf("the replica without the lease evicted %d blocks", ev)
+	}
+	left := 0
+	for i := range blocks {
+		if _, err := os.Stat(filepath.Join(sharedDir, relOf(t, tierA, a, i))); err == nil {
+			left++
+		}
+	}
+	if left > capacityBlocks {
+		t.Fatalf("%d blocks left in the shared store, capacity %d", left, capacityBlocks)
+	}
+	holder.Stop()
+	waitShared(t, other, "the other replica takes the lease over", func(sh *shared.Stats) bool { return sh.LeaseHeld })
+}
+
+// relOf is block i's path relative to the tier root.
+func relOf(t *testing.T, tier *engineio.Tier, d *mounttest.Daemon, i int) string {
+	t.Helper()
+	rel, err := filepath.Rel(d.Mountpoint, tier.BlockPath(tierDir, 0, hashOf(i)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }

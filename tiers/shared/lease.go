@@ -18,9 +18,9 @@ const leaseFile = controlDir + "/evict.lease"
 // lease is this node's view of the eviction lease.
 type lease struct {
 	// op serialises this node's attempts to take or renew the lease.
-	op     sync.Mutex
-	mu     sync.Mutex
-	holder string
+	op sync.Mutex
+	// mu guards the fields below.
+	mu sync.Mutex
 	// held is true while this node holds the lease, until expiry (its clock).
 	held   bool
 	expiry time.Time

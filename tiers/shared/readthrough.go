@@ -40,7 +40,7 @@ func (r *readThrough) init() {
 	r.fetching = make(map[string]*fetchCall)
 }
 
-// remember caches an answer, forgetting expired ones (then any) when full.
+// remember caches an answer; a full cache forgets half of its answers first.
 func (r *readThrough) remember(rel string, present bool, now time.Time) {
 	r.rememberEntry(rel, answer{present: present, at: now})
 }

@@ -207,7 +207,6 @@ func New(cfg Config) (*Level, error) {
 	}
 	l.wb.init()
 	l.reads.init()
-	l.lease.holder = cfg.Holder
 	l.wg.Add(2)
 	go l.writeLoop()
 	go l.leaseLoop()

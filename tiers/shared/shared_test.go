@@ -308,3 +308,32 @@ func TestStartsWhileUnreachable(t *testing.T) {
 		t.Fatal("a missing shared directory accepted")
 	}
 }
+
+// vanishingDir removes a block as it is read, as another node's evictor may.
+type vanishingDir struct{ Dir }
+
+func (d vanishingDir) ReadFile(rel string) ([]byte, error) {
+	d.Dir.Remove(rel)
+	return d.Dir.ReadFile(rel)
+}
+
+// TestRemovedMidReadIsAMiss: a block removed while it is fetched is a miss
+// (ENOENT), not corruption, and answers absent afterwards.
+func TestRemovedMidReadIsAMiss(t *testing.T) {
+	root := t.TempDir()
+	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	local.put(blockRel(1), blockData(1, testBlock))
+	writer.Published(blockRel(1), testBlock)
+	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 1 })
+	reader, readerLocal, _ := newTestLevel(t, vanishingDir{OSDir{root}}, root, func(c *Config) { c.Holder = "node-b" })
+	if !reader.Lookup(blockRel(1)) {
+		t.Fatal("not found before the read")
+	}
+	err := reader.Fetch(blockRel(1))
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("fetch of a block removed mid-read: %v, want ENOENT", err)
+	}
+	if _, ok := readerLocal.get(blockRel(1)); ok || reader.Stats().CorruptDropped != 0 || reader.Lookup(blockRel(1)) {
+		t.Fatal("a block removed mid-read was imported, counted corrupt or still answers present")
+	}
+}
