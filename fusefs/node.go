@@ -64,7 +64,9 @@ func (n *node) errno(err error) syscall.Errno {
 
 var _ = (fs.NodeLookuper)((*node)(nil))
 
-// Lookup answers block lookups from the index (fast ENOENT) and records them.
+// Lookup answers lookups of the block layout from memory (DESIGN "Lookups and
+// the kernel's caches"): blocks from the store's index, the two directory
+// levels from the lookup index; other names from the store.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if n.isRoot() && name == ControlDir {
 		return n.fsys.control, 0
@@ -72,26 +74,62 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	rel := n.rel(name)
 	switch kind, _ := disk.Classify(rel); kind {
 	case disk.Block:
-		start := time.Now()
-		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		n.fsys.noteLookup(rel, callerThread(ctx), present)
-		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-		if !present {
-			return nil, syscall.ENOENT
-		}
-		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
-			// A load now could not reach every rank: the engine must not even try.
-			n.fsys.lookupsWithheld.Add(1)
-			return nil, syscall.ENOENT
-		}
+		return n.lookupBlock(ctx, name, rel, out)
 	case disk.BlockTmp:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
+	if layoutLevel(rel) != notLayout {
+		if e, exists, known := n.fsys.index.layoutAnswer(rel); known {
+			if !exists {
+				n.fsys.noteMissedDir(ctx, rel)
+				out.SetEntryTimeout(n.fsys.absentTimeout(rel))
+				return nil, syscall.ENOENT
+			}
+			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		}
+	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
-	if errno == syscall.ENOENT {
-		n.fsys.noteMissedDir(rel)
+	switch {
+	case errno == syscall.ENOENT:
+		n.fsys.noteMissedDir(ctx, rel)
+		out.SetEntryTimeout(n.fsys.negativeTimeout)
+	case errno == 0 && n.isRoot():
+		n.fsys.tierLookedUp(child, name)
 	}
 	return child, errno
+}
+
+// lookupBlock answers a block's lookup from the store's index and records it
+// (protection, chains, diagnostics). An absent block is cached by the kernel
+// as long as the layout's other absent names: it can appear only through a
+// rename on the mount, which updates the kernel's cache.
+func (n *node) lookupBlock(ctx context.Context, name, rel string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	start := time.Now()
+	thread := callerThread(ctx)
+	present := n.fsys.store.Lookup(rel, thread)
+	n.fsys.noteLookup(rel, thread, present)
+	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+	if !present {
+		out.SetEntryTimeout(n.fsys.absentTimeout(rel))
+		return nil, syscall.ENOENT
+	}
+	if s := n.fsys.sync; s != nil && !s.ServeLoads() {
+		// A load now could not reach every rank: the engine must not even
+		// try. Not cached: the next lookup asks again.
+		n.fsys.lookupsWithheld.Add(1)
+		return nil, syscall.ENOENT
+	}
+	if e, ok := n.fsys.index.block(rel); ok {
+		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+	}
+	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+}
+
+// indexedChild is the child inode of an entry answered from the lookup
+// index, the one go-fuse's loopback would have made from the store.
+func (n *node) indexedChild(ctx context.Context, e storeEntry, out *fuse.EntryOut) *fs.Inode {
+	out.Attr = e.attr
+	return n.NewInode(ctx, &fs.LoopbackNode{RootData: n.RootData}, e.id)
 }
 
 // cached sets the kernel's entry timeout on a successful entry reply:
@@ -108,6 +146,17 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 			out.SetAttrTimeout(DirTimeout)
 		default:
 			out.SetEntryTimeout(n.fsys.entryTimeout)
+		}
+		return child, errno
+	}
+}
+
+// created records a name the mount created in the lookup index:
+// `return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(…)))`.
+func (n *node) created(name string) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
+	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
+		if errno == 0 {
+			n.fsys.namespaceChanged(n.rel(name))
 		}
 		return child, errno
 	}
@@ -205,9 +254,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EINVAL
 		}
 		n.fsys.invalidate(dstRel)
+		n.fsys.index.forgetBlock(dstRel)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
+		n.fsys.index.refreshBlock(dstRel)
 		n.fsys.noteStore(dstRel)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
@@ -226,6 +277,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if srcKind == disk.BlockTmp {
 		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
+	n.fsys.namespaceChanged(srcRel)
+	n.fsys.namespaceChanged(dstRel)
 	return 0
 }
 
@@ -238,6 +291,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	switch kind, _ := disk.Classify(rel); {
 	case kind == disk.Block:
 		n.fsys.invalidate(rel)
+		n.fsys.index.forgetBlock(rel)
 		return n.errno(n.fsys.store.Remove(rel))
 	case kind == disk.BlockTmp && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
@@ -246,6 +300,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.LoopbackNode.Unlink(ctx, name)
 	if errno == 0 {
 		gone()
+		n.fsys.namespaceChanged(rel)
 	}
 	return errno
 }
@@ -280,6 +335,10 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		unix.Rmdir(n.fsys.store.Path(n.rel(name)))
 		return nil, syscall.EIO
 	}
+	n.fsys.namespaceChanged(n.rel(name))
+	if n.isRoot() {
+		n.fsys.tierLookedUp(child, name)
+	}
 	return n.cached(out)(child, 0)
 }
 
@@ -290,7 +349,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)))
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))
@@ -300,7 +359,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out)))
 }
 
 var _ = (fs.NodeLinker)((*node)(nil))
@@ -318,7 +377,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 			return nil, syscall.EPERM
 		}
 	}
-	return n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out)))
 }
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
