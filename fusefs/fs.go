@@ -126,9 +126,7 @@ type FS struct {
 	// them on each answer (absentTimeout).
 	negativeTimeout, layoutNegativeTimeout time.Duration
 	// index answers lookups of the layout's names without the store.
-	index *lookupIndex
-	// primer keeps the layout's directory levels in the kernel's cache.
-	primer      *primer
+	index       *lookupIndex
 	root        *node
 	server      *fuse.Server
 	control     *fs.Inode
@@ -189,7 +187,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	loopRoot.RootNode = f.root
 	f.index = newLookupIndex(opts.Store.Root(), loopRoot)
 	f.index.scan("")
-	f.primer = newPrimer(f)
 
 	if opts.MaxRequest == 0 {
 		opts.MaxRequest = DefaultMaxRequest
@@ -230,7 +227,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	f.server = server
-	f.primer.start()
 	opts.Store.OnRemove(f.forget)
 	if f.regions != nil {
 		go f.watchRegions()
@@ -241,7 +237,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 // Wait blocks until the filesystem is unmounted.
 func (f *FS) Wait() {
 	f.server.Wait()
-	f.primer.close()
 	select {
 	case <-f.done:
 	default:
@@ -269,11 +264,7 @@ func (f *FS) watchRegions() {
 }
 
 // Unmount unmounts the filesystem; it fails with EBUSY while files are open.
-// The primer stops first: its lookups would hold the mount busy.
-func (f *FS) Unmount() error {
-	f.primer.close()
-	return f.server.Unmount()
-}
+func (f *FS) Unmount() error { return f.server.Unmount() }
 
 // Mountpoint is where the filesystem is mounted.
 func (f *FS) Mountpoint() string { return f.mountpoint }
@@ -330,21 +321,13 @@ func (f *FS) namespaceChanged(rel string) {
 	}
 }
 
-// tierLookedUp names the tier of a directory at the root the kernel learns
-// of, so that the primer hears when the kernel forgets it (node.OnForget).
-func (f *FS) tierLookedUp(child *fs.Inode, name string) {
-	if n, ok := child.Operations().(*node); ok && child.IsDir() {
-		n.tier = name
-	}
-}
+// tierLookedUp is called with every child of the root the kernel learns of.
+func (f *FS) tierLookedUp(child *fs.Inode, name string) {}
 
 // noteMissedDir counts a lookup that failed at a missing directory of the
 // tier layout (`<tier>/<h[0:3]>` or `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most
 // absent keys end there, never reaching their block's name.
 func (f *FS) noteMissedDir(ctx context.Context, rel string) {
-	if f.primer.isPrimer(callerThread(ctx)) {
-		return
-	}
 	parts := strings.Split(rel, "/")
 	switch {
 	case len(parts) == 2 && len(parts[1]) == 3:

@@ -18,18 +18,6 @@ import (
 type node struct {
 	*fs.LoopbackNode
 	fsys *FS
-	// tier is the name of a tier directory at the root, empty for others.
-	tier string
-}
-
-var _ = (fs.NodeOnForgetter)((*node)(nil))
-
-// OnForget primes a tier again once the kernel forgot its directory: the
-// entries below it went first.
-func (n *node) OnForget() {
-	if n.tier != "" {
-		n.fsys.primer.forgotten(n.tier)
-	}
 }
 
 var _ = (fs.NodeWrapChilder)((*node)(nil))
@@ -350,7 +338,6 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	n.fsys.namespaceChanged(n.rel(name))
 	if n.isRoot() {
 		n.fsys.tierLookedUp(child, name)
-		n.fsys.primer.schedule(name)
 	}
 	return n.cached(out)(child, 0)
 }

@@ -59,9 +59,6 @@ type Counters struct {
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`
 	LookupsWithheld int64 `json:"lookups_withheld"`
-	// LookupsPrimed counts the layout's directory names the daemon looked up
-	// through its own mount to keep them in the kernel's cache (not in Lookups).
-	LookupsPrimed int64 `json:"lookups_primed"`
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
@@ -120,7 +117,6 @@ func (f *FS) Stats() Stats {
 		Warnings: []Warning{},
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
-	st.Counters.LookupsPrimed = f.primer.names.Load()
 	st.Counters.Matches = f.matches.Load()
 	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
 	if f.stager != nil {

@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -114,77 +113,5 @@ func TestLookupsSeeTheLayoutChange(t *testing.T) {
 	moved = d.Path(tierDir, filepath.Base(moved))
 	if !tier.Exists(moved) || tier.Exists(filepath.Join(moved, "00_g0")) {
 		t.Fatal("the layout's directories answer differently after a remount")
-	}
-}
-
-// absentPrefixKeys returns n keys whose prefix directory does not exist.
-func absentPrefixKeys(t *testing.T, d *mounttest.Daemon, stored, n int) []int {
-	t.Helper()
-	used := map[string]bool{}
-	for i := 0; i < stored; i++ {
-		used[hashOf(i)[:3]] = true
-	}
-	var keys []int
-	for i := stored; len(keys) < n; i++ {
-		if !used[hashOf(i)[:3]] {
-			keys = append(keys, i)
-		}
-	}
-	return keys
-}
-
-// waitPrimed waits until the daemon has looked up at least n names of the
-// layout through its own mount.
-func waitPrimed(t *testing.T, d *mounttest.Daemon, n int64) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for d.Stats().Counters.LookupsPrimed < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon primed %d names in 30 s, want %d", d.Stats().Counters.LookupsPrimed, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// The daemon keeps every name of the prefix level in the kernel's cache: the
-// engine's lookups of keys whose prefix directory is missing never reach it,
-// after the tier is created and again after the kernel dropped its caches;
-// a key stored there is present at the next lookup. (It drops the machine's
-// dentry and inode caches once.)
-func TestPrimedLookupsStayInTheKernel(t *testing.T) {
-	d := mounttest.Start(t, mounttest.Options{})
-	tier := openTier(t, d)
-	region := newRegion(t, 1)
-	const stored = 20
-	for i := 0; i < stored; i++ {
-		storeBlock(t, tier, region.Row(0), i)
-	}
-	absent := absentPrefixKeys(t, d, stored, 300)
-	expectUnasked := func(when string) {
-		t.Helper()
-		before := d.Stats().Counters.Lookups
-		for _, i := range absent {
-			if tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i))) {
-				t.Fatalf("%s: block %d, never stored, answers present", when, i)
-			}
-		}
-		if asked := d.Stats().Counters.Lookups - before; asked != 0 {
-			t.Fatalf("%s: %d of %d lookups of keys under missing prefix directories reached the daemon, want 0", when, asked, len(absent))
-		}
-	}
-
-	waitPrimed(t, d, 4096)
-	expectUnasked("after the tier was created")
-
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
-		t.Fatal(err)
-	}
-	waitPrimed(t, d, 2*4096)
-	expectUnasked("after the kernel dropped its caches")
-
-	i := absent[0]
-	storeBlock(t, tier, region.Row(0), i)
-	if !tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i))) {
-		t.Fatal("a key stored under a primed, absent prefix answers absent")
 	}
 }
