@@ -321,13 +321,10 @@ func (f *FS) namespaceChanged(rel string) {
 	}
 }
 
-// tierLookedUp is called with every child of the root the kernel learns of.
-func (f *FS) tierLookedUp(child *fs.Inode, name string) {}
-
 // noteMissedDir counts a lookup that failed at a missing directory of the
 // tier layout (`<tier>/<h[0:3]>` or `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most
 // absent keys end there, never reaching their block's name.
-func (f *FS) noteMissedDir(ctx context.Context, rel string) {
+func (f *FS) noteMissedDir(rel string) {
 	parts := strings.Split(rel, "/")
 	switch {
 	case len(parts) == 2 && len(parts[1]) == 3:

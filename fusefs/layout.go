@@ -23,9 +23,6 @@ const (
 	groupLevel  = 3 // <tier>/<h[0:3]>/<h[3:5]>_g<N>
 )
 
-// prefixNames is how many names the prefix level has in a tier: 16³.
-const prefixNames = 16 * 16 * 16
-
 // layoutLevel tells which directory level of the block layout a
 // store-relative path names, or notLayout.
 func layoutLevel(rel string) int {
@@ -64,12 +61,6 @@ func isLowerHex(s string, n int) bool {
 	return true
 }
 
-// prefixName is the i-th name of the prefix level (i < prefixNames).
-func prefixName(i int) string {
-	const hex = "0123456789abcdef"
-	return string([]byte{hex[i>>8&15], hex[i>>4&15], hex[i&15]})
-}
-
 // storeEntry is what a lookup answers for a name: its attributes and the
 // identity go-fuse's loopback gives the file (loopbackID).
 type storeEntry struct {
@@ -96,7 +87,8 @@ type lookupIndex struct {
 	uncertain map[string]bool
 	// blocks holds attributes of published blocks.
 	blocks map[string]storeEntry
-	// tiers counts the prefix-level names of each tier directory.
+	// tiers counts the prefix-level names of each tier directory: every
+	// directory at the store's root, holding such names or not.
 	tiers map[string]int
 }
 
@@ -106,15 +98,26 @@ func newLookupIndex(storeRoot string, loopRoot *fs.LoopbackRoot) *lookupIndex {
 }
 
 // layoutAnswer is what the index knows of a layout name: whether it exists
-// and its entry; known is false when only the store can tell.
+// and its entry; known is false when only the store can tell. A name is
+// known absent only below a directory the index holds: a lookup below a
+// directory being renamed, still under its old name, asks the store.
 func (x *lookupIndex) layoutAnswer(rel string) (e storeEntry, exists, known bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if x.uncertain[rel] {
 		return storeEntry{}, false, false
 	}
-	e, exists = x.layout[rel]
-	return e, exists, true
+	if e, exists = x.layout[rel]; exists {
+		return e, true, true
+	}
+	parent := path.Dir(rel)
+	if layoutLevel(rel) == prefixLevel {
+		_, known = x.tiers[parent]
+	} else {
+		p, ok := x.layout[parent]
+		known = ok && p.attr.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	}
+	return storeEntry{}, false, known
 }
 
 // block returns the attributes of a published block, if known.
@@ -123,31 +126,6 @@ func (x *lookupIndex) block(rel string) (storeEntry, bool) {
 	defer x.mu.RUnlock()
 	e, ok := x.blocks[rel]
 	return e, ok
-}
-
-// tierNames lists the tier directories that hold layout names.
-func (x *lookupIndex) tierNames() []string {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	names := make([]string, 0, len(x.tiers))
-	for t := range x.tiers {
-		names = append(names, t)
-	}
-	return names
-}
-
-// groupDirs lists the group-level names under a tier.
-func (x *lookupIndex) groupDirs(tier string) []string {
-	prefix := tier + "/"
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	var names []string
-	for rel := range x.layout {
-		if strings.HasPrefix(rel, prefix) && layoutLevel(rel) == groupLevel {
-			names = append(names, rel)
-		}
-	}
-	return names
 }
 
 // statEntry reads a store name's entry without following a final symlink, as
@@ -196,9 +174,8 @@ func (x *lookupIndex) deleteLayoutLocked(rel string) {
 	}
 	delete(x.layout, rel)
 	if layoutLevel(rel) == prefixLevel {
-		tier := tierOf(rel)
-		if x.tiers[tier]--; x.tiers[tier] == 0 {
-			delete(x.tiers, tier)
+		if tier := tierOf(rel); x.tiers[tier] > 0 {
+			x.tiers[tier]--
 		}
 	}
 }
@@ -228,6 +205,7 @@ func (x *lookupIndex) refreshBlock(rel string) {
 func (x *lookupIndex) moved(rel string) {
 	below := rel + "/"
 	x.mu.Lock()
+	delete(x.tiers, rel)
 	for name := range x.layout {
 		if name == rel || strings.HasPrefix(name, below) {
 			x.deleteLayoutLocked(name)
@@ -249,7 +227,8 @@ func (x *lookupIndex) moved(rel string) {
 
 // scan indexes what the store holds at rel and below it, down to the
 // blocks of group directories: rel is the store root, a tier directory or a
-// layout name; anything else holds no layout name.
+// layout name; anything else holds no layout name. A tier directory it
+// cannot read is left out: names below it are looked up in the store.
 func (x *lookupIndex) scan(rel string) {
 	depth := 0
 	if rel != "" {
@@ -263,10 +242,14 @@ func (x *lookupIndex) scan(rel string) {
 	}
 	entries, err := x.readDir(rel)
 	if err != nil {
-		if depth == 1 && !os.IsNotExist(err) && err != unix.ENOTDIR {
-			x.markUncertain(rel)
-		}
 		return
+	}
+	if depth == 1 {
+		x.mu.Lock()
+		if _, ok := x.tiers[rel]; !ok {
+			x.tiers[rel] = 0
+		}
+		x.mu.Unlock()
 	}
 	for _, de := range entries {
 		child := path.Join(rel, de.Name())
@@ -290,16 +273,6 @@ func (x *lookupIndex) readDir(rel string) ([]os.DirEntry, error) {
 	dir := os.NewFile(uintptr(fd), rel)
 	defer dir.Close()
 	return dir.ReadDir(-1)
-}
-
-// markUncertain makes every future name under a tier directory that could
-// not be read a question for the store.
-func (x *lookupIndex) markUncertain(tier string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for i := 0; i < prefixNames; i++ {
-		x.uncertain[tier+"/"+prefixName(i)] = true
-	}
 }
 
 // tierOf is the first component of a store-relative path.

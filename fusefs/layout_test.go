@@ -32,14 +32,6 @@ func TestLayoutLevel(t *testing.T) {
 			t.Errorf("layoutLevel(%q) = %d, want %d", rel, got, want)
 		}
 	}
-	seen := map[string]bool{}
-	for i := range prefixNames {
-		name := prefixName(i)
-		if layoutLevel("t/"+name) != prefixLevel || seen[name] {
-			t.Fatalf("prefixName(%d) = %q: not a new prefix-level name", i, name)
-		}
-		seen[name] = true
-	}
 }
 
 // layoutNames lists the index's layout names and block names, sorted.
@@ -103,13 +95,16 @@ func TestLookupIndexFollowsTheStore(t *testing.T) {
 	layout, blocks := layoutNames(x)
 	equalNames(t, "layout", layout, []string{"T/0aa", "T/abc", "T/abc/de_g0", "T/fff"})
 	equalNames(t, "blocks", blocks, []string{block})
-	equalNames(t, "tiers", x.tierNames(), []string{"T"})
-	equalNames(t, "group dirs", x.groupDirs("T"), []string{"T/abc/de_g0"})
 	if e, exists, known := x.layoutAnswer("T/abc"); !known || !exists || e.attr.Mode&0o170000 != 0o040000 {
 		t.Fatalf("T/abc: exists %v, known %v, mode %o", exists, known, e.attr.Mode)
 	}
 	if _, exists, known := x.layoutAnswer("T/abd"); !known || exists {
 		t.Fatalf("T/abd: exists %v, known %v; want known absent", exists, known)
+	}
+	for _, rel := range []string{"V/abc", "T/abd/de_g0", "T/0aa/de_g0"} {
+		if _, exists, known := x.layoutAnswer(rel); known || exists {
+			t.Fatalf("%s, below no indexed directory: exists %v, known %v; want a question for the store", rel, exists, known)
+		}
 	}
 
 	// mkdir, then a rename of a whole tier, then removals.
@@ -135,7 +130,6 @@ func TestLookupIndexFollowsTheStore(t *testing.T) {
 	layout, blocks = layoutNames(x)
 	equalNames(t, "layout after rmdir", layout, []string{"U/0aa", "U/123", "U/123/45_g1", "U/abc", "U/abc/de_g0"})
 	equalNames(t, "blocks after removal", blocks, nil)
-	equalNames(t, "tiers", x.tierNames(), []string{"U"})
 }
 
 // A tier directory the index cannot read leaves its names to the store.

@@ -81,7 +81,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if layoutLevel(rel) != notLayout {
 		if e, exists, known := n.fsys.index.layoutAnswer(rel); known {
 			if !exists {
-				n.fsys.noteMissedDir(ctx, rel)
+				n.fsys.noteMissedDir(rel)
 				out.SetEntryTimeout(n.fsys.absentTimeout(rel))
 				return nil, syscall.ENOENT
 			}
@@ -89,12 +89,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
-	switch {
-	case errno == syscall.ENOENT:
-		n.fsys.noteMissedDir(ctx, rel)
+	if errno == syscall.ENOENT {
+		n.fsys.noteMissedDir(rel)
 		out.SetEntryTimeout(n.fsys.negativeTimeout)
-	case errno == 0 && n.isRoot():
-		n.fsys.tierLookedUp(child, name)
 	}
 	return child, errno
 }
@@ -336,9 +333,6 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, syscall.EIO
 	}
 	n.fsys.namespaceChanged(n.rel(name))
-	if n.isRoot() {
-		n.fsys.tierLookedUp(child, name)
-	}
 	return n.cached(out)(child, 0)
 }
 
