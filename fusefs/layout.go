@@ -11,7 +11,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The layout's directory levels: a key's lookup walks
@@ -257,7 +257,7 @@ func (x *lookupIndex) scan(rel string) {
 		case depth == 0 && de.IsDir(), layoutLevel(child) != notLayout:
 			x.scan(child)
 		case level == groupLevel && de.Type().IsRegular():
-			if kind, _ := disk.Classify(child); kind == disk.Block {
+			if kind, _ := block.Parse(child); kind == block.File {
 				x.refreshBlock(child)
 			}
 		}
