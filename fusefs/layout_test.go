@@ -5,8 +5,10 @@ import (
 	"path/filepath"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 func TestLayoutLevel(t *testing.T) {
@@ -147,5 +149,33 @@ func TestLookupIndexUnreadableTier(t *testing.T) {
 	x.scan("")
 	if _, _, known := x.layoutAnswer("T/abc"); known {
 		t.Fatal("a name under an unreadable tier was answered from the index")
+	}
+}
+
+// absentLookup is a raw filesystem whose lookups fail with ENOENT, with the
+// entry timeout given.
+type absentLookup struct {
+	fuse.RawFileSystem
+	timeout time.Duration
+}
+
+func (a absentLookup) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	out.SetEntryTimeout(a.timeout)
+	return fuse.ENOENT
+}
+
+// An absent answer with a lifetime reaches the kernel as a cacheable entry
+// without an inode; one without stays an uncached ENOENT.
+func TestAbsentEntries(t *testing.T) {
+	for _, timeout := range []time.Duration{0, time.Hour} {
+		raw := absentEntries{absentLookup{RawFileSystem: fuse.NewDefaultRawFileSystem(), timeout: timeout}}
+		out := fuse.EntryOut{NodeId: 7}
+		status := raw.Lookup(nil, &fuse.InHeader{}, "abc", &out)
+		switch {
+		case timeout == 0 && status != fuse.ENOENT:
+			t.Errorf("absent without a lifetime: status %v, want ENOENT", status)
+		case timeout > 0 && (status != fuse.OK || out.NodeId != 0 || out.EntryTimeout() != timeout):
+			t.Errorf("absent for %v: status %v, node %d, timeout %v; want OK, node 0, %v", timeout, status, out.NodeId, out.EntryTimeout(), timeout)
+		}
 	}
 }
