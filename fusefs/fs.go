@@ -315,10 +315,14 @@ func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
 // MKDIR or RENAME reply updates the kernel's cache itself.
 func (f *FS) absentTimeout(rel string) time.Duration { return f.layoutNegativeTimeout }
 
-// namespaceChanged keeps the lookup index right after the mount created,
-// removed or moved rel: a layout name or a tier directory (which may carry
-// layout names with it).
-func (f *FS) namespaceChanged(rel string) {
+// namespaceChanged keeps the lookup index right after the mount created or
+// removed the name rel.
+func (f *FS) namespaceChanged(rel string) { f.index.changed(rel) }
+
+// namespaceMoved keeps the lookup index right after the mount renamed a name
+// from or to rel: a layout name, or a tier directory that may carry layout
+// names with it.
+func (f *FS) namespaceMoved(rel string) {
 	if layoutLevel(rel) != notLayout || !strings.Contains(rel, "/") {
 		f.index.moved(rel)
 	}

@@ -199,6 +199,28 @@ func (x *lookupIndex) refreshBlock(rel string) {
 	x.blocks[rel] = e
 }
 
+// changed updates the index after the mount created or removed the name
+// rel: nothing below it can be indexed, as a new name is empty and a
+// directory removed was.
+func (x *lookupIndex) changed(rel string) {
+	if layoutLevel(rel) != notLayout {
+		x.refresh(rel)
+		return
+	}
+	if strings.Contains(rel, "/") {
+		return
+	}
+	var st unix.Stat_t
+	isDir := unix.Lstat(path.Join(x.storeRoot, rel), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, known := x.tiers[rel]; isDir && !known {
+		x.tiers[rel] = 0
+	} else if !isDir {
+		delete(x.tiers, rel)
+	}
+}
+
 // moved updates the index after the name rel (a file or a whole directory
 // tree) appeared or disappeared through the mount: every indexed name at or
 // below rel is forgotten, then what the store now holds there is read again.

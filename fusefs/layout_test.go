@@ -111,8 +111,8 @@ func TestLookupIndexFollowsTheStore(t *testing.T) {
 
 	// mkdir, then a rename of a whole tier, then removals.
 	mustMkdir(t, filepath.Join(root, "T/123/45_g1"))
-	x.moved("T/123")
-	x.moved("T/123/45_g1")
+	x.changed("T/123")
+	x.changed("T/123/45_g1")
 	if _, exists, _ := x.layoutAnswer("T/123/45_g1"); !exists {
 		t.Fatal("a new group directory is not indexed")
 	}
@@ -127,11 +127,26 @@ func TestLookupIndexFollowsTheStore(t *testing.T) {
 	if err := os.Remove(filepath.Join(root, "U/fff")); err != nil {
 		t.Fatal(err)
 	}
-	x.moved("U/fff")
+	x.changed("U/fff")
 	x.forgetBlock("U" + block[1:])
 	layout, blocks = layoutNames(x)
 	equalNames(t, "layout after rmdir", layout, []string{"U/0aa", "U/123", "U/123/45_g1", "U/abc", "U/abc/de_g0"})
 	equalNames(t, "blocks after removal", blocks, nil)
+
+	// A new tier directory: its prefix names are known absent; once it is
+	// removed, a question for the store again.
+	mustMkdir(t, filepath.Join(root, "W"))
+	x.changed("W")
+	if _, exists, known := x.layoutAnswer("W/abc"); !known || exists {
+		t.Fatalf("W/abc in a new tier: exists %v, known %v; want known absent", exists, known)
+	}
+	if err := os.Remove(filepath.Join(root, "W")); err != nil {
+		t.Fatal(err)
+	}
+	x.changed("W")
+	if _, _, known := x.layoutAnswer("W/abc"); known {
+		t.Fatal("a name under a removed tier was answered from the index")
+	}
 }
 
 // A tier directory the index cannot read leaves its names to the store.

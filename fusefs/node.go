@@ -277,8 +277,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if srcKind == block.TmpFile {
 		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
-	n.fsys.namespaceChanged(srcRel)
-	n.fsys.namespaceChanged(dstRel)
+	n.fsys.namespaceMoved(srcRel)
+	n.fsys.namespaceMoved(dstRel)
 	return 0
 }
 
