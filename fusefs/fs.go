@@ -110,6 +110,8 @@ type Options struct {
 	AllowOther bool
 	// KVEvents publishes removed blocks to routers; nil when it is off.
 	KVEvents *kvevents.Publisher
+	// Shared is the shared second level; nil without --shared.
+	Shared SharedLevel
 }
 
 // FS is a mounted kvtierfs.
@@ -137,6 +139,7 @@ type FS struct {
 	stager      *staging.Stager
 	diagnostics *staging.Diagnostics
 	kvEvents    *kvevents.Publisher
+	shared      SharedLevel
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
@@ -171,7 +174,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
 	if f.diagnostics == nil {
 		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
 	}
@@ -179,12 +182,17 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
 	}
 	f.loads = core.NewLoads(core.Config{Store: opts.Store, Regions: opts.Regions, Deadline: opts.SyncDeadline,
-		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager()})
+		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager(), Shared: opts.Shared})
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err
 	}
 	f.metrics = m
+	if opts.Registerer != nil && opts.Shared != nil {
+		if err := opts.Registerer.Register(sharedCollector{opts.Shared}); err != nil {
+			return nil, err
+		}
+	}
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
 	loopRoot.RootNode = f.root
@@ -311,9 +319,16 @@ func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
 }
 
 // absentTimeout is how long the kernel may answer the layout name rel absent
-// without asking the daemon. Such names appear only through the mount: a
-// MKDIR or RENAME reply updates the kernel's cache itself.
-func (f *FS) absentTimeout(rel string) time.Duration { return f.layoutNegativeTimeout }
+// without asking the daemon. Such names appear only through the mount, whose
+// MKDIR and RENAME replies update the kernel's cache itself, unless a shared
+// store holds them: then as long as the mount's negative timeout, which
+// --shared bounds (DESIGN "The shared level").
+func (f *FS) absentTimeout(rel string) time.Duration {
+	if f.shared != nil {
+		return f.negativeTimeout
+	}
+	return f.layoutNegativeTimeout
+}
 
 // namespaceChanged keeps the lookup index right after the mount created or
 // removed the name rel.

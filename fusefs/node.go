@@ -75,21 +75,27 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	rel := n.rel(name)
 	switch kind, blockName := block.Parse(rel); kind {
 	case block.File:
-		return n.lookupBlock(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
+		return n.blockEntry(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
 	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
 	if layoutLevel(rel) != notLayout {
-		if e, exists, known := n.fsys.index.layoutAnswer(rel); known {
-			if !exists {
-				n.fsys.noteMissedDir(rel)
-				out.SetEntryTimeout(n.fsys.absentTimeout(rel))
-				return nil, syscall.ENOENT
-			}
+		// With a shared store the daemon also makes directories itself (a
+		// fetch's), which the index does not see: only presence is trusted.
+		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
+		case exists:
 			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		case known && n.fsys.shared == nil:
+			n.fsys.noteMissedDir(rel)
+			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
+			return nil, syscall.ENOENT
 		}
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+		n.fsys.namespaceChanged(rel)
+		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(rel)
 		out.SetEntryTimeout(n.fsys.negativeTimeout)
@@ -97,17 +103,14 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	return child, errno
 }
 
-// lookupBlock answers a block's lookup from the store's index and records it
-// (protection, chains, diagnostics). An absent block is cached by the kernel
-// as long as the layout's other absent names: it can appear only through a
-// rename on the mount, which updates the kernel's cache.
-func (n *node) lookupBlock(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// blockEntry answers a block's lookup from the store's index, or the shared
+// store's, and records it (protection, chains, diagnostics). An absent block
+// is cached by the kernel as long as the layout's other absent names.
+func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	start := time.Now()
-	thread := callerThread(ctx)
-	present := n.fsys.store.Lookup(ref.Rel, thread)
-	n.fsys.noteLookup(ref, thread, present)
+	present, inShared := n.fsys.lookupBlock(ref, callerThread(ctx))
 	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-	if !present {
+	if !present && !inShared {
 		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
 		return nil, syscall.ENOENT
 	}
@@ -116,6 +119,9 @@ func (n *node) lookupBlock(ctx context.Context, name string, ref block.Ref, out 
 		// try. Not cached: the next lookup asks again.
 		n.fsys.lookupsWithheld.Add(1)
 		return nil, syscall.ENOENT
+	}
+	if inShared {
+		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}
 	if e, ok := n.fsys.index.block(ref.Rel); ok {
 		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
