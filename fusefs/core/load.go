@@ -211,24 +211,24 @@ func (l *Load) fill(rel string) {
 	// A row that still holds the block comes first: it costs no disk read,
 	// and a load served from it does not set staging fetching the blocks
 	// after it, which rows that held this one likely hold too (a reload).
+	buf := c.cfg.Store.Buffer(int(d.Size))
 	if canFind {
-		buf := c.cfg.Store.Buffer(int(d.Size))
 		if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
 			l.buf, l.Source = buf, FromRow
 			l.landed, l.proven = d.Size, true
 			return
 		}
-		c.cfg.Store.RecycleBlock(buf)
 	}
 	if c.cfg.Stager != nil {
-		if buf, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
-			l.buf, l.Source = buf, FromStaging
+		if staged, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
+			c.cfg.Store.RecycleBlock(buf)
+			l.buf, l.Source = staged, FromStaging
 			l.landed, l.proven = d.Size, true
 			return
 		}
 		c.cfg.Stager.StoreLoadStarted()
 	}
-	l.buf, l.Source = c.cfg.Store.Buffer(int(d.Size)), FromStore
+	l.buf, l.Source = buf, FromStore
 	l.background.Go(l.readStore)
 }
 
