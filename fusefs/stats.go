@@ -45,10 +45,11 @@ type Counters struct {
 	NoSpace          int64 `json:"no_space"`
 	RejectedWrites   int64 `json:"rejected_writes"`
 	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
-	// where their verified bytes came from: read from the store at open,
-	// staged ahead, or copied from a row of the engine's region that still
-	// held the block (no disk read). LoadsRefused counts opens that failed
-	// (corrupt or vanished block, too many bytes open), LoadsUnmirrored loads
+	// where their bytes came from: read from the store while the load's
+	// reads are served, staged ahead, or copied from a row of the engine's
+	// region that still held the block (no disk read). LoadsRefused counts
+	// opens that failed (vanished block, too many bytes open) and loads of a
+	// block that failed verification (corrupt), LoadsUnmirrored loads
 	// whose read failed because a peer did not acknowledge their row.
 	LoadsFromStore   int64 `json:"loads_from_store"`
 	LoadsFromStaging int64 `json:"loads_from_staging"`
@@ -79,11 +80,9 @@ type Counters struct {
 	KVEventsDropped   int64 `json:"kv_events_dropped"`
 }
 
-// Warning is a known failure the operator should act on.
-type Warning struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// Warning is a known failure the operator should act on: the mount's own and
+// the field diagnostics' (staging.Warning) are one type.
+type Warning = staging.Warning
 
 // Stats takes a snapshot of the mount's state.
 func (f *FS) Stats() Stats {
@@ -164,9 +163,7 @@ func (f *FS) Stats() Stats {
 	for _, r := range st.Primary.Regions {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
-	for _, w := range f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows}) {
-		st.Warnings = append(st.Warnings, Warning{Code: w.Code, Message: w.Message})
-	}
+	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
 	if st.Counters.ChecksumFailures > 0 {
 		st.Warnings = append(st.Warnings, Warning{Code: "checksum_failures", Message: fmt.Sprintf(
 			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -19,7 +19,7 @@ import (
 // Stager is the wave stager as loads use it (staging.Stager).
 type Stager interface {
 	// Take hands over a staged block's verified bytes, or reports none.
-	Take(key staging.Key) ([]byte, bool)
+	Take(key block.Ref) ([]byte, bool)
 	// StoreLoadStarted and StoreLoadDone bracket a load's own store read.
 	StoreLoadStarted()
 	StoreLoadDone()
@@ -74,7 +74,7 @@ const (
 	FromStaging Source = iota
 	// FromRow: a row of the engine's region still held the block.
 	FromRow
-	// FromStore: the block was read from the store at open.
+	// FromStore: the block is read from the store while the load is served.
 	FromStore
 )
 
@@ -129,7 +129,7 @@ func (c *Loads) mirrors() bool { return c.cfg.Mirror != nil && c.cfg.Mirror.Mirr
 type Load struct {
 	loads  *Loads
 	r      *disk.Reader
-	digest shm.Digest
+	digest block.Digest
 	buf    []byte
 	// Source is where the bytes came from.
 	Source Source
@@ -170,7 +170,8 @@ type Load struct {
 // returns), or by reading the store, which goes on after Open returns while
 // Read serves the bytes already read (DESIGN.md "Loads: proven before the
 // read returns").
-func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
+func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
+	rel := ref.Rel
 	r, err := c.cfg.Store.PinBlock(rel)
 	if err != nil {
 		c.Counters.Refused.Add(1)
@@ -186,7 +187,7 @@ func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
 	}
 	l := &Load{loads: c, r: r, changed: make(chan struct{})}
-	l.fill(rel)
+	l.fill(ref)
 	switch l.Source {
 	case FromStaging:
 		c.Counters.FromStaging.Add(1)
@@ -200,7 +201,7 @@ func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 
 // fill gets the block's bytes into l.buf: verified at once from a row or
 // from staging, or from the store by a read that runs on in the background.
-func (l *Load) fill(rel string) {
+func (l *Load) fill(ref block.Ref) {
 	c, r := l.loads, l.r
 	d, _ := r.Digest()
 	l.digest = d
@@ -220,7 +221,7 @@ func (l *Load) fill(rel string) {
 		}
 	}
 	if c.cfg.Stager != nil {
-		if staged, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
+		if staged, ok := c.cfg.Stager.Take(ref); ok {
 			c.cfg.Store.RecycleBlock(buf)
 			l.buf, l.Source = staged, FromStaging
 			l.landed, l.proven = d.Size, true

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 const testTier = "model_0123456789ab_r0"
@@ -123,7 +125,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt(data[:PageSize], 0); err != nil {
+	if _, err := w.WriteAt(data[:block.PageSize], 0); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -131,7 +133,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reopening a closed tmp: %v", err)
 	}
-	if _, err := w.WriteAt(data[PageSize:], PageSize); err != nil {
+	if _, err := w.WriteAt(data[block.PageSize:], block.PageSize); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -156,7 +158,7 @@ func TestWriteNonSequentialOffset(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := pageData(7, 1)
-	n, err := w.WriteAt(page, PageSize) // first write not at 0
+	n, err := w.WriteAt(page, block.PageSize) // first write not at 0
 	wantErrno(t, err, syscall.EINVAL, "first write at offset 4096")
 	if n != 0 {
 		t.Errorf("refused write returned n=%d", n)
@@ -164,27 +166,27 @@ func TestWriteNonSequentialOffset(t *testing.T) {
 	if _, err := w.WriteAt(page, 0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = w.WriteAt(page, 2*PageSize) // gap
+	_, err = w.WriteAt(page, 2*block.PageSize) // gap
 	wantErrno(t, err, syscall.EINVAL, "write leaving a gap")
 	_, err = w.WriteAt(page, 0) // rewrite
 	wantErrno(t, err, syscall.EINVAL, "rewrite at offset 0")
-	_, err = w.WriteAt(page, PageSize-1) // overlap
+	_, err = w.WriteAt(page, block.PageSize-1) // overlap
 	wantErrno(t, err, syscall.EINVAL, "overlapping write")
 	if got := s.Counters().RejectedWrites.Load(); got != 4 {
 		t.Errorf("RejectedWrites = %d, want 4", got)
 	}
-	if got := s.Counters().WriteBytes.Load(); got != PageSize {
-		t.Errorf("WriteBytes = %d, want %d", got, PageSize)
+	if got := s.Counters().WriteBytes.Load(); got != block.PageSize {
+		t.Errorf("WriteBytes = %d, want %d", got, block.PageSize)
 	}
 	fi, err := os.Stat(s.Path(tmp))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() != PageSize {
-		t.Errorf("tmp has %d bytes after refused writes, want %d", fi.Size(), PageSize)
+	if fi.Size() != block.PageSize {
+		t.Errorf("tmp has %d bytes after refused writes, want %d", fi.Size(), block.PageSize)
 	}
-	if usedBytes(s) != base+PageSize {
-		t.Errorf("used = %d, want %d: refused writes must not be accounted", usedBytes(s), base+PageSize)
+	if usedBytes(s) != base+block.PageSize {
+		t.Errorf("used = %d, want %d: refused writes must not be accounted", usedBytes(s), base+block.PageSize)
 	}
 	w.Close()
 	if s.Contains(rel) || exists(t, s.Path(rel)) {
@@ -205,7 +207,7 @@ func TestWriteNonSequentialOffset(t *testing.T) {
 
 func TestPublishRejectsBadSizes(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
-	for i, size := range []int{0, 1, 100, PageSize - 1, PageSize + 1, 3*PageSize + 512} {
+	for i, size := range []int{0, 1, 100, block.PageSize - 1, block.PageSize + 1, 3*block.PageSize + 512} {
 		rel := blockRel(testTier, 0, hashHex(100+i, 64))
 		mkdirFor(t, s, rel)
 		tmp := tmpRelFor(rel, i)
@@ -264,7 +266,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 	// Another tier has its own row size.
 	other := blockRel("other_tier_r0", 0, hashHex(3, 64))
 	putBlock(t, s, other, pageData(3, 3))
-	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*PageSize || got["other_tier_r0"] != 3*PageSize {
+	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*block.PageSize || got["other_tier_r0"] != 3*block.PageSize {
 		t.Errorf("RowBytes = %v", got)
 	}
 
@@ -285,7 +287,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	putBlock(t, s, a, pageData(6, 1))
-	if got := s.RowBytes()[testTier]; got != PageSize {
+	if got := s.RowBytes()[testTier]; got != block.PageSize {
 		t.Errorf("RowBytes[%s] = %d after replacing its only block with a 1-page one", testTier, got)
 	}
 	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(6, 1)) {
@@ -404,7 +406,7 @@ func TestPublishInvalidArguments(t *testing.T) {
 }
 
 func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
-	s := openStore(t, Config{Capacity: 64 * PageSize})
+	s := openStore(t, Config{Capacity: 64 * block.PageSize})
 	a := blockRel(testTier, 0, hashHex(1, 64))
 	b := blockRel(testTier, 0, hashHex(2, 64))
 	putBlock(t, s, a, pageData(1, 2))
@@ -420,7 +422,7 @@ func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
 		putBlock(t, s, a, pageData(v, 2))
 		checkAccounting(t, s)
 	}
-	old := make([]byte, 2*PageSize)
+	old := make([]byte, 2*block.PageSize)
 	if _, err := r.File().ReadAt(old, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +454,7 @@ func TestRemoveTmp(t *testing.T) {
 
 	// Closed tmp.
 	tmp := writeTmp(t, s, rel, pageData(1, 3))
-	if usedBytes(s) != 3*PageSize {
+	if usedBytes(s) != 3*block.PageSize {
 		t.Fatalf("used = %d with a 3-page tmp", usedBytes(s))
 	}
 	if err := s.RemoveTmp(tmp); err != nil {
@@ -480,11 +482,11 @@ func TestRemoveTmp(t *testing.T) {
 	if exists(t, s.Path(tmp)) || s.IsTracked(tmp) {
 		t.Fatal("open tmp still there after RemoveTmp")
 	}
-	if _, err := w.WriteAt(pageData(3, 1), PageSize); err != nil {
+	if _, err := w.WriteAt(pageData(3, 1), block.PageSize); err != nil {
 		t.Fatalf("write to an unlinked open tmp: %v", err)
 	}
-	if usedBytes(s) != 2*PageSize {
-		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*PageSize)
+	if usedBytes(s) != 2*block.PageSize {
+		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*block.PageSize)
 	}
 	// The same name may be created again meanwhile.
 	w2, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
@@ -497,8 +499,8 @@ func TestRemoveTmp(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if usedBytes(s) != PageSize {
-		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), PageSize)
+	if usedBytes(s) != block.PageSize {
+		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), block.PageSize)
 	}
 	w2.Close()
 	if err := s.Publish(tmp, rel); err != nil {
@@ -560,7 +562,7 @@ func TestForgetTmp(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	tmp := writeTmp(t, s, rel, pageData(1, 2))
-	if usedBytes(s) != 2*PageSize {
+	if usedBytes(s) != 2*block.PageSize {
 		t.Fatalf("used = %d", usedBytes(s))
 	}
 	// Renamed by the FUSE layer to a name outside the block layout.
@@ -568,11 +570,11 @@ func TestForgetTmp(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt")
-	if s.IsTracked(tmp) || usedBytes(s) != 2*PageSize {
+	if s.IsTracked(tmp) || usedBytes(s) != 2*block.PageSize {
 		t.Errorf("after ForgetTmp: tracked=%v used=%d; the renamed file still counts", s.IsTracked(tmp), usedBytes(s))
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt") // idempotent
-	if usedBytes(s) != 2*PageSize {
+	if usedBytes(s) != 2*block.PageSize {
 		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
 	}
 	checkAccounting(t, s)
@@ -627,11 +629,11 @@ func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt(data[PageSize:], PageSize); !errors.Is(err, syscall.EINVAL) {
+	if _, err := w.WriteAt(data[block.PageSize:], block.PageSize); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("write at an odd offset: %v, want EINVAL", err)
 	}
-	for off := 0; off < len(data); off += PageSize {
-		if _, err := w.WriteAt(data[off:off+PageSize], int64(off)); err != nil {
+	for off := 0; off < len(data); off += block.PageSize {
+		if _, err := w.WriteAt(data[off:off+block.PageSize], int64(off)); err != nil {
 			t.Fatal(err)
 		}
 	}
