@@ -169,6 +169,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f.metrics = m
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
+	if opts.Regions != nil {
+		opts.Store.UseRows(opts.Regions)
+	}
 	loopRoot.RootNode = f.root
 
 	if opts.MaxRequest == 0 {
