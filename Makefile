@@ -5,7 +5,7 @@ BIN := bin/kvtierfs
 # running concurrently on small machines.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
-.PHONY: build demo test deps vet lint race clean
+.PHONY: build demo test unit cover deps vet lint race clean
 
 # COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
 # revision itself (git worktrees, GOFLAGS=-buildvcs=false).
@@ -43,6 +43,21 @@ vet:
 test: deps vet
 	$(GO) test $(TEST_FLAGS) ./...
 
+# unit runs every test that needs no root and installs nothing: the packages
+# that mount FUSE filesystems say they were skipped (mounttest.UnitEnv).
+unit: vet
+	KVTIERFS_UNIT=1 $(GO) test -count=1 ./...
+
+# cover runs the whole suite with coverage: the unit tests' profile in
+# cover/unit.out, and the end-to-end daemons built with -cover write their
+# counters under cover/daemon (mounttest.CoverDirEnv).
+COVER_DIR := cover
+cover: deps
+	rm -rf $(COVER_DIR) && mkdir -p $(COVER_DIR)/daemon
+	KVTIERFS_COVERDIR=$(CURDIR)/$(COVER_DIR)/daemon $(GO) test $(TEST_FLAGS) -coverprofile=$(COVER_DIR)/unit.out ./...
+	$(GO) tool cover -func=$(COVER_DIR)/unit.out | tail -1
+	$(GO) tool covdata percent -i=$(COVER_DIR)/daemon
+
 # lint is vet plus staticcheck, fetched from the module proxy at a fixed version.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint: vet
@@ -55,4 +70,4 @@ race:
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 clean:
-	rm -rf bin
+	rm -rf bin $(COVER_DIR)

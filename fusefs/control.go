@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The control directory and its files belong to the engine's uid (the
@@ -140,13 +141,13 @@ func (m *matchFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if !m.fsys.mayControl(ctx) {
 		return nil, 0, m.fsys.refuseCaller(ctx, MatchFile)
 	}
-	return &matchHandle{fsys: m.fsys, stream: m.fsys.matchStreams.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
+	return &matchHandle{fsys: m.fsys, thread: m.fsys.matchThreads.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // matchHandle collects one request and serves its answer. mu guards both.
 type matchHandle struct {
 	fsys   *FS
-	stream uint32
+	thread uint32
 
 	mu      sync.Mutex
 	request []byte
@@ -206,7 +207,7 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.answer == nil {
-		h.answer = h.fsys.match(h.request, h.stream)
+		h.answer = h.fsys.match(h.request, h.thread)
 		h.dropRequestLocked()
 	}
 	return readFrom(h.answer, off, len(dest)), 0
@@ -215,16 +216,16 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 // match answers one encoded request: a key is present when the index holds
 // its block and a load of it could be served now. Each probe counts as a
 // lookup (protection, chains, diagnostics), as the engine's lookups do.
-func (f *FS) match(request []byte, stream uint32) []byte {
+func (f *FS) match(request []byte, thread uint32) []byte {
 	req, err := staging.DecodeMatchRequest(request)
 	if err != nil {
 		return staging.EncodeMatchResult(staging.MatchResult{}, err)
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
 	res, err := staging.Match(req, func(group int, key string) bool {
-		rel := staging.BlockPath(req.Tier, group, key)
-		present := f.store.Lookup(rel, stream)
-		f.noteLookup(rel, stream, present)
+		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
+		present := f.store.Lookup(ref.Rel, thread)
+		f.noteLookup(ref, thread, present)
 		return present && serving
 	})
 	f.matches.Add(1)

@@ -28,6 +28,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -130,9 +131,11 @@ type FS struct {
 	loads *core.Loads
 	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
 	lookupsWithheld atomic.Int64
-	// matches counts batched match requests; matchStreams numbers them.
+	// matches counts batched match requests; matchThreads numbers them:
+	// a match's lookups are one thread's, whose id has bit 31 set, apart
+	// from the kernel's thread ids (callerThread).
 	matches      atomic.Int64
-	matchStreams atomic.Uint32
+	matchThreads atomic.Uint32
 	// matchBuffered is the match request bytes buffered on open descriptors.
 	matchBuffered atomic.Int64
 }
@@ -283,11 +286,11 @@ func (f *FS) addControl(ctx context.Context) {
 }
 
 // noteLookup tells staging and the diagnostics about a block lookup.
-func (f *FS) noteLookup(rel string, thread uint32, present bool) {
+func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
 	if f.stager != nil {
-		f.stager.NoteLookup(staging.Key(rel), thread, present)
+		f.stager.NoteLookup(ref, thread, present)
 	}
-	f.diagnostics.LookedUp(staging.Key(rel), present)
+	f.diagnostics.LookedUp(ref, present)
 }
 
 // noteMissedDir counts a lookup that failed at a missing directory of the
@@ -300,7 +303,7 @@ func (f *FS) noteMissedDir(rel string) {
 		f.store.CountMissedLookup()
 		f.diagnostics.MissedLookup(parts[0], -1)
 	case len(parts) == 3:
-		if g, ok := disk.GroupOfDir(parts[2]); ok {
+		if g, ok := block.GroupOfDir(parts[2]); ok {
 			f.store.CountMissedLookup()
 			f.diagnostics.MissedLookup(parts[0], g)
 		}
@@ -308,25 +311,28 @@ func (f *FS) noteMissedDir(rel string) {
 }
 
 // noteStore tells staging and the diagnostics about a published block.
-func (f *FS) noteStore(rel string) {
+func (f *FS) noteStore(ref block.Ref) {
 	if f.stager != nil {
-		f.stager.NoteStore(staging.Key(rel))
+		f.stager.NoteStore(ref)
 	}
-	if d, ok := f.store.Digest(rel); ok {
-		f.diagnostics.Stored(staging.Key(rel), d.Size)
+	if d, ok := f.store.Digest(ref.Rel); ok {
+		f.diagnostics.Stored(ref, d.Size)
 	}
 }
 
 // invalidate drops any staged copy of a block that is replaced or removed.
-func (f *FS) invalidate(rel string) {
+func (f *FS) invalidate(ref block.Ref) {
 	if f.stager != nil {
-		f.stager.Invalidate(staging.Key(rel))
+		f.stager.Invalidate(ref)
 	}
 }
 
-// forget drops a block the store removed by itself from staging and the kernel's caches.
+// forget drops a block the store removed by itself from staging and the
+// kernel's caches; the store reports only block files (block.ParseRef).
 func (f *FS) forget(rel string) {
-	f.invalidate(rel)
+	if ref, ok := block.ParseRef(rel); ok {
+		f.invalidate(ref)
+	}
 	dir, name := path.Split(rel)
 	parent := f.root.EmbeddedInode()
 	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {

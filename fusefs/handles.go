@@ -9,7 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -95,12 +95,12 @@ type blockHandle struct {
 }
 
 // openBlock opens a block for a load (oDirect: the caller opened with O_DIRECT).
-func (f *FS) openBlock(ctx context.Context, rel string, oDirect bool) (*blockHandle, error) {
-	l, err := f.loads.Open(ctx, rel)
+func (f *FS) openBlock(ctx context.Context, ref block.Ref, oDirect bool) (*blockHandle, error) {
+	l, err := f.loads.Open(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	f.diagnostics.Read(staging.Key(rel), l.Size())
+	f.diagnostics.Read(ref, l.Size())
 	return &blockHandle{load: l, fsys: f, direct: !oDirect, start: time.Now()}, nil
 }
 

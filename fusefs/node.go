@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -70,11 +71,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return n.fsys.control, 0
 	}
 	rel := n.rel(name)
-	switch kind, _ := disk.Classify(rel); kind {
-	case disk.Block:
+	switch kind, blockName := block.Parse(rel); kind {
+	case block.File:
 		start := time.Now()
 		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		n.fsys.noteLookup(rel, callerThread(ctx), present)
+		n.fsys.noteLookup(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx), present)
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
 		if !present {
 			return nil, syscall.ENOENT
@@ -84,7 +85,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 			n.fsys.lookupsWithheld.Add(1)
 			return nil, syscall.ENOENT
 		}
-	case disk.BlockTmp:
+	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
@@ -114,16 +115,16 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 }
 
 // refuseName rejects names that the layout reserves: the control directory and
-// block names that cannot be created directly.
-func (n *node) refuseName(name string) syscall.Errno {
+// block names that cannot be created directly. kind is what the name is (block.Parse).
+func (n *node) refuseName(name string, kind block.Kind) syscall.Errno {
 	if n.isRoot() && name == ControlDir {
 		return syscall.EEXIST
 	}
-	switch kind, _ := disk.Classify(n.rel(name)); kind {
-	case disk.MalformedBlock:
+	switch kind {
+	case block.Malformed:
 		n.fsys.logger.Warn("refused malformed block name: blocks are named <hex hash>.bin", "path", n.rel(name))
 		return syscall.EINVAL
-	case disk.Block:
+	case block.File:
 		n.fsys.logger.Warn("refused direct creation of a block: publish it by renaming a tmp file written beside it", "path", n.rel(name))
 		return syscall.EPERM
 	}
@@ -135,11 +136,12 @@ var _ = (fs.NodeCreater)((*node)(nil))
 // Create creates block tmp files through the store (checked, checksummed
 // writes) and every other file in the store directory as it is.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	if errno := n.refuseName(name); errno != 0 {
+	rel := n.rel(name)
+	kind, _ := block.Parse(rel)
+	if errno := n.refuseName(name, kind); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	rel := n.rel(name)
-	if kind, _ := disk.Classify(rel); kind != disk.BlockTmp {
+	if kind != block.TmpFile {
 		return n.createOther(ctx, name, flags, mode, out)
 	}
 	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
@@ -165,17 +167,17 @@ var _ = (fs.NodeOpener)((*node)(nil))
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
-	switch kind, _ := disk.Classify(rel); {
-	case kind == disk.Block && writing:
+	switch kind, blockName := block.Parse(rel); {
+	case kind == block.File && writing:
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
-	case kind == disk.Block:
-		h, err := n.fsys.openBlock(ctx, rel, flags&syscall.O_DIRECT != 0)
+	case kind == block.File:
+		h, err := n.fsys.openBlock(ctx, block.Ref{Rel: rel, Name: blockName}, flags&syscall.O_DIRECT != 0)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
 		return h, h.openFlags(), 0
-	case kind == disk.BlockTmp && writing && n.fsys.store.IsTracked(rel):
+	case kind == block.TmpFile && writing && n.fsys.store.IsTracked(rel):
 		return nil, 0, syscall.EBUSY
 	}
 	return n.openOther(ctx, flags)
@@ -196,23 +198,24 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EPERM
 	}
 	srcRel, dstRel := n.rel(name), dst.rel(newName)
-	srcKind, _ := disk.Classify(srcRel)
-	dstKind, _ := disk.Classify(dstRel)
+	srcKind, _ := block.Parse(srcRel)
+	dstKind, dstName := block.Parse(dstRel)
+	dstRef := block.Ref{Rel: dstRel, Name: dstName}
 	switch {
-	case dstKind == disk.MalformedBlock:
-		return dst.refuseName(newName)
-	case srcKind == disk.Block:
+	case dstKind == block.Malformed:
+		return dst.refuseName(newName, dstKind)
+	case srcKind == block.File:
 		n.fsys.logger.Warn("refused rename of a published block", "path", srcRel, "to", dstRel)
 		return syscall.EPERM
-	case dstKind == disk.Block:
+	case dstKind == block.File:
 		if flags != 0 {
 			return syscall.EINVAL
 		}
-		n.fsys.invalidate(dstRel)
+		n.fsys.invalidate(dstRef)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
-		n.fsys.noteStore(dstRel)
+		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
 	case n.fsys.store.HasBlocksUnder(srcRel):
@@ -227,7 +230,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errno
 	}
 	replaced()
-	if srcKind == disk.BlockTmp {
+	if srcKind == block.TmpFile {
 		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
 	return 0
@@ -239,11 +242,11 @@ var _ = (fs.NodeUnlinker)((*node)(nil))
 // the capacity accounting exact.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	rel := n.rel(name)
-	switch kind, _ := disk.Classify(rel); {
-	case kind == disk.Block:
-		n.fsys.invalidate(rel)
+	switch kind, blockName := block.Parse(rel); {
+	case kind == block.File:
+		n.fsys.invalidate(block.Ref{Rel: rel, Name: blockName})
 		return n.errno(n.fsys.store.Remove(rel))
-	case kind == disk.BlockTmp && n.fsys.store.IsTracked(rel):
+	case kind == block.TmpFile && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
 	}
 	gone := n.fsys.store.RemovingOther(rel)
@@ -317,7 +320,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		return nil, errno
 	}
 	if t, ok := target.(*node); ok {
-		if kind, _ := disk.Classify(t.self()); kind == disk.Block || kind == disk.BlockTmp {
+		if kind, _ := block.Parse(t.self()); kind == block.File || kind == block.TmpFile {
 			n.fsys.logger.Warn("refused a hard link to a block or block tmp file", "path", t.self(), "link", n.rel(name))
 			return nil, syscall.EPERM
 		}
@@ -327,10 +330,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
 func (n *node) refuseLayoutName(name string) syscall.Errno {
-	if errno := n.refuseName(name); errno != 0 {
+	kind, _ := block.Parse(n.rel(name))
+	if errno := n.refuseName(name, kind); errno != 0 {
 		return errno
 	}
-	if kind, _ := disk.Classify(n.rel(name)); kind == disk.BlockTmp {
+	if kind == block.TmpFile {
 		return syscall.EPERM
 	}
 	return 0
@@ -343,13 +347,13 @@ var _ = (fs.NodeSetattrer)((*node)(nil))
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if size, sizeChange := in.GetSize(); sizeChange {
 		rel := n.self()
-		kind, _ := disk.Classify(rel)
-		if h, ok := f.(*tmpHandle); ok && kind == disk.BlockTmp {
+		kind, _ := block.Parse(rel)
+		if h, ok := f.(*tmpHandle); ok && kind == block.TmpFile {
 			if err := h.w.Truncate(int64(size)); err != nil {
 				return n.errno(err)
 			}
 			in.Valid &^= fuse.FATTR_SIZE
-		} else if kind == disk.Block || kind == disk.BlockTmp && n.fsys.store.IsTracked(rel) {
+		} else if kind == block.File || kind == block.TmpFile && n.fsys.store.IsTracked(rel) {
 			n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
 			return syscall.EPERM
 		}
@@ -371,7 +375,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	capacity, free := n.fsys.store.Space()
 	bsize := int64(out.Bsize)
 	if bsize == 0 {
-		bsize = disk.PageSize
+		bsize = block.PageSize
 	}
 	out.Blocks = uint64(capacity / bsize)
 	out.Bfree = uint64(free / bsize)

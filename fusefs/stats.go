@@ -83,11 +83,9 @@ type Counters struct {
 	KVEventsDropped   int64 `json:"kv_events_dropped"`
 }
 
-// Warning is a known failure the operator should act on.
-type Warning struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// Warning is a known failure the operator should act on: the mount's own and
+// the field diagnostics' (staging.Warning) are one type.
+type Warning = staging.Warning
 
 // Stats takes a snapshot of the mount's state.
 func (f *FS) Stats() Stats {
@@ -170,9 +168,7 @@ func (f *FS) Stats() Stats {
 	for _, r := range st.Primary.Regions {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
-	for _, w := range f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows}) {
-		st.Warnings = append(st.Warnings, Warning{Code: w.Code, Message: w.Message})
-	}
+	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
 	if st.Counters.ChecksumFailures > 0 {
 		st.Warnings = append(st.Warnings, Warning{Code: "checksum_failures", Message: fmt.Sprintf(
 			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",

@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -18,7 +19,7 @@ import (
 
 // reservedXattr reports whether an xattr name belongs to the store.
 func reservedXattr(name string) bool {
-	return strings.HasPrefix(name, disk.ReservedXattrPrefix)
+	return strings.HasPrefix(name, block.ReservedXattrPrefix)
 }
 
 var _ = (fs.NodeGetxattrer)((*node)(nil))

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Field diagnostics (issue 4): the filesystem sees every store, lookup and
@@ -39,17 +41,29 @@ type Warning struct {
 	Message string `json:"message"`
 }
 
+// Defaults of the diagnostics options that the mount's flags show.
+const (
+	// DefaultDiagnosticsWindow is the default Window.
+	DefaultDiagnosticsWindow = 10 * time.Minute
+	// DefaultMinStoredBytes is the default MinStoredBytes: 1 GiB.
+	DefaultMinStoredBytes = 1 << 30
+	// MaxReadGrace caps the default ReadGrace, a quarter of the Window.
+	MaxReadGrace = 30 * time.Second
+)
+
 // DiagnosticsOptions are the windows and thresholds of the diagnostics.
 // Zero fields take the defaults.
 type DiagnosticsOptions struct {
 	// Window is how far back the rules look; none fires before the mount
-	// has been up for a whole window. Default 10 minutes.
+	// has been up for a whole window. Default DefaultDiagnosticsWindow.
 	Window time.Duration
 	// ReadGrace is how long a key that answered present may go unread
-	// before it counts as waiting. Default 30 seconds.
+	// before it counts as waiting. Default a quarter of Window, at most
+	// MaxReadGrace.
 	ReadGrace time.Duration
 	// MinStoredBytes is the bytes a group (write_only_group) or the whole
-	// tier (write_only_tier) must have stored in the window. Default 1 GiB.
+	// tier (write_only_tier) must have stored in the window. Default
+	// DefaultMinStoredBytes.
 	MinStoredBytes int64
 	// MinLookups is the lookups in the window hash_seed_drift needs.
 	// Default 1000.
@@ -98,9 +112,9 @@ type Diagnostics struct {
 	start time.Time
 
 	mu      sync.Mutex
-	groups  map[chainID]*window // per tier directory and group
-	uses    uint64              // counts made, which order the groups by recent use
-	waiting map[Key]*presence   // keys that answered present and have not been read since
+	groups  map[chainID]*window     // per tier directory and group
+	uses    uint64                  // counts made, which order the groups by recent use
+	waiting map[block.Ref]*presence // keys that answered present and have not been read since
 }
 
 // presence is when a waiting key first and last answered present.
@@ -117,9 +131,9 @@ func positiveOr[T int | int64 | float64 | time.Duration](v *T, def T) {
 
 // NewDiagnostics starts the diagnostics; the mount's uptime counts from now.
 func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
-	positiveOr(&opts.Window, 10*time.Minute)
-	positiveOr(&opts.ReadGrace, 30*time.Second)
-	positiveOr(&opts.MinStoredBytes, 1<<30)
+	positiveOr(&opts.Window, DefaultDiagnosticsWindow)
+	positiveOr(&opts.ReadGrace, min(MaxReadGrace, opts.Window/4))
+	positiveOr(&opts.MinStoredBytes, DefaultMinStoredBytes)
 	positiveOr(&opts.MinLookups, 1000)
 	positiveOr(&opts.MaxHitRatio, 0.01)
 	positiveOr(&opts.MinStores, 100)
@@ -135,12 +149,12 @@ func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
 		opts:    opts,
 		start:   opts.Now(),
 		groups:  make(map[chainID]*window),
-		waiting: make(map[Key]*presence),
+		waiting: make(map[block.Ref]*presence),
 	}
 }
 
 // Stored records a block stored (its rename landed) with its size.
-func (d *Diagnostics) Stored(key Key, bytes int64) {
+func (d *Diagnostics) Stored(key block.Ref, bytes int64) {
 	d.count(key, func(t *tally) {
 		t.storedBlocks++
 		t.storedBytes += bytes
@@ -149,7 +163,7 @@ func (d *Diagnostics) Stored(key Key, bytes int64) {
 
 // Read records a load of a block (its open for a load, or the bytes
 // served), with its size.
-func (d *Diagnostics) Read(key Key, bytes int64) {
+func (d *Diagnostics) Read(key block.Ref, bytes int64) {
 	d.mu.Lock()
 	_, wasWaiting := d.waiting[key]
 	delete(d.waiting, key)
@@ -164,7 +178,7 @@ func (d *Diagnostics) Read(key Key, bytes int64) {
 }
 
 // LookedUp records the answer to a lookup of key.
-func (d *Diagnostics) LookedUp(key Key, present bool) {
+func (d *Diagnostics) LookedUp(key block.Ref, present bool) {
 	now := d.opts.Now()
 	d.mu.Lock()
 	if present {
@@ -196,15 +210,8 @@ func (d *Diagnostics) MissedLookup(tier string, group int) {
 	d.add(chainID{tier: tier, group: group}, func(t *tally) { t.lookups++ })
 }
 
-// count applies add to the current bucket of key's group; other paths are
-// ignored.
-func (d *Diagnostics) count(key Key, add func(*tally)) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
-	d.add(id, add)
-}
+// count applies add to the current bucket of key's group.
+func (d *Diagnostics) count(key block.Ref, add func(*tally)) { d.add(chainOf(key), add) }
 
 // add applies add to the current bucket of a tier group.
 func (d *Diagnostics) add(id chainID, add func(*tally)) {

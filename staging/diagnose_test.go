@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // workload drives a Diagnostics through a fake clock.
@@ -14,19 +16,19 @@ type workload struct {
 
 const diagBlock = 64 << 10 // block size of the diagnostics workloads
 
-func (w workload) store(keys []Key) {
+func (w workload) store(keys []block.Ref) {
 	for _, k := range keys {
 		w.d.Stored(k, diagBlock)
 	}
 }
 
-func (w workload) read(keys []Key) {
+func (w workload) read(keys []block.Ref) {
 	for _, k := range keys {
 		w.d.Read(k, diagBlock)
 	}
 }
 
-func (w workload) lookUp(keys []Key, present bool) {
+func (w workload) lookUp(keys []block.Ref, present bool) {
 	for _, k := range keys {
 		w.d.LookedUp(k, present)
 	}
@@ -41,7 +43,7 @@ func (w workload) minutes(n int, step func(minute int)) {
 }
 
 // prompt is the keys of chunks [from, from+n) of a tier's group.
-func prompt(tier string, group, from, n int) []Key {
+func prompt(tier string, group, from, n int) []block.Ref {
 	return chunkKeys(tier, group, from+n)[from:]
 }
 
@@ -262,17 +264,6 @@ func TestDiagnostics(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestDiagnosticsIgnoresOtherPaths(t *testing.T) {
-	clock := newFakeClock()
-	d := NewDiagnostics(DiagnosticsOptions{Now: clock.Now, MinStoredBytes: 1})
-	d.Stored(Key(tierA+"/config.json"), 1<<30)
-	d.LookedUp(Key(tierA+"/config.json"), true)
-	clock.Advance(time.Hour)
-	if got := d.Warnings(StoreState{PrimaryRows: 1}); len(got) != 0 {
-		t.Errorf("warnings from paths that are not blocks: %+v", got)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // A batched match: the engine's lookup of a whole prompt in one request,
@@ -20,7 +21,7 @@ func ExampleMatch() {
 	}}
 	res, err := staging.Match(req, func(group int, key string) bool { return stored[key] })
 	fmt.Println(res.HitChunks, res.PerGroup, err)
-	fmt.Println(staging.BlockPath(req.Tier, 0, keys[0]))
+	fmt.Println(block.Name{Tier: req.Tier, Group: 0, Hash: keys[0]}.Path()) // where the engine stores the first key
 	// Output:
 	// 2 [2] <nil>
 	// DeepSeek_0123456789ab_r0/3fa/90_g0/3fa90000000000000000000000000001.bin

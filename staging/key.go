@@ -1,11 +1,6 @@
 package staging
 
-import "github.com/kvtierfs/kvtierfs/tiers/disk"
-
-// Key names a block as the filesystem sees it: the block file's path
-// relative to the store root, slash separated, no leading slash, e.g.
-// "DeepSeek_abc123def456_r0/3fa/9c_g0/3fa9c….bin" (see BlockPath).
-type Key string
+import "github.com/kvtierfs/kvtierfs/tiers/block"
 
 // chainID names the blocks that can form chains: one engine tier directory
 // and one KV group. Blocks of different groups never share a chain, even
@@ -15,13 +10,7 @@ type chainID struct {
 	group int
 }
 
-// parseKey returns the tier and group of a block key (the store's own
-// reading of the layout, disk.Classify), or false for any other path
-// (config.json, probes, tmp files, directories).
-func parseKey(key Key) (chainID, bool) {
-	kind, name := disk.Classify(string(key))
-	if kind != disk.Block {
-		return chainID{}, false
-	}
-	return chainID{tier: name.Tier, group: name.Group}, true
+// chainOf is the chain a block can belong to.
+func chainOf(ref block.Ref) chainID {
+	return chainID{tier: ref.Name.Tier, group: ref.Name.Group}
 }

@@ -114,7 +114,7 @@ type GroupSpec struct {
 // MatchRequest asks for the engine's hit over one prompt.
 type MatchRequest struct {
 	// Tier is the engine's tier directory name under the mount root, e.g.
-	// "DeepSeek_abc123def456_r0"; BlockPath places the keys under it.
+	// "DeepSeek_abc123def456_r0"; block.Name.Path places the keys under it.
 	Tier string
 	// Groups are the KV cache groups, each with the keys of every chunk.
 	Groups []GroupSpec
@@ -147,7 +147,7 @@ const (
 	MaxRequestGroups = 64
 )
 
-// Key and tier name bounds. Keys must have the 5 digits BlockPath splits off;
+// Key and tier name bounds. Keys must have the 5 digits block.Name.Path splits off;
 // vLLM's hashes have 32 or 64. A tier is one directory name (NAME_MAX).
 const (
 	minKeyDigits = 5
@@ -280,13 +280,6 @@ func quoteShort(s string) string {
 		return strconv.Quote(s[:limit]) + "…"
 	}
 	return strconv.Quote(s)
-}
-
-// BlockPath returns the path of a chunk's block file relative to the tier
-// root, as vLLM's fs tier lays it out: <tier>/<h[0:3]>/<h[3:5]>_g<group>/<h>.bin
-// (DESIGN §2). key must be a valid chunk key (see Validate).
-func BlockPath(tier string, group int, key string) string {
-	return tier + "/" + key[:3] + "/" + key[3:5] + "_g" + strconv.Itoa(group) + "/" + key + ".bin"
 }
 
 // Match computes the engine's hit for req under vLLM's lookup rules (see the

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // testKey is the key of chunk i: distinct, lowercase hex, 64 digits.
@@ -364,14 +366,6 @@ func TestGroupKindNames(t *testing.T) {
 	}
 	if got := GroupKind(7).String(); got != "GroupKind(7)" {
 		t.Errorf("GroupKind(7).String() = %q", got)
-	}
-}
-
-func TestBlockPath(t *testing.T) {
-	key := "0123456789abcdef0123456789abcdef"
-	want := "DeepSeek_abc123def456_r0/012/34_g3/0123456789abcdef0123456789abcdef.bin"
-	if got := BlockPath("DeepSeek_abc123def456_r0", 3, key); got != want {
-		t.Errorf("BlockPath = %q, want %q", got, want)
 	}
 }
 
@@ -769,10 +763,10 @@ func BenchmarkMatch(b *testing.B) {
 			req, store := fieldCase(chunks, bench.retained)
 			index := make(map[string]struct{}, 2*chunks)
 			for ref := range store.blocks {
-				index[BlockPath(req.Tier, ref.group, ref.key)] = struct{}{}
+				index[block.Name{Tier: req.Tier, Group: ref.group, Hash: ref.key}.Path()] = struct{}{}
 			}
 			present := func(group int, key string) bool {
-				_, ok := index[BlockPath(req.Tier, group, key)]
+				_, ok := index[block.Name{Tier: req.Tier, Group: group, Hash: key}.Path()]
 				return ok
 			}
 			var result MatchResult

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Wave staging (issue 4, DESIGN §3 failure 3): lookups never stage; a read
@@ -48,12 +50,13 @@ import (
 // returns its bytes. The Stager keeps and serves the returned slice as is,
 // so it must not be modified afterwards. Fetch is called from the Stager's
 // worker goroutines, at most Options.QueueDepth at a time.
-type Fetch func(key Key) ([]byte, error)
+type Fetch func(key block.Ref) ([]byte, error)
 
-// Options configure a Stager. Zero fields take the defaults.
+// Options configure a Stager. Zero fields but Budget take the defaults.
 type Options struct {
-	// Budget is the most bytes staging holds at once (--staging-bytes):
-	// staged blocks plus fetches queued or in flight. Default DefaultBudget().
+	// Budget is the most bytes staging holds at once: staged blocks plus
+	// fetches queued or in flight. It must be positive: staging that is off
+	// has no Stager. DefaultBudget is the mount's default.
 	Budget int64
 	// QueueDepth is the most reads from the store in flight at once: the
 	// Stager's fetches plus the engine's loads that read the store
@@ -141,18 +144,18 @@ type Stager struct {
 	closed   bool
 	chains   map[chainID]*chain
 	cursors  map[cursorID]*cursor
-	keys     int            // nodes over all chains
-	entries  map[Key]*entry // live entries: queued, fetching or staged
-	queue    []*entry       // fetches to run, oldest first; dropped ones are skipped
-	pending  int            // entries queued or fetching, dropped fetches included until they return
-	fetching int            // fetches running now
-	loading  int            // the engine's loads reading the store now (StoreLoadStarted)
-	used     int64          // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64          // highest used so far
-	staged   int64          // bytes of staged entries
-	counters Stats          // Waves, Hits, Misses and WastedBytes
-	lastGen  uint64         // generation of the newest entry
-	lastRun  uint64         // id of the newest lookup batch
+	keys     int                  // nodes over all chains
+	entries  map[block.Ref]*entry // live entries: queued, fetching or staged
+	queue    []*entry             // fetches to run, oldest first; dropped ones are skipped
+	pending  int                  // entries queued or fetching, dropped fetches included until they return
+	fetching int                  // fetches running now
+	loading  int                  // the engine's loads reading the store now (StoreLoadStarted)
+	used     int64                // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64                // highest used so far
+	staged   int64                // bytes of staged entries
+	counters Stats                // Waves, Hits, Misses and WastedBytes
+	lastGen  uint64               // generation of the newest entry
+	lastRun  uint64               // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
@@ -165,7 +168,7 @@ type Stager struct {
 // stagedBlock is a cache value: the block's bytes and its key, which
 // onEvict needs.
 type stagedBlock struct {
-	key  Key
+	key  block.Ref
 	data []byte
 }
 
@@ -181,7 +184,7 @@ const (
 // entry is one block in staging. Its gen is unique over the Stager's life
 // and is its cache key.
 type entry struct {
-	key   Key
+	key   block.Ref
 	chain *chain
 	gen   uint64
 	state entryState
@@ -192,36 +195,36 @@ type entry struct {
 // chain is the learnt order of one tier and group's keys and the staging
 // state of their blocks.
 type chain struct {
-	nodes      map[Key]*node
-	held       int64    // used by this chain's entries
-	ahead      []*entry // this chain's live entries in the order they were queued
-	blockBytes int64    // size of the chain's latest fetched block; 0 before the first
-	reads      uint64   // reads of this chain so far
-	passStart  uint64   // reads before the current pass over the chain began
-	lastRead   Key      // the key read most recently
-	lastStored Key
+	nodes      map[block.Ref]*node
+	held       int64     // used by this chain's entries
+	ahead      []*entry  // this chain's live entries in the order they were queued
+	blockBytes int64     // size of the chain's latest fetched block; 0 before the first
+	reads      uint64    // reads of this chain so far
+	passStart  uint64    // reads before the current pass over the chain began
+	lastRead   block.Ref // the key read most recently
+	lastStored block.Ref
 	storedAt   time.Time
 	lastUsed   uint64 // Stager.chainUses at the chain's latest use
 }
 
 // node is what is known of one key of a chain.
 type node struct {
-	next           Key    // successor in prefix order; "" if none learnt
-	nextFromLookup bool   // next came from a lookup batch, which store order does not override
-	present        bool   // the store holds the block, as last seen
-	run            uint64 // the latest lookup batch that listed the key
-	readSeq        uint64 // chain.reads just after the key's latest read; 0 if never read
+	next           block.Ref // successor in prefix order; zero if none learnt
+	nextFromLookup bool      // next came from a lookup batch, which store order does not override
+	present        bool      // the store holds the block, as last seen
+	run            uint64    // the latest lookup batch that listed the key
+	readSeq        uint64    // chain.reads just after the key's latest read; 0 if never read
 }
 
 type cursorID struct {
-	stream uint32
+	thread uint32
 	chain  chainID
 }
 
 // cursor is where one thread's current lookup batch is in one chain.
 type cursor struct {
 	run  uint64
-	prev Key // the batch's latest present key; "" after an absent one
+	prev block.Ref // the batch's latest present key; zero after an absent one
 	at   time.Time
 }
 
@@ -235,7 +238,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		return nil, errors.New("staging: negative option")
 	}
 	if opts.Budget == 0 {
-		opts.Budget = DefaultBudget()
+		return nil, errors.New("staging: a budget of 0 bytes stages nothing; staging that is off has no Stager")
 	}
 	if opts.QueueDepth == 0 {
 		opts.QueueDepth = DefaultQueueDepth
@@ -257,7 +260,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		opts:    opts,
 		chains:  make(map[chainID]*chain),
 		cursors: make(map[cursorID]*cursor),
-		entries: make(map[Key]*entry),
+		entries: make(map[block.Ref]*entry),
 	}
 	s.work = sync.NewCond(&s.mu)
 	s.settled = sync.NewCond(&s.mu)
@@ -282,15 +285,12 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 }
 
 // NoteLookup records the answer to the engine's lookup of key by thread
-// stream (the FUSE caller's thread id): present keys looked up one after
+// (the FUSE caller's thread id, see disk.Store.Lookup): present keys looked up one after
 // the other by a thread are linked in prefix order. An absent answer also
-// drops any staged copy of key. Paths that are not block keys are ignored.
+// drops any staged copy of key.
 // A lookup never fetches anything.
-func (s *Stager) NoteLookup(key Key, stream uint32, present bool) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
+func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
+	id := chainOf(key)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -309,21 +309,21 @@ func (s *Stager) NoteLookup(key Key, stream uint32, present bool) {
 		if e := s.entries[key]; e != nil {
 			stale = s.dropLocked(e, true)
 		}
-		if cur := s.cursors[cursorID{stream: stream, chain: id}]; cur != nil {
+		if cur := s.cursors[cursorID{thread: thread, chain: id}]; cur != nil {
 			s.advanceCursorLocked(cur, now)
-			cur.prev = ""
+			cur.prev = block.Ref{}
 		}
 		s.mu.Unlock()
 		s.uncache(stale)
 		return
 	}
 	c := s.chainLocked(id)
-	cur := s.cursorLocked(cursorID{stream: stream, chain: id}, now)
+	cur := s.cursorLocked(cursorID{thread: thread, chain: id}, now)
 	s.advanceCursorLocked(cur, now)
 	n := s.nodeLocked(c, key)
 	n.present = true
 	if n.run == cur.run { // listed again: the thread started over
-		cur.run, cur.prev = s.newRunLocked(), ""
+		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
 	}
 	n.run = cur.run
 	if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
@@ -337,7 +337,7 @@ func (s *Stager) NoteLookup(key Key, stream uint32, present bool) {
 // BatchGap and notes a lookup at now.
 func (s *Stager) advanceCursorLocked(cur *cursor, now time.Time) {
 	if now.Sub(cur.at) > s.opts.BatchGap {
-		cur.run, cur.prev = s.newRunLocked(), ""
+		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
 	}
 	cur.at = now
 }
@@ -346,11 +346,8 @@ func (s *Stager) advanceCursorLocked(cur *cursor, now time.Time) {
 // present with new bytes, so any staged or in-flight copy is dropped, and
 // key is linked after the chain's previous store when that was within
 // BatchGap and no lookup linked it already.
-func (s *Stager) NoteStore(key Key) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
+func (s *Stager) NoteStore(key block.Ref) {
+	id := chainOf(key)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -376,13 +373,9 @@ func (s *Stager) NoteStore(key Key) {
 // its verified bytes, which the caller then owns; if a fetch of it is in
 // flight, Take waits for that fetch first. Either way it stages the wave
 // that follows key. It returns false when the block is not staged: the
-// caller reads it from the store. Paths that are not block keys return
-// false and count nothing.
-func (s *Stager) Take(key Key) ([]byte, bool) {
-	id, ok := parseKey(key)
-	if !ok {
-		return nil, false
-	}
+// caller reads it from the store.
+func (s *Stager) Take(key block.Ref) ([]byte, bool) {
+	id := chainOf(key)
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -396,16 +389,16 @@ func (s *Stager) Take(key Key) ([]byte, bool) {
 			<-done
 			continue
 		}
-		var block *stagedBlock
+		var held *stagedBlock
 		var taken uint64
 		if e != nil {
 			if e.state == staged {
-				block, _ = s.cache.Get(e.gen)
+				held, _ = s.cache.Get(e.gen)
 			}
 			// A queued fetch is cancelled: the caller reads the block itself.
-			taken = s.dropLocked(e, e.state == staged && block == nil)
+			taken = s.dropLocked(e, e.state == staged && held == nil)
 		}
-		if block != nil {
+		if held != nil {
 			s.counters.Hits++
 		} else {
 			s.counters.Misses++
@@ -414,10 +407,10 @@ func (s *Stager) Take(key Key) ([]byte, bool) {
 		evicted := s.takeEvictedLocked()
 		s.mu.Unlock()
 		s.uncache(append(evicted, taken)...)
-		if block == nil {
+		if held == nil {
 			return nil, false
 		}
-		return block.data, true
+		return held.data, true
 	}
 }
 
@@ -425,11 +418,8 @@ func (s *Stager) Take(key Key) ([]byte, bool) {
 // flight or queued, and marks it absent until a lookup or store says
 // otherwise. Call it whenever the block is overwritten, removed, evicted or
 // fails its checksum, before the operation is answered.
-func (s *Stager) Invalidate(key Key) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
+func (s *Stager) Invalidate(key block.Ref) {
+	id := chainOf(key)
 	s.mu.Lock()
 	if c := s.chains[id]; c != nil {
 		if n := c.nodes[key]; n != nil {
@@ -543,7 +533,7 @@ func (s *Stager) complete(e *entry, data []byte, err error) {
 		s.mu.Lock()
 		unwanted = s.publishLocked(e, set)
 	}
-	if probe && !s.closed && e.chain.lastRead != "" {
+	if probe && !s.closed && e.chain.lastRead != (block.Ref{}) {
 		s.stageAfterLocked(e.chain, e.chain.lastRead)
 	}
 	evicted := s.takeEvictedLocked()

@@ -1,6 +1,10 @@
 package staging
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
 
 // BenchmarkTakeStaged compares serving a staged 8 MiB block, a Take and the
 // copy of its bytes into the reader's buffer (as a FUSE READ reply copies
@@ -19,7 +23,7 @@ func BenchmarkTakeStaged(b *testing.B) {
 		}
 	})
 	staged := func(b *testing.B, serve func(data []byte)) {
-		s := newTestStager(b, func(Key) ([]byte, error) { return src, nil }, Options{Budget: 4 * size, WaveBlocks: 1, QueueDepth: 1})
+		s := newTestStager(b, func(block.Ref) ([]byte, error) { return src, nil }, Options{Budget: 4 * size, WaveBlocks: 1, QueueDepth: 1})
 		keys := chunkKeys(tierA, 0, 2)
 		lookUp(s, 1, keys...)
 		b.SetBytes(size)

@@ -14,15 +14,17 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // chunkKey is the block key of chunk i of a tier's group.
-func chunkKey(tier string, group, chunk int) Key {
-	return Key(BlockPath(tier, group, fmt.Sprintf("%064x", chunk+1)))
+func chunkKey(tier string, group, chunk int) block.Ref {
+	return block.Name{Tier: tier, Group: group, Hash: fmt.Sprintf("%064x", chunk+1)}.Ref()
 }
 
-func chunkKeys(tier string, group, n int) []Key {
-	keys := make([]Key, n)
+func chunkKeys(tier string, group, n int) []block.Ref {
+	keys := make([]block.Ref, n)
 	for i := range keys {
 		keys[i] = chunkKey(tier, group, i)
 	}
@@ -31,17 +33,17 @@ func chunkKeys(tier string, group, n int) []Key {
 
 // blockBytes is the content of a block: its key and version, then padding
 // up to size, so a test can tell which block and which write it got.
-func blockBytes(key Key, version int64, size int) []byte {
+func blockBytes(key block.Ref, version int64, size int) []byte {
 	data := make([]byte, size)
 	copy(data, fmt.Sprintf("%s@%d;", key, version))
 	return data
 }
 
 // parseVersion returns the version blockBytes wrote for key into data.
-func parseVersion(key Key, data []byte) (int64, error) {
+func parseVersion(key block.Ref, data []byte) (int64, error) {
 	head, _, ok := bytes.Cut(data, []byte(";"))
 	name, version, found := strings.Cut(string(head), "@")
-	if !ok || !found || name != string(key) {
+	if !ok || !found || name != key.Rel {
 		return 0, fmt.Errorf("block %s holds %.80q", key, data)
 	}
 	return strconv.ParseInt(version, 10, 64)
@@ -53,18 +55,18 @@ func parseVersion(key Key, data []byte) (int64, error) {
 type fakeStore struct {
 	size     int
 	mu       sync.Mutex
-	calls    map[Key]int
-	failing  map[Key]bool
-	versions map[Key]int64
-	started  chan Key      // if set, receives each key as its fetch starts
-	gate     chan struct{} // if set, each fetch waits for a value from it
+	calls    map[block.Ref]int
+	failing  map[block.Ref]bool
+	versions map[block.Ref]int64
+	started  chan block.Ref // if set, receives each key as its fetch starts
+	gate     chan struct{}  // if set, each fetch waits for a value from it
 }
 
 func newFakeStore(size int) *fakeStore {
-	return &fakeStore{size: size, calls: map[Key]int{}, failing: map[Key]bool{}, versions: map[Key]int64{}}
+	return &fakeStore{size: size, calls: map[block.Ref]int{}, failing: map[block.Ref]bool{}, versions: map[block.Ref]int64{}}
 }
 
-func (f *fakeStore) fetch(key Key) ([]byte, error) {
+func (f *fakeStore) fetch(key block.Ref) ([]byte, error) {
 	if f.started != nil {
 		f.started <- key
 	}
@@ -81,20 +83,20 @@ func (f *fakeStore) fetch(key Key) ([]byte, error) {
 }
 
 // fetched returns the keys fetched so far, sorted.
-func (f *fakeStore) fetched() []Key {
+func (f *fakeStore) fetched() []block.Ref {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Sorted(maps.Keys(f.calls))
+	return slices.SortedFunc(maps.Keys(f.calls), byRel)
 }
 
-func (f *fakeStore) callsOf(key Key) int {
+func (f *fakeStore) callsOf(key block.Ref) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[key]
 }
 
 // overwrite gives key new bytes in the store.
-func (f *fakeStore) overwrite(key Key) int64 {
+func (f *fakeStore) overwrite(key block.Ref) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.versions[key]++
@@ -135,14 +137,14 @@ func newTestStager(t testing.TB, fetch Fetch, opts Options) *Stager {
 }
 
 // lookUp has stream look keys up, all present, in order.
-func lookUp(s *Stager, stream uint32, keys ...Key) {
+func lookUp(s *Stager, thread uint32, keys ...block.Ref) {
 	for _, k := range keys {
-		s.NoteLookup(k, stream, true)
+		s.NoteLookup(k, thread, true)
 	}
 }
 
 // mustMiss takes key, which must not be staged, and settles the wave.
-func mustMiss(t *testing.T, s *Stager, key Key) {
+func mustMiss(t *testing.T, s *Stager, key block.Ref) {
 	t.Helper()
 	if _, ok := s.Take(key); ok {
 		t.Fatalf("Take(%s) served a block that should not be staged", key)
@@ -151,7 +153,7 @@ func mustMiss(t *testing.T, s *Stager, key Key) {
 }
 
 // mustHit takes key, which must be staged with version's bytes.
-func mustHit(t *testing.T, s *Stager, key Key, version int64) {
+func mustHit(t *testing.T, s *Stager, key block.Ref, version int64) {
 	t.Helper()
 	data, ok := s.Take(key)
 	if !ok {
@@ -162,18 +164,21 @@ func mustHit(t *testing.T, s *Stager, key Key, version int64) {
 	}
 }
 
-func wantFetched(t *testing.T, f *fakeStore, want ...Key) {
+func wantFetched(t *testing.T, f *fakeStore, want ...block.Ref) {
 	t.Helper()
-	slices.Sort(want)
+	slices.SortFunc(want, byRel)
 	if got := f.fetched(); !slices.Equal(got, want) {
 		t.Fatalf("fetched %d blocks:\n%s\nwant %d:\n%s", len(got), keyList(got), len(want), keyList(want))
 	}
 }
 
-func keyList(keys []Key) string {
+// byRel orders blocks by path.
+func byRel(a, b block.Ref) int { return strings.Compare(a.Rel, b.Rel) }
+
+func keyList(keys []block.Ref) string {
 	var b strings.Builder
 	for _, k := range keys {
-		b.WriteString("  " + string(k) + "\n")
+		b.WriteString("  " + k.Rel + "\n")
 	}
 	return b.String()
 }
@@ -187,40 +192,16 @@ func wantStats(t *testing.T, s *Stager, want Stats) {
 
 const tierA, tierB, tierC = "ModelA_0123456789ab_r0", "ModelB_0123456789ab_r0", "ModelC_0123456789ab_r0"
 
-func TestParseKey(t *testing.T) {
-	hash := fmt.Sprintf("%064x", 7)
-	for _, tc := range []struct {
-		key   Key
-		id    chainID
-		valid bool
-	}{
-		{Key(BlockPath(tierA, 0, hash)), chainID{tierA, 0}, true},
-		{Key(BlockPath(tierB, 12, hash)), chainID{tierB, 12}, true},
-		{Key("Tier_x_r0/abc/de_g3/" + hash + ".bin"), chainID{"Tier_x_r0", 3}, true},
-		{Key(tierA + "/config.json"), chainID{}, false},
-		{Key(tierA + "/abc/de_g0/" + hash + ".bin_x7.tmp"), chainID{}, false},
-		{Key(tierA + "/abc/de_g0/.bin"), chainID{}, false},
-		{Key(tierA + "/abc/de_gx/" + hash + ".bin"), chainID{}, false},
-		{Key(tierA + "/abc/de_g/" + hash + ".bin"), chainID{}, false},
-		{Key(tierA + "/abc/de/" + hash + ".bin"), chainID{}, false},
-		{Key("/abc/de_g0/" + hash + ".bin"), chainID{}, false},
-		{Key(tierA + "/x/abc/de_g0/" + hash + ".bin"), chainID{tierA, 0}, true}, // directories are opaque: any depth
-		{Key(tierA + "/abc/de_g0"), chainID{}, false},
-	} {
-		id, ok := parseKey(tc.key)
-		if ok != tc.valid || id != tc.id {
-			t.Errorf("parseKey(%q) = %v, %v; want %v, %v", tc.key, id, ok, tc.id, tc.valid)
-		}
-	}
-}
-
 func TestNewStagerOptions(t *testing.T) {
 	f := newFakeStore(1)
 	if _, err := NewStager(nil, Options{}); err == nil {
 		t.Error("NewStager accepted a nil Fetch")
 	}
-	if _, err := NewStager(f.fetch, Options{QueueDepth: -1}); err == nil {
+	if _, err := NewStager(f.fetch, Options{Budget: 1 << 20, QueueDepth: -1}); err == nil {
 		t.Error("NewStager accepted a negative queue depth")
+	}
+	if _, err := NewStager(f.fetch, Options{}); err == nil {
+		t.Error("NewStager accepted a budget of 0, which the mount's flag reads as staging off")
 	}
 	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20})
 	if s.opts.QueueDepth != DefaultQueueDepth || s.opts.WaveBlocks != DefaultWaveBlocks ||
@@ -255,12 +236,8 @@ func TestWaveOnRead(t *testing.T) {
 	wantFetched(t, f, keys[1:5]...)
 	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 1})
 
-	// A read of an unknown key or of a path that is no block stages nothing.
+	// A read of an unknown key stages nothing.
 	mustMiss(t, s, chunkKey(tierB, 0, 0))
-	if _, ok := s.Take(Key(tierA + "/config.json")); ok {
-		t.Fatal("Take served a path that is no block")
-	}
-	s.NoteRead(Key(tierA + "/config.json"))
 	wantFetched(t, f, keys[1:5]...)
 	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 2})
 
@@ -301,7 +278,7 @@ func TestTakeRemovesAndTopsUp(t *testing.T) {
 
 func TestTakeWaitsForFetchInFlight(t *testing.T) {
 	f := newFakeStore(100)
-	f.started, f.gate = make(chan Key, 1), make(chan struct{})
+	f.started, f.gate = make(chan block.Ref, 1), make(chan struct{})
 	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 1, QueueDepth: 1})
 	keys := chunkKeys(tierA, 0, 2)
 	lookUp(s, 1, keys...)
@@ -347,8 +324,8 @@ func TestChainLinks(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		learn func(s *Stager, clock *fakeClock)
-		read  Key
-		want  []Key
+		read  block.Ref
+		want  []block.Ref
 	}{
 		{"lookup batch", func(s *Stager, _ *fakeClock) { lookUp(s, 1, keys...) }, keys[0], keys[1:4]},
 		{"absent key breaks the link", func(s *Stager, _ *fakeClock) {
@@ -413,7 +390,7 @@ func TestFairShare(t *testing.T) {
 	const size = 1000
 	f := newFakeStore(size)
 	s := newTestStager(t, f.fetch, Options{Budget: 12 * size, WaveBlocks: 100, QueueDepth: 3})
-	chains := [][]Key{chunkKeys(tierA, 0, 40), chunkKeys(tierB, 0, 40), chunkKeys(tierC, 0, 40)}
+	chains := [][]block.Ref{chunkKeys(tierA, 0, 40), chunkKeys(tierB, 0, 40), chunkKeys(tierC, 0, 40)}
 	for i, keys := range chains {
 		lookUp(s, uint32(i), keys...)
 	}
@@ -544,7 +521,7 @@ func TestInvalidate(t *testing.T) {
 
 	t.Run("in flight", func(t *testing.T) {
 		f := newFakeStore(size)
-		f.started, f.gate = make(chan Key, len(keys)), make(chan struct{})
+		f.started, f.gate = make(chan block.Ref, len(keys)), make(chan struct{})
 		s := setUp(t, f)
 		if _, ok := s.Take(keys[0]); ok {
 			t.Fatal("first Take hit")
@@ -659,7 +636,7 @@ func TestInvalidateRace(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	f := newFakeStore(100)
-	f.started, f.gate = make(chan Key, 4), make(chan struct{})
+	f.started, f.gate = make(chan block.Ref, 4), make(chan struct{})
 	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 1, QueueDepth: 1})
 	keys := chunkKeys(tierA, 0, 4)
 	lookUp(s, 1, keys...)
@@ -728,7 +705,7 @@ func TestMemTotal(t *testing.T) {
 // starts.
 func TestFetchesLeaveDepthToTheEnginesStoreLoads(t *testing.T) {
 	f := newFakeStore(100)
-	f.started, f.gate = make(chan Key, 8), make(chan struct{})
+	f.started, f.gate = make(chan block.Ref, 8), make(chan struct{})
 	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 4, QueueDepth: 2})
 	t.Cleanup(func() { close(f.gate) }) // runs before s.Close: no fetch stays blocked
 	keys := chunkKeys(tierA, 0, 6)

@@ -1,18 +1,16 @@
 package staging
 
+import "github.com/kvtierfs/kvtierfs/tiers/block"
+
 // Stager methods only the tests need.
 
 // NoteRead records that the engine loads key without taking staged bytes
 // and stages the wave that follows it, as Take does (tests drive the wave
 // with it without consuming staged blocks).
-func (s *Stager) NoteRead(key Key) {
-	id, ok := parseKey(key)
-	if !ok {
-		return
-	}
+func (s *Stager) NoteRead(key block.Ref) {
 	s.mu.Lock()
 	if !s.closed {
-		s.noteReadLocked(id, key)
+		s.noteReadLocked(chainOf(key), key)
 	}
 	evicted := s.takeEvictedLocked()
 	s.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Chain learning and wave scheduling of the Stager. Every function here is
@@ -18,7 +20,7 @@ func (s *Stager) chainLocked(id chainID) *chain {
 		if len(s.chains) >= maxChains {
 			s.forgetIdleChainsLocked()
 		}
-		c = &chain{nodes: make(map[Key]*node)}
+		c = &chain{nodes: make(map[block.Ref]*node)}
 		s.chains[id] = c
 	}
 	s.touchLocked(c)
@@ -60,14 +62,14 @@ func (s *Stager) forgetIdleChainsLocked() {
 
 // nodeLocked returns key's node in c, creating it. When the Stager already
 // remembers MaxKeys keys, every chain's links are forgotten first.
-func (s *Stager) nodeLocked(c *chain, key Key) *node {
+func (s *Stager) nodeLocked(c *chain, key block.Ref) *node {
 	if n := c.nodes[key]; n != nil {
 		return n
 	}
 	if s.keys >= s.opts.MaxKeys {
 		for _, other := range s.chains {
 			clear(other.nodes)
-			other.lastStored = ""
+			other.lastStored = block.Ref{}
 		}
 		s.keys = 0
 	}
@@ -123,7 +125,7 @@ func (c *chain) readInPass(n *node) bool {
 // noteReadLocked records a read of key and stages the wave after it. Reading
 // a key again within its pass starts a new pass over the chain (the engine
 // loads the prefix again, for another request).
-func (s *Stager) noteReadLocked(id chainID, key Key) {
+func (s *Stager) noteReadLocked(id chainID, key block.Ref) {
 	c := s.chains[id]
 	if c == nil {
 		return
@@ -147,7 +149,7 @@ func (s *Stager) noteReadLocked(id chainID, key Key) {
 // WaveBlocks blocks after key are staged or in flight, admission refuses, or
 // the links end. At most walkLimit × WaveBlocks links are followed, which
 // also ends a walk caught in a cycle of links.
-func (s *Stager) stageAfterLocked(c *chain, key Key) {
+func (s *Stager) stageAfterLocked(c *chain, key block.Ref) {
 	startsWave := len(c.ahead) == 0
 	queuedAny := false
 	ahead := 0
@@ -234,7 +236,7 @@ func (s *Stager) reclaimLocked(need, share int64) {
 }
 
 // enqueueLocked queues a fetch of key for c, reserving reservation bytes.
-func (s *Stager) enqueueLocked(c *chain, key Key, reservation int64) {
+func (s *Stager) enqueueLocked(c *chain, key block.Ref, reservation int64) {
 	s.lastGen++
 	e := &entry{key: key, chain: c, gen: s.lastGen, state: queued, cost: reservation, done: make(chan struct{})}
 	s.entries[key] = e

@@ -26,6 +26,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -85,10 +86,10 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	c.replicated = rowsync.ModeAuto
 	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
-	stagingBytes := fl.String("staging-bytes", "", "RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10% of RAM, at most 4GiB)")
+	stagingBytes := fl.String("staging-bytes", "", fmt.Sprintf("RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10%% of RAM, at most %dGiB)", staging.MaxDefaultBudget>>30))
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
-	fl.DurationVar(&c.diagWindow, "diagnostics-window", 10*time.Minute, "window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most 30s, counts as waiting)")
-	diagMinBytes := fl.String("diagnostics-min-bytes", "1GiB", "bytes a group or the tier must have stored in the window before stat calls it write-only")
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", staging.DefaultDiagnosticsWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", staging.MaxReadGrace))
+	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", staging.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
@@ -178,13 +179,13 @@ func runMount(args []string) error {
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
 		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
-		return err
+		return fmt.Errorf("--store: %w", err)
 	}
 	defer store.Close()
 	regionOwner := uint32(c.engineUID)
 	regions, err := shm.NewSetWith(c.shmGlob, shm.Options{EngineUID: &regionOwner})
 	if err != nil {
-		return usageError{err}
+		return usageError{fmt.Errorf("--shm-glob: %w", err)}
 	}
 	defer regions.Close()
 	if err := regions.Refresh(); err != nil {
@@ -221,14 +222,13 @@ func runMount(args []string) error {
 	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
-		if stager, err = staging.NewStager(func(key staging.Key) ([]byte, error) { return store.ReadBlock(string(key)) },
+		if stager, err = staging.NewStager(func(key block.Ref) ([]byte, error) { return store.ReadBlock(key.Rel) },
 			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
 			return err
 		}
 		defer stager.Close()
 	}
-	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes,
-		ReadGrace: min(30*time.Second, c.diagWindow/4)})
+	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
 	// Caught from before the mount on (a stop request as soon as the mount
 	// is visible still unmounts); until then a signal ends the process.
 	signals := make(chan os.Signal, 1)

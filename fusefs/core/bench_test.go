@@ -13,7 +13,7 @@ func BenchmarkLoadFromStore(b *testing.B) {
 	loads := NewLoads(Config{Store: f.store})
 	b.SetBytes(rowBytes)
 	for b.Loop() {
-		l, err := loads.Open(context.Background(), rel)
+		l, err := loads.Open(context.Background(), refOf(rel))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -22,7 +22,8 @@
 //
 // A load runs:
 //
-//	l, err := loads.Open(ctx, "model_0123456789ab_r0/3fa/9c_g0/3fa9….bin")
+//	ref, _ := block.ParseRef("model_0123456789ab_r0/3fa/9c_g0/3fa9….bin")
+//	l, err := loads.Open(ctx, ref)
 //	data, err := l.Read(ctx, 0, 4<<20) // reply with data, then:
 //	l.Delivered(0, int64(len(data)))
 //	…

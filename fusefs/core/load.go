@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -19,7 +19,7 @@ import (
 // Stager is the wave stager as loads use it (staging.Stager).
 type Stager interface {
 	// Take hands over a staged block's verified bytes, or reports none.
-	Take(key staging.Key) ([]byte, bool)
+	Take(key block.Ref) ([]byte, bool)
 	// StoreLoadStarted and StoreLoadDone bracket a load's own store read.
 	StoreLoadStarted()
 	StoreLoadDone()
@@ -126,7 +126,7 @@ func (c *Loads) mirrors() bool { return c.cfg.Mirror != nil && c.cfg.Mirror.Mirr
 type Load struct {
 	loads  *Loads
 	r      *disk.Reader
-	digest shm.Digest
+	digest block.Digest
 	buf    []byte
 	// Source is where the bytes came from.
 	Source Source
@@ -151,7 +151,8 @@ type Load struct {
 // Open pins a block and gets its verified bytes: from a row of the engine's
 // region that still holds them, from staging, or by reading the store. A block
 // whose bytes fail their digest is dropped and the open fails with EIO.
-func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
+func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
+	rel := ref.Rel
 	r, err := c.cfg.Store.PinBlock(rel)
 	if err != nil {
 		c.Counters.Refused.Add(1)
@@ -167,7 +168,7 @@ func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
 	}
 	l := &Load{loads: c, r: r, progress: make(chan struct{})}
-	if err := l.fill(rel); err != nil {
+	if err := l.fill(ref); err != nil {
 		c.budget.Release(size)
 		r.Close()
 		c.Counters.Refused.Add(1)
@@ -185,7 +186,7 @@ func (c *Loads) Open(ctx context.Context, rel string) (*Load, error) {
 }
 
 // fill gets the block's verified bytes into l.buf.
-func (l *Load) fill(rel string) error {
+func (l *Load) fill(ref block.Ref) error {
 	c, r := l.loads, l.r
 	d, hasDigest := r.Digest()
 	canFind := hasDigest && c.cfg.Regions != nil && c.cfg.Regions.Fits(d.Size)
@@ -204,7 +205,7 @@ func (l *Load) fill(rel string) error {
 		c.cfg.Store.RecycleBlock(buf)
 	}
 	if c.cfg.Stager != nil {
-		if buf, ok := c.cfg.Stager.Take(staging.Key(rel)); ok {
+		if buf, ok := c.cfg.Stager.Take(ref); ok {
 			l.buf, l.digest, l.Source = buf, d, FromStaging
 			return nil
 		}

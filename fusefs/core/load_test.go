@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -51,18 +52,24 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{store: store, region: region, regions: regions}
 }
 
-// block is the store-relative path and bytes of test block i.
-func block(i int) (string, []byte) {
+// testBlock is the store-relative path and bytes of test block i.
+func testBlock(i int) (string, []byte) {
 	h := fmt.Sprintf("%064x", i+1)
 	data := make([]byte, rowBytes)
 	engineio.FillPattern(data, uint64(i))
 	return fmt.Sprintf("m_0123456789ab_r0/%s/%s_g0/%s.bin", h[:3], h[3:5], h), data
 }
 
+// refOf is the block.Ref of a test block's path, as the adapter hands it on.
+func refOf(rel string) block.Ref {
+	ref, _ := block.ParseRef(rel)
+	return ref
+}
+
 // put stores block i as the engine does: a tmp file written once, then renamed.
 func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 	t.Helper()
-	rel, data := block(i)
+	rel, data := testBlock(i)
 	if err := os.MkdirAll(filepath.Dir(f.store.Path(rel)), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -122,10 +129,10 @@ type fakeMirror struct {
 
 func (m *fakeMirror) Mirrors() bool { return true }
 
-func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error {
+func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if shm.CRC32C(block) != crc {
+	if block.CRC32C(data) != crc {
 		return errors.New("block does not match its checksum")
 	}
 	m.rows = append(m.rows, ref)
@@ -144,7 +151,7 @@ func (f *fixture) open(t *testing.T, cfg Config, rel string) (*Loads, *Load) {
 	t.Helper()
 	cfg.Store, cfg.Regions = f.store, f.regions
 	loads := NewLoads(cfg)
-	l, err := loads.Open(context.Background(), rel)
+	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +163,7 @@ func TestLoadFromStoreVerifiesAtOpen(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
 	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	l, err := loads.Open(context.Background(), rel)
+	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +190,7 @@ func TestCorruptBlockFailsTheOpenAndIsDropped(t *testing.T) {
 	rel, _ := f.put(t, 1)
 	f.corrupt(t, rel)
 	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	if _, err := loads.Open(context.Background(), rel); disk.Errno(err) != syscall.EIO {
+	if _, err := loads.Open(context.Background(), refOf(rel)); disk.Errno(err) != syscall.EIO {
 		t.Fatalf("open of a corrupt block: %v, want EIO", err)
 	}
 	if f.store.Lookup(rel, 0) {
@@ -206,7 +213,7 @@ func TestReloadFromARowThatHoldsTheBlock(t *testing.T) {
 	copy(f.region.Row(0), data) // the row the engine stored it from
 	f.corrupt(t, rel)
 	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	l, err := loads.Open(context.Background(), rel)
+	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatalf("reload of a block a row holds: %v", err)
 	}
@@ -228,7 +235,7 @@ func TestRowWithOtherBytesIsNotTrusted(t *testing.T) {
 	copy(f.region.Row(0), data)
 	f.region.Row(0)[rowBytes/2+1] ^= 1
 	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	l, err := loads.Open(context.Background(), rel)
+	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,17 +354,17 @@ func TestOpenLoadsAreBounded(t *testing.T) {
 	f := newFixture(t)
 	rel, _ := f.put(t, 1)
 	loads := NewLoads(Config{Store: f.store, MaxBytes: rowBytes, OpenWait: 20 * time.Millisecond})
-	l, err := loads.Open(context.Background(), rel)
+	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loads.Open(context.Background(), rel); disk.Errno(err) != syscall.EBUSY {
+	if _, err := loads.Open(context.Background(), refOf(rel)); disk.Errno(err) != syscall.EBUSY {
 		t.Fatalf("open beyond the bound: %v, want EBUSY", err)
 	}
 	if err := l.Release(); err != nil {
 		t.Fatal(err)
 	}
-	l, err = loads.Open(context.Background(), rel)
+	l, err = loads.Open(context.Background(), refOf(rel))
 	if err != nil {
 		t.Fatalf("open after a release: %v", err)
 	}

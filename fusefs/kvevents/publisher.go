@@ -13,7 +13,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // DefaultQueueLen is how many removed blocks may wait for the publisher
@@ -195,8 +195,8 @@ func (p *Publisher) subscribed() bool {
 // BlockGone queues a BlockRemoved event for the block at the store-relative
 // path rel; other paths are ignored.
 func (p *Publisher) BlockGone(rel string) {
-	kind, name := disk.Classify(rel)
-	if kind != disk.Block {
+	kind, name := block.Parse(rel)
+	if kind != block.File {
 		return
 	}
 	h, ok := blockHash(name.Hash)

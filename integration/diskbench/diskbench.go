@@ -30,7 +30,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Config sizes a run.
@@ -206,7 +206,7 @@ func (r *run) sourceRow(i int) []byte {
 // stamp writes windows derived from id at every offset a digest may sample
 // below within, so that rows of other blocks never match its digest.
 func stamp(row []byte, id uint64, within int) {
-	for _, off := range shm.ProbeOffsets(int64(len(row))) {
+	for _, off := range block.ProbeOffsets(int64(len(row))) {
 		if int(off)+8 <= within {
 			binary.LittleEndian.PutUint64(row[off:], id*0x9E3779B97F4A7C15+uint64(off)|1)
 		}

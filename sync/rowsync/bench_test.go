@@ -22,7 +22,8 @@ import (
 //	mirror     Mirror.MirrorRow for one row after another
 //	mirror-16  MirrorRow from 16 goroutines (the engine's 16 readers)
 //	load-done  Node.LoadDone one after another: row identification among
-//	           the 112 rows plus MirrorRow, i.e. the work of one FLUSH
+//	           the 112 rows by digest (shm.Set.Confirm, as the daemon
+//	           does) plus MirrorRow
 //
 // The serial ones also report the latency per row (p50, p99). Every one
 // reports the CPU time of the whole process (sender and receiver) per row,

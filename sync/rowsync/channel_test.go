@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The attacks of issue 11 on the peer link, each on loopback: a relay that
@@ -144,7 +146,7 @@ func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 		t.Errorf("a node that reached itself shows a healthy peer: %+v", p)
 	}
 	fillHalf(region.Row(3), 3)
-	if err := node.MirrorBlock(context.Background(), region, 3, region.Row(3), Checksum(region.Row(3))); err == nil {
+	if err := node.MirrorBlock(context.Background(), region, 3, region.Row(3), block.CRC32C(region.Row(3))); err == nil {
 		t.Error("a row mirrored to the node itself counted as mirrored")
 	}
 }

@@ -22,7 +22,7 @@ const (
 	ModeOff
 )
 
-// ParseMode parses a --replicated-kv value.
+// ParseMode parses a replicated-KV mode: auto, on or off.
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "auto":
@@ -32,7 +32,7 @@ func ParseMode(s string) (Mode, error) {
 	case "off":
 		return ModeOff, nil
 	}
-	return ModeAuto, fmt.Errorf("--replicated-kv: invalid value %q, want auto, on or off", s)
+	return ModeAuto, fmt.Errorf("replicated-KV mode %q: want auto, on or off", s)
 }
 
 // String returns "auto", "on" or "off".

@@ -12,7 +12,7 @@ func TestParseMode(t *testing.T) {
 		}
 	}
 	_, err := ParseMode("yes")
-	if err == nil || err.Error() != `--replicated-kv: invalid value "yes", want auto, on or off` {
+	if err == nil || err.Error() != `replicated-KV mode "yes": want auto, on or off` {
 		t.Errorf("ParseMode(yes) = %v", err)
 	}
 	var m Mode

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 var testSecret = []byte("kvtier-test-secret-0123456789")
@@ -38,6 +40,7 @@ func openRegion(tb testing.TB, path string, rowBytes int) *Region {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { r.Close() })
+	watchRegion(tb, r, path)
 	return r
 }
 
@@ -53,8 +56,8 @@ func fillHalf(row []byte, seed uint64) {
 	var s [32]byte
 	s[0], s[1], s[2], s[3] = byte(seed), byte(seed>>8), byte(seed>>16), byte(seed>>24)
 	rand.NewChaCha8(s).Read(row[:len(row)/2])
-	if len(row) >= 4*ZeroRunBytes {
-		clear(row[ZeroRunBytes : 2*ZeroRunBytes])
+	if len(row) >= 4*block.PageSize {
+		clear(row[block.PageSize : 2*block.PageSize])
 	}
 }
 

@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 const (
 	testRows     = 16
-	testRowBytes = 16 * ZeroRunBytes
+	testRowBytes = 16 * block.PageSize
 )
 
 // startServer serves region on addr ("127.0.0.1:0" for any port).
@@ -88,7 +90,7 @@ func TestMirrorTwoServers(t *testing.T) {
 		if ps.State != StateUp || ps.RowsSent != testRows || ps.Verified != testRows || ps.LastError != "" {
 			t.Errorf("peer stats %+v", ps)
 		}
-		if ps.Bytes != testRows*payload || payload != testRowBytes/2-ZeroRunBytes {
+		if ps.Bytes != testRows*payload || payload != testRowBytes/2-block.PageSize {
 			t.Errorf("%d bytes sent, want %d: zero pages must not travel", ps.Bytes, testRows*payload)
 		}
 	}
@@ -155,7 +157,7 @@ func TestMirrorWrongSecret(t *testing.T) {
 	if err := m.MirrorRow(context.Background(), src, 1, bytes.Clone(src.Row(1))); !errors.Is(err, ErrPeerDown) {
 		t.Errorf("MirrorRow without authentication = %v", err)
 	}
-	if m.Healthy() || !isZero(dst.Row(1)) {
+	if m.Healthy() || !block.IsZero(dst.Row(1)) {
 		t.Error("an unauthenticated mirror got through")
 	}
 	if m.AuthFailures() == 0 {
@@ -203,7 +205,7 @@ func lyingPeer(t *testing.T) string {
 						return
 					}
 					w := msg.(*RowWrite)
-					crc := Checksum(applyExtents(w.RowBytes, w.Extents))
+					crc := block.CRC32C(applyExtents(w.RowBytes, w.Extents))
 					ch.writeMessage(&Ack{Seq: w.Seq, Row: w.Row, CRC: crc ^ 1})
 				}
 			})

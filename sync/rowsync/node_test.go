@@ -9,6 +9,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // startNode starts a node over region; peers may be empty.
@@ -87,10 +89,10 @@ func TestNodeMirrorsPromotions(t *testing.T) {
 
 	// A stale copy elsewhere makes the row ambiguous; an unknown block has none.
 	copy(ra.Row(12), ra.Row(4))
-	if err := a.LoadDone(context.Background(), ra, promoted[4]); !errors.Is(err, ErrRowAmbiguous) {
+	if err := a.LoadDone(context.Background(), ra, promoted[4]); !errors.Is(err, errNoSingleRow) {
 		t.Errorf("LoadDone(block in two rows) = %v", err)
 	}
-	if err := a.LoadDone(context.Background(), ra, make([]byte, testRowBytes-1)); !errors.Is(err, ErrRowNotFound) {
+	if err := a.LoadDone(context.Background(), ra, make([]byte, testRowBytes-1)); !errors.Is(err, errNoSingleRow) {
 		t.Errorf("LoadDone(short block) = %v", err)
 	}
 
@@ -145,7 +147,7 @@ func TestNodeWithoutFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	r := shmRegion(t, 2, ZeroRunBytes)
+	r := shmRegion(t, 2, block.PageSize)
 	if n.Enabled() || !n.ServeLoads() || n.Addr() != nil {
 		t.Error("a node without flags is not a no-op")
 	}
@@ -178,7 +180,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	rowWrite := func(seed uint64) ([]byte, uint32) {
 		data := make([]byte, testRowBytes)
 		fillHalf(data, seed)
-		return Encode(&RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: testRowBytes, Extents: nonZeroExtents(data)}), Checksum(data)
+		return Encode(&RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: testRowBytes, Extents: nonZeroExtents(data)}), block.CRC32C(data)
 	}
 
 	// The old connection has a row write half sent when the Mirror gives up
@@ -205,7 +207,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	if _, err := old.readFrame(nil, maxAckFrame); err == nil {
 		t.Error("the superseded connection still answers")
 	}
-	if Checksum(dst.Row(1)) != crc {
+	if block.CRC32C(dst.Row(1)) != crc {
 		t.Error("a row from the superseded connection landed after its successor's")
 	}
 }

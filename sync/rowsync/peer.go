@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // DefaultDeadline is how long a peer may take to acknowledge a row when
@@ -221,7 +223,7 @@ func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []
 	var crc uint32
 	crcReady := make(chan struct{})
 	return m.mirror(ctx, region, row, data, func() uint32 { <-crcReady; return crc }, func() {
-		crc = Checksum(data)
+		crc = block.CRC32C(data)
 		close(crcReady)
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // applyExtents is the reference for what a receiver makes of a RowWrite: the
@@ -19,13 +21,13 @@ func applyExtents(rowBytes uint64, extents []Extent) []byte {
 }
 
 func TestNonZeroExtents(t *testing.T) {
-	row := make([]byte, 10*ZeroRunBytes+100)
-	row[5] = 1                  // page 0
-	row[ZeroRunBytes+7] = 2     // page 1, merged with page 0
-	row[4*ZeroRunBytes] = 3     // page 4
-	row[10*ZeroRunBytes+99] = 4 // the short last page
+	row := make([]byte, 10*block.PageSize+100)
+	row[5] = 1                    // page 0
+	row[block.PageSize+7] = 2     // page 1, merged with page 0
+	row[4*block.PageSize] = 3     // page 4
+	row[10*block.PageSize+99] = 4 // the short last page
 	extents := nonZeroExtents(row)
-	want := []struct{ off, n int }{{0, 2 * ZeroRunBytes}, {4 * ZeroRunBytes, ZeroRunBytes}, {10 * ZeroRunBytes, 100}}
+	want := []struct{ off, n int }{{0, 2 * block.PageSize}, {4 * block.PageSize, block.PageSize}, {10 * block.PageSize, 100}}
 	if len(extents) != len(want) {
 		t.Fatalf("%d extents, want %d", len(extents), len(want))
 	}
@@ -37,13 +39,13 @@ func TestNonZeroExtents(t *testing.T) {
 	if !bytes.Equal(applyExtents(uint64(len(row)), extents), row) {
 		t.Error("the extents do not rebuild the row")
 	}
-	if extents := nonZeroExtents(make([]byte, 3*ZeroRunBytes)); len(extents) != 0 {
+	if extents := nonZeroExtents(make([]byte, 3*block.PageSize)); len(extents) != 0 {
 		t.Errorf("zero row: %d extents", len(extents))
 	}
 }
 
 func TestReceiveRow(t *testing.T) {
-	src := make([]byte, 40*ZeroRunBytes)
+	src := make([]byte, 40*block.PageSize)
 	fillHalf(src, 1)
 	frame := Encode(&RowWrite{Seq: 3, Row: 1, Rows: 2, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
 	buf := make([]byte, len(src))
@@ -52,8 +54,8 @@ func TestReceiveRow(t *testing.T) {
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
-	if crc != Checksum(src) {
-		t.Errorf("CRC32C %08x, want %08x", crc, Checksum(src))
+	if crc != block.CRC32C(src) {
+		t.Errorf("CRC32C %08x, want %08x", crc, block.CRC32C(src))
 	}
 	if asked.Row != 1 || asked.Rows != 2 || asked.RowBytes != uint64(len(src)) || asked.Seq != 3 || w != asked {
 		t.Errorf("bufFor got %+v", asked)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // acceptRetry is the pause after a failed accept.
@@ -319,7 +321,7 @@ func (s *Server) sample(m *StoreSample, from string) *Ack {
 		ack.Err = err.Error()
 		return ack
 	}
-	ack.CRC = Checksum(region.Row(int(m.Row)))
+	ack.CRC = block.CRC32C(region.Row(int(m.Row)))
 	if s.cfg.Gate != nil {
 		s.cfg.Gate.NoteSample(m.Key, ack.CRC, m.CRC, from)
 	}

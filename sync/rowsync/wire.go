@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Wire format. Every message is one frame:
@@ -469,7 +471,7 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 		if d.err != nil {
 			return nil, 0, nil, d.err
 		}
-		crc = sumZeros(crc, off-end)
+		crc = block.UpdateCRC32CZeros(crc, off-end)
 		data := buf[off : off+n : off+n]
 		if crc, err = readAndSum(crc, data, r); err != nil {
 			return nil, 0, nil, err
@@ -481,7 +483,7 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	if left > 0 {
 		return nil, 0, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
 	}
-	return w, sumZeros(crc, w.RowBytes-end), nil, nil
+	return w, block.UpdateCRC32CZeros(crc, w.RowBytes-end), nil, nil
 }
 
 // commitRow makes row hold extents (sorted, disjoint, inside the row) and

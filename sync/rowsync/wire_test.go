@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // sampleMessages returns one message of every type, for round trips and the
@@ -192,8 +194,8 @@ func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 		}
 		row := bytes.Repeat([]byte{0xee}, int(w.RowBytes))
 		want := applyExtents(w.RowBytes, w.Extents)
-		if commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != Checksum(want) {
-			t.Fatalf("commitRow made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, Checksum(want))
+		if commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != block.CRC32C(want) {
+			t.Fatalf("commitRow made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, block.CRC32C(want))
 		}
 	}
 }

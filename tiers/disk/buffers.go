@@ -3,6 +3,8 @@ package disk
 import (
 	"sync"
 	"unsafe"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // blockBuffers recycles the page-aligned buffers that loads and staging
@@ -36,10 +38,10 @@ func (b *blockBuffers) get(size int) []byte {
 		return buf[:size]
 	}
 	b.mu.Unlock()
-	raw := make([]byte, pages+PageSize)
+	raw := make([]byte, pages+block.PageSize)
 	skip := 0
-	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % PageSize); rem != 0 {
-		skip = PageSize - rem
+	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % block.PageSize); rem != 0 {
+		skip = block.PageSize - rem
 	}
 	return raw[skip : skip+size : skip+pages]
 }
@@ -47,7 +49,7 @@ func (b *blockBuffers) get(size int) []byte {
 // put hands back a buffer get returned; nothing may use it afterwards.
 func (b *blockBuffers) put(buf []byte) {
 	pages := cap(buf)
-	if pages == 0 || pages%PageSize != 0 {
+	if pages == 0 || pages%block.PageSize != 0 {
 		return
 	}
 	b.mu.Lock()
@@ -62,5 +64,5 @@ func (b *blockBuffers) put(buf []byte) {
 	b.freeBytes += pages
 }
 
-// roundUpToPage rounds n up to a multiple of PageSize.
-func roundUpToPage(n int) int { return (n + PageSize - 1) / PageSize * PageSize }
+// roundUpToPage rounds n up to a multiple of block.PageSize.
+func roundUpToPage(n int) int { return (n + block.PageSize - 1) / block.PageSize * block.PageSize }

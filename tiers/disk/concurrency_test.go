@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Many goroutines storing, looking up, loading and removing a small key space
@@ -26,7 +28,7 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 		keys    = 40
 		pages   = 2
 	)
-	capacity := int64(24 * pages * PageSize)
+	capacity := int64(24 * pages * block.PageSize)
 	s := openStore(t, Config{Capacity: capacity, LookupProtect: time.Millisecond})
 	var removedCalls atomic.Int64
 	s.OnRemove(func(string) { removedCalls.Add(1) })
@@ -166,7 +168,7 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 	}
 	checkAccounting(t, s)
 	filepath.WalkDir(s.Root(), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(d.Name(), tmpSuffix) {
+		if err == nil && !d.IsDir() && strings.HasSuffix(d.Name(), ".tmp") {
 			t.Errorf("tmp left on disk: %s", p)
 		}
 		return nil

@@ -7,15 +7,15 @@ import (
 
 // protectedLocked reports whether a block must not be evicted now: a load is
 // in flight, or it answered a lookup within the protection window.
-func (s *Store) protectedLocked(b *block, now int64) bool {
+func (s *Store) protectedLocked(b *entry, now int64) bool {
 	return b.readers > 0 || now-b.lastLookup < int64(s.cfg.LookupProtect+s.cfg.LookupCacheTTL)
 }
 
 // pickVictimLocked chooses the block to evict: the least recently used
 // unprotected one not in chosen, except that a chain loses its tail before its head.
-func (s *Store) pickVictimLocked(now int64, chosen map[*block]bool) *block {
+func (s *Store) pickVictimLocked(now int64, chosen map[*entry]bool) *entry {
 	for e := s.lru.Back(); e != nil; e = e.Prev() {
-		b := e.Value.(*block)
+		b := e.Value.(*entry)
 		if chosen[b] || s.protectedLocked(b, now) {
 			continue
 		}
@@ -30,7 +30,7 @@ func (s *Store) pickVictimLocked(now int64, chosen map[*block]bool) *block {
 }
 
 // chainTailLocked is the last present, unprotected member of a chain not in chosen.
-func (s *Store) chainTailLocked(c *chain, now int64, chosen map[*block]bool) *block {
+func (s *Store) chainTailLocked(c *chain, now int64, chosen map[*entry]bool) *entry {
 	for i := len(c.members) - 1; i >= 0; i-- {
 		m := c.members[i]
 		if m.present && m.chain == c && !chosen[m] && !s.protectedLocked(m, now) {
@@ -50,8 +50,8 @@ func (s *Store) makeRoomLocked(n int64, forRel string) error {
 		return nil
 	}
 	now := s.nowNano()
-	chosen := make(map[*block]bool)
-	var victims []*block
+	chosen := make(map[*entry]bool)
+	var victims []*entry
 	for freed := int64(0); freed < need; {
 		v := s.pickVictimLocked(now, chosen)
 		if v == nil {
@@ -78,7 +78,7 @@ func (s *Store) makeRoomLocked(n int64, forRel string) error {
 }
 
 // evictLocked removes a block to make room.
-func (s *Store) evictLocked(b *block) {
+func (s *Store) evictLocked(b *entry) {
 	s.dropLocked(b)
 	if err := s.removeFile(b.rel); err != nil {
 		s.cfg.Logger.Error("evicting block", "path", s.Path(b.rel), "err", err)
@@ -91,12 +91,12 @@ func (s *Store) evictLocked(b *block) {
 // extendChainLocked appends a looked-up block to the chain of its thread. A
 // thread that pauses, or comes back to a key it already listed, starts a new
 // chain: the engine looks a request's keys up again from the start every step.
-func (s *Store) extendChainLocked(b *block, stream uint32, now int64) {
-	st := s.streams[stream]
+func (s *Store) extendChainLocked(b *entry, thread uint32, now int64) {
+	st := s.cursors[thread]
 	if st == nil {
-		s.pruneStreamsLocked(now)
-		st = &lookupStream{}
-		s.streams[stream] = st
+		s.pruneCursorsLocked(now)
+		st = &lookupCursor{}
+		s.cursors[thread] = st
 	}
 	if st.chain == nil || now-st.lastAt > int64(chainGap) || b.chain == st.chain {
 		st.chain = &chain{}
@@ -106,26 +106,26 @@ func (s *Store) extendChainLocked(b *block, stream uint32, now int64) {
 	b.chain = st.chain
 }
 
-// maxStreams bounds the lookup threads remembered before idle ones are forgotten.
-const maxStreams = 1024
+// maxCursors bounds the lookup threads remembered before idle ones are forgotten.
+const maxCursors = 1024
 
-// pruneStreamsLocked forgets threads that have not looked anything up for a
-// while and, when a flood keeps more than three quarters of maxStreams busy,
+// pruneCursorsLocked forgets threads that have not looked anything up for a
+// while and, when a flood keeps more than three quarters of maxCursors busy,
 // any of them down to that: each full table then costs one walk per
-// maxStreams/4 new threads. A forgotten thread only starts a new chain.
-func (s *Store) pruneStreamsLocked(now int64) {
-	if len(s.streams) < maxStreams {
+// maxCursors/4 new threads. A forgotten thread only starts a new chain.
+func (s *Store) pruneCursorsLocked(now int64) {
+	if len(s.cursors) < maxCursors {
 		return
 	}
-	for id, st := range s.streams {
-		if now-st.lastAt > int64(chainGap) || len(s.streams) > maxStreams*3/4 {
-			delete(s.streams, id)
+	for id, st := range s.cursors {
+		if now-st.lastAt > int64(chainGap) || len(s.cursors) > maxCursors*3/4 {
+			delete(s.cursors, id)
 		}
 	}
 }
 
 // replaceInChainLocked puts a republished block in its predecessor's chain slot.
-func (s *Store) replaceInChainLocked(old, b *block) {
+func (s *Store) replaceInChainLocked(old, b *entry) {
 	if old.chain == nil {
 		return
 	}

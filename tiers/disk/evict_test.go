@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 const protect = 60 * time.Second
@@ -23,7 +25,7 @@ func blockFootprint(t *testing.T) int64 {
 	defer s.Close()
 	putBlock(t, s, evName(0), pageData(0, 1))
 	f := s.Stats().PhysicalBytes
-	if f < PageSize {
+	if f < block.PageSize {
 		t.Fatalf("a one-page block occupies %d bytes", f)
 	}
 	return f
@@ -155,7 +157,7 @@ func TestEvictNeverTakesBlockWithReadInFlight(t *testing.T) {
 	}
 	expectEvicted(t, s, gone, 1, 2, 3, 4)
 	present(t, s, 0)
-	got := make([]byte, PageSize)
+	got := make([]byte, block.PageSize)
 	if _, err := r.File().ReadAt(got, 0); err != nil || !bytes.Equal(got, pageData(0, 1)) {
 		t.Fatalf("load in flight failed: %v", err)
 	}
@@ -208,7 +210,7 @@ func TestEvictRespectsLookupProtection(t *testing.T) {
 			for i := 0; i < 4; i++ {
 				put(t, s, i)
 			}
-			// Looked up on separate streams (no chain), then the others used after them.
+			// Looked up on separate threads (no chain), then the others used after them.
 			if !s.Lookup(evName(0), 1) || !s.Lookup(evName(1), 2) {
 				t.Fatal("lookup missed")
 			}
@@ -273,12 +275,12 @@ func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
 
 func TestEvictChainsPerStream(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
-	// Two threads interleave: stream 1 looks up 0 then 2, stream 2 looks up 1 then 3.
+	// Two threads interleave: thread 1 looks up 0 then 2, thread 2 looks up 1 then 3.
 	for _, l := range []struct {
 		key    int
-		stream uint32
+		thread uint32
 	}{{0, 1}, {1, 2}, {2, 1}, {3, 2}} {
-		s.Lookup(evName(l.key), l.stream)
+		s.Lookup(evName(l.key), l.thread)
 		clock.Advance(10 * time.Millisecond)
 	}
 	clock.Advance(protect)
@@ -318,15 +320,15 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	f := blockFootprint(t)
 	// Room for two blocks plus one page.
 	clock := newFakeClock()
-	s := openStore(t, Config{Capacity: 2*f + PageSize, LookupProtect: protect, Now: clock.Now})
+	s := openStore(t, Config{Capacity: 2*f + block.PageSize, LookupProtect: protect, Now: clock.Now})
 	gone := watchRemovals(s)
 	put(t, s, 0)
 	put(t, s, 1)
 	s.Lookup(evName(0), 1)
 	s.Lookup(evName(1), 2)
 	before := s.Stats()
-	if before.FreeBytes != PageSize {
-		t.Fatalf("FreeBytes = %d, want %d", before.FreeBytes, PageSize)
+	if before.FreeBytes != block.PageSize {
+		t.Fatalf("FreeBytes = %d, want %d", before.FreeBytes, block.PageSize)
 	}
 	usedBefore := usedBytes(s)
 	rel := evName(2)
@@ -344,8 +346,8 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	if got := s.Counters().NoSpace.Load(); got != 1 {
 		t.Errorf("NoSpace = %d, want 1", got)
 	}
-	if got := s.Counters().WriteBytes.Load(); got != 2*PageSize {
-		t.Errorf("WriteBytes = %d, want %d (the two published pages only)", got, 2*PageSize)
+	if got := s.Counters().WriteBytes.Load(); got != 2*block.PageSize {
+		t.Errorf("WriteBytes = %d, want %d (the two published pages only)", got, 2*block.PageSize)
 	}
 	after := s.Stats()
 	if after.FreeBytes != before.FreeBytes || after.PhysicalBytes != before.PhysicalBytes || after.Blocks != 2 || usedBytes(s) != usedBefore {
@@ -362,10 +364,10 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	if _, err := w.WriteAt(pageData(2, 1), 0); err != nil {
 		t.Fatalf("one-page write into one free page: %v", err)
 	}
-	_, err = w.WriteAt(pageData(3, 1), PageSize)
+	_, err = w.WriteAt(pageData(3, 1), block.PageSize)
 	wantErrno(t, err, syscall.ENOSPC, "write past capacity")
-	if fi, _ := os.Stat(s.Path(tmp)); fi.Size() != PageSize {
-		t.Errorf("tmp has %d bytes, want %d", fi.Size(), PageSize)
+	if fi, _ := os.Stat(s.Path(tmp)); fi.Size() != block.PageSize {
+		t.Errorf("tmp has %d bytes, want %d", fi.Size(), block.PageSize)
 	}
 	if st := s.Stats(); st.FreeBytes != 0 {
 		t.Errorf("FreeBytes = %d, want 0", st.FreeBytes)
@@ -436,7 +438,7 @@ func TestENOSPCWriteLargerThanCapacity(t *testing.T) {
 	}
 	defer w.Close()
 	before := usedBytes(s)
-	_, err = w.WriteAt(pageData(1, int(capacity/PageSize)+1), 0)
+	_, err = w.WriteAt(pageData(1, int(capacity/block.PageSize)+1), 0)
 	wantErrno(t, err, syscall.ENOSPC, "write larger than the capacity")
 	if usedBytes(s) > before {
 		t.Errorf("used grew from %d to %d on a refused write", before, usedBytes(s))

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -22,26 +23,25 @@ func Example() {
 	}
 	defer store.Close()
 
-	const hash = "3fa90000000000000000000000000001"
-	block := filepath.Join("DeepSeek_0123456789ab_r0", hash[:3], hash[3:5]+"_g0", hash+".bin")
-	os.MkdirAll(filepath.Dir(store.Path(block)), 0o700) // the engine's makedirs
-	tmp := block + "_0123456789.tmp"
+	name := block.Name{Tier: "DeepSeek_0123456789ab_r0", Group: 0, Hash: "3fa90000000000000000000000000001"}
+	rel, tmp := name.Path(), name.TmpPath("0123456789")
+	os.MkdirAll(filepath.Dir(store.Path(rel)), 0o700) // the engine's makedirs
 	w, err := store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY, 0o600)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	row := make([]byte, 2*disk.PageSize)
+	row := make([]byte, 2*block.PageSize)
 	copy(row, "KV of one chunk")
 	w.WriteAt(row, 0)
 	w.Close()
-	fmt.Println("before the rename:", store.Lookup(block, 0))
-	if err := store.Publish(tmp, block); err != nil {
+	fmt.Println("before the rename:", store.Lookup(rel, 0))
+	if err := store.Publish(tmp, rel); err != nil {
 		fmt.Println(err)
 		return
 	}
-	d, _ := store.Digest(block)
-	fmt.Println("after the rename:", store.Lookup(block, 0), d.Size)
+	d, _ := store.Digest(rel)
+	fmt.Println("after the rename:", store.Lookup(rel, 0), d.Size)
 	// Output:
 	// before the rename: false
 	// after the rename: true 8192

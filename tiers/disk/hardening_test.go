@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // failPwrite makes the store's writes land only the first `land` bytes, in
@@ -45,9 +45,9 @@ func TestShortPwrite(t *testing.T) {
 		}
 		data := pageData(7, 4)
 		// O_DIRECT writes land in whole pages; buffered ones at any byte.
-		landed := 2*PageSize + 100
+		landed := 2*block.PageSize + 100
 		if flags&syscall.O_DIRECT != 0 {
-			landed = 2 * PageSize
+			landed = 2 * block.PageSize
 		}
 		failPwrite(t, landed)
 		n, err := w.WriteAt(data, 0)
@@ -85,8 +85,8 @@ func TestShortPwriteRetried(t *testing.T) {
 	calls := 0
 	pwriteAt = func(fd int, p []byte, off int64) (int, error) {
 		calls++
-		if calls == 1 && len(p) > PageSize {
-			return unix.Pwrite(fd, p[:PageSize], off)
+		if calls == 1 && len(p) > block.PageSize {
+			return unix.Pwrite(fd, p[:block.PageSize], off)
 		}
 		return unix.Pwrite(fd, p, off)
 	}
@@ -142,7 +142,7 @@ func TestTmpExpires(t *testing.T) {
 // are expired when room is needed. Before expiry, the refusal names them.
 func TestAbandonedTmpsDoNotFillTheStore(t *testing.T) {
 	clock := newFakeClock()
-	s := openStore(t, Config{Capacity: 4 * PageSize, Now: clock.Now, TmpMaxAge: time.Minute})
+	s := openStore(t, Config{Capacity: 4 * block.PageSize, Now: clock.Now, TmpMaxAge: time.Minute})
 	for i := range 4 {
 		writeTmp(t, s, evName(i), pageData(i, 1))
 	}
@@ -203,7 +203,7 @@ func copyWithRecord(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Setxattr(to, checksumXattr, rec, 0); err != nil {
+	if err := unix.Setxattr(to, block.RecordXattr, rec, 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -246,7 +246,7 @@ func TestStrippedRecordRefused(t *testing.T) {
 	rel := evName(0)
 	putBlock(t, s, rel, pageData(0, 2))
 	s.Close()
-	if err := unix.Removexattr(filepath.Join(dir, rel), checksumXattr); err != nil {
+	if err := unix.Removexattr(filepath.Join(dir, rel), block.RecordXattr); err != nil {
 		t.Fatal(err)
 	}
 	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
@@ -268,12 +268,12 @@ func TestV1RecordUpgraded(t *testing.T) {
 	s.Close()
 	p := filepath.Join(dir, rel)
 	rec, _ := storeRecord(t, p)
-	d, _, bound, err := shm.UnmarshalRecord(rec)
+	d, _, bound, err := block.UnmarshalRecord(rec)
 	if err != nil || !bound {
 		t.Fatalf("published record %x: %v, bound %v", rec, err, bound)
 	}
 	v1 := rec[len(rec)-(13+12*len(d.Samples)):]
-	if err := unix.Setxattr(p, checksumXattr, v1, 0); err != nil {
+	if err := unix.Setxattr(p, block.RecordXattr, v1, 0); err != nil {
 		t.Fatal(err)
 	}
 	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // fakeClock is a goroutine-safe injectable clock for Config.Now.
@@ -51,9 +53,9 @@ func blockRel(tier string, group int, h string) string {
 // tmpRelFor is the engine's tmp name for a block.
 func tmpRelFor(rel string, n int) string { return fmt.Sprintf("%s_%d.tmp", rel, n) }
 
-// pageData returns pages*PageSize deterministic bytes for a seed.
+// pageData returns pages*block.PageSize deterministic bytes for a seed.
 func pageData(seed, pages int) []byte {
-	b := make([]byte, pages*PageSize)
+	b := make([]byte, pages*block.PageSize)
 	x := uint32(seed)*2654435761 + 12345
 	for i := range b {
 		x = x*1664525 + 1013904223
@@ -179,7 +181,7 @@ func blockFilesOnDisk(t *testing.T, root string) []string {
 			return nil
 		}
 		rel, _ := filepath.Rel(root, p)
-		if kind, _ := Classify(rel); kind == Block {
+		if kind, _ := block.Parse(rel); kind == block.File {
 			out = append(out, rel)
 		}
 		return nil
@@ -304,7 +306,7 @@ func (r *removals) next(t *testing.T) string {
 }
 
 // storeRecord returns the value of the store's xattr on a block file (the
-// checksum record under ReservedXattrPrefix); ok is false when it has none.
+// checksum record under block.ReservedXattrPrefix); ok is false when it has none.
 func storeRecord(t *testing.T, p string) ([]byte, bool) {
 	t.Helper()
 	buf := make([]byte, 4096)
@@ -315,7 +317,7 @@ func storeRecord(t *testing.T, p string) ([]byte, bool) {
 	var found []byte
 	ok := false
 	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if !strings.HasPrefix(name, ReservedXattrPrefix) {
+		if !strings.HasPrefix(name, block.ReservedXattrPrefix) {
 			continue
 		}
 		if ok {

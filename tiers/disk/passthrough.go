@@ -3,7 +3,6 @@ package disk
 import (
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -134,7 +134,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		return written{}, err
 	}
 	w := written{size: size}
-	if size == 0 || size%PageSize != 0 {
+	if size == 0 || size%block.PageSize != 0 {
 		return w, nil // refused by the caller
 	}
 	s.mu.Lock()
@@ -162,7 +162,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 			return w, err
 		}
 	}
-	offsets := shm.ProbeOffsets(size)
+	offsets := block.ProbeOffsets(size)
 	w.crc = row.CRC
 	w.probe = func(off int64) (uint64, error) {
 		for i, o := range offsets {
@@ -177,11 +177,11 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 
 // randomPages picks up to verifyPages distinct page offsets of a size-byte file.
 func randomPages(size int64) []int64 {
-	n := size / PageSize
+	n := size / block.PageSize
 	picked := make(map[int64]bool, verifyPages)
 	var out []int64
 	for len(out) < int(min(n, verifyPages)) {
-		if p := rand.Int64N(n) * PageSize; !picked[p] {
+		if p := rand.Int64N(n) * block.PageSize; !picked[p] {
 			picked[p] = true
 			out = append(out, p)
 		}
@@ -192,7 +192,7 @@ func randomPages(size int64) []int64 {
 // readPages reads whole pages of f at once, O_DIRECT where the file allows it
 // so that no readahead pulls more of the file back from the disk.
 func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
-	buf, release, err := alignedBuffer(len(offsets) * PageSize)
+	buf, release, err := alignedBuffer(len(offsets) * block.PageSize)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +206,7 @@ func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
 	for i, off := range offsets {
 		wg.Go(func() {
 			direct := true
-			_, errs[i] = readFullAt(f, buf[i*PageSize:(i+1)*PageSize], off, &direct)
+			_, errs[i] = readFullAt(f, buf[i*block.PageSize:(i+1)*block.PageSize], off, &direct)
 		})
 	}
 	wg.Wait()
@@ -215,7 +215,7 @@ func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
 		if errs[i] != nil {
 			return nil, errs[i]
 		}
-		out[off] = append([]byte(nil), buf[i*PageSize:(i+1)*PageSize]...)
+		out[off] = append([]byte(nil), buf[i*block.PageSize:(i+1)*block.PageSize]...)
 	}
 	return out, nil
 }
@@ -234,14 +234,14 @@ func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
 	direct := setDirect(int(f.Fd()), true) == nil
 	defer setDirect(int(f.Fd()), false)
 	var w shm.WrittenRow
-	offsets := shm.ProbeOffsets(size)
+	offsets := block.ProbeOffsets(size)
 	w.Probes = make([]uint64, len(offsets))
 	for at := int64(0); at < size; at += readBackChunk {
 		chunk := buf[:min(readBackChunk, size-at)]
 		if _, err := readFullAt(f, chunk, at, &direct); err != nil {
 			return w, err
 		}
-		w.CRC = crc32.Update(w.CRC, castagnoli, chunk)
+		w.CRC = block.UpdateCRC32C(w.CRC, chunk)
 		for _, r := range nonZeroComplement(chunk, at) {
 			if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == r[0] {
 				w.ZeroRuns[n-1][1] = r[1]
@@ -261,15 +261,15 @@ func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
 // nonZeroComplement lists the all-zero page runs of a page-aligned chunk at off.
 func nonZeroComplement(p []byte, off int64) [][2]int64 {
 	var out [][2]int64
-	for start := 0; start < len(p); start += PageSize {
-		if !isZero(p[start : start+PageSize]) {
+	for start := 0; start < len(p); start += block.PageSize {
+		if !block.IsZero(p[start : start+block.PageSize]) {
 			continue
 		}
 		a := off + int64(start)
 		if n := len(out); n > 0 && out[n-1][1] == a {
-			out[n-1][1] += PageSize
+			out[n-1][1] += block.PageSize
 		} else {
-			out = append(out, [2]int64{a, a + PageSize})
+			out = append(out, [2]int64{a, a + block.PageSize})
 		}
 	}
 	return out

@@ -8,13 +8,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Reader is a verified, open block. The block cannot be evicted until Close.
 type Reader struct {
 	s    *Store
-	b    *block
+	b    *entry
 	file *os.File
 }
 
@@ -30,8 +30,9 @@ func (r *Reader) Size() int64 { return r.b.size }
 
 // Lookup answers whether a block is present, and records the lookup: it
 // protects the block from eviction and extends the chain that the calling
-// thread (stream) is looking up in prefix order.
-func (s *Store) Lookup(rel string, stream uint32) bool {
+// thread is looking up in prefix order. thread is the caller's kernel thread
+// id, or a match request's own id (bit 31 set, fusefs).
+func (s *Store) Lookup(rel string, thread uint32) bool {
 	s.counters.Lookups.Add(1)
 	now := s.nowNano()
 	s.mu.Lock()
@@ -47,17 +48,17 @@ func (s *Store) Lookup(rel string, stream uint32) bool {
 	b.lastLookup = now
 	b.lastUse = now
 	s.lru.MoveToFront(b.lru)
-	s.extendChainLocked(b, stream, now)
+	s.extendChainLocked(b, thread, now)
 	return true
 }
 
 // Digest returns a present block's digest; ok is false for an absent block.
-func (s *Store) Digest(rel string) (shm.Digest, bool) {
+func (s *Store) Digest(rel string) (block.Digest, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.blocks[rel]
 	if b == nil {
-		return shm.Digest{}, false
+		return block.Digest{}, false
 	}
 	return b.digest, true
 }
@@ -99,7 +100,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 // Digest returns the block's digest. Every indexed block has one (a block
 // found without a record is not indexed), so ok is always true; it is kept
 // for callers written when blocks could lack one.
-func (r *Reader) Digest() (shm.Digest, bool) {
+func (r *Reader) Digest() (block.Digest, bool) {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
 	return r.b.digest, true
@@ -181,7 +182,7 @@ func (r *Reader) ReadAll() ([]byte, error) {
 		}
 		n += m
 	}
-	if crc := shm.CRC32C(buf); crc != d.CRC {
+	if crc := block.CRC32C(buf); crc != d.CRC {
 		s.buffers.put(buf)
 		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
 	}
@@ -204,7 +205,7 @@ func (r *Reader) Corrupt(reason string) error {
 }
 
 // corrupt drops a block whose bytes fail verification and returns EIO.
-func (s *Store) corrupt(b *block, format string, args ...any) error {
+func (s *Store) corrupt(b *entry, format string, args ...any) error {
 	s.counters.ChecksumFailures.Add(1)
 	e := newError("read", b.rel, syscall.EIO, format, args...)
 	s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 func TestCorruptBlockIsRemoved(t *testing.T) {
@@ -18,16 +18,16 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 		name    string
 		corrupt func(t *testing.T, p string)
 	}{
-		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*PageSize/2) }},
+		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*block.PageSize/2) }},
 		{"flipped first byte", func(t *testing.T, p string) { flipByte(t, p, 0) }},
-		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*PageSize-1) }},
+		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*block.PageSize-1) }},
 		{"truncated", func(t *testing.T, p string) {
-			if err := os.Truncate(p, PageSize); err != nil {
+			if err := os.Truncate(p, block.PageSize); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"extended", func(t *testing.T, p string) {
-			if err := os.Truncate(p, 3*PageSize); err != nil {
+			if err := os.Truncate(p, 3*block.PageSize); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -76,7 +76,7 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 			if got := readBlock(t, s, good); !bytes.Equal(got, pageData(2, 2)) {
 				t.Error("intact block damaged")
 			}
-			if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != 2*PageSize {
+			if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != 2*block.PageSize {
 				t.Errorf("Stats after corruption: %+v", st)
 			}
 			checkAccounting(t, s)
@@ -161,8 +161,8 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	if !ok {
 		t.Fatal("published block has no digest")
 	}
-	if want := shm.DigestOf(data); !reflect.DeepEqual(d, want) {
-		t.Errorf("Digest = %+v, want shm.DigestOf(data) = %+v", d, want)
+	if want := block.DigestOf(data); !reflect.DeepEqual(d, want) {
+		t.Errorf("Digest = %+v, want block.DigestOf(data) = %+v", d, want)
 	}
 	if d.Size != int64(len(data)) || d.CRC != crcOf(data) {
 		t.Errorf("Digest size/crc = %d/%08x, want %d/%08x", d.Size, d.CRC, len(data), crcOf(data))
@@ -175,7 +175,7 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	}
 
 	// Corrupt on disk: PinBlock does not read, Verify catches it.
-	flipByte(t, s.Path(rel), 3*PageSize)
+	flipByte(t, s.Path(rel), 3*block.PageSize)
 	r, err = s.PinBlock(rel)
 	if err != nil {
 		t.Fatalf("PinBlock reads the block: %v", err)
@@ -246,7 +246,7 @@ func TestPinBlockPinsAgainstEviction(t *testing.T) {
 // block is an EIO that removes it, never a short or wrong buffer.
 func TestReadBlock(t *testing.T) {
 	sparse := pageData(7, 4)
-	clear(sparse[PageSize : 3*PageSize])
+	clear(sparse[block.PageSize : 3*block.PageSize])
 	dirs := map[string]string{"disk": ""}
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		dirs["tmpfs"] = "/dev/shm"
@@ -272,15 +272,15 @@ func TestReadBlock(t *testing.T) {
 				if !bytes.Equal(got, data) || cap(got) != len(got) {
 					t.Fatalf("ReadBlock of block %d: %d bytes (cap %d), want its %d bytes", i, len(got), cap(got), len(data))
 				}
-				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%PageSize != 0 {
+				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%block.PageSize != 0 {
 					t.Fatalf("ReadBlock of block %d returned a buffer at %#x, not page aligned", i, addr)
 				}
 				s.RecycleBlock(got)
 			}
 			for name, damage := range map[string]func(p string){
-				"flipped": func(p string) { flipByte(t, p, PageSize+5) },
+				"flipped": func(p string) { flipByte(t, p, block.PageSize+5) },
 				"truncated": func(p string) {
-					if err := os.Truncate(p, 2*PageSize); err != nil {
+					if err := os.Truncate(p, 2*block.PageSize); err != nil {
 						t.Fatal(err)
 					}
 				},

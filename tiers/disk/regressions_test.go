@@ -14,12 +14,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // A: the checksum record's xattr block is accounted at Publish but never reserved.
 func TestRegressionCapacityExceededByRecordFootprint(t *testing.T) {
 	f := blockFootprint(t)
-	s := openStore(t, Config{Capacity: 3*f + PageSize})
+	s := openStore(t, Config{Capacity: 3*f + block.PageSize})
 	for i := 0; i < 6; i++ {
 		putBlock(t, s, evName(i), pageData(i, 1))
 		if st := s.Stats(); st.PhysicalBytes > st.CapacityBytes {
@@ -35,7 +37,7 @@ func TestRegressionAdoptionLeavesPhysicalStale(t *testing.T) {
 	p := filepath.Join(dir, rel)
 	os.MkdirAll(filepath.Dir(p), 0o755)
 	os.WriteFile(p, pageData(0, 1), 0o644)
-	unix.Setxattr(p, vllmChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(0, 1))), 10)), 0)
+	unix.Setxattr(p, block.VLLMChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(0, 1))), 10)), 0)
 	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
 	readBlock(t, s, rel)
 	if got, want := s.Stats().PhysicalBytes, physicalOf(t, p); got != want {
@@ -51,7 +53,7 @@ func TestRegressionReopenWithSmallerCapacity(t *testing.T) {
 		putBlock(t, s, evName(i), pageData(i, 1))
 	}
 	s.Close()
-	s = openStore(t, Config{Dir: dir, Capacity: 4 * PageSize})
+	s = openStore(t, Config{Dir: dir, Capacity: 4 * block.PageSize})
 	if st := s.Stats(); st.PhysicalBytes > st.CapacityBytes {
 		t.Fatalf("after Open: store holds %d bytes, capacity %d", st.PhysicalBytes, st.CapacityBytes)
 	}
@@ -145,7 +147,7 @@ func TestRegressionNeedlessEvictionBeforeENOSPC(t *testing.T) {
 	mkdirFor(t, s, rel)
 	w, _ := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o644)
 	defer w.Close()
-	_, err := w.WriteAt(pageData(2, int(2*f/PageSize)), 0)
+	_, err := w.WriteAt(pageData(2, int(2*f/block.PageSize)), 0)
 	if Errno(err) != syscall.ENOSPC {
 		t.Fatalf("err = %v", err)
 	}
@@ -161,9 +163,9 @@ func TestRegressionPublishAfterRefusedWrite(t *testing.T) {
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
 	w, _ := s.CreateTmp(tmp, engineCreateFlags, 0o644)
-	w.WriteAt(pageData(1, 2)[:PageSize], 0)
+	w.WriteAt(pageData(1, 2)[:block.PageSize], 0)
 	pwriteAt = func(int, []byte, int64) (int, error) { return 0, syscall.EIO }
-	_, err := w.WriteAt(pageData(1, 2)[PageSize:], PageSize)
+	_, err := w.WriteAt(pageData(1, 2)[block.PageSize:], block.PageSize)
 	pwriteAt = unix.Pwrite
 	if Errno(err) != syscall.EIO {
 		t.Fatal(err)

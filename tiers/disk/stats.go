@@ -98,7 +98,7 @@ type blockTotals struct {
 }
 
 // add counts block b into the totals (sign 1) or out of them (sign -1).
-func (t *blockTotals) add(b *block, sign int64) {
+func (t *blockTotals) add(b *entry, sign int64) {
 	t.logical += sign * b.size
 	t.physical += sign * b.physical
 	if b.lastLookup == 0 {

@@ -27,7 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // DefaultLookupProtect is how long a block that answered a lookup is kept
@@ -36,9 +36,6 @@ const DefaultLookupProtect = 600 * time.Second
 
 // DefaultCapacityFraction is the share of the store filesystem used when no capacity is given.
 const DefaultCapacityFraction = 0.9
-
-// PageSize is the granularity of block sizes: the engine's rows are page multiples.
-const PageSize = 4096
 
 // DefaultTmpMaxAge is how long a tmp file may wait for its rename once its
 // writer closed it. Engines rename right after the close (the two requests
@@ -72,14 +69,14 @@ type Config struct {
 	Owner *Owner
 }
 
-// block is one published block in the index.
-type block struct {
+// entry is one published block in the index.
+type entry struct {
 	rel      string
-	name     BlockName
+	name     block.Name
 	size     int64
 	physical int64
 	// digest is the block's size, CRC32C and samples.
-	digest     shm.Digest
+	digest     block.Digest
 	lastUse    int64
 	lastLookup int64
 	readers    int
@@ -90,11 +87,11 @@ type block struct {
 
 // chain is the order in which one engine thread looked blocks up: a request's prefix.
 type chain struct {
-	members []*block
+	members []*entry
 }
 
-// lookupStream remembers the chain a thread is currently looking up.
-type lookupStream struct {
+// lookupCursor remembers the chain a thread is currently looking up.
+type lookupCursor struct {
 	chain  *chain
 	lastAt int64
 }
@@ -157,14 +154,14 @@ type Store struct {
 	rows WrittenRows
 
 	mu         sync.Mutex
-	blocks     map[string]*block
+	blocks     map[string]*entry
 	lru        *list.List
 	tmps       map[string]*tmpFile
 	others     map[fileID]int64 // bytes allocated by files outside the block layout (other.go)
 	used       int64
 	rowBytes   map[string]int64
 	tierBlocks map[string]int
-	streams    map[uint32]*lookupStream
+	cursors    map[uint32]*lookupCursor
 	// totals are the index's sums, kept as blocks come and go so that Stats
 	// does not walk the index under the lock.
 	totals blockTotals
@@ -204,7 +201,7 @@ func Open(cfg Config) (*Store, error) {
 	st, err := os.Stat(root)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("store directory %s does not exist: create it or choose another --store", root)
+			return nil, fmt.Errorf("store directory %s does not exist: create it or choose another", root)
 		}
 		return nil, fmt.Errorf("store directory %s: %w", root, err)
 	}
@@ -224,14 +221,14 @@ func Open(cfg Config) (*Store, error) {
 		root:        root,
 		lockFile:    lock,
 		rootFD:      int(lock.Fd()),
-		blocks:      make(map[string]*block),
+		blocks:      make(map[string]*entry),
 		lru:         list.New(),
 		tmps:        make(map[string]*tmpFile),
 		others:      make(map[fileID]int64),
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),
 		totals:      blockTotals{groups: make(map[int]GroupStats)},
-		streams:     make(map[uint32]*lookupStream),
+		cursors:     make(map[uint32]*lookupCursor),
 		removed:     make(chan struct{}, 1),
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
@@ -271,13 +268,13 @@ func (s *Store) Close() error {
 
 // probeWritable checks that the store accepts files and user xattrs, which hold the checksums.
 func (s *Store) probeWritable() error {
-	f, err := os.CreateTemp(s.root, probePrefix+"*"+tmpSuffix)
+	f, err := os.CreateTemp(s.root, probePrefix+"*.tmp")
 	if err != nil {
 		return fmt.Errorf("store directory %s is not writable: %w", s.root, err)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if err := unix.Fsetxattr(int(f.Fd()), checksumXattr, []byte("probe"), 0); err != nil {
+	if err := unix.Fsetxattr(int(f.Fd()), block.RecordXattr, []byte("probe"), 0); err != nil {
 		return fmt.Errorf("store directory %s does not support user xattrs, which hold block checksums (%v): use an ext4, xfs, btrfs or tmpfs store", s.root, err)
 	}
 	return nil
@@ -291,7 +288,7 @@ func (s *Store) setCapacity(capacity int64) error {
 	}
 	total := int64(st.Blocks) * st.Bsize
 	if capacity < 0 {
-		return fmt.Errorf("--capacity must be positive, got %d", capacity)
+		return fmt.Errorf("capacity of %d bytes: want a positive size, or 0 for %v of the filesystem", capacity, DefaultCapacityFraction)
 	}
 	if capacity == 0 {
 		capacity = int64(float64(total) * DefaultCapacityFraction)
@@ -316,7 +313,7 @@ func isProbeLeftover(name string) bool { return probeLeftover.MatchString(name) 
 // removed: a *.tmp elsewhere is not the store's. A block without a digest
 // record bound to its name is not indexed (see readBlockMeta).
 func (s *Store) rebuild() error {
-	var found []*block
+	var found []*entry
 	var tmpsRemoved, dropped, refused int
 	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -326,15 +323,15 @@ func (s *Store) rebuild() error {
 			return nil
 		}
 		rel, _ := filepath.Rel(s.root, p)
-		kind, name := Classify(rel)
-		if kind == BlockTmp || isProbeLeftover(d.Name()) {
+		kind, name := block.Parse(rel)
+		if kind == block.TmpFile || isProbeLeftover(d.Name()) {
 			if err := os.Remove(p); err != nil {
 				return err
 			}
 			tmpsRemoved++
 			return nil
 		}
-		if kind != Block || !d.Type().IsRegular() {
+		if kind != block.File || !d.Type().IsRegular() {
 			s.countOtherFile(p)
 			return nil
 		}
@@ -383,7 +380,7 @@ func (s *Store) rebuild() error {
 // consistentSizes keeps the blocks whose size is a positive page multiple and
 // the most common size of their tier; the others are logged and left
 // unindexed (they answer lookups as absent).
-func (s *Store) consistentSizes(found []*block) ([]*block, int) {
+func (s *Store) consistentSizes(found []*entry) ([]*entry, int) {
 	counts := make(map[string]map[int64]int)
 	for _, b := range found {
 		if counts[b.name.Tier] == nil {
@@ -395,7 +392,7 @@ func (s *Store) consistentSizes(found []*block) ([]*block, int) {
 	for tier, sizes := range counts {
 		best := int64(0)
 		for size, n := range sizes {
-			valid := size > 0 && size%PageSize == 0
+			valid := size > 0 && size%block.PageSize == 0
 			if valid && (best == 0 || n > sizes[best] || n == sizes[best] && size > best) {
 				best = size
 			}
@@ -428,7 +425,7 @@ func (e *unprovenError) Error() string { return e.reason }
 // without xattrs, or written by an engine pointed straight at the store) has
 // no proof of its bytes: it is indexed only when vLLM's own CRC32C xattr is
 // on it and matches its bytes, and refused (left on disk, unindexed) otherwise.
-func (s *Store) readBlockMeta(rel string, name BlockName) (*block, error) {
+func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	f, err := s.openFile(rel, unix.O_RDONLY, 0)
 	if err != nil {
 		return nil, &unprovenError{reason: err.Error()}
@@ -462,29 +459,29 @@ func (s *Store) readBlockMeta(rel string, name BlockName) (*block, error) {
 			return nil, err
 		}
 	}
-	return &block{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
+	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
 		lastUse: st.Mtim.Nano(), present: true, digest: d}, nil
 }
 
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the
 // file's bytes must match it.
-func (s *Store) adoptVLLM(f *os.File, size int64) (shm.Digest, error) {
+func (s *Store) adoptVLLM(f *os.File, size int64) (block.Digest, error) {
 	want, ok := vllmChecksum(f)
 	if !ok {
-		return shm.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
+		return block.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
 	}
 	crc, err := fileCRC(f, size)
 	if err != nil {
-		return shm.Digest{}, &unprovenError{reason: err.Error()}
+		return block.Digest{}, &unprovenError{reason: err.Error()}
 	}
 	if crc != want {
-		return shm.Digest{}, &unprovenError{reason: fmt.Sprintf("no digest record, and its bytes (crc32c %08x) do not match %s %08x", crc, vllmChecksumXattr, want)}
+		return block.Digest{}, &unprovenError{reason: fmt.Sprintf("no digest record, and its bytes (crc32c %08x) do not match %s %08x", crc, block.VLLMChecksumXattr, want)}
 	}
 	return digestFile(f, size, crc)
 }
 
 // insertLocked adds a block to the index at the front of the LRU list.
-func (s *Store) insertLocked(b *block) {
+func (s *Store) insertLocked(b *entry) {
 	b.lru = s.lru.PushFront(b)
 	s.blocks[b.rel] = b
 	s.used += b.physical
@@ -496,7 +493,7 @@ func (s *Store) insertLocked(b *block) {
 }
 
 // dropLocked removes a block from the index; the caller removes the file.
-func (s *Store) dropLocked(b *block) {
+func (s *Store) dropLocked(b *entry) {
 	if !b.present {
 		return
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"io"
 	"os"
 	"path"
@@ -14,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Writer writes one block tmp file. The engine writes a row with one write()
@@ -41,7 +40,7 @@ const bounceBytes = 1 << 20
 // tmpOpenFlags are the caller's open flags CreateTmp honours.
 const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC
 
-// CreateTmp creates the tmp file of a block (a BlockTmp path) with the caller's
+// CreateTmp creates the tmp file of a block (a block.TmpFile path) with the caller's
 // open flags: O_EXCL, O_TRUNC and the sync flags are honoured, others dropped,
 // and O_DIRECT kept, so an engine writing O_DIRECT writes to the disk as it
 // would without the mount, not into dirty pages the kernel then throttles. The
@@ -49,8 +48,8 @@ const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscal
 // regular file no other name links to; the store keeps its descriptor until
 // the tmp is published or removed.
 func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
-	kind, name := Classify(rel)
-	if kind != BlockTmp {
+	kind, name := block.Parse(rel)
+	if kind != block.TmpFile {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
 	}
 	s.sweepTmps()
@@ -134,10 +133,12 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 		// windows are read from the file at the rename.
 		w.tmp.sequential = false
 	}
-	runs := nonZeroRuns(p, off)
+	// All-zero pages are left as holes in the store file, so sparse rows
+	// (the zero slots of other nodes) cost no disk.
+	runs := block.NonZeroRuns(p, off)
 	var data int64
 	for _, r := range runs {
-		data += int64(r.end - r.start)
+		data += int64(r.End - r.Start)
 	}
 	if err := w.s.reserve(data, w.rel); err != nil {
 		return 0, err
@@ -146,10 +147,10 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	var written int64
 	var werr error
 	for _, r := range runs {
-		landed, err := w.pwrite(p[r.start:r.end], off+int64(r.start))
+		landed, err := w.pwrite(p[r.Start:r.End], off+int64(r.Start))
 		written += int64(landed)
 		if err != nil {
-			n, werr = r.start+landed, err
+			n, werr = r.Start+landed, err
 			break
 		}
 	}
@@ -158,7 +159,7 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.s.used -= data - written // reserved for bytes that never landed
 	w.s.mu.Unlock()
 	if w.tmp.sequential {
-		w.tmp.crc = crc32.Update(w.tmp.crc, castagnoli, p[:n])
+		w.tmp.crc = block.UpdateCRC32C(w.tmp.crc, p[:n])
 		w.tmp.captureProbes(p[:n], off)
 	}
 	w.tmp.size = max(w.tmp.size, off+int64(n))
@@ -207,7 +208,7 @@ func (w *Writer) pwrite(data []byte, off int64) (int, error) {
 		}
 		w.bounce = bounce
 	}
-	if !w.direct || off%PageSize != 0 || len(data)%PageSize != 0 {
+	if !w.direct || off%block.PageSize != 0 || len(data)%block.PageSize != 0 {
 		if w.direct {
 			if err := setFlag(fd, unix.O_DIRECT, false); err != nil {
 				return 0, err
@@ -288,49 +289,11 @@ func (t *tmpFile) captureProbes(p []byte, off int64) {
 	if t.probes == nil {
 		return
 	}
-	for _, o := range shm.ProbeOffsets(t.expect) {
+	for _, o := range block.ProbeOffsets(t.expect) {
 		if o >= off && o+8 <= off+int64(len(p)) {
 			t.probes[o] = binary.LittleEndian.Uint64(p[o-off:])
 		}
 	}
-}
-
-// run is a byte range [start, end) of a write buffer.
-type run struct{ start, end int }
-
-// nonZeroRuns splits a write at offset off into runs of pages that hold a
-// non-zero byte; all-zero pages are left as holes in the store file, so
-// sparse rows (the zero slots of other nodes) cost no disk.
-func nonZeroRuns(p []byte, off int64) []run {
-	var runs []run
-	for start := 0; start < len(p); {
-		end := min(len(p), start+PageSize-int((off+int64(start))%PageSize))
-		if !isZero(p[start:end]) {
-			if len(runs) > 0 && runs[len(runs)-1].end == start {
-				runs[len(runs)-1].end = end
-			} else {
-				runs = append(runs, run{start, end})
-			}
-		}
-		start = end
-	}
-	return runs
-}
-
-// isZero reports whether every byte of p is zero.
-func isZero(p []byte) bool {
-	for len(p) >= 8 {
-		if binary.LittleEndian.Uint64(p) != 0 {
-			return false
-		}
-		p = p[8:]
-	}
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Close ends the writer; the tmp stays ready for Publish or RemoveTmp, which
@@ -504,8 +467,8 @@ func (s *Store) limitLocked() int64 {
 // after the rename. A tmp swapped for a link or another file is refused, and
 // whatever was renamed in its place is removed.
 func (s *Store) Publish(tmpRel, destRel string) error {
-	kind, name := Classify(destRel)
-	if kind != Block {
+	kind, name := block.Parse(destRel)
+	if kind != block.File {
 		return newError("rename", destRel, syscall.EINVAL, "not a block name")
 	}
 	if path.Dir(tmpRel) != path.Dir(destRel) {
@@ -541,9 +504,9 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 		}
 		t.size = sealed.size
 	}
-	if t.size == 0 || t.size%PageSize != 0 {
+	if t.size == 0 || t.size%block.PageSize != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
-			"block size %d is not a positive multiple of the page size %d", t.size, PageSize)
+			"block size %d is not a positive multiple of the page size %d", t.size, block.PageSize)
 	}
 	if !t.passthrough && !t.coversAll() {
 		return newError("rename", tmpRel, syscall.EINVAL,
@@ -574,12 +537,12 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 		s.counters.ChecksumFailures.Add(1)
 		t.refused = true
 		return newError("rename", tmpRel, syscall.EIO,
-			"the engine's %s %08x does not match the bytes written (crc32c %08x): not published", vllmChecksumXattr, want, crc)
+			"the engine's %s %08x does not match the bytes written (crc32c %08x): not published", block.VLLMChecksumXattr, want, crc)
 	}
-	var digest shm.Digest
+	var digest block.Digest
 	var err error
 	if t.passthrough {
-		digest, err = shm.NewDigest(t.size, crc, sealed.probe)
+		digest, err = block.NewDigest(t.size, crc, sealed.probe)
 	} else {
 		digest, err = t.digest(f, crc)
 	}
@@ -647,7 +610,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	t.untracked = true
 	s.used -= t.allocated
 	t.closeIfRetired()
-	b := &block{rel: destRel, name: name, size: t.size, physical: physical,
+	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
 		digest: digest, lastUse: s.nowNano(), present: true}
 	if old != nil {
 		b.lastLookup, b.chain = old.lastLookup, old.chain
@@ -661,12 +624,12 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 
 // digest builds the published block's digest from the probe windows captured
 // while it was written, or by reading them from the file.
-func (t *tmpFile) digest(f *os.File, crc uint32) (shm.Digest, error) {
-	offsets := shm.ProbeOffsets(t.size)
+func (t *tmpFile) digest(f *os.File, crc uint32) (block.Digest, error) {
+	offsets := block.ProbeOffsets(t.size)
 	if t.expect != t.size || !t.sequential || len(t.probes) != len(offsets) {
 		return digestFile(f, t.size, crc)
 	}
-	return shm.NewDigest(t.size, crc, func(off int64) (uint64, error) { return t.probes[off], nil })
+	return block.NewDigest(t.size, crc, func(off int64) (uint64, error) { return t.probes[off], nil })
 }
 
 // RemoveTmp unlinks a tmp file and returns its bytes to the capacity.

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 const testTier = "model_0123456789ab_r0"
@@ -125,7 +125,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt(data[:PageSize], 0); err != nil {
+	if _, err := w.WriteAt(data[:block.PageSize], 0); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -133,7 +133,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reopening a closed tmp: %v", err)
 	}
-	if _, err := w.WriteAt(data[PageSize:], PageSize); err != nil {
+	if _, err := w.WriteAt(data[block.PageSize:], block.PageSize); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -167,8 +167,8 @@ func TestWriteOutOfOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, page := range []int{2, 0, 3, 1, 0} { // the last one rewrites page 0
-		off := page * PageSize
-		if _, err := w.WriteAt(data[off:off+PageSize], int64(off)); err != nil {
+		off := page * block.PageSize
+		if _, err := w.WriteAt(data[off:off+block.PageSize], int64(off)); err != nil {
 			t.Fatalf("write of page %d: %v", page, err)
 		}
 	}
@@ -177,8 +177,8 @@ func TestWriteOutOfOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, ok := s.Digest(rel)
-	if !ok || d.Size != int64(len(data)) || d.CRC != shm.CRC32C(data) {
-		t.Fatalf("digest %+v, want size %d crc %08x", d, len(data), shm.CRC32C(data))
+	if !ok || d.Size != int64(len(data)) || d.CRC != block.CRC32C(data) {
+		t.Fatalf("digest %+v, want size %d crc %08x", d, len(data), block.CRC32C(data))
 	}
 	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
 		t.Fatal("the block written out of order reads back other bytes")
@@ -188,7 +188,7 @@ func TestWriteOutOfOrder(t *testing.T) {
 
 func TestPublishRejectsBadSizes(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
-	for i, size := range []int{0, 1, 100, PageSize - 1, PageSize + 1, 3*PageSize + 512} {
+	for i, size := range []int{0, 1, 100, block.PageSize - 1, block.PageSize + 1, 3*block.PageSize + 512} {
 		rel := blockRel(testTier, 0, hashHex(100+i, 64))
 		mkdirFor(t, s, rel)
 		tmp := tmpRelFor(rel, i)
@@ -247,7 +247,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 	// Another tier has its own row size.
 	other := blockRel("other_tier_r0", 0, hashHex(3, 64))
 	putBlock(t, s, other, pageData(3, 3))
-	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*PageSize || got["other_tier_r0"] != 3*PageSize {
+	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*block.PageSize || got["other_tier_r0"] != 3*block.PageSize {
 		t.Errorf("RowBytes = %v", got)
 	}
 
@@ -268,7 +268,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	putBlock(t, s, a, pageData(6, 1))
-	if got := s.RowBytes()[testTier]; got != PageSize {
+	if got := s.RowBytes()[testTier]; got != block.PageSize {
 		t.Errorf("RowBytes[%s] = %d after replacing its only block with a 1-page one", testTier, got)
 	}
 	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(6, 1)) {
@@ -387,7 +387,7 @@ func TestPublishInvalidArguments(t *testing.T) {
 }
 
 func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
-	s := openStore(t, Config{Capacity: 64 * PageSize})
+	s := openStore(t, Config{Capacity: 64 * block.PageSize})
 	a := blockRel(testTier, 0, hashHex(1, 64))
 	b := blockRel(testTier, 0, hashHex(2, 64))
 	putBlock(t, s, a, pageData(1, 2))
@@ -403,7 +403,7 @@ func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
 		putBlock(t, s, a, pageData(v, 2))
 		checkAccounting(t, s)
 	}
-	old := make([]byte, 2*PageSize)
+	old := make([]byte, 2*block.PageSize)
 	if _, err := r.File().ReadAt(old, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ func TestRemoveTmp(t *testing.T) {
 
 	// Closed tmp.
 	tmp := writeTmp(t, s, rel, pageData(1, 3))
-	if usedBytes(s) != 3*PageSize {
+	if usedBytes(s) != 3*block.PageSize {
 		t.Fatalf("used = %d with a 3-page tmp", usedBytes(s))
 	}
 	if err := s.RemoveTmp(tmp); err != nil {
@@ -463,11 +463,11 @@ func TestRemoveTmp(t *testing.T) {
 	if exists(t, s.Path(tmp)) || s.IsTracked(tmp) {
 		t.Fatal("open tmp still there after RemoveTmp")
 	}
-	if _, err := w.WriteAt(pageData(3, 1), PageSize); err != nil {
+	if _, err := w.WriteAt(pageData(3, 1), block.PageSize); err != nil {
 		t.Fatalf("write to an unlinked open tmp: %v", err)
 	}
-	if usedBytes(s) != 2*PageSize {
-		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*PageSize)
+	if usedBytes(s) != 2*block.PageSize {
+		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*block.PageSize)
 	}
 	// The same name may be created again meanwhile.
 	w2, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
@@ -480,8 +480,8 @@ func TestRemoveTmp(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if usedBytes(s) != PageSize {
-		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), PageSize)
+	if usedBytes(s) != block.PageSize {
+		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), block.PageSize)
 	}
 	w2.Close()
 	if err := s.Publish(tmp, rel); err != nil {
@@ -543,7 +543,7 @@ func TestForgetTmp(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	tmp := writeTmp(t, s, rel, pageData(1, 2))
-	if usedBytes(s) != 2*PageSize {
+	if usedBytes(s) != 2*block.PageSize {
 		t.Fatalf("used = %d", usedBytes(s))
 	}
 	// Renamed by the FUSE layer to a name outside the block layout.
@@ -551,11 +551,11 @@ func TestForgetTmp(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt")
-	if s.IsTracked(tmp) || usedBytes(s) != 2*PageSize {
+	if s.IsTracked(tmp) || usedBytes(s) != 2*block.PageSize {
 		t.Errorf("after ForgetTmp: tracked=%v used=%d; the renamed file still counts", s.IsTracked(tmp), usedBytes(s))
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt") // idempotent
-	if usedBytes(s) != 2*PageSize {
+	if usedBytes(s) != 2*block.PageSize {
 		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
 	}
 	checkAccounting(t, s)
@@ -602,7 +602,7 @@ func TestRemoveBlock(t *testing.T) {
 // writes was refused (no space) can never become a block, even if later writes
 // fill it.
 func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
-	s := openStore(t, Config{Capacity: 3 * PageSize})
+	s := openStore(t, Config{Capacity: 3 * block.PageSize})
 	rel := blockRel(testTier, 0, hashHex(6, 64))
 	data := pageData(6, 2)
 	mkdirFor(t, s, rel)
@@ -614,8 +614,8 @@ func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
 	if _, err := w.WriteAt(pageData(6, 4), 0); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("write beyond the capacity: %v, want ENOSPC", err)
 	}
-	for off := 0; off < len(data); off += PageSize {
-		if _, err := w.WriteAt(data[off:off+PageSize], int64(off)); err != nil {
+	for off := 0; off < len(data); off += block.PageSize {
+		if _, err := w.WriteAt(data[off:off+block.PageSize], int64(off)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // setOver returns a Set over the *.mmap files of dir, closed when the test ends.
@@ -142,7 +144,7 @@ func TestFifoUnderGlobIgnored(t *testing.T) {
 // the search reports no row, the region is dropped, and one fault is counted.
 func TestTruncatedRegionFaultsSafely(t *testing.T) {
 	set, data, path := regionFile(t, 8)
-	d := DigestOf(data[5*testRow : 6*testRow])
+	d := block.DigestOf(data[5*testRow : 6*testRow])
 	if ref, ok := set.Confirm(d, nil); !ok || ref.Row != 5 {
 		t.Fatalf("before truncation: %+v %v", ref, ok)
 	}
@@ -195,7 +197,7 @@ func mapsInode(t *testing.T, ino uint64) bool {
 // not, and the old mapping is gone.
 func TestRecreatedRegionRemapped(t *testing.T) {
 	set, data, path := regionFile(t, 4)
-	oldDigest := DigestOf(data[2*testRow : 3*testRow])
+	oldDigest := block.DigestOf(data[2*testRow : 3*testRow])
 	old, ok := set.Confirm(oldDigest, nil)
 	if !ok {
 		t.Fatal("old row not found")
@@ -210,7 +212,7 @@ func TestRecreatedRegionRemapped(t *testing.T) {
 	if err := set.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	newDigest := DigestOf(fresh[2*testRow : 3*testRow])
+	newDigest := block.DigestOf(fresh[2*testRow : 3*testRow])
 	ref, ok := set.Confirm(newDigest, nil)
 	if !ok || ref.Row != 2 || ref.File == old.File {
 		t.Fatalf("recreated region: %+v %v (old file %+v)", ref, ok, old.File)
@@ -226,7 +228,7 @@ func TestRecreatedRegionRemapped(t *testing.T) {
 // Searches running while regions are recreated never read an unmapped region.
 func TestRefreshWhileSearching(t *testing.T) {
 	set, data, path := regionFile(t, 4)
-	d := DigestOf(data[:testRow])
+	d := block.DigestOf(data[:testRow])
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 2 {
@@ -286,7 +288,7 @@ func TestGuard(t *testing.T) {
 	}
 	for name, fn := range map[string]func(){
 		"panic": func() { panic("bug") },
-		"nil":   func() { var p *Digest; sum += byte(p.Size) },
+		"nil":   func() { var p *block.Digest; sum += byte(p.Size) },
 	} {
 		func() {
 			defer func() {

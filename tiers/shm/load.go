@@ -1,6 +1,10 @@
 package shm
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
 
 // This file holds what a load asks of the engine's regions (DESIGN.md
 // "Loads: proven before the read returns"): a verified copy of a block that a
@@ -10,7 +14,7 @@ import "encoding/binary"
 // CopyHeld copies into dst (len(dst) == d.Size) a row that holds the digest's
 // block and checks the copy, not the live row, against the CRC32C: the engine
 // may overwrite the row meanwhile. ok is false when no row does.
-func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
+func (s *Set) CopyHeld(d block.Digest, dst []byte) (RowRef, bool) {
 	if int64(len(dst)) != d.Size {
 		return RowRef{}, false
 	}
@@ -19,12 +23,12 @@ func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
 	var found RowRef
 	ok, tried := false, 0
 	complete := s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
-		if !d.samplesMatch(row) {
+		if !d.SamplesMatch(row) {
 			return true
 		}
 		tried++
 		copy(dst, row)
-		if CRC32C(dst) == d.CRC {
+		if block.CRC32C(dst) == d.CRC {
 			found, ok = ref, true
 			return false
 		}
@@ -41,7 +45,7 @@ func (s *Set) CopyHeld(d Digest, dst []byte) (RowRef, bool) {
 // candidate is one of them: the engine then reloads the block into a row
 // that still holds it. Nothing is returned when the prefix is empty or
 // matches more rows than are worth checking (an all-zero prefix).
-func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
+func (s *Set) Destinations(d block.Digest, prefix []byte, before []RowRef) []RowRef {
 	if len(prefix) == 0 || int64(len(prefix)) > d.Size {
 		return nil
 	}
@@ -49,7 +53,7 @@ func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
 	for _, ref := range before {
 		held[ref] = true
 	}
-	want := CRC32C(prefix)
+	want := block.CRC32C(prefix)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var fresh, old []RowRef
@@ -62,7 +66,7 @@ func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
 			fresh, old = nil, nil
 			return false
 		}
-		if CRC32C(row[:len(prefix)]) != want {
+		if block.CRC32C(row[:len(prefix)]) != want {
 			return true
 		}
 		if held[ref] {
@@ -82,7 +86,7 @@ func (s *Set) Destinations(d Digest, prefix []byte, before []RowRef) []RowRef {
 }
 
 // prefixSamplesMatch checks the samples that lie within the first n bytes of row.
-func prefixSamplesMatch(d Digest, row []byte, n int) bool {
+func prefixSamplesMatch(d block.Digest, row []byte, n int) bool {
 	for _, s := range d.Samples {
 		if int(s.Off)+8 <= n && binary.LittleEndian.Uint64(row[s.Off:]) != s.Value {
 			return false
@@ -92,7 +96,7 @@ func prefixSamplesMatch(d Digest, row []byte, n int) bool {
 }
 
 // Holds reports whether the row ref holds exactly the digest's block now.
-func (s *Set) Holds(ref RowRef, d Digest) bool {
+func (s *Set) Holds(ref RowRef, d block.Digest) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	r, ok := s.regions[ref.Region]
@@ -102,7 +106,7 @@ func (s *Set) Holds(ref RowRef, d Digest) bool {
 	held := false
 	s.guard(r, func() {
 		row := r.data[int64(ref.Row)*d.Size : int64(ref.Row+1)*d.Size]
-		held = d.samplesMatch(row) && CRC32C(row) == d.CRC
+		held = d.SamplesMatch(row) && block.CRC32C(row) == d.CRC
 	})
 	return held
 }

@@ -1,5 +1,7 @@
 package shm
 
+import "github.com/kvtierfs/kvtierfs/tiers/block"
+
 // RowRef names one row of one region: the region's path, and the identity of
 // the file it named when the row was found, so that a row of a region the
 // engine recreated under the same name is never taken for a row of the old one.
@@ -25,12 +27,12 @@ func (s *Set) Fits(size int64) bool {
 // Candidates lists the rows whose sampled windows match the digest now. A
 // load started after this call and found later in a row not listed here
 // proves that the load delivered the block's bytes.
-func (s *Set) Candidates(d Digest) []RowRef {
+func (s *Set) Candidates(d block.Digest) []RowRef {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []RowRef
 	s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
-		if d.samplesMatch(row) {
+		if d.SamplesMatch(row) {
 			out = append(out, ref)
 		}
 		return true
@@ -42,7 +44,7 @@ func (s *Set) Candidates(d Digest) []RowRef {
 // then CRC32C) and was not among before. ok is false when no such row exists,
 // when several do, when the samples match too many rows to check, or when a
 // region faulted while it was searched.
-func (s *Set) Confirm(d Digest, before []RowRef) (RowRef, bool) {
+func (s *Set) Confirm(d block.Digest, before []RowRef) (RowRef, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	old := make(map[RowRef]bool, len(before))
@@ -52,14 +54,14 @@ func (s *Set) Confirm(d Digest, before []RowRef) (RowRef, bool) {
 	var found []RowRef
 	candidates := 0
 	complete := s.eachRowLocked(d.Size, func(ref RowRef, row []byte) bool {
-		if !d.samplesMatch(row) {
+		if !d.SamplesMatch(row) {
 			return true
 		}
 		if candidates++; candidates > maxCandidates+len(before) {
 			found = nil
 			return false
 		}
-		if !old[ref] && CRC32C(row) == d.CRC {
+		if !old[ref] && block.CRC32C(row) == d.CRC {
 			found = append(found, ref)
 		}
 		return len(found) < 2
@@ -114,3 +116,7 @@ func (s *Set) PathFor(rowBytes int64) (string, bool) {
 	}
 	return found[0], true
 }
+
+// maxCandidates bounds the rows checksummed for one block: a block whose
+// samples match more rows than this (an all-zero block) is not identified.
+const maxCandidates = 4

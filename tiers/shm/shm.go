@@ -95,7 +95,7 @@ func NewSet(glob string) (*Set, error) { return NewSetWith(glob, Options{}) }
 // NewSetWith returns a Set for the glob; call Refresh to map the regions.
 func NewSetWith(glob string, opts Options) (*Set, error) {
 	if _, err := filepath.Match(glob, ""); err != nil {
-		return nil, fmt.Errorf("--shm-glob %q: %w", glob, err)
+		return nil, fmt.Errorf("shm region glob %q: %w", glob, err)
 	}
 	engine := uint32(os.Getuid())
 	if opts.EngineUID != nil {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 const testRow = 64 << 10
@@ -45,32 +47,9 @@ func regionFile(t *testing.T, n int) (*Set, []byte, string) {
 	return set, data, path
 }
 
-func TestDigestSamplesNonZeroWindows(t *testing.T) {
-	row := make([]byte, testRow)
-	fill(row, 3)
-	d := DigestOf(row)
-	if d.Size != testRow || d.CRC != CRC32C(row) || len(d.Samples) != maxSamples {
-		t.Fatalf("digest %+v", d)
-	}
-	for _, s := range d.Samples {
-		if s.Value == 0 || int(s.Off) >= testRow/2 {
-			t.Fatalf("sample %+v lies in the zero half or is zero", s)
-		}
-	}
-	key := Key{Group: 1, Hash: "00112233445566778899aabbccddeeff"}
-	b, err := d.MarshalRecord(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, backKey, bound, err := UnmarshalRecord(b)
-	if err != nil || !bound || backKey != key || fmt.Sprint(back) != fmt.Sprint(d) {
-		t.Fatalf("round trip: %v %+v %+v %v", err, back, backKey, bound)
-	}
-}
-
 func TestConfirmFindsTheNewRowOnly(t *testing.T) {
 	set, data, _ := regionFile(t, 8)
-	d := DigestOf(data[2*testRow : 3*testRow])
+	d := block.DigestOf(data[2*testRow : 3*testRow])
 	before := set.Candidates(d)
 	if len(before) != 1 || before[0].Row != 2 {
 		t.Fatalf("candidates %+v, want row 2", before)
@@ -88,7 +67,7 @@ func TestConfirmFindsTheNewRowOnly(t *testing.T) {
 
 func TestConfirmRejectsWrongBytes(t *testing.T) {
 	set, data, path := regionFile(t, 4)
-	d := DigestOf(data[1*testRow : 2*testRow])
+	d := block.DigestOf(data[1*testRow : 2*testRow])
 	// Row 3 receives the block's bytes with one flipped byte past the samples.
 	row := append([]byte{}, data[1*testRow:2*testRow]...)
 	row[testRow/2-1] ^= 1
@@ -145,7 +124,7 @@ func BenchmarkConfirm(b *testing.B) {
 	}
 	defer set.Close()
 	fill(row, rows/2)
-	d := DigestOf(row)
+	d := block.DigestOf(row)
 	set.Confirm(d, nil) // map the region's pages, as a running daemon has
 	b.SetBytes(rowBytes)
 	b.ResetTimer()

@@ -3,41 +3,39 @@ package shm
 import (
 	"bytes"
 	"encoding/binary"
-	"hash/crc32"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // This file holds what a store asks of the engine's regions (DESIGN.md "The
 // store"): the row a block was written from, when the kernel wrote it to the
 // tmp file without the daemon seeing the bytes.
 
-// pageSize is the granularity of the holes a store leaves for all-zero pages.
-const pageSize = 4096
-
 // WrittenRow is what the daemon learns from the row a block was written from.
 type WrittenRow struct {
 	// CRC is the row's CRC32C.
 	CRC uint32
-	// Probes are the row's windows at ProbeOffsets(size), in that order.
+	// Probes are the row's windows at block.ProbeOffsets(size), in that order.
 	Probes []uint64
 	// ZeroRuns are the row's all-zero page runs, [start, end) byte offsets.
 	ZeroRuns [][2]int64
 }
 
-// ScanWritten finds a row of size bytes that holds pages, each pageSize bytes
+// ScanWritten finds a row of size bytes that holds pages, each block.PageSize bytes
 // of the file a store wrote keyed by its offset, and returns the row's
 // CRC32C, probe windows and all-zero pages, read in one pass. ok is false when
 // no row holds every page, when the pages are all zero (they tell no row
 // apart), or when a region faulted while it was read.
 func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool) {
-	if size <= 0 || size%pageSize != 0 || len(pages) == 0 {
+	if size <= 0 || size%block.PageSize != 0 || len(pages) == 0 {
 		return WrittenRow{}, false
 	}
 	telling := false
 	for off, p := range pages {
-		if len(p) != pageSize || off%pageSize != 0 || off+pageSize > size {
+		if len(p) != block.PageSize || off%block.PageSize != 0 || off+block.PageSize > size {
 			return WrittenRow{}, false
 		}
-		telling = telling || !allZero(p)
+		telling = telling || !block.IsZero(p)
 	}
 	if !telling {
 		return WrittenRow{}, false
@@ -48,7 +46,7 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	found := false
 	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
 		for off, p := range pages {
-			if !bytes.Equal(row[off:off+pageSize], p) {
+			if !bytes.Equal(row[off:off+block.PageSize], p) {
 				return true
 			}
 		}
@@ -61,37 +59,20 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 // scanRow computes a row's CRC32C, probe windows and all-zero page runs.
 func scanRow(row []byte) WrittenRow {
 	var w WrittenRow
-	for start := 0; start < len(row); start += pageSize {
-		page := row[start : start+pageSize]
-		w.CRC = crc32.Update(w.CRC, castagnoli, page)
-		if !allZero(page) {
+	for start := 0; start < len(row); start += block.PageSize {
+		page := row[start : start+block.PageSize]
+		w.CRC = block.UpdateCRC32C(w.CRC, page)
+		if !block.IsZero(page) {
 			continue
 		}
 		if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == int64(start) {
-			w.ZeroRuns[n-1][1] += pageSize
+			w.ZeroRuns[n-1][1] += block.PageSize
 		} else {
-			w.ZeroRuns = append(w.ZeroRuns, [2]int64{int64(start), int64(start + pageSize)})
+			w.ZeroRuns = append(w.ZeroRuns, [2]int64{int64(start), int64(start + block.PageSize)})
 		}
 	}
-	for _, off := range ProbeOffsets(int64(len(row))) {
+	for _, off := range block.ProbeOffsets(int64(len(row))) {
 		w.Probes = append(w.Probes, binary.LittleEndian.Uint64(row[off:]))
 	}
 	return w
-}
-
-// allZero reports whether every byte of p is zero.
-func allZero(p []byte) bool {
-	for len(p) >= 32 {
-		if binary.LittleEndian.Uint64(p)|binary.LittleEndian.Uint64(p[8:])|
-			binary.LittleEndian.Uint64(p[16:])|binary.LittleEndian.Uint64(p[24:]) != 0 {
-			return false
-		}
-		p = p[32:]
-	}
-	for _, b := range p {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
 }

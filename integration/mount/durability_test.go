@@ -1,0 +1,187 @@
+package mount_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// TestRemountKeepsBlocks unmounts cleanly and remounts the same store: every
+// block is still there with the right bytes.
+func TestRemountKeepsBlocks(t *testing.T) {
+	const blocks = 24
+	store := t.TempDir()
+	d := mounttest.Start(t, mounttest.Options{Store: store})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	for i := 0; i < blocks; i++ {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v, want status 0", err)
+	}
+
+	d = mounttest.Start(t, mounttest.Options{Store: store})
+	tier = openTier(t, d)
+	if st := d.Stats(); st.Disk.Blocks != blocks {
+		t.Fatalf("after remount: %d blocks indexed, want %d", st.Disk.Blocks, blocks)
+	}
+	for i := 0; i < blocks; i++ {
+		if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(i)), region.Row(0)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(region.Row(0), expectedRow(i)) {
+			t.Fatalf("block %d differs after remount", i)
+		}
+	}
+}
+
+// TestKill9DuringStoreStorm kills the daemon while 8 threads store, remounts
+// the same store, and checks that no block is ever served with wrong bytes and
+// that no tmp file survives.
+func TestKill9DuringStoreStorm(t *testing.T) {
+	store := t.TempDir()
+	d := mounttest.Start(t, mounttest.Options{Store: store})
+	tier := openTier(t, d)
+	region := newRegion(t, 8)
+
+	var next, stored atomic.Int64
+	var killed atomic.Bool
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !killed.Load() {
+				i := int(next.Add(1))
+				fillRow(region.Row(w), i)
+				_, err := tier.Store(tier.BlockPath(tierDir, 0, hashOf(i)), region.Row(w))
+				// Once the dead mount is detached, paths reach the empty
+				// directory below it: only stores finished before the kill count.
+				if err != nil || killed.Load() {
+					return
+				}
+				stored.Add(1)
+			}
+		}()
+	}
+	for stored.Load() < 40 {
+		if !d.Running() {
+			t.Fatal("daemon died before the kill")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	killed.Store(true)
+	d.Kill9()
+	wg.Wait()
+	issued := int(next.Load())
+
+	d = mounttest.Start(t, mounttest.Options{Store: store})
+	tier = openTier(t, d)
+	tmps, _ := filepath.Glob(filepath.Join(store, tierDir, "*", "*", "*.tmp"))
+	if len(tmps) != 0 {
+		t.Fatalf("tmp files survived the remount: %v", tmps)
+	}
+	row := region.Row(0)
+	present := 0
+	for i := 1; i <= issued; i++ {
+		path := tier.BlockPath(tierDir, 0, hashOf(i))
+		if !tier.Exists(path) {
+			continue
+		}
+		present++
+		if err := tier.Load(path, row); err != nil {
+			t.Fatalf("block %d answered present but failed to load: %v", i, err)
+		}
+		if !bytes.Equal(row, expectedRow(i)) {
+			t.Fatalf("block %d served with wrong bytes after kill -9", i)
+		}
+	}
+	if present < int(stored.Load()) {
+		t.Fatalf("%d blocks present after remount, but %d stores had completed before the kill", present, stored.Load())
+	}
+	if st := d.Stats(); st.Counters.ChecksumFailures != 0 {
+		t.Fatalf("%d checksum failures after kill -9: a completed rename lost bytes", st.Counters.ChecksumFailures)
+	}
+}
+
+// TestCorruptBlockGivesEIO flips one byte of a stored block in the store
+// directory: the load fails with EIO (at open when no shm region can hold the
+// block, at close when the load passed through into a region row), the
+// failure is counted and the block is gone; other blocks are unaffected.
+func TestCorruptBlockGivesEIO(t *testing.T) {
+	for _, withRegion := range []bool{false, true} {
+		name := map[bool]string{false: "no region", true: "with the engine's region"}[withRegion]
+		t.Run(name, func(t *testing.T) {
+			region := newRegion(t, 2)
+			opts := mounttest.Options{}
+			if withRegion {
+				opts.ShmGlob = region.Path
+			}
+			d := mounttest.Start(t, opts)
+			tier := openTier(t, d)
+			bad := storeBlock(t, tier, region.Row(0), 1)
+			good := storeBlock(t, tier, region.Row(0), 2)
+			flipByte(t, filepath.Join(d.Store, strings.TrimPrefix(bad, d.Mountpoint)), 12345)
+
+			copy(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes))
+			err := tier.Load(bad, region.Row(1))
+			if !errors.Is(err, syscall.EIO) {
+				t.Fatalf("load of a corrupt block: %v, want EIO", err)
+			}
+			if !bytes.Equal(region.Row(1), bytes.Repeat([]byte{0xAA}, rowBytes)) {
+				t.Fatal("a corrupt block's bytes reached the row")
+			}
+			if !strings.HasPrefix(strings.TrimPrefix(err.Error(), "load "+bad+": "), "open ") {
+				t.Fatalf("load of a corrupt block failed with %v, want the failure at open", err)
+			}
+			st := d.Stats()
+			if st.Counters.ChecksumFailures != 1 || st.Disk.Blocks != 1 {
+				t.Fatalf("after corruption: %d checksum failures, %d blocks; want 1 and 1", st.Counters.ChecksumFailures, st.Disk.Blocks)
+			}
+			if !d.WaitLog("corrupt block removed") {
+				t.Fatal("the corrupt block's path was not logged")
+			}
+			// The kernel may answer from its entry cache for up to its
+			// lifetime (1 s) before the daemon's invalidation lands.
+			for start := time.Now(); tier.Exists(bad); time.Sleep(20 * time.Millisecond) {
+				if time.Since(start) > 3*time.Second {
+					t.Fatal("the corrupt block still answers lookups 3 s after it was removed")
+				}
+			}
+			if err := tier.Load(good, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(2)) {
+				t.Fatalf("an intact block was affected: %v", err)
+			}
+			if len(st.Warnings) == 0 || st.Warnings[0].Code != "checksum_failures" {
+				t.Fatalf("stat warnings %+v, want a checksum_failures warning", st.Warnings)
+			}
+		})
+	}
+}
+
+// flipByte inverts one bit of a file in place.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := []byte{0}
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,156 @@
+package mount_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// TestMountAsOrdinaryUser mounts as a user the test creates, through
+// fusermount3: the user's stat reads the mount, root is kept out (no
+// allow_other), SIGTERM unmounts, and after a kill -9 the same user mounts
+// again (the dead mount detached through fusermount3 -u -z). It runs in a
+// mount namespace of its own whose /dev/fuse is 0666, as distributions ship
+// it (a container's may be 0600, which only root can open).
+func TestMountAsOrdinaryUser(t *testing.T) {
+	if _, err := exec.LookPath("fusermount3"); err != nil {
+		t.Fatal("fusermount3 is missing: `make deps` installs fuse3")
+	}
+	name := fmt.Sprintf("kvt%d", os.Getpid())
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", name).Run() })
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The user's own directory, reachable through 0755 parents, with a copy
+	// of the binary it may execute.
+	base, err := os.MkdirTemp("", "kvtierfs-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	binary := filepath.Join(base, "kvtierfs")
+	mounttest.CopyExecutable(t, mounttest.Binary(), binary)
+	store, mnt := filepath.Join(base, "store"), filepath.Join(base, "mnt")
+	for _, dir := range []string{store, mnt} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chown", "-R", u.Uid+":"+u.Gid, store, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v: %s", err, out)
+	}
+	ns := privateFuseNamespace(t, base)
+	inNS := func(args ...string) *exec.Cmd {
+		return exec.Command("nsenter", append([]string{"--mount=/proc/" + ns + "/ns/mnt"}, args...)...)
+	}
+	asUser := func(args ...string) *exec.Cmd {
+		return inNS(append([]string{"setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups", binary}, args...)...)
+	}
+	mounted := func() bool {
+		t.Helper()
+		raw, err := os.ReadFile("/proc/" + ns + "/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if fields := strings.Fields(line); len(fields) > 4 && fields[4] == mnt {
+				return true
+			}
+		}
+		return false
+	}
+	mount := func() (*exec.Cmd, *strings.Builder) {
+		t.Helper()
+		var log strings.Builder
+		cmd := asUser("mount", mnt, "--store", store, "--metrics-addr", "", "--shm-glob", filepath.Join(base, "none-*.mmap"))
+		cmd.Stdout, cmd.Stderr = &log, &log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			inNS("fusermount3", "-u", "-z", mnt).Run()
+		})
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if out, err := asUser("stat", mnt, "--json").CombinedOutput(); err == nil && strings.Contains(string(out), `"mountpoint"`) {
+				return cmd, &log
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the user's mount did not come up:\n%s", log.String())
+			}
+		}
+	}
+
+	daemon, log := mount()
+	if out, err := inNS("ls", mnt).CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("root listing a user's mount without allow_other: %v: %s, want permission denied", err, out)
+	}
+	if err := daemon.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := daemon.Wait(); err != nil {
+		t.Fatalf("the user's daemon exited with %v after SIGTERM:\n%s", err, log.String())
+	}
+	if mounted() {
+		t.Fatal("still mounted after SIGTERM")
+	}
+
+	daemon, _ = mount()
+	daemon.Process.Kill()
+	daemon.Wait()
+	if !mounted() {
+		t.Fatal("kill -9 left no dead mount to recover from")
+	}
+	_, log = mount()
+	if !strings.Contains(log.String(), "detached the stale mount") {
+		t.Errorf("the user's second daemon did not detach the dead mount:\n%s", log.String())
+	}
+}
+
+// privateFuseNamespace starts a process in a new mount namespace whose
+// /dev/fuse is a 0666 node made in dir, and returns its pid; the namespace
+// ends with the test.
+func privateFuseNamespace(t *testing.T, dir string) string {
+	t.Helper()
+	dev := filepath.Join(dir, "fuse")
+	if out, err := exec.Command("mknod", "-m", "666", dev, "c", "10", "229").CombinedOutput(); err != nil {
+		t.Fatalf("mknod: %v: %s", err, out)
+	}
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"mount --bind "+dev+" /dev/fuse && echo ready && exec sleep 600")
+	stdout, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder.Stderr = os.Stderr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		holder.Process.Kill()
+		holder.Wait()
+	})
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("mount namespace with a 0666 /dev/fuse: %q", line)
+	}
+	return strconv.Itoa(holder.Process.Pid)
+}
