@@ -149,6 +149,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		}
 		row, found = rows.ScanWritten(size, pages)
 	}
+	s.counters.WriteBytes.Add(size)
 	if found {
 		s.counters.StoresFromRow.Add(1)
 	} else {
