@@ -64,6 +64,11 @@ type Options struct {
 	// leaves the disk idle and never competes with its loads for it.
 	// Default DefaultQueueDepth.
 	QueueDepth int
+	// IdleQueueDepth is the most fetches in flight while no load of the
+	// engine reads the store: the engine computes between waves, the disk is
+	// staging's, and the next wave should be staged before the engine asks
+	// for it. Default IdleDepthFactor × QueueDepth.
+	IdleQueueDepth int
 	// WaveBlocks is how many blocks of a chain are kept staged or in flight
 	// ahead of the engine's latest read. Default DefaultWaveBlocks.
 	WaveBlocks int
@@ -85,6 +90,9 @@ const (
 	// engine's 16 load threads only took CPU and disk time from its loads,
 	// while 4 let an engine with one or two load threads stream from memory.
 	DefaultQueueDepth = 4
+	// IdleDepthFactor sets the default IdleQueueDepth: 16 fetches beside
+	// the default 4, as many as the engine's own load threads.
+	IdleDepthFactor = 4
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
 	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
@@ -234,7 +242,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if fetch == nil {
 		return nil, errors.New("staging: nil Fetch")
 	}
-	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
+	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.IdleQueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
 		return nil, errors.New("staging: negative option")
 	}
 	if opts.Budget == 0 {
@@ -243,6 +251,10 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if opts.QueueDepth == 0 {
 		opts.QueueDepth = DefaultQueueDepth
 	}
+	if opts.IdleQueueDepth == 0 {
+		opts.IdleQueueDepth = IdleDepthFactor * opts.QueueDepth
+	}
+	opts.IdleQueueDepth = max(opts.IdleQueueDepth, opts.QueueDepth)
 	if opts.WaveBlocks == 0 {
 		opts.WaveBlocks = DefaultWaveBlocks
 	}
@@ -278,7 +290,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		return nil, err
 	}
 	s.cache = cache
-	for range opts.QueueDepth {
+	for range opts.IdleQueueDepth {
 		s.workers.Go(s.worker)
 	}
 	return s, nil
@@ -436,8 +448,8 @@ func (s *Stager) Invalidate(key block.Ref) {
 
 // StoreLoadStarted records a load of the engine that reads the store itself
 // (not served from staging); call StoreLoadDone when its read is over.
-// While such loads are in flight, staging runs only as many fetches as
-// Options.QueueDepth leaves beside them.
+// While such loads are in flight, staging starts only as many fetches as
+// Options.QueueDepth leaves beside them; else up to Options.IdleQueueDepth.
 func (s *Stager) StoreLoadStarted() {
 	s.mu.Lock()
 	s.loading++
@@ -448,7 +460,11 @@ func (s *Stager) StoreLoadStarted() {
 func (s *Stager) StoreLoadDone() {
 	s.mu.Lock()
 	s.loading--
-	s.work.Signal()
+	if s.loading == 0 {
+		s.work.Broadcast() // up to IdleQueueDepth fetches may run now
+	} else {
+		s.work.Signal()
+	}
 	s.mu.Unlock()
 }
 
@@ -487,11 +503,21 @@ func (s *Stager) Close() {
 	s.cache.Close()
 }
 
+// depthFullLocked reports whether no more fetch may start now: with loads of
+// the engine reading the store, fetches and those loads share QueueDepth;
+// without, fetches may run up to IdleQueueDepth.
+func (s *Stager) depthFullLocked() bool {
+	if s.loading > 0 {
+		return s.fetching+s.loading >= s.opts.QueueDepth
+	}
+	return s.fetching >= s.opts.IdleQueueDepth
+}
+
 // worker runs queued fetches until Close.
 func (s *Stager) worker() {
 	for {
 		s.mu.Lock()
-		for (len(s.queue) == 0 || s.fetching+s.loading >= s.opts.QueueDepth) && !s.closed {
+		for (len(s.queue) == 0 || s.depthFullLocked()) && !s.closed {
 			s.work.Wait()
 		}
 		if s.closed {
