@@ -64,10 +64,10 @@ type Options struct {
 	// leaves the disk idle and never competes with its loads for it.
 	// Default DefaultQueueDepth.
 	QueueDepth int
-	// IdleQueueDepth is the most fetches in flight while no load of the
-	// engine reads the store: the engine computes between waves, the disk is
-	// staging's, and the next wave should be staged before the engine asks
-	// for it. Default IdleDepthFactor × QueueDepth.
+	// IdleQueueDepth is the most fetches in flight while the engine opens
+	// no load: it computes between waves, the disk is staging's, and the
+	// next wave should be staged before the engine asks for it. Default
+	// IdleDepthFactor × QueueDepth.
 	IdleQueueDepth int
 	// WaveBlocks is how many blocks of a chain are kept staged or in flight
 	// ahead of the engine's latest read. Default DefaultWaveBlocks.
@@ -158,12 +158,16 @@ type Stager struct {
 	pending  int                  // entries queued or fetching, dropped fetches included until they return
 	fetching int                  // fetches running now
 	loading  int                  // the engine's loads reading the store now (StoreLoadStarted)
-	used     int64                // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64                // highest used so far
-	staged   int64                // bytes of staged entries
-	counters Stats                // Waves, Hits, Misses and WastedBytes
-	lastGen  uint64               // generation of the newest entry
-	lastRun  uint64               // id of the newest lookup batch
+	// lastTake is when the engine last opened a load (Take); idleWake wakes
+	// the workers once it has been idle for engineIdleAfter since.
+	lastTake time.Time
+	idleWake *time.Timer
+	used     int64  // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64  // highest used so far
+	staged   int64  // bytes of staged entries
+	counters Stats  // Waves, Hits, Misses and WastedBytes
+	lastGen  uint64 // generation of the newest entry
+	lastRun  uint64 // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
@@ -416,6 +420,7 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			s.counters.Misses++
 		}
 		s.noteReadLocked(id, key)
+		s.noteEngineBusyLocked()
 		evicted := s.takeEvictedLocked()
 		s.mu.Unlock()
 		s.uncache(append(evicted, taken)...)
@@ -449,7 +454,7 @@ func (s *Stager) Invalidate(key block.Ref) {
 // StoreLoadStarted records a load of the engine that reads the store itself
 // (not served from staging); call StoreLoadDone when its read is over.
 // While such loads are in flight, staging starts only as many fetches as
-// Options.QueueDepth leaves beside them; else up to Options.IdleQueueDepth.
+// Options.QueueDepth leaves beside them.
 func (s *Stager) StoreLoadStarted() {
 	s.mu.Lock()
 	s.loading++
@@ -460,11 +465,7 @@ func (s *Stager) StoreLoadStarted() {
 func (s *Stager) StoreLoadDone() {
 	s.mu.Lock()
 	s.loading--
-	if s.loading == 0 {
-		s.work.Broadcast() // up to IdleQueueDepth fetches may run now
-	} else {
-		s.work.Signal()
-	}
+	s.work.Signal()
 	s.mu.Unlock()
 }
 
@@ -493,6 +494,9 @@ func (s *Stager) Close() {
 		return
 	}
 	s.closed = true
+	if s.idleWake != nil {
+		s.idleWake.Stop()
+	}
 	for _, e := range s.entries {
 		s.dropLocked(e, true)
 	}
@@ -503,11 +507,31 @@ func (s *Stager) Close() {
 	s.cache.Close()
 }
 
-// depthFullLocked reports whether no more fetch may start now: with loads of
-// the engine reading the store, fetches and those loads share QueueDepth;
-// without, fetches may run up to IdleQueueDepth.
+// engineIdleAfter is how long after its latest load the engine counts as
+// idle (computing between waves), so that fetches may fill the disk.
+const engineIdleAfter = 20 * time.Millisecond
+
+// noteEngineBusyLocked records a load of the engine and arms the wake-up of
+// the workers for when it has been idle for engineIdleAfter.
+func (s *Stager) noteEngineBusyLocked() {
+	s.lastTake = time.Now()
+	if s.idleWake == nil {
+		s.idleWake = time.AfterFunc(engineIdleAfter, func() {
+			s.mu.Lock()
+			s.work.Broadcast()
+			s.mu.Unlock()
+		})
+		return
+	}
+	s.idleWake.Reset(engineIdleAfter)
+}
+
+// depthFullLocked reports whether no more fetch may start now: fetches and
+// the engine's loads that read the store share QueueDepth, and while the
+// engine is idle (no load for engineIdleAfter; it computes between waves)
+// fetches may run up to IdleQueueDepth.
 func (s *Stager) depthFullLocked() bool {
-	if s.loading > 0 {
+	if s.loading > 0 || time.Since(s.lastTake) < engineIdleAfter {
 		return s.fetching+s.loading >= s.opts.QueueDepth
 	}
 	return s.fetching >= s.opts.IdleQueueDepth

@@ -733,8 +733,8 @@ func TestFetchesLeaveDepthToTheEnginesStoreLoads(t *testing.T) {
 	}
 }
 
-// TestFetchesFillTheEnginesIdleTime checks that while no load of the engine
-// reads the store (it computes between waves), staging runs up to
+// TestFetchesFillTheEnginesIdleTime checks that once the engine opened no
+// load for a while (it computes between waves), staging runs up to
 // IdleQueueDepth fetches at once, and that a store load of the engine stops
 // new ones until fetches and loads fit QueueDepth again.
 func TestFetchesFillTheEnginesIdleTime(t *testing.T) {
