@@ -11,11 +11,13 @@ TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 # revision itself (git worktrees, GOFLAGS=-buildvcs=false).
 COMMIT ?= $(shell git describe --always --dirty=+dirty --abbrev=12 2>/dev/null)
 
-# cgo is optional: without it the daemon is the same, `bench --gpu cuda` is
-# unavailable and the disk benchmark's loaders are Go threads.
+# cgo is optional: without it the daemon is the same and the disk benchmark's
+# loaders are Go threads. The engine model's CUDA stage (`bench --gpu cuda`)
+# is linked only with TAGS=cuda (cgo, dlopen of libcuda).
 CGO_ENABLED ?= 1
+TAGS ?=
 build:
-	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
+	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "$(TAGS)" -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
 
 # deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
 # non-root users; root mounts directly), iproute2 and util-linux (ip,

@@ -106,7 +106,8 @@ func readFrom(data []byte, off int64, n int) fuse.ReadResult {
 
 // MatchFile is the name of the batched-match control file inside ControlDir:
 // write a request (staging's JSON), then read the answer on the same
-// descriptor. Matching probes the index only: it stages and pins nothing.
+// descriptor. Matching probes the index (and the shared level, for keys the
+// index lacks) only: it stages and pins nothing.
 const MatchFile = "match"
 
 // matchFile is MOUNTPOINT/.kvtier/match.
@@ -224,9 +225,8 @@ func (f *FS) match(request []byte, thread uint32) []byte {
 	serving := f.sync == nil || f.sync.ServeLoads()
 	res, err := staging.Match(req, func(group int, key string) bool {
 		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
-		present := f.store.Lookup(ref.Rel, thread)
-		f.noteLookup(ref, thread, present)
-		return present && serving
+		present, inShared := f.lookupBlock(ref, thread)
+		return (present || inShared) && serving
 	})
 	f.matches.Add(1)
 	return append(staging.EncodeMatchResult(res, err), '\n')

@@ -105,6 +105,8 @@ type Options struct {
 	AllowOther bool
 	// KVEvents publishes removed blocks to routers; nil when it is off.
 	KVEvents *kvevents.Publisher
+	// Shared is the shared second level; nil without --shared.
+	Shared SharedLevel
 }
 
 // FS is a mounted kvtierfs.
@@ -126,6 +128,7 @@ type FS struct {
 	stager       *staging.Stager
 	diagnostics  *staging.Diagnostics
 	kvEvents     *kvevents.Publisher
+	shared       SharedLevel
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
@@ -156,7 +159,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
 	if f.diagnostics == nil {
 		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
 	}
@@ -164,12 +167,17 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
 	}
 	f.loads = core.NewLoads(core.Config{Store: opts.Store, Regions: opts.Regions, Deadline: opts.SyncDeadline,
-		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager()})
+		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager(), Shared: opts.Shared})
 	m, err := newMetrics(opts.Registerer, f)
 	if err != nil {
 		return nil, err
 	}
 	f.metrics = m
+	if opts.Registerer != nil && opts.Shared != nil {
+		if err := opts.Registerer.Register(sharedCollector{opts.Shared}); err != nil {
+			return nil, err
+		}
+	}
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
 	if opts.Regions != nil {

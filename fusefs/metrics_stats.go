@@ -11,7 +11,7 @@ import (
 // exported as kvtierfs_warning{code}, 0 while it is not raised, so alerts
 // and dashboards can name them before they ever fire.
 var warningCodes = []string{
-	"checksum_failures", "no_space", "shm_unmappable", "shm_geometry", "peer_down", "mirroring_off",
+	"checksum_failures", "no_space", "shm_unmappable", "shm_geometry", "peer_down", "mirroring_off", "shared_unreachable", "shared_behind",
 	staging.WarnWriteOnlyGroup, staging.WarnWriteOnlyTier, staging.WarnHashSeedDrift, staging.WarnPrimaryTierExhausted,
 }
 

@@ -74,10 +74,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	switch kind, blockName := block.Parse(rel); kind {
 	case block.File:
 		start := time.Now()
-		present := n.fsys.store.Lookup(rel, callerThread(ctx))
-		n.fsys.noteLookup(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx), present)
+		present, inShared := n.fsys.lookupBlock(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx))
 		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-		if !present {
+		if !present && !inShared {
 			return nil, syscall.ENOENT
 		}
 		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
@@ -85,10 +84,16 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 			n.fsys.lookupsWithheld.Add(1)
 			return nil, syscall.ENOENT
 		}
+		if inShared {
+			return n.sharedBlockEntry(ctx, rel, out)
+		}
 	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(rel)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -19,6 +20,8 @@ type Stats struct {
 	Counters   Counters                   `json:"counters"`
 	// Staging describes wave staging; absent when it is disabled.
 	Staging *staging.Stats `json:"staging,omitempty"`
+	// Shared describes the shared second level; absent without --shared.
+	Shared *shared.Stats `json:"shared,omitempty"`
 	// Peers and Replication describe row mirroring; empty on a single node.
 	Peers       []rowsync.PeerStats   `json:"peers"`
 	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
@@ -126,6 +129,11 @@ func (f *FS) Stats() Stats {
 	if f.stager != nil {
 		ss := f.stager.Stats()
 		st.Staging = &ss
+	}
+	if f.shared != nil {
+		ss := f.shared.Stats()
+		st.Shared = &ss
+		st.Warnings = append(st.Warnings, sharedWarnings(ss)...)
 	}
 	if f.sync != nil {
 		snap := f.sync.Snapshot()

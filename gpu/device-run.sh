@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 6: the gpu package's tests and H2D bench on the accelerator machine.
 # Build here (no CUDA needed), then run this there with bin/ carried:
-#   CGO_ENABLED=1 go test -c -o bin/gpu.test ./gpu/
-#   CGO_ENABLED=1 go build -o bin/h2dbench ./gpu/cmd/h2dbench
+#   CGO_ENABLED=1 go test -tags cuda -c -o bin/gpu.test ./gpu/
+#   CGO_ENABLED=1 go build -tags cuda -o bin/h2dbench ./gpu/cmd/h2dbench
 #   (device) bash gpu/device-run.sh     # writes env.txt, gpu-test.txt, h2d-dev*.txt to $OUT
 set -o pipefail
 cd "$(dirname "$0")/.."

@@ -26,8 +26,8 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
-	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -69,6 +69,10 @@ type mountConfig struct {
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
 	kvEventsEndpoint string
 	kvEventsTopic    string
+	// shared configures the shared second level (--shared).
+	shared shared.Config
+	// sharedKernelNegative is the kernel's negative entry lifetime with --shared.
+	sharedKernelNegative time.Duration
 }
 
 func parseMountFlags(args []string) (mountConfig, error) {
@@ -97,6 +101,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.StringVar(&c.kvEventsTopic, "kv-events-topic", "", "topic frame of the KV events, as vLLM's kv-events-config topic")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
+	sharedFlags := addSharedFlags(fl)
 	c.logFormat = addLogFormatFlag(fl)
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
@@ -145,6 +150,9 @@ func parseMountFlags(args []string) (mountConfig, error) {
 			return c, usageError{fmt.Errorf("--kv-events-endpoint %s: %w", c.kvEventsEndpoint, err)}
 		}
 	}
+	if c.shared, c.sharedKernelNegative, err = sharedFlags.config(); err != nil {
+		return c, usageError{err}
+	}
 	if (c.listen != "" || len(c.peers) > 0) && c.secretFile == "" {
 		return c, usageError{fmt.Errorf("--listen and --peer need --secret-file: peers authenticate each other with a shared secret")}
 	}
@@ -171,6 +179,9 @@ func runMount(args []string) error {
 	}
 
 	if err := checkDisjoint(c.mountpoint, c.store); err != nil {
+		return usageError{err}
+	}
+	if err := checkSharedDisjoint(c.shared.Dir, c.mountpoint, c.store); err != nil {
 		return usageError{err}
 	}
 	if err := prepareMountpoint(c.mountpoint); err != nil {
@@ -220,9 +231,16 @@ func runMount(args []string) error {
 	if events != nil {
 		defer events.Close()
 	}
+	sharedLevel, err := startShared(c.shared, store, logger)
+	if err != nil {
+		return err
+	}
+	if sharedLevel != nil {
+		defer sharedLevel.Close()
+	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
-		if stager, err = staging.NewStager(func(key block.Ref) ([]byte, error) { return store.ReadBlock(key.Rel) },
+		if stager, err = staging.NewStager(stagingFetch(store, sharedLevel),
 			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
 			return err
 		}
@@ -231,11 +249,16 @@ func runMount(args []string) error {
 	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
 	// Caught from before the mount on (a stop request as soon as the mount
 	// is visible still unmounts); until then a signal ends the process.
+	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
+		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
+	if sharedLevel != nil {
+		opts.Shared = sharedLevel
+		opts.NegativeTimeout = c.sharedKernelNegative
+	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
-	fsys, err := fusefs.Mount(c.mountpoint, fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
-		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events})
+	fsys, err := fusefs.Mount(c.mountpoint, opts)
 	if err != nil {
 		return err
 	}

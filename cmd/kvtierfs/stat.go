@@ -137,6 +137,9 @@ func printStats(w io.Writer, st fusefs.Stats) {
 		fmt.Fprintf(t, "replication\t--replicated-kv %s, mirroring %s (%s; %d samples, %d mismatches), %d rows mirrored, %d lookups withheld\n",
 			r.Mode, map[bool]string{true: "on", false: "off"}[r.Allowed], r.DecidedBy, r.Samples, r.Mismatches, c.RowsMirrored, c.LookupsWithheld)
 	}
+	if sh := st.Shared; sh != nil {
+		printShared(t, sh)
+	}
 	for _, p := range st.Peers {
 		fmt.Fprintf(t, "  peer %s\t%s, %d rows sent (%d verified), %d received, %s", p.Addr, p.State, p.RowsSent, p.Verified, p.RowsReceived, formatBytes(int64(p.Bytes)))
 		if p.LastError != "" {

@@ -156,6 +156,14 @@ func renderWatch(w io.Writer, st fusefs.Stats, r *rates, at time.Time, interval 
 	if st.Replication != nil || len(st.Peers) > 0 {
 		fmt.Fprintf(w, "mirrored %-10s rows\n", rate(r, func(r *rates) float64 { return r.mirrored }))
 	}
+	if sh := st.Shared; sh != nil {
+		state := "reachable"
+		if !sh.Reachable {
+			state = "UNREACHABLE"
+		}
+		fmt.Fprintf(w, "shared   %s, %s behind (%d queued), %d written, %d fetched, %d dropped\n",
+			state, formatBytes(sh.BytesBehind), sh.QueueBlocks, sh.WrittenBlocks, sh.FetchedBlocks, sh.DroppedBlocks)
+	}
 	for _, p := range st.Peers {
 		rows := "-"
 		if r != nil {
@@ -206,6 +214,9 @@ func renderWatchLine(w io.Writer, st fusefs.Stats, r *rates, at time.Time) {
 	}
 	if len(st.Peers) > 0 {
 		fields = append(fields, fmt.Sprintf("peers_up=%d/%d", up, len(st.Peers)))
+	}
+	if sh := st.Shared; sh != nil {
+		fields = append(fields, fmt.Sprintf("shared_reachable=%t", sh.Reachable), fmt.Sprintf("shared_behind_bytes=%d", sh.BytesBehind))
 	}
 	codes := make([]string, 0, len(st.Warnings))
 	for _, warn := range st.Warnings {

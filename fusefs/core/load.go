@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -54,6 +55,14 @@ type Config struct {
 	OpenWait time.Duration
 	// Logger receives load failures; nil discards them.
 	Logger *slog.Logger
+	// Shared fetches a block missing locally from the shared level; nil without one.
+	Shared Fetcher
+}
+
+// Fetcher brings a block from the shared level into the store, verified
+// (tiers/shared.Level.Fetch); a block it does not hold is ENOENT.
+type Fetcher interface {
+	Fetch(rel string) error
 }
 
 // DefaultDeadline is Config.Deadline's default.
@@ -154,6 +163,13 @@ type Load struct {
 func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	rel := ref.Rel
 	r, err := c.cfg.Store.PinBlock(rel)
+	if errors.Is(err, syscall.ENOENT) && c.cfg.Shared != nil {
+		// Present only in the shared store (its lookup said so): fetched,
+		// verified and kept locally, then loaded as any block.
+		if err = c.cfg.Shared.Fetch(rel); err == nil {
+			r, err = c.cfg.Store.PinBlock(rel)
+		}
+	}
 	if err != nil {
 		c.Counters.Refused.Add(1)
 		return nil, err

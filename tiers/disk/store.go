@@ -175,6 +175,8 @@ type Store struct {
 	pending     []removal
 	onRemove    func(rel string)
 	onBlockGone func(rel string)
+	// onPublish hears of blocks the engine publishes (OnPublish).
+	onPublish   atomic.Pointer[func(rel string, size int64)]
 	stopRemoval chan struct{}
 	removalDone chan struct{}
 }

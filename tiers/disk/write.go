@@ -467,6 +467,18 @@ func (s *Store) limitLocked() int64 {
 // after the rename. A tmp swapped for a link or another file is refused, and
 // whatever was renamed in its place is removed.
 func (s *Store) Publish(tmpRel, destRel string) error {
+	if err := s.publish(tmpRel, destRel); err != nil {
+		return err
+	}
+	if fn := s.onPublish.Load(); fn != nil {
+		if d, ok := s.Digest(destRel); ok {
+			(*fn)(destRel, d.Size)
+		}
+	}
+	return nil
+}
+
+func (s *Store) publish(tmpRel, destRel string) error {
 	kind, name := block.Parse(destRel)
 	if kind != block.File {
 		return newError("rename", destRel, syscall.EINVAL, "not a block name")

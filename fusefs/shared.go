@@ -1,0 +1,167 @@
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
+)
+
+// SharedLevel is the shared second level as the mount uses it
+// (tiers/shared.Level; DESIGN.md "The shared level").
+type SharedLevel interface {
+	// Lookup answers whether the shared store holds a block or a directory of the layout.
+	Lookup(rel string) bool
+	// Size is the size of a block the shared store was found holding.
+	Size(rel string) (int64, bool)
+	// LookedUp tells the level a local block answered a lookup.
+	LookedUp(rel string, size int64)
+	// Fetch copies a block from the shared store into the local store, verified.
+	Fetch(rel string) error
+	Stats() shared.Stats
+}
+
+// lookupBlock looks a block up in the store and, missing there, in the
+// shared store (DESIGN.md "The shared level"), and tells staging, the
+// diagnostics and the shared level's admission about it.
+func (f *FS) lookupBlock(ref block.Ref, thread uint32) (present, inShared bool) {
+	present = f.store.Lookup(ref.Rel, thread)
+	inShared = !present && f.shared != nil && f.shared.Lookup(ref.Rel)
+	f.noteLookup(ref, thread, present || inShared)
+	if present && f.shared != nil {
+		if d, ok := f.store.Digest(ref.Rel); ok {
+			f.shared.LookedUp(ref.Rel, d.Size)
+		}
+	}
+	return present, inShared
+}
+
+// sharedBlockEntry answers the lookup of a block only the shared store holds:
+// an inode with the block's attributes, which a load opens like any block
+// (core.Loads.Open fetches it first).
+func (n *node) sharedBlockEntry(ctx context.Context, rel string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	size, ok := n.fsys.shared.Size(rel)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	ino := sharedIno(rel)
+	n.fsys.sharedAttr(size, ino, &out.Attr)
+	out.SetEntryTimeout(n.fsys.entryTimeout)
+	out.SetAttrTimeout(n.fsys.entryTimeout)
+	child := &node{LoopbackNode: &fs.LoopbackNode{RootData: n.RootData}, fsys: n.fsys}
+	return n.NewInode(ctx, child, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino}), 0
+}
+
+// sharedAttr fills the attributes of a block not yet fetched from the shared store.
+func (f *FS) sharedAttr(size int64, ino uint64, out *fuse.Attr) {
+	owner := f.store.Owner()
+	st := syscall.Stat_t{Ino: ino, Mode: syscall.S_IFREG | disk.PrivateFileMode, Nlink: 1, Size: size,
+		Uid: uint32(owner.UID), Gid: uint32(owner.GID), Blksize: block.PageSize, Blocks: (size + 511) / 512}
+	out.FromStat(&st)
+}
+
+// sharedIno numbers the inode of a block known only in the shared store,
+// far from the local filesystem's numbers and below the control files'.
+func sharedIno(rel string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(rel))
+	return 1<<61 | h.Sum64()&(1<<61-1)
+}
+
+// lookupSharedDir creates a directory of the layout that the shared store
+// holds and the local store lacks, so that a key's lookup walks on to its
+// block; true if it now exists locally.
+func (f *FS) lookupSharedDir(rel string) bool {
+	depth := strings.Count(rel, "/") + 1
+	if f.shared == nil || depth > 3 || strings.HasPrefix(rel, ".") {
+		return false
+	}
+	if !f.shared.Lookup(rel) {
+		return false
+	}
+	if err := f.store.MakeDirs(rel); err != nil {
+		f.logger.Warn("creating a directory the shared store holds", "path", rel, "err", err)
+		return false
+	}
+	return true
+}
+
+var _ = (fs.NodeGetattrer)((*node)(nil))
+
+// Getattr answers for a block known only in the shared store until it is
+// fetched; everything else as the loopback does.
+func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	if errno != syscall.ENOENT || n.fsys.shared == nil {
+		return errno
+	}
+	rel := n.self()
+	if kind, _ := block.Parse(rel); kind != block.File {
+		return errno
+	}
+	size, ok := n.fsys.shared.Size(rel)
+	if !ok {
+		return errno
+	}
+	n.fsys.sharedAttr(size, n.StableAttr().Ino, &out.Attr)
+	out.SetTimeout(n.fsys.entryTimeout)
+	return 0
+}
+
+// sharedCollector exports the "shared" stats as kvtierfs_shared_<field>.
+type sharedCollector struct{ level SharedLevel }
+
+// Describe sends nothing: the collector is unchecked (its fields are the stats').
+func (sharedCollector) Describe(chan<- *prometheus.Desc) {}
+
+// Collect sends one gauge per numeric or boolean field of the shared stats;
+// lease_held carries the holder as a label.
+func (c sharedCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.level.Stats()
+	raw, _ := json.Marshal(st)
+	var fields map[string]any
+	json.Unmarshal(raw, &fields)
+	for name, v := range fields {
+		var value float64
+		switch v := v.(type) {
+		case float64:
+			value = v
+		case bool:
+			value = boolValue(v)
+		default:
+			continue
+		}
+		labels, values := []string(nil), []string(nil)
+		if name == "lease_held" {
+			labels, values = []string{"holder"}, []string{st.LeaseHolder}
+		}
+		desc := prometheus.NewDesc("kvtierfs_shared_"+name, fmt.Sprintf("The shared level's %s (stat's \"shared\" section).", name), labels, nil)
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, value, values...)
+	}
+}
+
+// sharedWarnings names what keeps the shared level from working.
+func sharedWarnings(st shared.Stats) []Warning {
+	var out []Warning
+	if !st.Reachable {
+		out = append(out, Warning{Code: "shared_unreachable", Message: fmt.Sprintf(
+			"the shared store %s does not answer within --shared-timeout (%d calls timed out): lookups answer absent from local blocks only and %d bytes wait to be written behind; check its filesystem's client and servers",
+			st.Dir, st.Timeouts, st.BytesBehind)})
+	}
+	if st.BehindGrowing() {
+		out = append(out, Warning{Code: "shared_behind", Message: fmt.Sprintf(
+			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
+			st.BytesBehind, st.DroppedBlocks)})
+	}
+	return out
+}

@@ -1,0 +1,161 @@
+package shared
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// Dir is the shared directory as the level uses it, by paths relative to its
+// root. Any call may block for as long as the distributed filesystem's client
+// does; the level runs every call under its bound (bound.go).
+type Dir interface {
+	Stat(rel string) (FileInfo, error)
+	ReadFile(rel string) ([]byte, error)
+	// WriteFile creates rel (which must not exist) holding data; all-zero
+	// pages are left as holes.
+	WriteFile(rel string, data []byte) error
+	Rename(from, to string) error
+	Link(from, to string) error
+	Remove(rel string) error
+	MkdirAll(rel string) error
+	ReadDir(rel string) ([]fs.DirEntry, error)
+	Touch(rel string, t time.Time) error
+	Xattrs
+}
+
+// Xattrs are the extended attribute calls; a filesystem that keeps none
+// answers ENOTSUP and the level falls back to sidecar files.
+type Xattrs interface {
+	GetXattr(rel, name string) ([]byte, error)
+	SetXattr(rel, name string, value []byte) error
+}
+
+// FileInfo is what the level needs of a file: enough to tell the same file
+// apart from one that replaced it.
+type FileInfo struct {
+	Size, Allocated int64
+	ModTime         time.Time
+	Dev, Ino        uint64
+	Ctime           int64
+	IsDir, IsFile   bool
+}
+
+// sameFile reports whether two stats of a name saw the same unchanged file.
+func (a FileInfo) sameFile(b FileInfo) bool {
+	return a.Dev == b.Dev && a.Ino == b.Ino && a.Size == b.Size && a.ModTime.Equal(b.ModTime) && a.Ctime == b.Ctime
+}
+
+// OSDir is a Dir on a mounted directory.
+type OSDir struct{ Root string }
+
+func (d OSDir) path(rel string) string {
+	if rel == "." {
+		// The root itself, through a link if it is one.
+		return d.Root + "/."
+	}
+	return filepath.Join(d.Root, rel)
+}
+
+// Stat stats rel without following a link.
+func (d OSDir) Stat(rel string) (FileInfo, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(d.path(rel), &st); err != nil {
+		return FileInfo{}, err
+	}
+	return FileInfo{Size: st.Size, Allocated: st.Blocks * 512, ModTime: time.Unix(st.Mtim.Unix()),
+		Dev: st.Dev, Ino: st.Ino, Ctime: st.Ctim.Nano(),
+		IsDir: st.Mode&unix.S_IFMT == unix.S_IFDIR, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}, nil
+}
+
+// ReadFile reads a regular file whole, without following a link.
+func (d OSDir) ReadFile(rel string) ([]byte, error) {
+	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, syscall.EINVAL
+	}
+	buf := make([]byte, st.Size())
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	// A file that shrank while read comes back short and fails its digest.
+	return buf[:n], nil
+}
+
+// WriteFile creates rel exclusively and writes data, skipping all-zero pages.
+func (d OSDir) WriteFile(rel string, data []byte) error {
+	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	for off := 0; off < len(data); off += block.PageSize {
+		end := min(off+block.PageSize, len(data))
+		if block.IsZero(data[off:end]) {
+			continue
+		}
+		// Runs of non-zero pages go out in one write each.
+		for end < len(data) && !block.IsZero(data[end:min(end+block.PageSize, len(data))]) {
+			end = min(end+block.PageSize, len(data))
+		}
+		if _, err := f.WriteAt(data[off:end], int64(off)); err != nil {
+			f.Close()
+			return err
+		}
+		off = end - block.PageSize
+	}
+	if err := f.Truncate(int64(len(data))); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Rename renames within the directory.
+func (d OSDir) Rename(from, to string) error { return os.Rename(d.path(from), d.path(to)) }
+
+// Link makes a second name; it fails with EEXIST when to exists.
+func (d OSDir) Link(from, to string) error { return os.Link(d.path(from), d.path(to)) }
+
+// Remove removes a file.
+func (d OSDir) Remove(rel string) error { return os.Remove(d.path(rel)) }
+
+// MkdirAll creates a directory and its parents.
+func (d OSDir) MkdirAll(rel string) error { return os.MkdirAll(d.path(rel), 0o700) }
+
+// ReadDir lists a directory.
+func (d OSDir) ReadDir(rel string) ([]fs.DirEntry, error) { return os.ReadDir(d.path(rel)) }
+
+// Touch sets a file's modification time, which the evictor reads as its last use.
+func (d OSDir) Touch(rel string, t time.Time) error { return os.Chtimes(d.path(rel), t, t) }
+
+// GetXattr reads an extended attribute.
+func (d OSDir) GetXattr(rel, name string) ([]byte, error) {
+	buf := make([]byte, 1024)
+	n, err := unix.Lgetxattr(d.path(rel), name, buf)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// SetXattr sets an extended attribute.
+func (d OSDir) SetXattr(rel, name string, value []byte) error {
+	return unix.Lsetxattr(d.path(rel), name, value, 0)
+}

@@ -1,0 +1,110 @@
+package shared
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// tmpSerial numbers the tmp files this process writes.
+var tmpSerial atomic.Uint64
+
+// isNotSupported reports an errno meaning the filesystem keeps no xattrs.
+func isNotSupported(err error) bool {
+	return errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.EOPNOTSUPP)
+}
+
+// put writes a block into the shared directory: its bytes to a tmp file
+// beside it, its record in the xattr (or a sidecar written first), then the
+// rename that publishes it. Runs on a bound worker.
+func (l *Level) put(rel string, name block.Name, data []byte) error {
+	rec, err := block.DigestOf(data).MarshalRecord(name.Binding())
+	if err != nil {
+		return err
+	}
+	if err := l.dir.MkdirAll(path.Dir(rel)); err != nil {
+		return err
+	}
+	// A vLLM-style tmp name: `<h>.bin_<writer>.tmp`.
+	tmp := fmt.Sprintf("%s_%s-%d.tmp", rel, l.cfg.Holder, tmpSerial.Add(1))
+	if err := l.dir.WriteFile(tmp, data); err != nil {
+		l.dir.Remove(tmp)
+		return err
+	}
+	if err := l.writeRecord(rel, tmp, rec); err != nil {
+		l.dir.Remove(tmp)
+		return err
+	}
+	if err := l.dir.Rename(tmp, rel); err != nil {
+		l.dir.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// writeRecord sets the record on the block's tmp file, or writes the sidecar
+// (tmp + rename) when the filesystem refuses xattrs.
+func (l *Level) writeRecord(rel, tmp string, rec []byte) error {
+	if !l.xattrsRefused.Load() {
+		err := l.dir.SetXattr(tmp, checksumXattr, rec)
+		if err == nil || !isNotSupported(err) {
+			return err
+		}
+		l.xattrsRefused.Store(true)
+		l.cfg.Logger.Warn("the shared filesystem keeps no xattrs: block digests go to sidecar files", "dir", l.cfg.Dir, "suffix", sidecarSuffix)
+	}
+	sideTmp := tmp + sidecarSuffix + "_" + strconv.FormatUint(tmpSerial.Add(1), 10) + ".tmp"
+	if err := l.dir.WriteFile(sideTmp, rec); err != nil {
+		l.dir.Remove(sideTmp)
+		return err
+	}
+	if err := l.dir.Rename(sideTmp, rel+sidecarSuffix); err != nil {
+		l.dir.Remove(sideTmp)
+		return err
+	}
+	return nil
+}
+
+// readRecord reads a shared block's digest record from its xattr, else its
+// sidecar; ok is false when it has neither.
+func (l *Level) readRecord(rel string) (rec []byte, ok bool, err error) {
+	if !l.xattrsRefused.Load() {
+		rec, err := l.dir.GetXattr(rel, checksumXattr)
+		switch {
+		case err == nil:
+			return rec, true, nil
+		case errors.Is(err, syscall.ENOENT):
+			return nil, false, err
+		case !isNotSupported(err) && !errors.Is(err, syscall.ENODATA):
+			return nil, false, err
+		}
+	}
+	rec, err = l.dir.ReadFile(rel + sidecarSuffix)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// verify checks fetched bytes against their record, bound to the block's name.
+func verify(name block.Name, data, rec []byte) error {
+	d, key, bound, err := block.UnmarshalRecord(rec)
+	if err != nil {
+		return err
+	}
+	if !bound || key != name.Binding() {
+		return fmt.Errorf("digest record is bound to %+v, not to this block", key)
+	}
+	if int64(len(data)) != d.Size {
+		return fmt.Errorf("%d bytes, the record covers %d", len(data), d.Size)
+	}
+	if crc := block.CRC32C(data); crc != d.CRC {
+		return fmt.Errorf("crc32c %08x, recorded %08x", crc, d.CRC)
+	}
+	return nil
+}
