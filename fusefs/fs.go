@@ -2,9 +2,9 @@
 // the store directory whose block files (`<hex>.bin` under `_g<N>`
 // directories) are created, published, verified, evicted and counted by
 // tiers/disk. Everything else is stored as it comes. Loads are served by the
-// daemon from bytes verified at open, and on a multi-node group mirrored to
-// every peer before the read that completes them returns (package core
-// decides; this package translates requests).
+// daemon from bytes verified before the read that completes them returns,
+// and on a multi-node group mirrored to every peer before it returns
+// (package core decides; this package translates requests).
 package fusefs
 
 import (

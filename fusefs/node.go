@@ -167,8 +167,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
-// Open opens a block for a load with its bytes verified (core.Loads.Open);
-// blocks are immutable once published.
+// Open opens a block for a load (core.Loads.Open), whose bytes are proven
+// before the read that completes it returns; blocks are immutable once
+// published.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
