@@ -195,6 +195,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
+	if opts.Regions != nil {
+		opts.Store.UseRows(opts.Regions)
+	}
 	loopRoot.RootNode = f.root
 	f.index = newLookupIndex(opts.Store.Root(), loopRoot)
 	f.index.scan("")

@@ -13,13 +13,39 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
-// tmpHandle is the descriptor of a block tmp file being written. Writes reach
-// the daemon (FOPEN_DIRECT_IO) so each one is checked, counted against the
+// tmpHandle is the descriptor of a block tmp file being written. With a
+// passthrough fd, the kernel writes the engine's row straight into the store
+// file and the rename learns its checksum (disk.Writer.Passthrough); else
+// writes reach the daemon (FOPEN_DIRECT_IO), each one counted against the
 // capacity and checksummed as it arrives. disk.Writer serialises them.
 type tmpHandle struct {
 	w     *disk.Writer
 	fsys  *FS
 	start time.Time
+	// passthroughFd is the store file the kernel writes to; -1 for none.
+	passthroughFd int
+}
+
+var _ = (fs.FilePassthroughFder)((*tmpHandle)(nil))
+
+// PassthroughFd hands the kernel the tmp's store file when its row's bytes
+// are reserved.
+func (h *tmpHandle) PassthroughFd() (int, bool) { return h.passthroughFd, h.passthroughFd >= 0 }
+
+// openFlags are the tmp's FOPEN flags: FOPEN_DIRECT_IO would override
+// passthrough in the kernel.
+func (h *tmpHandle) openFlags() uint32 {
+	if h.passthroughFd >= 0 {
+		return 0
+	}
+	return fuse.FOPEN_DIRECT_IO
+}
+
+var _ = (fs.FileAllocater)((*tmpHandle)(nil))
+
+// Allocate runs fallocate on the tmp within the capacity.
+func (h *tmpHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	return disk.Errno(h.w.Allocate(int64(off), int64(size), mode))
 }
 
 var _ = (fs.FileWriter)((*tmpHandle)(nil))

@@ -205,7 +205,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		w.Close()
 		return nil, nil, 0, errno
 	}
-	return child, &tmpHandle{w: w, fsys: n.fsys, start: time.Now()}, fuse.FOPEN_DIRECT_IO, 0
+	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1}
+	if fd, ok := w.Passthrough(); ok {
+		h.passthroughFd = fd
+	}
+	return child, h, h.openFlags(), 0
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))
@@ -398,12 +402,18 @@ func (n *node) refuseLayoutName(name string) syscall.Errno {
 
 var _ = (fs.NodeSetattrer)((*node)(nil))
 
-// Setattr refuses size changes of blocks and of tmp files being written.
+// Setattr refuses size changes of blocks, and of tmp files being written
+// except through their writer's descriptor (ftruncate to the row size).
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if _, sizeChange := in.GetSize(); sizeChange {
+	if size, sizeChange := in.GetSize(); sizeChange {
 		rel := n.self()
 		kind, _ := block.Parse(rel)
-		if kind == block.File || kind == block.TmpFile && n.fsys.store.IsTracked(rel) {
+		if h, ok := f.(*tmpHandle); ok && kind == block.TmpFile {
+			if err := h.w.Truncate(int64(size)); err != nil {
+				return n.errno(err)
+			}
+			in.Valid &^= fuse.FATTR_SIZE
+		} else if kind == block.File || kind == block.TmpFile && n.fsys.store.IsTracked(rel) {
 			n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
 			return syscall.EPERM
 		}

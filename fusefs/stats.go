@@ -73,9 +73,13 @@ type Counters struct {
 	TmpsExpired    int64 `json:"tmps_expired"`
 	PublishRefused int64 `json:"publish_refused"`
 	// StoreIOErrors counts reads and writes the store filesystem failed.
-	StoreIOErrors int64 `json:"store_io_errors"`
-	ShmIgnored    int64 `json:"shm_ignored"`
-	ShmFaults     int64 `json:"shm_faults"`
+	// StoresFromRow and StoresReadBack count passthrough stores whose digest
+	// came from the engine's row, and those whose tmp file was read back.
+	StoresFromRow  int64 `json:"stores_from_row"`
+	StoresReadBack int64 `json:"stores_read_back"`
+	StoreIOErrors  int64 `json:"store_io_errors"`
+	ShmIgnored     int64 `json:"shm_ignored"`
+	ShmFaults      int64 `json:"shm_faults"`
 	// KVEventsPublished counts removed blocks published as BlockRemoved KV
 	// events, KVEventsDropped those dropped because the publisher's queue was
 	// full (both 0 without --kv-events-endpoint).
@@ -114,6 +118,8 @@ func (f *FS) Stats() Stats {
 			TmpsExpired:      c.TmpsExpired.Load(),
 			PublishRefused:   c.PublishRefused.Load(),
 			StoreIOErrors:    c.IOErrors.Load(),
+			StoresFromRow:    c.StoresFromRow.Load(),
+			StoresReadBack:   c.StoresReadBack.Load(),
 		},
 		Peers:    []rowsync.PeerStats{},
 		Warnings: []Warning{},

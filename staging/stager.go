@@ -64,6 +64,11 @@ type Options struct {
 	// leaves the disk idle and never competes with its loads for it.
 	// Default DefaultQueueDepth.
 	QueueDepth int
+	// IdleQueueDepth is the most fetches in flight while the engine opens
+	// no load: it computes between waves, the disk is staging's, and the
+	// next wave should be staged before the engine asks for it. Default
+	// IdleDepthFactor × QueueDepth.
+	IdleQueueDepth int
 	// WaveBlocks is how many blocks of a chain are kept staged or in flight
 	// ahead of the engine's latest read. Default DefaultWaveBlocks.
 	WaveBlocks int
@@ -85,6 +90,9 @@ const (
 	// engine's 16 load threads only took CPU and disk time from its loads,
 	// while 4 let an engine with one or two load threads stream from memory.
 	DefaultQueueDepth = 4
+	// IdleDepthFactor sets the default IdleQueueDepth: 16 fetches beside
+	// the default 4, as many as the engine's own load threads.
+	IdleDepthFactor = 4
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
 	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
@@ -150,12 +158,16 @@ type Stager struct {
 	pending  int                  // entries queued or fetching, dropped fetches included until they return
 	fetching int                  // fetches running now
 	loading  int                  // the engine's loads reading the store now (StoreLoadStarted)
-	used     int64                // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64                // highest used so far
-	staged   int64                // bytes of staged entries
-	counters Stats                // Waves, Hits, Misses and WastedBytes
-	lastGen  uint64               // generation of the newest entry
-	lastRun  uint64               // id of the newest lookup batch
+	// lastTake is when the engine last opened a load (Take); idleWake wakes
+	// the workers once it has been idle for engineIdleAfter since.
+	lastTake time.Time
+	idleWake *time.Timer
+	used     int64  // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64  // highest used so far
+	staged   int64  // bytes of staged entries
+	counters Stats  // Waves, Hits, Misses and WastedBytes
+	lastGen  uint64 // generation of the newest entry
+	lastRun  uint64 // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
@@ -234,7 +246,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if fetch == nil {
 		return nil, errors.New("staging: nil Fetch")
 	}
-	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
+	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.IdleQueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
 		return nil, errors.New("staging: negative option")
 	}
 	if opts.Budget == 0 {
@@ -243,6 +255,10 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if opts.QueueDepth == 0 {
 		opts.QueueDepth = DefaultQueueDepth
 	}
+	if opts.IdleQueueDepth == 0 {
+		opts.IdleQueueDepth = IdleDepthFactor * opts.QueueDepth
+	}
+	opts.IdleQueueDepth = max(opts.IdleQueueDepth, opts.QueueDepth)
 	if opts.WaveBlocks == 0 {
 		opts.WaveBlocks = DefaultWaveBlocks
 	}
@@ -278,7 +294,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		return nil, err
 	}
 	s.cache = cache
-	for range opts.QueueDepth {
+	for range opts.IdleQueueDepth {
 		s.workers.Go(s.worker)
 	}
 	return s, nil
@@ -404,6 +420,7 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			s.counters.Misses++
 		}
 		s.noteReadLocked(id, key)
+		s.noteEngineBusyLocked()
 		evicted := s.takeEvictedLocked()
 		s.mu.Unlock()
 		s.uncache(append(evicted, taken)...)
@@ -436,7 +453,7 @@ func (s *Stager) Invalidate(key block.Ref) {
 
 // StoreLoadStarted records a load of the engine that reads the store itself
 // (not served from staging); call StoreLoadDone when its read is over.
-// While such loads are in flight, staging runs only as many fetches as
+// While such loads are in flight, staging starts only as many fetches as
 // Options.QueueDepth leaves beside them.
 func (s *Stager) StoreLoadStarted() {
 	s.mu.Lock()
@@ -477,6 +494,9 @@ func (s *Stager) Close() {
 		return
 	}
 	s.closed = true
+	if s.idleWake != nil {
+		s.idleWake.Stop()
+	}
 	for _, e := range s.entries {
 		s.dropLocked(e, true)
 	}
@@ -487,11 +507,41 @@ func (s *Stager) Close() {
 	s.cache.Close()
 }
 
+// engineIdleAfter is how long after its latest load the engine counts as
+// idle (computing between waves), so that fetches may fill the disk.
+const engineIdleAfter = 20 * time.Millisecond
+
+// noteEngineBusyLocked records a load of the engine and arms the wake-up of
+// the workers for when it has been idle for engineIdleAfter.
+func (s *Stager) noteEngineBusyLocked() {
+	s.lastTake = time.Now()
+	if s.idleWake == nil {
+		s.idleWake = time.AfterFunc(engineIdleAfter, func() {
+			s.mu.Lock()
+			s.work.Broadcast()
+			s.mu.Unlock()
+		})
+		return
+	}
+	s.idleWake.Reset(engineIdleAfter)
+}
+
+// depthFullLocked reports whether no more fetch may start now: fetches and
+// the engine's loads that read the store share QueueDepth, and while the
+// engine is idle (no load for engineIdleAfter; it computes between waves)
+// fetches may run up to IdleQueueDepth.
+func (s *Stager) depthFullLocked() bool {
+	if s.loading > 0 || time.Since(s.lastTake) < engineIdleAfter {
+		return s.fetching+s.loading >= s.opts.QueueDepth
+	}
+	return s.fetching >= s.opts.IdleQueueDepth
+}
+
 // worker runs queued fetches until Close.
 func (s *Stager) worker() {
 	for {
 		s.mu.Lock()
-		for (len(s.queue) == 0 || s.fetching+s.loading >= s.opts.QueueDepth) && !s.closed {
+		for (len(s.queue) == 0 || s.depthFullLocked()) && !s.closed {
 			s.work.Wait()
 		}
 		if s.closed {

@@ -732,3 +732,49 @@ func TestFetchesLeaveDepthToTheEnginesStoreLoads(t *testing.T) {
 		t.Fatalf("after the store load ended, fetch of %s started, want %s", got, keys[3])
 	}
 }
+
+// TestFetchesFillTheEnginesIdleTime checks that once the engine opened no
+// load for a while (it computes between waves), staging runs up to
+// IdleQueueDepth fetches at once, and that a store load of the engine stops
+// new ones until fetches and loads fit QueueDepth again.
+func TestFetchesFillTheEnginesIdleTime(t *testing.T) {
+	f := newFakeStore(100)
+	f.started, f.gate = make(chan block.Ref, 16), make(chan struct{})
+	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 12, QueueDepth: 2})
+	t.Cleanup(func() { close(f.gate) }) // runs before s.Close: no fetch stays blocked
+	if s.opts.IdleQueueDepth != IdleDepthFactor*2 {
+		t.Fatalf("IdleQueueDepth %d, want %d", s.opts.IdleQueueDepth, IdleDepthFactor*2)
+	}
+	keys := chunkKeys(tierA, 0, 14)
+	lookUp(s, 1, keys...)
+	if _, ok := s.Take(keys[0]); ok {
+		t.Fatal("first Take hit")
+	}
+	<-f.started // the probe that learns the block size
+	f.gate <- struct{}{}
+	for i := range s.opts.IdleQueueDepth {
+		select {
+		case <-f.started:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d fetches running with the engine idle, want %d", i, s.opts.IdleQueueDepth)
+		}
+	}
+	select {
+	case k := <-f.started:
+		t.Fatalf("fetch of %s started beyond IdleQueueDepth", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.StoreLoadStarted()
+	f.gate <- struct{}{} // one fetch ends: 7 in flight and a load, over QueueDepth
+	select {
+	case k := <-f.started:
+		t.Fatalf("fetch of %s started while the engine's load read the store", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.StoreLoadDone()
+	select {
+	case <-f.started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no fetch started once the engine's load ended")
+	}
+}

@@ -99,6 +99,9 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 		if cfg.Capacity != "" {
 			args = append(args, "--capacity", cfg.Capacity)
 		}
+		if !cfg.Staging {
+			args = append(args, "--staging-bytes", "0")
+		}
 		n.daemon, err = daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: n.mountpoint, Store: n.store,
 			ShmGlob: n.region.Path, Args: args, Log: &n.log})
 		if err != nil {

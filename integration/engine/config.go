@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvtierfs/kvtierfs/gpu"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
@@ -166,6 +167,14 @@ type Config struct {
 	// IOThreads is the number of tier I/O threads for stores and for loads
 	// (--threads).
 	IOThreads int
+	// Staging turns the mounts' wave staging on (their default budget) or
+	// off (--staging-bytes 0) (--staging).
+	Staging bool
+	// StepGap is how long the fixed engine works between waves: once a
+	// wave's loads completed and reached the GPUs, it computes (prefill of
+	// the remainder, decode of other requests) for this long before it
+	// loads the next wave, as a real scheduler's steps do (--step-gap).
+	StepGap time.Duration
 	// GPU is the gpu.Open kind: "auto", "cuda" or "host" (--gpu).
 	GPU string
 	// GPUDevices are the CUDA devices; rank r uses GPUDevices[r % len]
@@ -213,6 +222,7 @@ func DefaultConfig(scenario string) (Config, error) {
 		Model:          "DeepSeek-V4-Flash",
 		Requests:       1,
 		IOThreads:      DefaultIOThreads,
+		Staging:        true,
 		GPU:            gpu.KindAuto,
 		GPUDevices:     []int{0},
 		ReplicatedKV:   "auto",
@@ -268,6 +278,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
+	case c.StepGap < 0:
+		return fmt.Errorf("--step-gap %v: want a duration of at least 0", c.StepGap)
 	case c.Engine != EngineStock && c.Engine != EngineFixed:
 		return fmt.Errorf("--engine %q: want %s or %s", c.Engine, EngineStock, EngineFixed)
 	case c.RowBytes <= 0 || c.RowBytes%engineio.PageSize != 0:

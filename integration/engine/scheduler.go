@@ -307,7 +307,11 @@ func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error)
 		return 0, err
 	}
 	needed := s.neededBlocks(keys, match.HitChunks)
-	for len(needed) > 0 {
+	for step := 0; len(needed) > 0; step++ {
+		if step > 0 && s.cfg.StepGap > 0 {
+			// The engine computes on what the previous wave loaded.
+			time.Sleep(s.cfg.StepGap)
+		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
@@ -329,7 +333,12 @@ func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error)
 			return 0, fmt.Errorf("no primary row to stage into: all %d rows are pinned", s.primary.rows())
 		}
 		failed := false
-		for i, err := range s.promote(fetch, fetchRows) {
+		start := time.Now()
+		errs := s.promote(fetch, fetchRows)
+		if step > 0 {
+			s.res.LaterWaveWaitSeconds += time.Since(start).Seconds()
+		}
+		for i, err := range errs {
 			if err != nil {
 				failed = true
 				continue

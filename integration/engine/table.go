@@ -49,7 +49,11 @@ func WriteTable(w io.Writer, results []Result) error {
 	})
 	row("bytes written", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesWritten)/1e6) })
 	row("bytes read", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesRead)/1e6) })
+	row("staging", func(r Result, _ fusefs.Stats) string { return r.Staging })
+	row("step gap", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.0f ms", 1000*r.StepGapSeconds) })
 	row("load throughput", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.2f GB/s", r.LoadGBps) })
+	row("load wait, waves 2…n", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.3f s", r.LaterWaveWaitSeconds) })
+	row("mount: loads from staging", func(_ Result, m fusefs.Stats) string { return fmt.Sprint(m.Counters.LoadsFromStaging) })
 	row("load/store errors", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%d/%d", r.LoadErrors, r.StoreErrors) })
 	row("lookups (faccessat)", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.Lookups) })
 	row("seconds", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.2f", r.Seconds) })
@@ -69,4 +73,30 @@ func WriteTable(w io.Writer, results []Result) error {
 		return strings.Join(codes, ",")
 	})
 	return t.Flush()
+}
+
+// WriteStagingRatios prints, for every engine and sync setting run with
+// staging off and on, the load wait of waves 2…n and the load throughput of
+// staging on ÷ off.
+func WriteStagingRatios(w io.Writer, results []Result) {
+	for _, on := range results {
+		if on.Staging != "on" {
+			continue
+		}
+		for _, off := range results {
+			if off.Staging != "off" || off.Engine != on.Engine || off.Sync != on.Sync {
+				continue
+			}
+			wait := "n/a (no later wave waited)"
+			if off.LaterWaveWaitSeconds > 0 {
+				wait = fmt.Sprintf("%.2f", on.LaterWaveWaitSeconds/off.LaterWaveWaitSeconds)
+			}
+			throughput := "n/a"
+			if off.LoadGBps > 0 {
+				throughput = fmt.Sprintf("%.2f", on.LoadGBps/off.LoadGBps)
+			}
+			fmt.Fprintf(w, "%s, sync %s, step gap %.0f ms: load wait of waves 2…n, staging on ÷ off %s; load throughput on ÷ off %s\n",
+				on.Engine, on.Sync, 1000*on.StepGapSeconds, wait, throughput)
+		}
+	}
 }

@@ -129,6 +129,15 @@ type tmpFile struct {
 	// untracked is set once the store stops tracking the tmp (published,
 	// removed, forgotten, expired or replaced); written under Store.mu.
 	untracked bool
+	// passthrough is set while the kernel writes the file without the
+	// daemon (Writer.Passthrough): allocated holds the row's reservation,
+	// and released is closed when the writer releases the file.
+	passthrough bool
+	released    chan struct{}
+	// written are the byte ranges the daemon's writes covered, merged;
+	// attempted is the end of the furthest write asked for.
+	written   [][2]int64
+	attempted int64
 }
 
 // Store is the block store. All methods are safe for concurrent use.
@@ -141,6 +150,8 @@ type Store struct {
 	capacity  int64
 	fsReserve int64
 	counters  Counters
+	// rows finds the engine's row a passthrough tmp was written from.
+	rows WrittenRows
 
 	mu         sync.Mutex
 	blocks     map[string]*entry
