@@ -92,7 +92,7 @@ func newBenchFlags() *benchFlags {
 	for i := range b.ints {
 		b.ints[i].value = fl.Int(b.ints[i].name, 0, b.ints[i].usage)
 	}
-	fl.StringVar(&b.stagings, "staging", "on", "the mounts' wave staging, comma-separated: off, on (engine scenarios)")
+	fl.StringVar(&b.stagings, "staging", "on", "the mounts' wave staging, comma-separated: off, on (engine scenarios; disk: one of them)")
 	fl.DurationVar(&b.stepGap, "step-gap", 0, "time the fixed engine computes between waves of one lookup, after a wave reached the GPUs (e.g. 200ms)")
 	fl.IntVar(&b.threads, "threads", engine.DefaultIOThreads, "tier I/O threads for stores and for loads")
 	fl.StringVar(&b.kv, "kv", engine.KVMLA, "KV layout across ranks: mla (replicated) or gqa (per rank)")
@@ -172,7 +172,11 @@ func (b *benchFlags) checkApplicable(scenario string) error {
 	switch {
 	case scenario == scenarioDisk:
 		refused = []string{"half-zero", "staging-bytes"}
-		refused = append(refused, engineOnlyFlags...)
+		for _, f := range engineOnlyFlags {
+			if f != "staging" {
+				refused = append(refused, f)
+			}
+		}
 	case rawScenario(scenario):
 		refused = engineOnlyFlags
 	default:
@@ -348,6 +352,13 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 		cfg.Dir = os.TempDir()
 	}
 	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
+	switch b.stagings {
+	case "on":
+	case "off":
+		cfg.StagingOff = true
+	default:
+		return usageError{fmt.Errorf("--staging %q: disk takes one of on, off", b.stagings)}
+	}
 	if err := b.rowBytesInto(&cfg.RowBytes); err != nil {
 		return err
 	}

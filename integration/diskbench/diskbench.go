@@ -49,6 +49,8 @@ type Config struct {
 	LookupKeys int
 	// DropCaches empties the page cache before each cold phase (root only).
 	DropCaches bool
+	// StagingOff mounts with wave staging off (--staging-bytes 0).
+	StagingOff bool
 	// Progress receives one line per phase; nil discards them.
 	Progress io.Writer
 }
@@ -56,6 +58,14 @@ type Config struct {
 // DefaultConfig is the benchmark: 512 blocks of 8 MiB, 16 threads, 12,434 lookups.
 func DefaultConfig() Config {
 	return Config{RowBytes: 8 << 20, Blocks: 512, Threads: 16, LookupKeys: 12434, DropCaches: os.Geteuid() == 0}
+}
+
+// mountArgs are the mount's flags beyond the store, mountpoint and region.
+func (c Config) mountArgs() []string {
+	if c.StagingOff {
+		return []string{"--staging-bytes", "0"}
+	}
+	return nil
 }
 
 // Validate checks a configuration, naming the offending flag.
@@ -156,7 +166,7 @@ func Run(cfg Config) (Result, error) {
 	}
 	defer cleanup()
 	d, err := daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: filepath.Join(work, "mnt"),
-		Store: mkdir(work, "store"), ShmGlob: region.Path})
+		Store: mkdir(work, "store"), ShmGlob: region.Path, Args: cfg.mountArgs()})
 	if err != nil {
 		return res, err
 	}
