@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
@@ -32,12 +33,6 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
-
-// ControlDir is the virtual directory at the mount root that serves stats.
-const ControlDir = ".kvtier"
-
-// StatsFile is the name of the JSON stats file inside ControlDir.
-const StatsFile = "stats.json"
 
 // Default kernel cache lifetimes: lookups of present and absent blocks are
 // answered by the kernel within these windows; the daemon invalidates entries
@@ -285,8 +280,8 @@ func raisePageLimit(maxRequest int, logger *slog.Logger) {
 func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
 	dir := root.NewPersistentInode(ctx, &controlDir{fsys: f}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
-	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
-	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
+	dir.AddChild(ctlabi.StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
+	dir.AddChild(ctlabi.MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -17,29 +18,6 @@ import (
 // load of the engine, which is enough to name the failures that cost the
 // field weeks. Each rule needs evidence over a sliding window, so a short
 // burst or a fresh mount does not trigger it.
-
-// Warning codes, the Code of the warnings Diagnostics reports.
-const (
-	// WarnWriteOnlyGroup: a KV group is stored but never read while other
-	// groups of the same tier are read (EAGLE store filter, DESIGN §3.1).
-	WarnWriteOnlyGroup = "write_only_group"
-	// WarnHashSeedDrift: lookups find almost nothing, the store holds many
-	// blocks never looked up and new ones keep arriving: the engines' block
-	// hashes differ (hash algorithm, or PYTHONHASHSEED with xxhash).
-	WarnHashSeedDrift = "hash_seed_drift"
-	// WarnPrimaryTierExhausted: keys answer present but are not read, as
-	// many as the primary region has rows (DESIGN §3.3).
-	WarnPrimaryTierExhausted = "primary_tier_exhausted"
-	// WarnWriteOnlyTier: many bytes written to the tier, none read.
-	WarnWriteOnlyTier = "write_only_tier"
-)
-
-// Warning is a diagnosed failure: its code and a message with the evidence
-// and what to do.
-type Warning struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
 
 // Defaults of the diagnostics options that the mount's flags show.
 const (
@@ -255,7 +233,7 @@ func (d *Diagnostics) forgetGroupsLocked(epoch int64) {
 
 // Warnings returns the failures diagnosed now, sorted by code and subject;
 // a healthy workload gets none.
-func (d *Diagnostics) Warnings(st StoreState) []Warning {
+func (d *Diagnostics) Warnings(st StoreState) []ctlabi.Warning {
 	now := d.opts.Now()
 	epoch := d.epoch(now)
 	fullWindow := now.Sub(d.start) >= d.opts.Window
@@ -271,7 +249,7 @@ func (d *Diagnostics) Warnings(st StoreState) []Warning {
 		tiers[id.tier][id.group] = sum
 		total.add(sum)
 	}
-	var warnings []Warning
+	var warnings []ctlabi.Warning
 	if fullWindow {
 		warnings = append(warnings, d.writeOnlyGroups(tiers)...)
 		if w, ok := d.writeOnlyTier(total); ok {
@@ -284,14 +262,14 @@ func (d *Diagnostics) Warnings(st StoreState) []Warning {
 	if w, ok := d.primaryTierExhaustedLocked(now, total, st); ok {
 		warnings = append(warnings, w)
 	}
-	slices.SortStableFunc(warnings, func(a, b Warning) int { return cmp.Compare(a.Code, b.Code) })
+	slices.SortStableFunc(warnings, func(a, b ctlabi.Warning) int { return cmp.Compare(a.Code, b.Code) })
 	return warnings
 }
 
 // writeOnlyGroups finds the groups that stored MinStoredBytes in the window
 // and read nothing while another group of the same tier read something.
-func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning {
-	var warnings []Warning
+func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []ctlabi.Warning {
+	var warnings []ctlabi.Warning
 	for _, tier := range slices.Sorted(maps.Keys(tiers)) {
 		groups := tiers[tier]
 		var readGroups []string
@@ -310,7 +288,7 @@ func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning 
 			if t.readBlocks > 0 || t.storedBytes < d.opts.MinStoredBytes {
 				continue
 			}
-			warnings = append(warnings, Warning{Code: WarnWriteOnlyGroup, Message: fmt.Sprintf(
+			warnings = append(warnings, ctlabi.Warning{Code: ctlabi.WarnWriteOnlyGroup, Message: fmt.Sprintf(
 				"tier %s, group %d: %s stored in %d blocks and none read in the last %s, while group(s) %s read %s "+
 					"(group %d: %d lookups, %d present). The engine stores this group but never gets a hit on it, and groups are ANDed, "+
 					"so it vetoes hits. With an EAGLE/MTP draft group this is the engine's store filter keeping only chunks {acc-tail … acc-1} of "+
@@ -324,11 +302,11 @@ func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning 
 
 // writeOnlyTier fires when the whole tier stored MinStoredBytes in the
 // window and read nothing.
-func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
+func (d *Diagnostics) writeOnlyTier(total tally) (ctlabi.Warning, bool) {
 	if total.readBlocks > 0 || total.storedBytes < d.opts.MinStoredBytes {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnWriteOnlyTier, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnWriteOnlyTier, Message: fmt.Sprintf(
 		"%s written in %d blocks and nothing read in the last %s (%d lookups, %d answered present). "+
 			"The tier costs disk writes and serves no load. If lookups answer present, the engine vetoes its hits: "+
 			"check EAGLE/MTP groups (write_only_group, staging.Retained) and the primary tier (primary_tier_exhausted); "+
@@ -340,13 +318,13 @@ func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
 // hashSeedDrift fires when lookups in the window hit at most MaxHitRatio,
 // new blocks keep being stored and the store holds many blocks (half or
 // more) never looked up since the mount.
-func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) {
+func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (ctlabi.Warning, bool) {
 	if total.lookups < d.opts.MinLookups || float64(total.lookupHits) > d.opts.MaxHitRatio*float64(total.lookups) ||
 		total.storedBlocks < d.opts.MinStores ||
 		st.NeverLookedUp < d.opts.MinNeverLookedUp || 2*st.NeverLookedUp < st.Blocks {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnHashSeedDrift, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnHashSeedDrift, Message: fmt.Sprintf(
 		"lookups found %d of %d keys (%.2f%%) in the last %s while %d new blocks were stored, and %d of the %d blocks in the store "+
 			"were never looked up since the mount. The engine's block hashes no longer match the stored ones. vLLM's default block "+
 			"hash is the same in every process since vLLM PR #51875: check that every engine process on every node uses the same "+
@@ -362,14 +340,14 @@ func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) 
 // about the primary region's row count or more, while the keys read after
 // answering present stay at about the row count or fewer: the engine can
 // only take as many blocks as it has rows.
-func (d *Diagnostics) primaryTierExhaustedLocked(now time.Time, total tally, st StoreState) (Warning, bool) {
+func (d *Diagnostics) primaryTierExhaustedLocked(now time.Time, total tally, st StoreState) (ctlabi.Warning, bool) {
 	waiting := d.countWaitingLocked(now)
 	rows := float64(st.PrimaryRows)
 	if st.PrimaryRows <= 0 || waiting < d.opts.MinWaiting ||
 		float64(waiting) < (1-d.opts.PinTolerance)*rows || float64(total.waitedReads) > (1+d.opts.PinTolerance)*rows {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnPrimaryTierExhausted, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnPrimaryTierExhausted, Message: fmt.Sprintf(
 		"%d keys answered present in the last %s and were not read within %s, while %d were read after answering present; "+
 			"the primary region has %d rows. The engine's lookup takes a primary-tier row for every key it confirms, so once the rows "+
 			"are taken the keys on disk answer MISS and the hit is vetoed. Match without staging (MOUNTPOINT/.kvtier/match, "+

@@ -3,6 +3,7 @@ package staging_test
 import (
 	"fmt"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -16,8 +17,8 @@ func ExampleMatch() {
 		"3fa90000000000000000000000000003", "3fa90000000000000000000000000004",
 	}
 	stored := map[string]bool{keys[0]: true, keys[1]: true, keys[3]: true}
-	req := staging.MatchRequest{Tier: "DeepSeek_0123456789ab_r0", Groups: []staging.GroupSpec{
-		{Group: 0, Kind: staging.KindFull, Keys: keys},
+	req := ctlabi.MatchRequest{Tier: "DeepSeek_0123456789ab_r0", Groups: []ctlabi.GroupSpec{
+		{Group: 0, Kind: ctlabi.KindFull, Keys: keys},
 	}}
 	res, err := staging.Match(req, func(group int, key string) bool { return stored[key] })
 	fmt.Println(res.HitChunks, res.PerGroup, err)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
 // BenchmarkMatchManyPasses is the costliest request shape found for Match:
@@ -14,7 +16,7 @@ import (
 // on every pass took 5.2 s per request on the development machine; the skip
 // chains make it 0.07 s (go test -bench ManyPasses ./staging).
 func BenchmarkMatchManyPasses(b *testing.B) {
-	n := MaxRequestKeys / 3
+	n := ctlabi.MaxRequestKeys / 3
 	keys := func(group int) []string {
 		k := make([]string, n)
 		for i := range k {
@@ -22,10 +24,10 @@ func BenchmarkMatchManyPasses(b *testing.B) {
 		}
 		return k
 	}
-	req := MatchRequest{Tier: "t", Groups: []GroupSpec{
-		{Group: 0, Kind: KindSliding, Tail: n, Acc: n, Keys: keys(0)},
-		{Group: 1, Kind: KindSliding, Tail: 1, Acc: 1, Keys: keys(1)},
-		{Group: 2, Kind: KindSliding, Tail: 1, Acc: 1, Keys: keys(2)},
+	req := ctlabi.MatchRequest{Tier: "t", Groups: []ctlabi.GroupSpec{
+		{Group: 0, Kind: ctlabi.KindSliding, Tail: n, Acc: n, Keys: keys(0)},
+		{Group: 1, Kind: ctlabi.KindSliding, Tail: 1, Acc: 1, Keys: keys(1)},
+		{Group: 2, Kind: ctlabi.KindSliding, Tail: 1, Acc: 1, Keys: keys(2)},
 	}}
 	present := func(group int, key string) bool {
 		chunk, _ := strconv.ParseUint(key[2:], 16, 64)

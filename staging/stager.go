@@ -8,6 +8,7 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -103,27 +104,6 @@ const (
 	maxChains = 4096
 )
 
-// Stats is a snapshot of staging: the "staging" object of `kvtierfs stat`
-// and the staging metrics.
-type Stats struct {
-	// BudgetBytes is the staging budget.
-	BudgetBytes int64 `json:"budget_bytes"`
-	// Bytes is the size of the verified blocks staged now, ready to serve.
-	Bytes int64 `json:"bytes"`
-	// Chains is the number of chains streaming now: holding staged blocks or
-	// fetches in flight.
-	Chains int `json:"chains"`
-	// Waves counts the times a chain holding nothing started staging.
-	Waves int64 `json:"waves"`
-	// Hits counts loads (Take) served from staging.
-	Hits int64 `json:"hits"`
-	// Misses counts loads (Take) of blocks that were not staged.
-	Misses int64 `json:"misses"`
-	// WastedBytes counts bytes fetched for staging that never served a load:
-	// evicted, invalidated, discarded on arrival or left at Close.
-	WastedBytes int64 `json:"wasted_bytes"`
-}
-
 // Stager stages the blocks that follow a read into a RAM cache (see the
 // comment at the top of this file). Its methods are safe for concurrent use.
 //
@@ -153,7 +133,7 @@ type Stager struct {
 	used     int64                // staged bytes plus reservations of queued and fetching entries
 	peakUsed int64                // highest used so far
 	staged   int64                // bytes of staged entries
-	counters Stats                // Waves, Hits, Misses and WastedBytes
+	counters ctlabi.Staging       // Waves, Hits, Misses and WastedBytes
 	lastGen  uint64               // generation of the newest entry
 	lastRun  uint64               // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
@@ -453,7 +433,7 @@ func (s *Stager) StoreLoadDone() {
 }
 
 // Stats returns a snapshot of the staging counters.
-func (s *Stager) Stats() Stats {
+func (s *Stager) Stats() ctlabi.Staging {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.counters

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -46,7 +46,7 @@ func run(t *testing.T, cfg Config) Result {
 		t.Fatalf("%s/%s: %v", cfg.Scenario, cfg.Engine, err)
 	}
 	checkCleanedUp(t, cfg.Dir, cfg.RegionID)
-	var st fusefs.Stats
+	var st ctlabi.Stats
 	if err := json.Unmarshal(res.Stats, &st); err != nil {
 		t.Fatalf("stats: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/staging"
 )
@@ -106,10 +107,10 @@ func (s *scheduler) retained(g Group, chunk int) bool {
 }
 
 // matchRequest is the engine's lookup of a prompt's keys in every group.
-func (s *scheduler) matchRequest(keys []string) staging.MatchRequest {
-	req := staging.MatchRequest{Tier: s.tierDir, Groups: make([]staging.GroupSpec, len(s.cfg.Groups))}
+func (s *scheduler) matchRequest(keys []string) ctlabi.MatchRequest {
+	req := ctlabi.MatchRequest{Tier: s.tierDir, Groups: make([]ctlabi.GroupSpec, len(s.cfg.Groups))}
 	for i, g := range s.cfg.Groups {
-		req.Groups[i] = staging.GroupSpec{Group: i, Kind: g.Kind, Tail: g.Tail, Acc: g.Acc, Keys: keys}
+		req.Groups[i] = ctlabi.GroupSpec{Group: i, Kind: g.Kind, Tail: g.Tail, Acc: g.Acc, Keys: keys}
 	}
 	return req
 }
@@ -120,7 +121,7 @@ func (s *scheduler) neededBlocks(keys []string, hit int) []blockKey {
 	var blocks []blockKey
 	for c := 0; c < hit; c++ {
 		for g, group := range s.cfg.Groups {
-			if group.Kind == staging.KindFull || c >= hit-group.Tail {
+			if group.Kind == ctlabi.KindFull || c >= hit-group.Tail {
 				blocks = append(blocks, blockKey{group: g, hash: keys[c]})
 			}
 		}
@@ -280,7 +281,7 @@ func (s *scheduler) lookupOrder() []int {
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
 		ga, gb := s.cfg.Groups[a], s.cfg.Groups[b]
-		if fullA, fullB := ga.Kind == staging.KindFull, gb.Kind == staging.KindFull; fullA != fullB {
+		if fullA, fullB := ga.Kind == ctlabi.KindFull, gb.Kind == ctlabi.KindFull; fullA != fullB {
 			if fullA {
 				return -1
 			}
