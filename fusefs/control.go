@@ -10,7 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -218,7 +218,7 @@ func (f *FS) match(request []byte, thread uint32) []byte {
 		return ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, err)
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
-	res, err := staging.Match(req, func(group int, key string) bool {
+	res, err := match.Hit(req, func(group int, key string) bool {
 		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
 		present, inShared := f.lookupBlock(ref, thread)
 		return (present || inShared) && serving

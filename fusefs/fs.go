@@ -28,6 +28,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -92,7 +93,7 @@ type Options struct {
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
-	Diagnostics *staging.Diagnostics
+	Diagnostics *diagnose.Diagnostics
 	// AllowOther lets users other than the one who mounts reach the mount
 	// (the allow_other mount option), which an engine running as another
 	// user than the daemon needs. Access is still limited to the store
@@ -121,7 +122,7 @@ type FS struct {
 	sync         *rowsync.Node
 	syncRegions  *SyncRegions
 	stager       *staging.Stager
-	diagnostics  *staging.Diagnostics
+	diagnostics  *diagnose.Diagnostics
 	kvEvents     *kvevents.Publisher
 	shared       SharedLevel
 
@@ -156,7 +157,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
 	if f.diagnostics == nil {
-		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
+		f.diagnostics = diagnose.New(diagnose.Options{})
 	}
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")

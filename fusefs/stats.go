@@ -5,7 +5,7 @@ import (
 	"sort"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
@@ -95,7 +95,7 @@ func (f *FS) Stats() ctlabi.Stats {
 	for _, r := range st.Primary.Regions {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
-	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
+	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(diagnose.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
 	if st.Counters.ChecksumFailures > 0 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
 			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",

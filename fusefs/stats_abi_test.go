@@ -16,7 +16,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -27,7 +27,7 @@ func newStatsFS(t *testing.T) *FS {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: staging.NewDiagnostics(staging.DiagnosticsOptions{}),
+	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
 		loads: core.NewLoads(core.Config{Store: store})}
 }
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 )
 
 // scheduler is the head node's engine: primary tier, lookups, promotions,
@@ -101,9 +101,9 @@ func (s *scheduler) exists(b blockKey) bool {
 // retained is the engine's store filter: which chunks of a group it stores.
 func (s *scheduler) retained(g Group, chunk int) bool {
 	if s.cfg.Engine == EngineStock {
-		return staging.StockRetained(g.Kind, g.Tail, g.Acc, chunk)
+		return match.StockRetained(g.Kind, g.Tail, g.Acc, chunk)
 	}
-	return staging.Retained(g.Kind, g.Tail, g.Acc, chunk)
+	return match.Retained(g.Kind, g.Tail, g.Acc, chunk)
 }
 
 // matchRequest is the engine's lookup of a prompt's keys in every group.
@@ -177,7 +177,7 @@ func (s *scheduler) lookupStock(ctx context.Context, keys []string) (int, error)
 		}
 		found, reserved := s.stockWalk(keys, held)
 		present := func(group int, hash string) bool { return found[blockKey{group: group, hash: hash}] }
-		match, err := staging.Match(req, present)
+		match, err := match.Hit(req, present)
 		if err != nil {
 			return 0, err
 		}
@@ -297,7 +297,7 @@ func (s *scheduler) lookupOrder() []int {
 // each wave to the GPUs and releasing its rows before the next. It returns the
 // hit in chunks.
 func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error) {
-	match, err := staging.Match(s.matchRequest(keys), func(group int, hash string) bool {
+	match, err := match.Hit(s.matchRequest(keys), func(group int, hash string) bool {
 		b := blockKey{group: group, hash: hash}
 		if _, ok := s.primary.find(b); ok {
 			return true

@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 )
 
 // matchThroughMount writes a request to the mount's match file and reads the
@@ -43,9 +43,9 @@ func TestMatchControlFile(t *testing.T) {
 			d := mounttest.Start(t, mounttest.Options{})
 			tier := openTier(t, d)
 			region := newRegion(t, 1)
-			retained := staging.StockRetained
+			retained := match.StockRetained
 			if fixed {
-				retained = staging.Retained
+				retained = match.Retained
 			}
 			full := ctlabi.GroupSpec{Group: 0, Kind: ctlabi.KindFull}
 			eagle := ctlabi.GroupSpec{Group: 1, Kind: ctlabi.KindEagle, Tail: tail, Acc: acc}
@@ -71,7 +71,7 @@ func TestMatchControlFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := staging.Match(req, func(group int, key string) bool {
+			want, err := match.Hit(req, func(group int, key string) bool {
 				return tier.Exists(tier.BlockPath(tierDir, group, key))
 			})
 			if err != nil {

@@ -1,4 +1,4 @@
-package staging
+package match
 
 import (
 	"errors"
@@ -57,7 +57,7 @@ func (s *blockStore) probesOfGroup(group int) int {
 }
 
 // groupCase is a group with its stored chunks as a pattern: '1' stored, '0'
-// not. Acc is set to tail for windowed groups: Match does not read it.
+// not. Acc is set to tail for windowed groups: Hit does not read it.
 type groupCase struct {
 	group  int
 	kind   ctlabi.GroupKind
@@ -80,13 +80,13 @@ func buildMatch(cases []groupCase) (ctlabi.MatchRequest, *blockStore) {
 	return req, store
 }
 
-// runMatch runs Match and checks that no block was probed twice and that
+// runMatch runs Hit and checks that no block was probed twice and that
 // Probes counts the probes made.
 func runMatch(t *testing.T, req ctlabi.MatchRequest, store *blockStore) ctlabi.MatchResult {
 	t.Helper()
-	result, err := Match(req, store.present)
+	result, err := Hit(req, store.present)
 	if err != nil {
-		t.Fatalf("Match: %v", err)
+		t.Fatalf("Hit: %v", err)
 	}
 	total := 0
 	for ref, count := range store.probes {
@@ -315,10 +315,10 @@ func TestMatchValidation(t *testing.T) {
 			req := valid()
 			tt.edit(&req)
 			store := newBlockStore()
-			_, err := Match(req, store.present)
+			_, err := Hit(req, store.present)
 			var reqErr *ctlabi.RequestError
 			if !errors.As(err, &reqErr) {
-				t.Fatalf("Match error = %v, want a *RequestError", err)
+				t.Fatalf("Hit error = %v, want a *RequestError", err)
 			}
 			if reqErr.Field != tt.wantField {
 				t.Errorf("error field = %q (%v), want %q", reqErr.Field, err, tt.wantField)
@@ -342,8 +342,8 @@ func TestMatchTooManyKeys(t *testing.T) {
 		{Group: 0, Kind: ctlabi.KindFull, Keys: keys},
 		{Group: 1, Kind: ctlabi.KindFull, Keys: keys},
 	}}
-	if _, err := Match(req, func(int, string) bool { return true }); !errors.Is(err, ctlabi.ErrRequestTooLarge) {
-		t.Errorf("Match error = %v, want ErrRequestTooLarge", err)
+	if _, err := Hit(req, func(int, string) bool { return true }); !errors.Is(err, ctlabi.ErrRequestTooLarge) {
+		t.Errorf("Hit error = %v, want ErrRequestTooLarge", err)
 	}
 	req.Groups = req.Groups[:1]
 	if err := req.Validate(); err != nil {
@@ -357,9 +357,9 @@ func TestMatchTooManyGroups(t *testing.T) {
 		req.Groups = append(req.Groups, ctlabi.GroupSpec{Group: g, Kind: ctlabi.KindFull, Keys: []string{"abcde"}})
 	}
 	probes := 0
-	_, err := Match(req, func(int, string) bool { probes++; return true })
+	_, err := Hit(req, func(int, string) bool { probes++; return true })
 	if !errors.Is(err, ctlabi.ErrRequestTooLarge) || !strings.Contains(err.Error(), "groups (limit") {
-		t.Errorf("Match error = %v, want ErrRequestTooLarge naming the groups", err)
+		t.Errorf("Hit error = %v, want ErrRequestTooLarge naming the groups", err)
 	}
 	if probes != 0 {
 		t.Errorf("a refused request probed %d blocks", probes)
@@ -384,7 +384,7 @@ func TestMatchResultJSON(t *testing.T) {
 		t.Errorf("empty result encoded as %s", got)
 	}
 
-	_, matchErr := Match(ctlabi.MatchRequest{Tier: "t"}, nil)
+	_, matchErr := Hit(ctlabi.MatchRequest{Tier: "t"}, nil)
 	encoded = ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, matchErr)
 	if want := `{"error":"match request: groups: no groups"}`; string(encoded) != want {
 		t.Errorf("error answer %s, want %s", encoded, want)
@@ -400,7 +400,7 @@ func TestMatchResultJSON(t *testing.T) {
 	}
 }
 
-// engineLookup is a reference for Match: vLLM's _lookup transcribed in
+// engineLookup is a reference for Hit: vLLM's _lookup transcribed in
 // tokens, with no GPU-computed prefix, a slice per lookup and no memo. It
 // returns the hit in tokens and records every block it looks up.
 func engineLookup(groups []ctlabi.GroupSpec, stored map[blockRef]bool, tokensPerChunk, numTokens int, looked map[blockRef]bool) int {
@@ -623,11 +623,11 @@ func TestMatchAgainstReferences(t *testing.T) {
 			}
 		}
 		// The engine gives up before looking when a windowed group lowers a
-		// one-chunk prompt's bound under a chunk; Match still probes then.
+		// one-chunk prompt's bound under a chunk; Hit still probes then.
 		oneChunkPrompt := numTokens == tokensPerChunk
 		for ref := range store.probes {
 			if !oneChunkPrompt && !looked[ref] {
-				t.Fatalf("%s\nMatch probed %v, which the engine never looks up", describe(), ref)
+				t.Fatalf("%s\nHit probed %v, which the engine never looks up", describe(), ref)
 			}
 		}
 
@@ -671,7 +671,7 @@ func BenchmarkMatch(b *testing.B) {
 			var result ctlabi.MatchResult
 			for b.Loop() {
 				var err error
-				if result, err = Match(req, present); err != nil {
+				if result, err = Hit(req, present); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package staging
+package match
 
 import (
 	"cmp"
@@ -7,7 +7,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
-// What Match follows.
+// What Hit follows.
 //
 // vLLM's OffloadingConnectorScheduler._lookup, with _maximal_prefix_lookup and
 // _sliding_window_lookup (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -48,19 +48,19 @@ import (
 //
 // One consequence kept on purpose: with two EAGLE groups, when the second one's
 // drop lowers the candidate, the first is re-checked as verified, i.e. with a
-// run of `tail`, not tail+1; Match answers what the engine would compute.
+// run of `tail`, not tail+1; Hit answers what the engine would compute.
 // Not modelled: deferred (asynchronous) lookups and the in-flight-load check,
 // which are about timing, not presence; groups with different chunk sizes
 // (every group here has one key per chunk); and full-attention draft groups
 // (KindEagle is a windowed draft group).
 
-// Match computes the engine's hit for req under vLLM's lookup rules (see the
+// Hit computes the engine's hit for req under vLLM's lookup rules (see the
 // comment at the top of this file) with one call per needed (group, chunk)
 // to present, which reports whether the group's block for key is stored.
-// Match stages and pins nothing; it only calls present, from the calling
+// Hit stages and pins nothing; it only calls present, from the calling
 // goroutine, and never twice for the same group and chunk. It returns a
 // *RequestError or an ErrRequestTooLarge error for an invalid request.
-func Match(req ctlabi.MatchRequest, present func(group int, key string) bool) (ctlabi.MatchResult, error) {
+func Hit(req ctlabi.MatchRequest, present func(group int, key string) bool) (ctlabi.MatchResult, error) {
 	if err := req.Validate(); err != nil {
 		return ctlabi.MatchResult{}, err
 	}

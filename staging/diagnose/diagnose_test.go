@@ -1,4 +1,4 @@
-package staging
+package diagnose
 
 import (
 	"strings"
@@ -49,7 +49,7 @@ func prompt(tier string, group, from, n int) []block.Ref {
 }
 
 func TestDiagnostics(t *testing.T) {
-	opts := DiagnosticsOptions{
+	opts := Options{
 		Window:           10 * time.Minute,
 		ReadGrace:        30 * time.Second,
 		MinStoredBytes:   4 << 20, // 64 blocks
@@ -248,7 +248,7 @@ func TestDiagnostics(t *testing.T) {
 			clock := newFakeClock()
 			o := opts
 			o.Now = clock.Now
-			w := workload{d: NewDiagnostics(o), clock: clock}
+			w := workload{d: New(o), clock: clock}
 			tc.run(w)
 			got := w.d.Warnings(tc.state)
 			switch {
@@ -278,7 +278,7 @@ func TestFormatBytes(t *testing.T) {
 
 func TestDiagnosticsTracksBoundedKeys(t *testing.T) {
 	clock := newFakeClock()
-	d := NewDiagnostics(DiagnosticsOptions{Now: clock.Now, MaxTrackedKeys: 10, MinWaiting: 1, Window: time.Minute, ReadGrace: time.Second})
+	d := New(Options{Now: clock.Now, MaxTrackedKeys: 10, MinWaiting: 1, Window: time.Minute, ReadGrace: time.Second})
 	for _, k := range prompt(tierA, 0, 0, 20) {
 		d.LookedUp(k, true)
 	}

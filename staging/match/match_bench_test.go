@@ -1,4 +1,4 @@
-package staging
+package match
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
-// BenchmarkMatchManyPasses is the costliest request shape found for Match:
+// BenchmarkMatchManyPasses is the costliest request shape found for Hit:
 // two one-chunk windows whose stored chunks alternate, so each pass of the
 // engine's loop lowers the hit by two and the next pass looks every windowed
 // group up again, beside a windowed group as long as the prompt that is all
@@ -34,7 +34,7 @@ func BenchmarkMatchManyPasses(b *testing.B) {
 		return group == 0 || int(chunk%2) == group-1
 	}
 	for b.Loop() {
-		if _, err := Match(req, present); err != nil {
+		if _, err := Hit(req, present); err != nil {
 			b.Fatal(err)
 		}
 	}

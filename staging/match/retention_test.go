@@ -1,4 +1,4 @@
-package staging
+package match
 
 import (
 	"fmt"
@@ -53,7 +53,7 @@ func TestRetentionSets(t *testing.T) {
 }
 
 // storeAlone stores one windowed group of n chunks by rule and returns the
-// hit Match gives it.
+// hit Hit gives it.
 func storeAlone(t *testing.T, rule func(kind ctlabi.GroupKind, tail, acc, chunk int) bool, kind ctlabi.GroupKind, tail, acc, n int) int {
 	t.Helper()
 	store := newBlockStore()
