@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dgraph-io/ristretto/v2"
-
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -41,11 +39,16 @@ import (
 // checked against the budget when it arrives.
 //
 // Correctness. Staged bytes are only those Fetch returned (the caller
-// verifies them). Every staged or queued block is an entry with a
-// generation number unique over the Stager's life; Invalidate, NoteStore
-// and an absent lookup drop the entry, so a fetch that completes afterwards
-// finds its entry gone and is discarded, and the cache key (the
-// generation) of a dropped entry is never served.
+// verifies them). Every staged or queued block is an entry of its own;
+// Invalidate, NoteStore and an absent lookup drop the entry, so a fetch that
+// completes afterwards finds its entry gone and is discarded, and a dropped
+// entry's bytes are never served.
+//
+// Memory. Staged bytes are held by their entry, in the Stager's own map: the
+// budget above decides what is staged and which block goes first (the
+// farthest ahead of a chain over its share), which a general cache's
+// admission and eviction policies cannot express, and a cache limit set
+// high enough never to overrule it would only duplicate the accounting.
 
 // Fetch reads the block key from the store, verifies it (checksum) and
 // returns its bytes. The Stager keeps and serves the returned slice as is,
@@ -104,18 +107,15 @@ const (
 	maxChains = 4096
 )
 
-// Stager stages the blocks that follow a read into a RAM cache (see the
-// comment at the top of this file). Its methods are safe for concurrent use.
+// Stager stages the blocks that follow a read into RAM (see the comment at
+// the top of this file). Its methods are safe for concurrent use.
 //
 // Lock discipline: mu guards every field below it. mu is never held while
-// calling Fetch or the cache's Set, Wait, Del or Close: those may wait for
-// ristretto's goroutine, which calls onEvict, which takes mu. The cache's
-// Get never blocks and is called with mu held. An entry's done channel is
-// closed with mu held and waited on without it.
+// calling Fetch. An entry's done channel is closed with mu held and waited
+// on without it.
 type Stager struct {
 	fetch   Fetch
 	opts    Options
-	cache   *ristretto.Cache[uint64, *stagedBlock]
 	workers sync.WaitGroup
 
 	mu       sync.Mutex
@@ -134,22 +134,13 @@ type Stager struct {
 	peakUsed int64                // highest used so far
 	staged   int64                // bytes of staged entries
 	counters ctlabi.Staging       // Waves, Hits, Misses and WastedBytes
-	lastGen  uint64               // generation of the newest entry
 	lastRun  uint64               // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
-	evicted   []uint64 // generations reclaimLocked dropped, for the caller to delete from the cache
 	// lastBlockBytes is the size of the latest block fetched, the reservation
 	// of a chain's fetches until the chain has fetched a block of its own.
 	lastBlockBytes int64
-}
-
-// stagedBlock is a cache value: the block's bytes and its key, which
-// onEvict needs.
-type stagedBlock struct {
-	key  block.Ref
-	data []byte
 }
 
 type entryState uint8
@@ -161,15 +152,14 @@ const (
 	dropped // out of entries: taken, invalidated, evicted, discarded or closed
 )
 
-// entry is one block in staging. Its gen is unique over the Stager's life
-// and is its cache key.
+// entry is one block in staging.
 type entry struct {
 	key   block.Ref
 	chain *chain
-	gen   uint64
 	state entryState
 	cost  int64         // bytes reserved (the chain's block size; 0 if unknown) until staged, then the block's size
 	done  chan struct{} // closed when the entry stops fetching
+	data  []byte        // the block's verified bytes while staged
 }
 
 // chain is the learnt order of one tier and group's keys and the staging
@@ -244,20 +234,6 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	}
 	s.work = sync.NewCond(&s.mu)
 	s.settled = sync.NewCond(&s.mu)
-	// The Stager's own accounting keeps the cache within Budget; the cache's
-	// limit is a backstop set above it, so that its admission policy, which
-	// sees deletions late, never rejects or evicts an admitted block.
-	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *stagedBlock]{
-		NumCounters:        min(max(10*(opts.Budget>>16), 1<<10), 1<<20),
-		MaxCost:            2 * opts.Budget,
-		BufferItems:        64,
-		IgnoreInternalCost: true,
-		OnEvict:            s.onEvict,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.cache = cache
 	for range opts.QueueDepth {
 		s.workers.Go(s.worker)
 	}
@@ -280,21 +256,19 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 	if !present {
 		// An absent key creates no state: a thread with no cursor yet starts
 		// a new batch at its next present key anyway.
-		var stale uint64
 		if c := s.chains[id]; c != nil {
 			if n := c.nodes[key]; n != nil {
 				n.present = false
 			}
 		}
 		if e := s.entries[key]; e != nil {
-			stale = s.dropLocked(e, true)
+			s.dropLocked(e, true)
 		}
 		if cur := s.cursors[cursorID{thread: thread, chain: id}]; cur != nil {
 			s.advanceCursorLocked(cur, now)
 			cur.prev = block.Ref{}
 		}
 		s.mu.Unlock()
-		s.uncache(stale)
 		return
 	}
 	c := s.chainLocked(id)
@@ -333,9 +307,8 @@ func (s *Stager) NoteStore(key block.Ref) {
 		s.mu.Unlock()
 		return
 	}
-	var stale uint64
 	if e := s.entries[key]; e != nil {
-		stale = s.dropLocked(e, true)
+		s.dropLocked(e, true)
 	}
 	now := s.opts.Now()
 	c := s.chainLocked(id)
@@ -345,7 +318,6 @@ func (s *Stager) NoteStore(key block.Ref) {
 	}
 	c.lastStored, c.storedAt = key, now
 	s.mu.Unlock()
-	s.uncache(stale)
 }
 
 // Take is the engine's load of key (call it when the block is opened for a
@@ -369,14 +341,13 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			<-done
 			continue
 		}
-		var held *stagedBlock
-		var taken uint64
+		var held []byte
 		if e != nil {
 			if e.state == staged {
-				held, _ = s.cache.Get(e.gen)
+				held = e.data
 			}
 			// A queued fetch is cancelled: the caller reads the block itself.
-			taken = s.dropLocked(e, e.state == staged && held == nil)
+			s.dropLocked(e, false)
 		}
 		if held != nil {
 			s.counters.Hits++
@@ -384,13 +355,8 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			s.counters.Misses++
 		}
 		s.noteReadLocked(id, key)
-		evicted := s.takeEvictedLocked()
 		s.mu.Unlock()
-		s.uncache(append(evicted, taken)...)
-		if held == nil {
-			return nil, false
-		}
-		return held.data, true
+		return held, held != nil
 	}
 }
 
@@ -406,12 +372,10 @@ func (s *Stager) Invalidate(key block.Ref) {
 			n.present = false
 		}
 	}
-	var stale uint64
 	if e := s.entries[key]; e != nil {
-		stale = s.dropLocked(e, true)
+		s.dropLocked(e, true)
 	}
 	s.mu.Unlock()
-	s.uncache(stale)
 }
 
 // StoreLoadStarted records a load of the engine that reads the store itself
@@ -448,7 +412,7 @@ func (s *Stager) Stats() ctlabi.Staging {
 }
 
 // Close drops everything staged (counted as wasted), discards queued and
-// in-flight fetches, waits for the workers to return and frees the cache.
+// in-flight fetches and waits for the workers to return.
 // Afterwards Take answers false and the Note methods do nothing.
 func (s *Stager) Close() {
 	s.mu.Lock()
@@ -464,7 +428,6 @@ func (s *Stager) Close() {
 	s.work.Broadcast()
 	s.mu.Unlock()
 	s.workers.Wait()
-	s.cache.Close()
 }
 
 // worker runs queued fetches until Close.
@@ -499,7 +462,6 @@ func (s *Stager) worker() {
 // size and then resumes the wave after the chain's latest read.
 func (s *Stager) complete(e *entry, data []byte, err error) {
 	probe := e.cost == 0
-	var unwanted uint64
 	s.mu.Lock()
 	s.fetching--
 	if err == nil && len(data) > 0 {
@@ -507,19 +469,15 @@ func (s *Stager) complete(e *entry, data []byte, err error) {
 		s.lastBlockBytes = e.chain.blockBytes
 	}
 	if s.acceptLocked(e, data, err) {
-		s.mu.Unlock()
-		set := s.cache.Set(e.gen, &stagedBlock{key: e.key, data: data}, e.cost)
-		s.cache.Wait() // the block is in the cache before Take can look for it
-		s.mu.Lock()
-		unwanted = s.publishLocked(e, set)
+		e.state, e.data = staged, data
+		s.staged += e.cost
+		close(e.done)
 	}
 	if probe && !s.closed && e.chain.lastRead != (block.Ref{}) {
 		s.stageAfterLocked(e.chain, e.chain.lastRead)
 	}
-	evicted := s.takeEvictedLocked()
 	s.finishPendingLocked()
 	s.mu.Unlock()
-	s.uncache(append(evicted, unwanted)...)
 }
 
 // acceptLocked decides whether a fetched block may be staged and, if so,
@@ -546,20 +504,6 @@ func (s *Stager) acceptLocked(e *entry, data []byte, err error) bool {
 	return true
 }
 
-// publishLocked makes e servable once its block is in the cache. When e
-// was dropped meanwhile, or the cache did not keep the block, it returns
-// e.gen for the caller to delete from the cache after unlocking; else 0.
-func (s *Stager) publishLocked(e *entry, set bool) (unwanted uint64) {
-	if _, kept := s.cache.Get(e.gen); e.state == dropped || !set || !kept {
-		s.abandonLocked(e, e.cost)
-		return e.gen
-	}
-	e.state = staged
-	s.staged += e.cost
-	close(e.done)
-	return 0
-}
-
 // abandonLocked gives back the reservation of e, a fetching entry whose
 // result will not be staged, and counts the fetched bytes as wasted.
 func (s *Stager) abandonLocked(e *entry, fetched int64) {
@@ -573,9 +517,8 @@ func (s *Stager) abandonLocked(e *entry, fetched int64) {
 // dropLocked removes e from staging. A queued entry gives its reservation
 // back now; a fetching one is marked dropped, wakes its waiters and gives
 // its reservation back when its fetch returns; a staged one gives its bytes
-// back (counted as wasted if wasted is set) and dropLocked returns its gen,
-// which the caller must delete from the cache after unlocking; else 0.
-func (s *Stager) dropLocked(e *entry, wasted bool) (staleGen uint64) {
+// back (counted as wasted if wasted is set).
+func (s *Stager) dropLocked(e *entry, wasted bool) {
 	if s.entries[e.key] == e {
 		delete(s.entries, e.key)
 	}
@@ -593,43 +536,11 @@ func (s *Stager) dropLocked(e *entry, wasted bool) (staleGen uint64) {
 	case staged:
 		s.releaseLocked(e)
 		s.staged -= e.cost
+		e.data = nil
 		if wasted {
 			s.counters.WastedBytes += e.cost
 		}
-		return e.gen
 	}
-	return 0
-}
-
-// onEvict is the cache's eviction callback. The budget keeps the cache from
-// evicting, but should it evict, the entry is dropped as wasted.
-func (s *Stager) onEvict(item *ristretto.Item[*stagedBlock]) {
-	if item.Value == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[item.Value.key]; e != nil && e.gen == item.Key && e.state == staged {
-		s.dropLocked(e, true)
-	}
-}
-
-// uncache deletes the blocks of generations gens from the cache; 0 is no
-// block. Called without mu.
-func (s *Stager) uncache(gens ...uint64) {
-	for _, gen := range gens {
-		if gen != 0 {
-			s.cache.Del(gen)
-		}
-	}
-}
-
-// takeEvictedLocked returns and forgets the generations reclaimLocked
-// dropped, which the caller deletes from the cache after unlocking.
-func (s *Stager) takeEvictedLocked() []uint64 {
-	evicted := s.evicted
-	s.evicted = nil
-	return evicted
 }
 
 func (s *Stager) reserveLocked(c *chain, bytes int64) {

@@ -231,14 +231,13 @@ func (s *Stager) reclaimLocked(need, share int64) {
 			return
 		}
 		need -= victim.cost
-		s.evicted = append(s.evicted, s.dropLocked(victim, true))
+		s.dropLocked(victim, true)
 	}
 }
 
 // enqueueLocked queues a fetch of key for c, reserving reservation bytes.
 func (s *Stager) enqueueLocked(c *chain, key block.Ref, reservation int64) {
-	s.lastGen++
-	e := &entry{key: key, chain: c, gen: s.lastGen, state: queued, cost: reservation, done: make(chan struct{})}
+	e := &entry{key: key, chain: c, state: queued, cost: reservation, done: make(chan struct{})}
 	s.entries[key] = e
 	c.ahead = append(c.ahead, e)
 	s.queue = append(s.queue, e)
