@@ -124,7 +124,7 @@ type Stager struct {
 	closed   bool
 	chains   map[chainID]*chain
 	cursors  map[cursorID]*cursor
-	keys     int                  // nodes over all chains
+	keys     int                  // members over all chains
 	entries  map[block.Ref]*entry // live entries: queued, fetching or staged
 	queue    []*entry             // fetches to run, oldest first; dropped ones are skipped
 	pending  int                  // entries queued or fetching, dropped fetches included until they return
@@ -165,7 +165,7 @@ type entry struct {
 // chain is the learnt order of one tier and group's keys and the staging
 // state of their blocks.
 type chain struct {
-	nodes      map[block.Ref]*node
+	members    map[block.Ref]*member
 	held       int64     // used by this chain's entries
 	ahead      []*entry  // this chain's live entries in the order they were queued
 	blockBytes int64     // size of the chain's latest fetched block; 0 before the first
@@ -177,8 +177,8 @@ type chain struct {
 	lastUsed   uint64 // Stager.chainUses at the chain's latest use
 }
 
-// node is what is known of one key of a chain.
-type node struct {
+// member is what is known of one key of a chain.
+type member struct {
 	next           block.Ref // successor in prefix order; zero if none learnt
 	nextFromLookup bool      // next came from a lookup batch, which store order does not override
 	present        bool      // the store holds the block, as last seen
@@ -257,7 +257,7 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 		// An absent key creates no state: a thread with no cursor yet starts
 		// a new batch at its next present key anyway.
 		if c := s.chains[id]; c != nil {
-			if n := c.nodes[key]; n != nil {
+			if n := c.members[key]; n != nil {
 				n.present = false
 			}
 		}
@@ -274,13 +274,13 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 	c := s.chainLocked(id)
 	cur := s.cursorLocked(cursorID{thread: thread, chain: id}, now)
 	s.advanceCursorLocked(cur, now)
-	n := s.nodeLocked(c, key)
+	n := s.memberLocked(c, key)
 	n.present = true
 	if n.run == cur.run { // listed again: the thread started over
 		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
 	}
 	n.run = cur.run
-	if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
+	if p := c.members[cur.prev]; p != nil && cur.prev != key {
 		p.next, p.nextFromLookup = key, true
 	}
 	cur.prev = key
@@ -312,8 +312,8 @@ func (s *Stager) NoteStore(key block.Ref) {
 	}
 	now := s.opts.Now()
 	c := s.chainLocked(id)
-	s.nodeLocked(c, key).present = true
-	if p := c.nodes[c.lastStored]; p != nil && c.lastStored != key && now.Sub(c.storedAt) <= s.opts.BatchGap && !p.nextFromLookup {
+	s.memberLocked(c, key).present = true
+	if p := c.members[c.lastStored]; p != nil && c.lastStored != key && now.Sub(c.storedAt) <= s.opts.BatchGap && !p.nextFromLookup {
 		p.next = key
 	}
 	c.lastStored, c.storedAt = key, now
@@ -368,7 +368,7 @@ func (s *Stager) Invalidate(key block.Ref) {
 	id := chainOf(key)
 	s.mu.Lock()
 	if c := s.chains[id]; c != nil {
-		if n := c.nodes[key]; n != nil {
+		if n := c.members[key]; n != nil {
 			n.present = false
 		}
 	}
@@ -489,7 +489,7 @@ func (s *Stager) acceptLocked(e *entry, data []byte, err error) bool {
 		s.abandonLocked(e, size)
 		return false
 	case err != nil:
-		if n := e.chain.nodes[e.key]; n != nil {
+		if n := e.chain.members[e.key]; n != nil {
 			n.present = false
 		}
 		s.abandonLocked(e, 0)
