@@ -257,10 +257,15 @@ func (d *controlDir) Create(ctx context.Context, name string, flags uint32, mode
 
 var _ = (fs.NodeRmdirer)((*node)(nil))
 
-// Rmdir removes a directory of the store; the control directory stays.
+// Rmdir removes a directory of the store and keeps the lookup index right;
+// the control directory stays.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.isRoot() && name == ctlabi.Dir {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Rmdir(ctx, name)
+	errno := n.LoopbackNode.Rmdir(ctx, name)
+	if errno == 0 {
+		n.fsys.namespaceChanged(n.rel(name))
+	}
+	return errno
 }

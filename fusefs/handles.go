@@ -56,7 +56,9 @@ func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 
 // blockHandle is the descriptor of a block opened for a load: the kernel's
 // requests translated into calls on a core.Load, which holds the block's
-// verified bytes. Every READ is served by the daemon from them. An O_DIRECT
+// bytes and proves them before the READ that completes the block returns.
+// Every READ is served by the daemon from them, never through the page
+// cache, so no page of an unproven block is cached. An O_DIRECT
 // load is opened in the kernel's cached mode, where its one read goes out as
 // parallel READs (async direct I/O) that daemon threads copy at once; a
 // buffered one FOPEN_DIRECT_IO, so it moves in whole requests rather than
@@ -88,8 +90,8 @@ func (h *blockHandle) openFlags() uint32 {
 
 var _ = (fs.FileReader)((*blockHandle)(nil))
 
-// Read answers a READ from the load's verified bytes; the reply tells the
-// load when it was delivered.
+// Read answers a READ from the load's bytes once they landed (core.Load.Read);
+// the reply tells the load when it was delivered.
 func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	data, err := h.load.Read(ctx, off, len(dest))
 	if err != nil {

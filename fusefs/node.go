@@ -66,7 +66,9 @@ func (n *node) errno(err error) syscall.Errno {
 
 var _ = (fs.NodeLookuper)((*node)(nil))
 
-// Lookup answers block lookups from the index (fast ENOENT) and records them.
+// Lookup answers lookups of the block layout from memory (DESIGN "Lookups and
+// the kernel's caches"): blocks from the store's index, the two directory
+// levels from the lookup index; other names from the store.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if n.isRoot() && name == ctlabi.Dir {
 		return n.fsys.control, 0
@@ -74,31 +76,65 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	rel := n.rel(name)
 	switch kind, blockName := block.Parse(rel); kind {
 	case block.File:
-		start := time.Now()
-		present, inShared := n.fsys.lookupBlock(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx))
-		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-		if !present && !inShared {
-			return nil, syscall.ENOENT
-		}
-		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
-			// A load now could not reach every rank: the engine must not even try.
-			n.fsys.lookupsWithheld.Add(1)
-			return nil, syscall.ENOENT
-		}
-		if inShared {
-			return n.sharedBlockEntry(ctx, rel, out)
-		}
+		return n.blockEntry(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
 	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
+	if layoutLevel(rel) != notLayout {
+		// With a shared store the daemon also makes directories itself (a
+		// fetch's), which the index does not see: only presence is trusted.
+		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
+		case exists:
+			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		case known && n.fsys.shared == nil:
+			n.fsys.noteMissedDir(rel)
+			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
+			return nil, syscall.ENOENT
+		}
+	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
 	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+		n.fsys.namespaceChanged(rel)
 		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
 	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(rel)
+		out.SetEntryTimeout(n.fsys.negativeTimeout)
 	}
 	return child, errno
+}
+
+// blockEntry answers a block's lookup from the store's index, or the shared
+// store's, and records it (protection, chains, diagnostics). An absent block
+// is cached by the kernel as long as the layout's other absent names.
+func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	start := time.Now()
+	present, inShared := n.fsys.lookupBlock(ref, callerThread(ctx))
+	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+	if !present && !inShared {
+		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
+		return nil, syscall.ENOENT
+	}
+	if s := n.fsys.sync; s != nil && !s.ServeLoads() {
+		// A load now could not reach every rank: the engine must not even
+		// try. Not cached: the next lookup asks again.
+		n.fsys.lookupsWithheld.Add(1)
+		return nil, syscall.ENOENT
+	}
+	if inShared {
+		return n.sharedBlockEntry(ctx, ref.Rel, out)
+	}
+	if e, ok := n.fsys.index.block(ref.Rel); ok {
+		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+	}
+	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+}
+
+// indexedChild is the child inode of an entry answered from the lookup
+// index, the one go-fuse's loopback would have made from the store.
+func (n *node) indexedChild(ctx context.Context, e storeEntry, out *fuse.EntryOut) *fs.Inode {
+	out.Attr = e.attr
+	return n.NewInode(ctx, &fs.LoopbackNode{RootData: n.RootData}, e.id)
 }
 
 // cached sets the kernel's entry timeout on a successful entry reply:
@@ -115,6 +151,17 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 			out.SetAttrTimeout(DirTimeout)
 		default:
 			out.SetEntryTimeout(n.fsys.entryTimeout)
+		}
+		return child, errno
+	}
+}
+
+// created records a name the mount created in the lookup index:
+// `return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(…)))`.
+func (n *node) created(name string) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
+	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
+		if errno == 0 {
+			n.fsys.namespaceChanged(n.rel(name))
 		}
 		return child, errno
 	}
@@ -164,8 +211,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
-// Open opens a block for a load with its bytes verified (core.Loads.Open);
-// blocks are immutable once published.
+// Open opens a block for a load (core.Loads.Open), whose bytes are proven
+// before the read that completes it returns; blocks are immutable once
+// published.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
@@ -214,9 +262,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EINVAL
 		}
 		n.fsys.invalidate(dstRef)
+		n.fsys.index.forgetBlock(dstRel)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
+		n.fsys.index.refreshBlock(dstRel)
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
@@ -235,6 +285,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if srcKind == block.TmpFile {
 		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
+	n.fsys.namespaceMoved(srcRel)
+	n.fsys.namespaceMoved(dstRel)
 	return 0
 }
 
@@ -247,6 +299,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	switch kind, blockName := block.Parse(rel); {
 	case kind == block.File:
 		n.fsys.invalidate(block.Ref{Rel: rel, Name: blockName})
+		n.fsys.index.forgetBlock(rel)
 		return n.errno(n.fsys.store.Remove(rel))
 	case kind == block.TmpFile && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
@@ -255,6 +308,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.LoopbackNode.Unlink(ctx, name)
 	if errno == 0 {
 		gone()
+		n.fsys.namespaceChanged(rel)
 	}
 	return errno
 }
@@ -289,6 +343,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		unix.Rmdir(n.fsys.store.Path(n.rel(name)))
 		return nil, syscall.EIO
 	}
+	n.fsys.namespaceChanged(n.rel(name))
 	return n.cached(out)(child, 0)
 }
 
@@ -299,7 +354,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)))
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))
@@ -309,7 +364,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out)))
 }
 
 var _ = (fs.NodeLinker)((*node)(nil))
@@ -327,7 +382,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 			return nil, syscall.EPERM
 		}
 	}
-	return n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out)))
 }
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.

@@ -55,10 +55,11 @@ type Counters struct {
 	NoSpace          int64 `json:"no_space"`
 	RejectedWrites   int64 `json:"rejected_writes"`
 	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
-	// where their verified bytes came from: read from the store at open,
-	// staged ahead, or copied from a row of the engine's region that still
-	// held the block (no disk read). LoadsRefused counts opens that failed
-	// (corrupt or vanished block, too many bytes open), LoadsUnmirrored loads
+	// where their bytes came from: read from the store while the load's
+	// reads are served, staged ahead, or copied from a row of the engine's
+	// region that still held the block (no disk read). LoadsRefused counts
+	// opens that failed (vanished block, too many bytes open) and loads of a
+	// block that failed verification (corrupt), LoadsUnmirrored loads
 	// whose read failed because a peer did not acknowledge their row.
 	LoadsFromStore   int64 `json:"loads_from_store"`
 	LoadsFromStaging int64 `json:"loads_from_staging"`
