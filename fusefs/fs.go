@@ -25,19 +25,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
-
-// ControlDir is the virtual directory at the mount root that serves stats.
-const ControlDir = ".kvtier"
-
-// StatsFile is the name of the JSON stats file inside ControlDir.
-const StatsFile = "stats.json"
 
 // Default kernel cache lifetimes: present blocks and other files are
 // answered by the kernel within the entry timeout, absent names outside the
@@ -102,7 +98,7 @@ type Options struct {
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
-	Diagnostics *staging.Diagnostics
+	Diagnostics *diagnose.Diagnostics
 	// AllowOther lets users other than the one who mounts reach the mount
 	// (the allow_other mount option), which an engine running as another
 	// user than the daemon needs. Access is still limited to the store
@@ -137,7 +133,7 @@ type FS struct {
 	sync        *rowsync.Node
 	syncRegions *SyncRegions
 	stager      *staging.Stager
-	diagnostics *staging.Diagnostics
+	diagnostics *diagnose.Diagnostics
 	kvEvents    *kvevents.Publisher
 	shared      SharedLevel
 
@@ -176,7 +172,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
 	if f.diagnostics == nil {
-		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
+		f.diagnostics = diagnose.New(diagnose.Options{})
 	}
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
@@ -308,8 +304,8 @@ func raisePageLimit(maxRequest int, logger *slog.Logger) {
 func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
 	dir := root.NewPersistentInode(ctx, &controlDir{fsys: f}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
-	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
-	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
+	dir.AddChild(ctlabi.StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
+	dir.AddChild(ctlabi.MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir
 }
 

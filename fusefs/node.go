@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
@@ -69,7 +70,7 @@ var _ = (fs.NodeLookuper)((*node)(nil))
 // the kernel's caches"): blocks from the store's index, the two directory
 // levels from the lookup index; other names from the store.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return n.fsys.control, 0
 	}
 	rel := n.rel(name)
@@ -169,7 +170,7 @@ func (n *node) created(name string) func(*fs.Inode, syscall.Errno) (*fs.Inode, s
 // refuseName rejects names that the layout reserves: the control directory and
 // block names that cannot be created directly. kind is what the name is (block.Parse).
 func (n *node) refuseName(name string, kind block.Kind) syscall.Errno {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return syscall.EEXIST
 	}
 	switch kind {
@@ -247,7 +248,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	if n.isRoot() && name == ControlDir || dst.isRoot() && newName == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir || dst.isRoot() && newName == ctlabi.Dir {
 		return syscall.EPERM
 	}
 	srcRel, dstRel := n.rel(name), dst.rel(newName)
@@ -329,7 +330,7 @@ var _ = (fs.NodeMkdirer)((*node)(nil))
 // Mkdir creates a directory, except over the control directory's name,
 // owned by the engine's uid and private to it.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return nil, syscall.EEXIST
 	}
 	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode&0o700, out)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/diskbench"
 	"github.com/kvtierfs/kvtierfs/integration/engine"
 )
@@ -274,7 +274,7 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	}
 	engine.WriteStagingRatios(os.Stdout, results)
 	for _, res := range results {
-		var st fusefs.Stats
+		var st ctlabi.Stats
 		if err := json.Unmarshal(res.Stats, &st); err != nil {
 			return fmt.Errorf("decoding the mount's stats: %w", err)
 		}

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/gpu"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
-	"github.com/kvtierfs/kvtierfs/staging"
 )
 
 // Scenario names.
@@ -64,7 +64,7 @@ const DefaultIOThreads = 16
 // Config.Groups, the N of its `_g<N>` directories.
 type Group struct {
 	// Kind is full attention, sliding window or EAGLE.
-	Kind staging.GroupKind
+	Kind ctlabi.GroupKind
 	// Tail is the sliding window in chunks; 0 for full attention.
 	Tail int
 	// Acc is the alignment segment in chunks of the store filter; 0 for full
@@ -75,7 +75,7 @@ type Group struct {
 // String is the group's --groups form: "full", "sliding:TAIL:ACC" or
 // "eagle:TAIL:ACC".
 func (g Group) String() string {
-	if g.Kind == staging.KindFull {
+	if g.Kind == ctlabi.KindFull {
 		return g.Kind.String()
 	}
 	return fmt.Sprintf("%s:%d:%d", g.Kind, g.Tail, g.Acc)
@@ -87,14 +87,14 @@ func ParseGroups(spec string) ([]Group, error) {
 	var groups []Group
 	for _, item := range strings.Split(spec, ",") {
 		parts := strings.Split(strings.TrimSpace(item), ":")
-		kind, err := staging.ParseGroupKind(parts[0])
+		kind, err := ctlabi.ParseGroupKind(parts[0])
 		if err != nil {
 			return nil, fmt.Errorf("--groups %q: group %q: want full, sliding:TAIL:ACC or eagle:TAIL:ACC", spec, item)
 		}
 		g := Group{Kind: kind}
 		switch {
-		case kind == staging.KindFull && len(parts) == 1:
-		case kind != staging.KindFull && len(parts) == 3:
+		case kind == ctlabi.KindFull && len(parts) == 1:
+		case kind != ctlabi.KindFull && len(parts) == 3:
 			tail, errTail := strconv.Atoi(parts[1])
 			acc, errAcc := strconv.Atoi(parts[2])
 			if errTail != nil || errAcc != nil || tail <= 0 || acc < tail {
@@ -227,19 +227,19 @@ func DefaultConfig(scenario string) (Config, error) {
 		GPUDevices:     []int{0},
 		ReplicatedKV:   "auto",
 	}
-	full := Group{Kind: staging.KindFull}
+	full := Group{Kind: ctlabi.KindFull}
 	switch scenario {
 	case ScenarioEagle:
-		c.Groups = []Group{full, {Kind: staging.KindEagle, Tail: 2, Acc: 8}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindEagle, Tail: 2, Acc: 8}}
 		c.Rows, c.Requests, c.PromptTokens = 64, 4, 100_400
 	case ScenarioMultinode:
 		c.Groups = []Group{full}
 		c.Nodes, c.WorldSize, c.Rows, c.Promote = 2, 2, 128, 112
 	case ScenarioLongPrefix:
-		c.Groups = []Group{full, {Kind: staging.KindSliding, Tail: 1, Acc: 1}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindSliding, Tail: 1, Acc: 1}}
 		c.Rows, c.PromptTokens = 124, 348_000
 	case ScenarioAgent:
-		c.Groups = []Group{full, {Kind: staging.KindSliding, Tail: 1, Acc: 1}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindSliding, Tail: 1, Acc: 1}}
 		c.Nodes, c.WorldSize, c.Sync, c.Rows = 2, 2, true, 124
 		c.Requests, c.Sessions = 40, 4
 		c.PrefixMin, c.PrefixMax, c.SharedPrefix = 240_000, 350_000, 160_000
@@ -313,7 +313,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, g := range c.Groups {
-		if g.Kind != staging.KindFull && (g.Tail <= 0 || g.Acc < g.Tail) {
+		if g.Kind != ctlabi.KindFull && (g.Tail <= 0 || g.Acc < g.Tail) {
 			return fmt.Errorf("--groups: group %d (%s): want 0 < TAIL <= ACC", i, g)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -47,7 +47,7 @@ func run(t *testing.T, cfg Config) Result {
 		t.Fatalf("%s/%s: %v", cfg.Scenario, cfg.Engine, err)
 	}
 	checkCleanedUp(t, cfg.Dir, cfg.RegionID)
-	var st fusefs.Stats
+	var st ctlabi.Stats
 	if err := json.Unmarshal(res.Stats, &st); err != nil {
 		t.Fatalf("stats: %v", err)
 	}
@@ -296,7 +296,7 @@ func TestStagedGap(t *testing.T) {
 		cfg := ciConfig(t, ScenarioLongPrefix, EngineFixed)
 		cfg.Rows, cfg.StepGap, cfg.Staging = 32, 100*time.Millisecond, staging
 		res := run(t, cfg)
-		var st fusefs.Stats
+		var st ctlabi.Stats
 		if err := json.Unmarshal(res.Stats, &st); err != nil {
 			t.Fatal(err)
 		}

@@ -31,7 +31,7 @@ func (r *Reader) Path() string { return r.b.rel }
 func (r *Reader) Size() int64 { return r.b.size }
 
 // Lookup answers whether a block is present, and records the lookup: it
-// protects the block from eviction and extends the chain that the calling
+// protects the block from eviction and extends the prefix that the calling
 // thread is looking up in prefix order. thread is the caller's kernel thread
 // id, or a match request's own id (bit 31 set, fusefs).
 func (s *Store) Lookup(rel string, thread uint32) bool {
@@ -50,7 +50,7 @@ func (s *Store) Lookup(rel string, thread uint32) bool {
 	b.lastLookup = now
 	b.lastUse = now
 	s.lru.MoveToFront(b.lru)
-	s.extendChainLocked(b, thread, now)
+	s.extendPrefixLocked(b, thread, now)
 	return true
 }
 

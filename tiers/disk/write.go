@@ -625,8 +625,8 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
 		digest: digest, lastUse: s.nowNano(), present: true}
 	if old != nil {
-		b.lastLookup, b.chain = old.lastLookup, old.chain
-		s.replaceInChainLocked(old, b)
+		b.lastLookup, b.prefix = old.lastLookup, old.prefix
+		s.replaceInPrefixLocked(old, b)
 		s.dropLocked(old)
 	}
 	s.insertLocked(b)
