@@ -70,7 +70,7 @@ lint: vet
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/kvtierfs
 
 # race runs the unit tests of the concurrent packages under the race detector.
-RACE_PKGS := ./fusefs/core/ ./sync/... ./staging/ ./tiers/...
+RACE_PKGS := ./fusefs/core/ ./sync/... ./staging/... ./tiers/...
 race:
 	$(GO) test -count=1 -race $(RACE_PKGS)
 

@@ -3,7 +3,6 @@ module github.com/kvtierfs/kvtierfs
 go 1.26.8
 
 require (
-	github.com/dgraph-io/ristretto/v2 v2.4.2
 	github.com/flynn/noise v1.1.0
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/hanwen/go-fuse/v2 v2.12.1
@@ -18,7 +17,6 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/go-zeromq/goczmq/v4 v4.2.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect

@@ -9,7 +9,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -73,7 +74,7 @@ var _ = (fs.NodeOpener)((*statsFile)(nil))
 // Open snapshots the stats.
 func (s *statsFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if !s.fsys.mayControl(ctx) {
-		return nil, 0, s.fsys.refuseCaller(ctx, StatsFile)
+		return nil, 0, s.fsys.refuseCaller(ctx, ctlabi.StatsFile)
 	}
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
@@ -104,12 +105,6 @@ func readFrom(data []byte, off int64, n int) fuse.ReadResult {
 	return fuse.ReadResultData(data[min(off, end):end])
 }
 
-// MatchFile is the name of the batched-match control file inside ControlDir:
-// write a request (staging's JSON), then read the answer on the same
-// descriptor. Matching probes the index (and the shared level, for keys the
-// index lacks) only: it stages and pins nothing.
-const MatchFile = "match"
-
 // matchFile is MOUNTPOINT/.kvtier/match.
 type matchFile struct {
 	fs.Inode
@@ -129,7 +124,7 @@ var _ = (fs.NodeSetattrer)((*matchFile)(nil))
 // Setattr accepts the truncation of an O_TRUNC open; each descriptor holds its own request.
 func (m *matchFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if !m.fsys.mayControl(ctx) {
-		return m.fsys.refuseCaller(ctx, MatchFile)
+		return m.fsys.refuseCaller(ctx, ctlabi.MatchFile)
 	}
 	m.fsys.privateAttr(&out.Attr, syscall.S_IFREG|0o600)
 	return 0
@@ -140,7 +135,7 @@ var _ = (fs.NodeOpener)((*matchFile)(nil))
 // Open starts an empty request.
 func (m *matchFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if !m.fsys.mayControl(ctx) {
-		return nil, 0, m.fsys.refuseCaller(ctx, MatchFile)
+		return nil, 0, m.fsys.refuseCaller(ctx, ctlabi.MatchFile)
 	}
 	return &matchHandle{fsys: m.fsys, thread: m.fsys.matchThreads.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
 }
@@ -162,7 +157,7 @@ var _ = (fs.FileWriter)((*matchHandle)(nil))
 // the requests buffered on all descriptors over maxMatchBuffered, with ENOBUFS.
 func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	if !h.fsys.mayControl(ctx) {
-		return 0, h.fsys.refuseCaller(ctx, MatchFile)
+		return 0, h.fsys.refuseCaller(ctx, ctlabi.MatchFile)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -170,7 +165,7 @@ func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		h.answer = nil
 		h.dropRequestLocked()
 	}
-	if len(h.request)+len(data) > staging.MaxRequestBytes {
+	if len(h.request)+len(data) > ctlabi.MaxRequestBytes {
 		return 0, syscall.EFBIG
 	}
 	if h.fsys.matchBuffered.Add(int64(len(data))) > maxMatchBuffered {
@@ -183,7 +178,7 @@ func (h *matchHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 
 // maxMatchBuffered bounds the match request bytes buffered on all open
 // descriptors together.
-const maxMatchBuffered = 4 * staging.MaxRequestBytes
+const maxMatchBuffered = 4 * ctlabi.MaxRequestBytes
 
 // dropRequestLocked forgets the request buffered so far.
 func (h *matchHandle) dropRequestLocked() {
@@ -218,18 +213,18 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 // its block and a load of it could be served now. Each probe counts as a
 // lookup (protection, chains, diagnostics), as the engine's lookups do.
 func (f *FS) match(request []byte, thread uint32) []byte {
-	req, err := staging.DecodeMatchRequest(request)
+	req, err := ctlabi.DecodeMatchRequest(request)
 	if err != nil {
-		return staging.EncodeMatchResult(staging.MatchResult{}, err)
+		return ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, err)
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
-	res, err := staging.Match(req, func(group int, key string) bool {
+	res, err := match.Hit(req, func(group int, key string) bool {
 		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
 		present, inShared := f.lookupBlock(ref, thread)
 		return (present || inShared) && serving
 	})
 	f.matches.Add(1)
-	return append(staging.EncodeMatchResult(res, err), '\n')
+	return append(ctlabi.EncodeMatchResult(res, err), '\n')
 }
 
 // The control files are the daemon's, not the store's: nothing in
@@ -262,10 +257,15 @@ func (d *controlDir) Create(ctx context.Context, name string, flags uint32, mode
 
 var _ = (fs.NodeRmdirer)((*node)(nil))
 
-// Rmdir removes a directory of the store; the control directory stays.
+// Rmdir removes a directory of the store and keeps the lookup index right;
+// the control directory stays.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Rmdir(ctx, name)
+	errno := n.LoopbackNode.Rmdir(ctx, name)
+	if errno == 0 {
+		n.fsys.namespaceChanged(n.rel(name))
+	}
+	return errno
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -69,9 +69,9 @@ func TestMatchBufferedBounded(t *testing.T) {
 	defer store.Close()
 	f := &FS{store: store, logger: slog.New(slog.DiscardHandler)}
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uint32(store.Owner().UID)}})
-	request := make([]byte, staging.MaxRequestBytes)
+	request := make([]byte, ctlabi.MaxRequestBytes)
 	var handles []*matchHandle
-	for range maxMatchBuffered / staging.MaxRequestBytes {
+	for range maxMatchBuffered / ctlabi.MaxRequestBytes {
 		h, _, _ := (&matchFile{fsys: f}).Open(ctx, syscall.O_RDWR)
 		if _, errno := h.(*matchHandle).Write(ctx, request, 0); errno != 0 {
 			t.Fatalf("write %d: %v", len(handles), errno)

@@ -2,9 +2,9 @@
 // the store directory whose block files (`<hex>.bin` under `_g<N>`
 // directories) are created, published, verified, evicted and counted by
 // tiers/disk. Everything else is stored as it comes. Loads are served by the
-// daemon from bytes verified at open, and on a multi-node group mirrored to
-// every peer before the read that completes them returns (package core
-// decides; this package translates requests).
+// daemon from bytes verified before the read that completes them returns,
+// and on a multi-node group mirrored to every peer before it returns
+// (package core decides; this package translates requests).
 package fusefs
 
 import (
@@ -25,25 +25,23 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// ControlDir is the virtual directory at the mount root that serves stats.
-const ControlDir = ".kvtier"
-
-// StatsFile is the name of the JSON stats file inside ControlDir.
-const StatsFile = "stats.json"
-
-// Default kernel cache lifetimes: lookups of present and absent blocks are
-// answered by the kernel within these windows; the daemon invalidates entries
-// it removes itself. The entry of a block tmp file is never cached, so the
+// Default kernel cache lifetimes: present blocks and other files are
+// answered by the kernel within the entry timeout, absent names outside the
+// block layout within the negative one; the daemon invalidates entries it
+// removes itself. The entry of a block tmp file is never cached, so the
 // block it becomes at rename is looked up through the daemon at least once:
-// the daemon sees every key the engine is told is present (lookup protection).
+// the daemon sees every key the engine is told is present (lookup
+// protection). Absent names of the layout are cached for DirTimeout.
 const (
 	DefaultEntryTimeout    = time.Second
 	DefaultNegativeTimeout = 5 * time.Second
@@ -81,6 +79,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// EntryTimeout and NegativeTimeout override the kernel cache lifetimes.
 	EntryTimeout, NegativeTimeout time.Duration
+	// LayoutNegativeTimeout is how long the kernel caches an absent name of
+	// the block layout (a block or one of its directories); 0 means DirTimeout.
+	LayoutNegativeTimeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
 	// MaxRequest is the largest READ/WRITE request to negotiate; 0 means
@@ -97,7 +98,7 @@ type Options struct {
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
-	Diagnostics *staging.Diagnostics
+	Diagnostics *diagnose.Diagnostics
 	// AllowOther lets users other than the one who mounts reach the mount
 	// (the allow_other mount option), which an engine running as another
 	// user than the daemon needs. Access is still limited to the store
@@ -119,16 +120,22 @@ type FS struct {
 	// entryTimeout is how long the kernel caches entries the daemon hands out;
 	// each node operation sets it explicitly (zero for block tmp files).
 	entryTimeout time.Duration
-	root         *node
-	server       *fuse.Server
-	control      *fs.Inode
-	done         chan struct{}
-	sync         *rowsync.Node
-	syncRegions  *SyncRegions
-	stager       *staging.Stager
-	diagnostics  *staging.Diagnostics
-	kvEvents     *kvevents.Publisher
-	shared       SharedLevel
+	// negativeTimeout and layoutNegativeTimeout are how long the kernel
+	// caches absent names outside and inside the block layout; Lookup sets
+	// them on each answer (absentTimeout).
+	negativeTimeout, layoutNegativeTimeout time.Duration
+	// index answers lookups of the layout's names without the store.
+	index       *lookupIndex
+	root        *node
+	server      *fuse.Server
+	control     *fs.Inode
+	done        chan struct{}
+	sync        *rowsync.Node
+	syncRegions *SyncRegions
+	stager      *staging.Stager
+	diagnostics *diagnose.Diagnostics
+	kvEvents    *kvevents.Publisher
+	shared      SharedLevel
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
@@ -157,11 +164,15 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.NegativeTimeout == 0 {
 		opts.NegativeTimeout = DefaultNegativeTimeout
 	}
+	if opts.LayoutNegativeTimeout == 0 {
+		opts.LayoutNegativeTimeout = DirTimeout
+	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
-		entryTimeout: opts.EntryTimeout, done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
+		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
+		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
 	if f.diagnostics == nil {
-		f.diagnostics = staging.NewDiagnostics(staging.DiagnosticsOptions{})
+		f.diagnostics = diagnose.New(diagnose.Options{})
 	}
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
@@ -180,17 +191,21 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
+	if opts.Regions != nil {
+		opts.Store.UseRows(opts.Regions)
+	}
 	loopRoot.RootNode = f.root
+	f.index = newLookupIndex(opts.Store.Root(), loopRoot)
+	f.index.scan("")
 
 	if opts.MaxRequest == 0 {
 		opts.MaxRequest = DefaultMaxRequest
 	}
 	raisePageLimit(opts.MaxRequest, opts.Logger)
-	entry, negative := opts.EntryTimeout, opts.NegativeTimeout
+	entry := opts.EntryTimeout
 	fsOpts := &fs.Options{
-		AttrTimeout:     &entry,
-		NegativeTimeout: &negative,
-		OnAdd:           f.addControl,
+		AttrTimeout: &entry,
+		OnAdd:       f.addControl,
 		MountOptions: fuse.MountOptions{
 			FsName:      "kvtierfs:" + opts.Store.Root(),
 			Name:        "kvtierfs",
@@ -213,8 +228,12 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	server, err := fs.Mount(mountpoint, f.root, fsOpts)
+	server, err := fuse.NewServer(absentEntries{fs.NewNodeFS(f.root, fsOpts)}, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	f.server = server
@@ -285,8 +304,8 @@ func raisePageLimit(maxRequest int, logger *slog.Logger) {
 func (f *FS) addControl(ctx context.Context) {
 	root := f.root.EmbeddedInode()
 	dir := root.NewPersistentInode(ctx, &controlDir{fsys: f}, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: controlIno})
-	dir.AddChild(StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
-	dir.AddChild(MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
+	dir.AddChild(ctlabi.StatsFile, dir.NewPersistentInode(ctx, &statsFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 1}), false)
+	dir.AddChild(ctlabi.MatchFile, dir.NewPersistentInode(ctx, &matchFile{fsys: f}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: controlIno + 2}), false)
 	f.control = dir
 }
 
@@ -296,6 +315,31 @@ func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
 		f.stager.NoteLookup(ref, thread, present)
 	}
 	f.diagnostics.LookedUp(ref, present)
+}
+
+// absentTimeout is how long the kernel may answer the layout name rel absent
+// without asking the daemon. Such names appear only through the mount, whose
+// MKDIR and RENAME replies update the kernel's cache itself, unless a shared
+// store holds them: then as long as the mount's negative timeout, which
+// --shared bounds (DESIGN "The shared level").
+func (f *FS) absentTimeout(rel string) time.Duration {
+	if f.shared != nil {
+		return f.negativeTimeout
+	}
+	return f.layoutNegativeTimeout
+}
+
+// namespaceChanged keeps the lookup index right after the mount created or
+// removed the name rel.
+func (f *FS) namespaceChanged(rel string) { f.index.changed(rel) }
+
+// namespaceMoved keeps the lookup index right after the mount renamed a name
+// from or to rel: a layout name, or a tier directory that may carry layout
+// names with it.
+func (f *FS) namespaceMoved(rel string) {
+	if layoutLevel(rel) != notLayout || !strings.Contains(rel, "/") {
+		f.index.moved(rel)
+	}
 }
 
 // noteMissedDir counts a lookup that failed at a missing directory of the
@@ -332,12 +376,14 @@ func (f *FS) invalidate(ref block.Ref) {
 	}
 }
 
-// forget drops a block the store removed by itself from staging and the
-// kernel's caches; the store reports only block files (block.ParseRef).
+// forget drops a block the store removed by itself from staging, the lookup
+// index and the kernel's caches; the store reports only block files
+// (block.ParseRef).
 func (f *FS) forget(rel string) {
 	if ref, ok := block.ParseRef(rel); ok {
 		f.invalidate(ref)
 	}
+	f.index.forgetBlock(rel)
 	dir, name := path.Split(rel)
 	parent := f.root.EmbeddedInode()
 	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {
@@ -351,6 +397,22 @@ func (f *FS) forget(rel string) {
 	if errno := parent.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
 		f.logger.Debug("invalidating kernel entry", "path", rel, "errno", errno)
 	}
+}
+
+// absentEntries lets each absent answer carry its own lifetime: go-fuse
+// replies to a lookup that failed with ENOENT with the error, which the kernel
+// does not cache, or with one negative timeout for the whole mount. A lookup
+// that answers ENOENT with an entry timeout set (node.Lookup) is replied to
+// as an entry with no inode, which the kernel caches that long.
+type absentEntries struct{ fuse.RawFileSystem }
+
+func (r absentEntries) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	status := r.RawFileSystem.Lookup(cancel, header, name, out)
+	if status == fuse.ENOENT && out.EntryTimeout() > 0 {
+		out.NodeId = 0
+		return fuse.OK
+	}
+	return status
 }
 
 // controlIno is the first inode number of the virtual files, far above real ones.

@@ -13,13 +13,39 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
-// tmpHandle is the descriptor of a block tmp file being written. Writes reach
-// the daemon (FOPEN_DIRECT_IO) so each one is checked, counted against the
+// tmpHandle is the descriptor of a block tmp file being written. With a
+// passthrough fd, the kernel writes the engine's row straight into the store
+// file and the rename learns its checksum (disk.Writer.Passthrough); else
+// writes reach the daemon (FOPEN_DIRECT_IO), each one counted against the
 // capacity and checksummed as it arrives. disk.Writer serialises them.
 type tmpHandle struct {
 	w     *disk.Writer
 	fsys  *FS
 	start time.Time
+	// passthroughFd is the store file the kernel writes to; -1 for none.
+	passthroughFd int
+}
+
+var _ = (fs.FilePassthroughFder)((*tmpHandle)(nil))
+
+// PassthroughFd hands the kernel the tmp's store file when its row's bytes
+// are reserved.
+func (h *tmpHandle) PassthroughFd() (int, bool) { return h.passthroughFd, h.passthroughFd >= 0 }
+
+// openFlags are the tmp's FOPEN flags: FOPEN_DIRECT_IO would override
+// passthrough in the kernel.
+func (h *tmpHandle) openFlags() uint32 {
+	if h.passthroughFd >= 0 {
+		return 0
+	}
+	return fuse.FOPEN_DIRECT_IO
+}
+
+var _ = (fs.FileAllocater)((*tmpHandle)(nil))
+
+// Allocate runs fallocate on the tmp within the capacity.
+func (h *tmpHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	return disk.Errno(h.w.Allocate(int64(off), int64(size), mode))
 }
 
 var _ = (fs.FileWriter)((*tmpHandle)(nil))
@@ -56,7 +82,9 @@ func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 
 // blockHandle is the descriptor of a block opened for a load: the kernel's
 // requests translated into calls on a core.Load, which holds the block's
-// verified bytes. Every READ is served by the daemon from them. An O_DIRECT
+// bytes and proves them before the READ that completes the block returns.
+// Every READ is served by the daemon from them, never through the page
+// cache, so no page of an unproven block is cached. An O_DIRECT
 // load is opened in the kernel's cached mode, where its one read goes out as
 // parallel READs (async direct I/O) that daemon threads copy at once; a
 // buffered one FOPEN_DIRECT_IO, so it moves in whole requests rather than
@@ -88,8 +116,8 @@ func (h *blockHandle) openFlags() uint32 {
 
 var _ = (fs.FileReader)((*blockHandle)(nil))
 
-// Read answers a READ from the load's verified bytes; the reply tells the
-// load when it was delivered.
+// Read answers a READ from the load's bytes once they landed (core.Load.Read);
+// the reply tells the load when it was delivered.
 func (h *blockHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	data, err := h.load.Read(ctx, off, len(dest))
 	if err != nil {

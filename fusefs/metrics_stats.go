@@ -3,23 +3,25 @@ package fusefs
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
-// warningCodes are the codes of the warnings stat can print; each is
-// exported as kvtierfs_warning{code}, 0 while it is not raised, so alerts
-// and dashboards can name them before they ever fire.
-var warningCodes = []string{
-	"checksum_failures", "no_space", "shm_unmappable", "shm_geometry", "peer_down", "mirroring_off", "shared_unreachable", "shared_behind",
-	staging.WarnWriteOnlyGroup, staging.WarnWriteOnlyTier, staging.WarnHashSeedDrift, staging.WarnPrimaryTierExhausted,
+// statsCollector exports at scrape time one stats snapshot: its numbers
+// listed in ctlabi.Metrics, the warnings stat prints, each peer's link, the
+// primary tier and mirroring.
+type statsCollector struct {
+	snapshot func() ctlabi.Stats
+	// numbers[i] is the descriptor of ctlabi.Metrics[i].
+	numbers []*prometheus.Desc
 }
 
-// statsCollector exports at scrape time what a stats snapshot knows beyond
-// the store's counters: the warnings stat prints, each peer's link, the
-// primary tier, mirroring and where loads came from.
-type statsCollector struct {
-	snapshot func() Stats
+func newStatsCollector(snapshot func() ctlabi.Stats) statsCollector {
+	c := statsCollector{snapshot: snapshot}
+	for _, m := range ctlabi.Metrics {
+		c.numbers = append(c.numbers, prometheus.NewDesc(m.Name, m.Help, nil, nil))
+	}
+	return c
 }
 
 var (
@@ -41,39 +43,16 @@ var (
 		"Rows of the engine's primary (shm) regions whose geometry is known.", nil, nil)
 	primaryRegionsDesc = prometheus.NewDesc("kvtierfs_primary_regions",
 		"Engine shm regions found.", nil, nil)
-	snapshotCounters = []struct {
-		desc  *prometheus.Desc
-		value func(c Counters) int64
-	}{
-		{prometheus.NewDesc("kvtierfs_rows_mirrored_total", "Loaded rows every peer acknowledged.", nil, nil),
-			func(c Counters) int64 { return c.RowsMirrored }},
-		{prometheus.NewDesc("kvtierfs_lookups_withheld_total", "Present blocks answered absent while mirroring was impossible.", nil, nil),
-			func(c Counters) int64 { return c.LookupsWithheld }},
-		{prometheus.NewDesc("kvtierfs_auth_failures_total", "Peer connections refused for failing authentication.", nil, nil),
-			func(c Counters) int64 { return c.AuthFailures }},
-		{prometheus.NewDesc("kvtierfs_loads_from_store_total", "Loads whose bytes were read from the store and verified at open.", nil, nil),
-			func(c Counters) int64 { return c.LoadsFromStore }},
-		{prometheus.NewDesc("kvtierfs_loads_from_staging_total", "Loads served from verified staged bytes.", nil, nil),
-			func(c Counters) int64 { return c.LoadsFromStaging }},
-		{prometheus.NewDesc("kvtierfs_loads_from_row_total", "Loads served from a row of the engine's region that still held the block.", nil, nil),
-			func(c Counters) int64 { return c.LoadsFromRow }},
-		{prometheus.NewDesc("kvtierfs_loads_refused_total", "Load opens that failed (corrupt or vanished block, too many bytes open).", nil, nil),
-			func(c Counters) int64 { return c.LoadsRefused }},
-		{prometheus.NewDesc("kvtierfs_loads_unmirrored_total", "Loads whose read failed because a peer did not acknowledge their row.", nil, nil),
-			func(c Counters) int64 { return c.LoadsUnmirrored }},
-		{prometheus.NewDesc("kvtierfs_matches_total", "Batched match requests answered.", nil, nil),
-			func(c Counters) int64 { return c.Matches }},
-	}
 )
 
 // Describe sends the fixed descriptors.
-func (statsCollector) Describe(ch chan<- *prometheus.Desc) {
+func (s statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{warningDesc, peerUpDesc, peerRowsSentDesc, peerRowsVerifiedDesc, peerRowsReceivedDesc,
 		peerBytesDesc, mirroringAllowedDesc, primaryRowsDesc, primaryRegionsDesc} {
 		ch <- d
 	}
-	for _, c := range snapshotCounters {
-		ch <- c.desc
+	for _, d := range s.numbers {
+		ch <- d
 	}
 }
 
@@ -84,11 +63,11 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range st.Warnings {
 		raised[w.Code] = true
 	}
-	for _, code := range warningCodes {
+	for _, code := range ctlabi.WarningCodes {
 		ch <- prometheus.MustNewConstMetric(warningDesc, prometheus.GaugeValue, boolValue(raised[code]), code)
 		delete(raised, code)
 	}
-	for code := range raised { // a code missing from warningCodes is still exported
+	for code := range raised { // a code missing from WarningCodes is still exported
 		ch <- prometheus.MustNewConstMetric(warningDesc, prometheus.GaugeValue, 1, code)
 	}
 	for _, p := range st.Peers {
@@ -108,8 +87,16 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(primaryRowsDesc, prometheus.GaugeValue, float64(rows))
 	ch <- prometheus.MustNewConstMetric(primaryRegionsDesc, prometheus.GaugeValue, float64(len(st.Primary.Regions)))
-	for _, c := range snapshotCounters {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(st.Counters)))
+	for i, m := range ctlabi.Metrics {
+		value, ok := m.Value(&st)
+		if !ok {
+			continue
+		}
+		kind := prometheus.GaugeValue
+		if m.Kind == ctlabi.Counter {
+			kind = prometheus.CounterValue
+		}
+		ch <- prometheus.MustNewConstMetric(s.numbers[i], kind, value)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
@@ -65,39 +66,75 @@ func (n *node) errno(err error) syscall.Errno {
 
 var _ = (fs.NodeLookuper)((*node)(nil))
 
-// Lookup answers block lookups from the index (fast ENOENT) and records them.
+// Lookup answers lookups of the block layout from memory (DESIGN "Lookups and
+// the kernel's caches"): blocks from the store's index, the two directory
+// levels from the lookup index; other names from the store.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return n.fsys.control, 0
 	}
 	rel := n.rel(name)
 	switch kind, blockName := block.Parse(rel); kind {
 	case block.File:
-		start := time.Now()
-		present, inShared := n.fsys.lookupBlock(block.Ref{Rel: rel, Name: blockName}, callerThread(ctx))
-		n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-		if !present && !inShared {
-			return nil, syscall.ENOENT
-		}
-		if s := n.fsys.sync; s != nil && !s.ServeLoads() {
-			// A load now could not reach every rank: the engine must not even try.
-			n.fsys.lookupsWithheld.Add(1)
-			return nil, syscall.ENOENT
-		}
-		if inShared {
-			return n.sharedBlockEntry(ctx, rel, out)
-		}
+		return n.blockEntry(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
 	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
+	if layoutLevel(rel) != notLayout {
+		// With a shared store the daemon also makes directories itself (a
+		// fetch's), which the index does not see: only presence is trusted.
+		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
+		case exists:
+			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		case known && n.fsys.shared == nil:
+			n.fsys.noteMissedDir(rel)
+			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
+			return nil, syscall.ENOENT
+		}
+	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
 	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+		n.fsys.namespaceChanged(rel)
 		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
 	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(rel)
+		out.SetEntryTimeout(n.fsys.negativeTimeout)
 	}
 	return child, errno
+}
+
+// blockEntry answers a block's lookup from the store's index, or the shared
+// store's, and records it (protection, chains, diagnostics). An absent block
+// is cached by the kernel as long as the layout's other absent names.
+func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	start := time.Now()
+	present, inShared := n.fsys.lookupBlock(ref, callerThread(ctx))
+	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+	if !present && !inShared {
+		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
+		return nil, syscall.ENOENT
+	}
+	if s := n.fsys.sync; s != nil && !s.ServeLoads() {
+		// A load now could not reach every rank: the engine must not even
+		// try. Not cached: the next lookup asks again.
+		n.fsys.lookupsWithheld.Add(1)
+		return nil, syscall.ENOENT
+	}
+	if inShared {
+		return n.sharedBlockEntry(ctx, ref.Rel, out)
+	}
+	if e, ok := n.fsys.index.block(ref.Rel); ok {
+		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+	}
+	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+}
+
+// indexedChild is the child inode of an entry answered from the lookup
+// index, the one go-fuse's loopback would have made from the store.
+func (n *node) indexedChild(ctx context.Context, e storeEntry, out *fuse.EntryOut) *fs.Inode {
+	out.Attr = e.attr
+	return n.NewInode(ctx, &fs.LoopbackNode{RootData: n.RootData}, e.id)
 }
 
 // cached sets the kernel's entry timeout on a successful entry reply:
@@ -119,10 +156,21 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 	}
 }
 
+// created records a name the mount created in the lookup index:
+// `return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(…)))`.
+func (n *node) created(name string) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
+	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
+		if errno == 0 {
+			n.fsys.namespaceChanged(n.rel(name))
+		}
+		return child, errno
+	}
+}
+
 // refuseName rejects names that the layout reserves: the control directory and
 // block names that cannot be created directly. kind is what the name is (block.Parse).
 func (n *node) refuseName(name string, kind block.Kind) syscall.Errno {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return syscall.EEXIST
 	}
 	switch kind {
@@ -158,13 +206,18 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		w.Close()
 		return nil, nil, 0, errno
 	}
-	return child, &tmpHandle{w: w, fsys: n.fsys, start: time.Now()}, fuse.FOPEN_DIRECT_IO, 0
+	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1}
+	if fd, ok := w.Passthrough(); ok {
+		h.passthroughFd = fd
+	}
+	return child, h, h.openFlags(), 0
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
-// Open opens a block for a load with its bytes verified (core.Loads.Open);
-// blocks are immutable once published.
+// Open opens a block for a load (core.Loads.Open), whose bytes are proven
+// before the read that completes it returns; blocks are immutable once
+// published.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
@@ -195,7 +248,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	if n.isRoot() && name == ControlDir || dst.isRoot() && newName == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir || dst.isRoot() && newName == ctlabi.Dir {
 		return syscall.EPERM
 	}
 	srcRel, dstRel := n.rel(name), dst.rel(newName)
@@ -213,9 +266,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EINVAL
 		}
 		n.fsys.invalidate(dstRef)
+		n.fsys.index.forgetBlock(dstRel)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
+		n.fsys.index.refreshBlock(dstRel)
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
@@ -234,6 +289,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if srcKind == block.TmpFile {
 		n.fsys.store.ForgetTmp(srcRel, dstRel)
 	}
+	n.fsys.namespaceMoved(srcRel)
+	n.fsys.namespaceMoved(dstRel)
 	return 0
 }
 
@@ -246,6 +303,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	switch kind, blockName := block.Parse(rel); {
 	case kind == block.File:
 		n.fsys.invalidate(block.Ref{Rel: rel, Name: blockName})
+		n.fsys.index.forgetBlock(rel)
 		return n.errno(n.fsys.store.Remove(rel))
 	case kind == block.TmpFile && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
@@ -254,6 +312,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	errno := n.LoopbackNode.Unlink(ctx, name)
 	if errno == 0 {
 		gone()
+		n.fsys.namespaceChanged(rel)
 	}
 	return errno
 }
@@ -271,7 +330,7 @@ var _ = (fs.NodeMkdirer)((*node)(nil))
 // Mkdir creates a directory, except over the control directory's name,
 // owned by the engine's uid and private to it.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if n.isRoot() && name == ControlDir {
+	if n.isRoot() && name == ctlabi.Dir {
 		return nil, syscall.EEXIST
 	}
 	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode&0o700, out)
@@ -288,6 +347,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		unix.Rmdir(n.fsys.store.Path(n.rel(name)))
 		return nil, syscall.EIO
 	}
+	n.fsys.namespaceChanged(n.rel(name))
 	return n.cached(out)(child, 0)
 }
 
@@ -298,7 +358,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)))
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))
@@ -308,7 +368,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out)))
 }
 
 var _ = (fs.NodeLinker)((*node)(nil))
@@ -326,7 +386,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 			return nil, syscall.EPERM
 		}
 	}
-	return n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out))
+	return n.created(name)(n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out)))
 }
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
@@ -343,12 +403,18 @@ func (n *node) refuseLayoutName(name string) syscall.Errno {
 
 var _ = (fs.NodeSetattrer)((*node)(nil))
 
-// Setattr refuses size changes of blocks and of tmp files being written.
+// Setattr refuses size changes of blocks, and of tmp files being written
+// except through their writer's descriptor (ftruncate to the row size).
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if _, sizeChange := in.GetSize(); sizeChange {
+	if size, sizeChange := in.GetSize(); sizeChange {
 		rel := n.self()
 		kind, _ := block.Parse(rel)
-		if kind == block.File || kind == block.TmpFile && n.fsys.store.IsTracked(rel) {
+		if h, ok := f.(*tmpHandle); ok && kind == block.TmpFile {
+			if err := h.w.Truncate(int64(size)); err != nil {
+				return n.errno(err)
+			}
+			in.Valid &^= fuse.FATTR_SIZE
+		} else if kind == block.File || kind == block.TmpFile && n.fsys.store.IsTracked(rel) {
 			n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
 			return syscall.EPERM
 		}

@@ -34,6 +34,7 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 		return nil, nil, 0, syscall.EIO
 	}
 	f.settle(0)
+	n.fsys.namespaceChanged(n.rel(name))
 	out.SetEntryTimeout(n.fsys.entryTimeout)
 	return child, f, fuseFlags, 0
 }

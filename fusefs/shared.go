@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -151,15 +152,15 @@ func (c sharedCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // sharedWarnings names what keeps the shared level from working.
-func sharedWarnings(st shared.Stats) []Warning {
-	var out []Warning
+func sharedWarnings(st shared.Stats) []ctlabi.Warning {
+	var out []ctlabi.Warning
 	if !st.Reachable {
-		out = append(out, Warning{Code: "shared_unreachable", Message: fmt.Sprintf(
+		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedUnreachable, Message: fmt.Sprintf(
 			"the shared store %s does not answer within --shared-timeout (%d calls timed out): lookups answer absent from local blocks only and %d bytes wait to be written behind; check its filesystem's client and servers",
 			st.Dir, st.Timeouts, st.BytesBehind)})
 	}
 	if st.BehindGrowing() {
-		out = append(out, Warning{Code: "shared_behind", Message: fmt.Sprintf(
+		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedBehind, Message: fmt.Sprintf(
 			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
 			st.BytesBehind, st.DroppedBlocks)})
 	}

@@ -4,97 +4,22 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// Stats is what `kvtierfs stat` shows, served as MOUNTPOINT/.kvtier/stats.json.
-type Stats struct {
-	Mountpoint string                     `json:"mountpoint"`
-	Disk       disk.Stats                 `json:"disk"`
-	Groups     map[string]disk.GroupStats `json:"groups"`
-	Primary    Primary                    `json:"primary"`
-	Counters   Counters                   `json:"counters"`
-	// Staging describes wave staging; absent when it is disabled.
-	Staging *staging.Stats `json:"staging,omitempty"`
-	// Shared describes the shared second level; absent without --shared.
-	Shared *shared.Stats `json:"shared,omitempty"`
-	// Peers and Replication describe row mirroring; empty on a single node.
-	Peers       []rowsync.PeerStats   `json:"peers"`
-	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
-	Warnings    []Warning             `json:"warnings"`
-}
-
-// Primary describes the engine's primary (shm) tier as seen from this node.
-type Primary struct {
-	Regions []shm.Info `json:"regions"`
-	// Ignored lists files matching --shm-glob that are not mapped (links,
-	// other users' files), and why.
-	Ignored []shm.Ignored `json:"ignored"`
-}
-
-// Counters are the event counts since the mount.
-type Counters struct {
-	Lookups          int64 `json:"lookups"`
-	LookupHits       int64 `json:"lookup_hits"`
-	Reads            int64 `json:"reads"`
-	ReadBytes        int64 `json:"read_bytes"`
-	Writes           int64 `json:"writes"`
-	WriteBytes       int64 `json:"write_bytes"`
-	ChecksumFailures int64 `json:"checksum_failures"`
-	NoSpace          int64 `json:"no_space"`
-	RejectedWrites   int64 `json:"rejected_writes"`
-	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
-	// where their verified bytes came from: read from the store at open,
-	// staged ahead, or copied from a row of the engine's region that still
-	// held the block (no disk read). LoadsRefused counts opens that failed
-	// (corrupt or vanished block, too many bytes open), LoadsUnmirrored loads
-	// whose read failed because a peer did not acknowledge their row.
-	LoadsFromStore   int64 `json:"loads_from_store"`
-	LoadsFromStaging int64 `json:"loads_from_staging"`
-	LoadsFromRow     int64 `json:"loads_from_row"`
-	LoadsRefused     int64 `json:"loads_refused"`
-	LoadsUnmirrored  int64 `json:"loads_unmirrored"`
-	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
-	// present blocks answered absent while mirroring was impossible.
-	RowsMirrored    int64 `json:"rows_mirrored"`
-	LookupsWithheld int64 `json:"lookups_withheld"`
-	// Matches counts batched match requests answered through .kvtier/match.
-	Matches      int64 `json:"matches"`
-	AuthFailures int64 `json:"auth_failures"`
-	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
-	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
-	// ShmFaults regions dropped because they shrank under their mapping.
-	UnprovenBlocks int64 `json:"unproven_blocks"`
-	TmpsExpired    int64 `json:"tmps_expired"`
-	PublishRefused int64 `json:"publish_refused"`
-	// StoreIOErrors counts reads and writes the store filesystem failed.
-	StoreIOErrors int64 `json:"store_io_errors"`
-	ShmIgnored    int64 `json:"shm_ignored"`
-	ShmFaults     int64 `json:"shm_faults"`
-	// KVEventsPublished counts removed blocks published as BlockRemoved KV
-	// events, KVEventsDropped those dropped because the publisher's queue was
-	// full (both 0 without --kv-events-endpoint).
-	KVEventsPublished int64 `json:"kv_events_published"`
-	KVEventsDropped   int64 `json:"kv_events_dropped"`
-}
-
-// Warning is a known failure the operator should act on: the mount's own and
-// the field diagnostics' (staging.Warning) are one type.
-type Warning = staging.Warning
-
 // Stats takes a snapshot of the mount's state.
-func (f *FS) Stats() Stats {
+func (f *FS) Stats() ctlabi.Stats {
 	d := f.store.Stats()
 	c := f.store.Counters()
-	st := Stats{
+	st := ctlabi.Stats{
 		Mountpoint: f.mountpoint,
 		Disk:       d,
 		Groups:     d.Groups,
-		Counters: Counters{
+		Counters: ctlabi.Counters{
 			Lookups:          c.Lookups.Load(),
 			LookupHits:       c.LookupHits.Load(),
 			Reads:            c.Reads.Load(),
@@ -113,9 +38,11 @@ func (f *FS) Stats() Stats {
 			TmpsExpired:      c.TmpsExpired.Load(),
 			PublishRefused:   c.PublishRefused.Load(),
 			StoreIOErrors:    c.IOErrors.Load(),
+			StoresFromRow:    c.StoresFromRow.Load(),
+			StoresReadBack:   c.StoresReadBack.Load(),
 		},
 		Peers:    []rowsync.PeerStats{},
-		Warnings: []Warning{},
+		Warnings: []ctlabi.Warning{},
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
 	st.Counters.Matches = f.matches.Load()
@@ -139,7 +66,7 @@ func (f *FS) Stats() Stats {
 	}
 	if f.regions != nil {
 		if err := f.regions.Refresh(); err != nil {
-			st.Warnings = append(st.Warnings, Warning{Code: "shm_unmappable", Message: err.Error()})
+			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmUnmappable, Message: err.Error()})
 		}
 		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
 		st.Primary.Ignored = f.regions.Ignored()
@@ -153,34 +80,34 @@ func (f *FS) Stats() Stats {
 		st.Primary.Ignored = []shm.Ignored{}
 	}
 	for _, ig := range st.Primary.Ignored {
-		st.Warnings = append(st.Warnings, Warning{Code: "shm_ignored", Message: fmt.Sprintf(
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
 			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid", ig.Path, ig.Reason)})
 	}
 	if st.Counters.UnprovenBlocks > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "unproven_blocks", Message: fmt.Sprintf(
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnUnprovenBlocks, Message: fmt.Sprintf(
 			"%d block files found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
 			st.Counters.UnprovenBlocks)})
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
-			st.Warnings = append(st.Warnings, Warning{Code: "shm_geometry", Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
+			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
 		}
 	}
 	primaryRows := 0
 	for _, r := range st.Primary.Regions {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
-	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(staging.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
+	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(diagnose.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
 	if st.Counters.ChecksumFailures > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "checksum_failures", Message: fmt.Sprintf(
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
 			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",
 			st.Counters.ChecksumFailures)})
 	}
 	if st.Counters.NoSpace > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "no_space", Message: noSpaceMessage(st.Counters.NoSpace, d)})
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(st.Counters.NoSpace, d)})
 	}
 	if st.Counters.StoreIOErrors > 0 {
-		st.Warnings = append(st.Warnings, Warning{Code: "store_io_errors", Message: fmt.Sprintf(
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(
 			"%d reads or writes failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl",
 			st.Counters.StoreIOErrors)})
 	}
@@ -198,17 +125,17 @@ func noSpaceMessage(refused int64, d disk.Stats) string {
 }
 
 // syncWarnings names what keeps rows from being mirrored.
-func syncWarnings(snap rowsync.Snapshot) []Warning {
-	var out []Warning
+func syncWarnings(snap rowsync.Snapshot) []ctlabi.Warning {
+	var out []ctlabi.Warning
 	for _, p := range snap.Peers {
 		if p.State != rowsync.StateUp && p.State != rowsync.StateInbound {
-			out = append(out, Warning{Code: "peer_down", Message: fmt.Sprintf(
+			out = append(out, ctlabi.Warning{Code: ctlabi.WarnPeerDown, Message: fmt.Sprintf(
 				"peer %s is %s (%s): lookups answer absent and loads fail until it is back; check the peer daemon and the network",
 				p.Addr, p.State, p.LastError)})
 		}
 	}
 	if r := snap.Replication; len(snap.Peers) > 0 && !r.Allowed {
-		out = append(out, Warning{Code: "mirroring_off", Message: fmt.Sprintf(
+		out = append(out, ctlabi.Warning{Code: ctlabi.WarnMirroringOff, Message: fmt.Sprintf(
 			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
 			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})
 	}

@@ -3,7 +3,6 @@ package staging
 import (
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestStagerStateBounded floods the Stager with lookups of new tiers,
@@ -45,34 +44,5 @@ func TestStagerAbsentLookupsLeaveNoState(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.chains) != 0 || len(s.cursors) != 0 {
 		t.Fatalf("absent lookups left %d chains and %d cursors", len(s.chains), len(s.cursors))
-	}
-}
-
-// TestDiagnosticsGroupsBounded floods the diagnostics with new (tier,
-// group) pairs: at most MaxTrackedGroups are counted, and a group counted
-// all along keeps its counts.
-func TestDiagnosticsGroupsBounded(t *testing.T) {
-	clock := newFakeClock()
-	d := NewDiagnostics(DiagnosticsOptions{Now: clock.Now, MaxTrackedGroups: 64})
-	engine := chunkKey(tierA, 0, 0)
-	for i := range 64 * 20 {
-		d.LookedUp(chunkKey(fmt.Sprintf("flood%d", i), i, 0), false)
-		if i%16 == 0 {
-			d.LookedUp(engine, true)
-			clock.Advance(time.Second)
-		}
-	}
-	d.mu.Lock()
-	groups := len(d.groups)
-	engineLookups := int64(-1)
-	if w := d.groups[chainID{tier: tierA, group: 0}]; w != nil {
-		engineLookups = w.sum(d.epoch(clock.Now())).lookups
-	}
-	d.mu.Unlock()
-	if groups > 64 {
-		t.Fatalf("%d groups counted, limit 64", groups)
-	}
-	if engineLookups != 80 {
-		t.Fatalf("the engine's group counts %d lookups, want 80", engineLookups)
 	}
 }

@@ -1,14 +1,5 @@
-// Package staging holds the filesystem's engine-facing logic that needs
-// neither FUSE nor I/O.
-//
-// This part implements issue 4, "Batched matching": Match computes the
-// engine's hit for a whole prompt in one call under vLLM's lookup rules
-// (prefix scan for full attention, backward run search for sliding-window
-// groups, tail+1-then-drop-one for unverified EAGLE groups, ANDed across
-// groups until stable), probing only the filesystem's index, so a lookup
-// never stages or pins anything. DecodeMatchRequest and EncodeMatchResult
-// are the wire format of the mount's control file MOUNTPOINT/.kvtier/match.
-// Retained is the store-side rule that makes windowed groups, EAGLE groups
-// in particular, able to hit at all (DESIGN §3, failure 1); StockRetained is
-// the engine's old rule that never lets an EAGLE group hit.
+// Package staging stages the blocks that follow a read into RAM (wave
+// staging, issue 4, DESIGN §3 failure 3), so the engine's next loads are
+// served from memory; it needs neither FUSE nor I/O. Batched matching is
+// staging/match, the field diagnostics staging/diagnose.
 package staging

@@ -6,8 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dgraph-io/ristretto/v2"
-
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -40,11 +39,16 @@ import (
 // checked against the budget when it arrives.
 //
 // Correctness. Staged bytes are only those Fetch returned (the caller
-// verifies them). Every staged or queued block is an entry with a
-// generation number unique over the Stager's life; Invalidate, NoteStore
-// and an absent lookup drop the entry, so a fetch that completes afterwards
-// finds its entry gone and is discarded, and the cache key (the
-// generation) of a dropped entry is never served.
+// verifies them). Every staged or queued block is an entry of its own;
+// Invalidate, NoteStore and an absent lookup drop the entry, so a fetch that
+// completes afterwards finds its entry gone and is discarded, and a dropped
+// entry's bytes are never served.
+//
+// Memory. Staged bytes are held by their entry, in the Stager's own map: the
+// budget above decides what is staged and which block goes first (the
+// farthest ahead of a chain over its share), which a general cache's
+// admission and eviction policies cannot express, and a cache limit set
+// high enough never to overrule it would only duplicate the accounting.
 
 // Fetch reads the block key from the store, verifies it (checksum) and
 // returns its bytes. The Stager keeps and serves the returned slice as is,
@@ -64,6 +68,11 @@ type Options struct {
 	// leaves the disk idle and never competes with its loads for it.
 	// Default DefaultQueueDepth.
 	QueueDepth int
+	// IdleQueueDepth is the most fetches in flight while the engine opens
+	// no load: it computes between waves, the disk is staging's, and the
+	// next wave should be staged before the engine asks for it. Default
+	// IdleDepthFactor × QueueDepth.
+	IdleQueueDepth int
 	// WaveBlocks is how many blocks of a chain are kept staged or in flight
 	// ahead of the engine's latest read. Default DefaultWaveBlocks.
 	WaveBlocks int
@@ -85,6 +94,9 @@ const (
 	// engine's 16 load threads only took CPU and disk time from its loads,
 	// while 4 let an engine with one or two load threads stream from memory.
 	DefaultQueueDepth = 4
+	// IdleDepthFactor sets the default IdleQueueDepth: 16 fetches beside
+	// the default 4, as many as the engine's own load threads.
+	IdleDepthFactor = 4
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
 	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
@@ -103,39 +115,15 @@ const (
 	maxChains = 4096
 )
 
-// Stats is a snapshot of staging: the "staging" object of `kvtierfs stat`
-// and the staging metrics.
-type Stats struct {
-	// BudgetBytes is the staging budget.
-	BudgetBytes int64 `json:"budget_bytes"`
-	// Bytes is the size of the verified blocks staged now, ready to serve.
-	Bytes int64 `json:"bytes"`
-	// Chains is the number of chains streaming now: holding staged blocks or
-	// fetches in flight.
-	Chains int `json:"chains"`
-	// Waves counts the times a chain holding nothing started staging.
-	Waves int64 `json:"waves"`
-	// Hits counts loads (Take) served from staging.
-	Hits int64 `json:"hits"`
-	// Misses counts loads (Take) of blocks that were not staged.
-	Misses int64 `json:"misses"`
-	// WastedBytes counts bytes fetched for staging that never served a load:
-	// evicted, invalidated, discarded on arrival or left at Close.
-	WastedBytes int64 `json:"wasted_bytes"`
-}
-
-// Stager stages the blocks that follow a read into a RAM cache (see the
-// comment at the top of this file). Its methods are safe for concurrent use.
+// Stager stages the blocks that follow a read into RAM (see the comment at
+// the top of this file). Its methods are safe for concurrent use.
 //
 // Lock discipline: mu guards every field below it. mu is never held while
-// calling Fetch or the cache's Set, Wait, Del or Close: those may wait for
-// ristretto's goroutine, which calls onEvict, which takes mu. The cache's
-// Get never blocks and is called with mu held. An entry's done channel is
-// closed with mu held and waited on without it.
+// calling Fetch. An entry's done channel is closed with mu held and waited
+// on without it.
 type Stager struct {
 	fetch   Fetch
 	opts    Options
-	cache   *ristretto.Cache[uint64, *stagedBlock]
 	workers sync.WaitGroup
 
 	mu       sync.Mutex
@@ -144,32 +132,27 @@ type Stager struct {
 	closed   bool
 	chains   map[chainID]*chain
 	cursors  map[cursorID]*cursor
-	keys     int                  // nodes over all chains
+	keys     int                  // members over all chains
 	entries  map[block.Ref]*entry // live entries: queued, fetching or staged
 	queue    []*entry             // fetches to run, oldest first; dropped ones are skipped
 	pending  int                  // entries queued or fetching, dropped fetches included until they return
 	fetching int                  // fetches running now
 	loading  int                  // the engine's loads reading the store now (StoreLoadStarted)
-	used     int64                // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64                // highest used so far
-	staged   int64                // bytes of staged entries
-	counters Stats                // Waves, Hits, Misses and WastedBytes
-	lastGen  uint64               // generation of the newest entry
-	lastRun  uint64               // id of the newest lookup batch
+	// lastTake is when the engine last opened a load (Take); idleWake wakes
+	// the workers once it has been idle for engineIdleAfter since.
+	lastTake time.Time
+	idleWake *time.Timer
+	used     int64          // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64          // highest used so far
+	staged   int64          // bytes of staged entries
+	counters ctlabi.Staging // Waves, Hits, Misses and WastedBytes
+	lastRun  uint64         // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
-	evicted   []uint64 // generations reclaimLocked dropped, for the caller to delete from the cache
 	// lastBlockBytes is the size of the latest block fetched, the reservation
 	// of a chain's fetches until the chain has fetched a block of its own.
 	lastBlockBytes int64
-}
-
-// stagedBlock is a cache value: the block's bytes and its key, which
-// onEvict needs.
-type stagedBlock struct {
-	key  block.Ref
-	data []byte
 }
 
 type entryState uint8
@@ -181,21 +164,20 @@ const (
 	dropped // out of entries: taken, invalidated, evicted, discarded or closed
 )
 
-// entry is one block in staging. Its gen is unique over the Stager's life
-// and is its cache key.
+// entry is one block in staging.
 type entry struct {
 	key   block.Ref
 	chain *chain
-	gen   uint64
 	state entryState
 	cost  int64         // bytes reserved (the chain's block size; 0 if unknown) until staged, then the block's size
 	done  chan struct{} // closed when the entry stops fetching
+	data  []byte        // the block's verified bytes while staged
 }
 
 // chain is the learnt order of one tier and group's keys and the staging
 // state of their blocks.
 type chain struct {
-	nodes      map[block.Ref]*node
+	members    map[block.Ref]*member
 	held       int64     // used by this chain's entries
 	ahead      []*entry  // this chain's live entries in the order they were queued
 	blockBytes int64     // size of the chain's latest fetched block; 0 before the first
@@ -207,8 +189,8 @@ type chain struct {
 	lastUsed   uint64 // Stager.chainUses at the chain's latest use
 }
 
-// node is what is known of one key of a chain.
-type node struct {
+// member is what is known of one key of a chain.
+type member struct {
 	next           block.Ref // successor in prefix order; zero if none learnt
 	nextFromLookup bool      // next came from a lookup batch, which store order does not override
 	present        bool      // the store holds the block, as last seen
@@ -234,7 +216,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if fetch == nil {
 		return nil, errors.New("staging: nil Fetch")
 	}
-	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
+	if opts.Budget < 0 || opts.QueueDepth < 0 || opts.IdleQueueDepth < 0 || opts.WaveBlocks < 0 || opts.BatchGap < 0 || opts.MaxKeys < 0 {
 		return nil, errors.New("staging: negative option")
 	}
 	if opts.Budget == 0 {
@@ -243,6 +225,10 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	if opts.QueueDepth == 0 {
 		opts.QueueDepth = DefaultQueueDepth
 	}
+	if opts.IdleQueueDepth == 0 {
+		opts.IdleQueueDepth = IdleDepthFactor * opts.QueueDepth
+	}
+	opts.IdleQueueDepth = max(opts.IdleQueueDepth, opts.QueueDepth)
 	if opts.WaveBlocks == 0 {
 		opts.WaveBlocks = DefaultWaveBlocks
 	}
@@ -264,21 +250,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 	}
 	s.work = sync.NewCond(&s.mu)
 	s.settled = sync.NewCond(&s.mu)
-	// The Stager's own accounting keeps the cache within Budget; the cache's
-	// limit is a backstop set above it, so that its admission policy, which
-	// sees deletions late, never rejects or evicts an admitted block.
-	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *stagedBlock]{
-		NumCounters:        min(max(10*(opts.Budget>>16), 1<<10), 1<<20),
-		MaxCost:            2 * opts.Budget,
-		BufferItems:        64,
-		IgnoreInternalCost: true,
-		OnEvict:            s.onEvict,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.cache = cache
-	for range opts.QueueDepth {
+	for range opts.IdleQueueDepth {
 		s.workers.Go(s.worker)
 	}
 	return s, nil
@@ -300,33 +272,31 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 	if !present {
 		// An absent key creates no state: a thread with no cursor yet starts
 		// a new batch at its next present key anyway.
-		var stale uint64
 		if c := s.chains[id]; c != nil {
-			if n := c.nodes[key]; n != nil {
+			if n := c.members[key]; n != nil {
 				n.present = false
 			}
 		}
 		if e := s.entries[key]; e != nil {
-			stale = s.dropLocked(e, true)
+			s.dropLocked(e, true)
 		}
 		if cur := s.cursors[cursorID{thread: thread, chain: id}]; cur != nil {
 			s.advanceCursorLocked(cur, now)
 			cur.prev = block.Ref{}
 		}
 		s.mu.Unlock()
-		s.uncache(stale)
 		return
 	}
 	c := s.chainLocked(id)
 	cur := s.cursorLocked(cursorID{thread: thread, chain: id}, now)
 	s.advanceCursorLocked(cur, now)
-	n := s.nodeLocked(c, key)
+	n := s.memberLocked(c, key)
 	n.present = true
 	if n.run == cur.run { // listed again: the thread started over
 		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
 	}
 	n.run = cur.run
-	if p := c.nodes[cur.prev]; p != nil && cur.prev != key {
+	if p := c.members[cur.prev]; p != nil && cur.prev != key {
 		p.next, p.nextFromLookup = key, true
 	}
 	cur.prev = key
@@ -353,19 +323,17 @@ func (s *Stager) NoteStore(key block.Ref) {
 		s.mu.Unlock()
 		return
 	}
-	var stale uint64
 	if e := s.entries[key]; e != nil {
-		stale = s.dropLocked(e, true)
+		s.dropLocked(e, true)
 	}
 	now := s.opts.Now()
 	c := s.chainLocked(id)
-	s.nodeLocked(c, key).present = true
-	if p := c.nodes[c.lastStored]; p != nil && c.lastStored != key && now.Sub(c.storedAt) <= s.opts.BatchGap && !p.nextFromLookup {
+	s.memberLocked(c, key).present = true
+	if p := c.members[c.lastStored]; p != nil && c.lastStored != key && now.Sub(c.storedAt) <= s.opts.BatchGap && !p.nextFromLookup {
 		p.next = key
 	}
 	c.lastStored, c.storedAt = key, now
 	s.mu.Unlock()
-	s.uncache(stale)
 }
 
 // Take is the engine's load of key (call it when the block is opened for a
@@ -389,14 +357,13 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			<-done
 			continue
 		}
-		var held *stagedBlock
-		var taken uint64
+		var held []byte
 		if e != nil {
 			if e.state == staged {
-				held, _ = s.cache.Get(e.gen)
+				held = e.data
 			}
 			// A queued fetch is cancelled: the caller reads the block itself.
-			taken = s.dropLocked(e, e.state == staged && held == nil)
+			s.dropLocked(e, false)
 		}
 		if held != nil {
 			s.counters.Hits++
@@ -404,13 +371,9 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			s.counters.Misses++
 		}
 		s.noteReadLocked(id, key)
-		evicted := s.takeEvictedLocked()
+		s.noteEngineBusyLocked()
 		s.mu.Unlock()
-		s.uncache(append(evicted, taken)...)
-		if held == nil {
-			return nil, false
-		}
-		return held.data, true
+		return held, held != nil
 	}
 }
 
@@ -422,21 +385,19 @@ func (s *Stager) Invalidate(key block.Ref) {
 	id := chainOf(key)
 	s.mu.Lock()
 	if c := s.chains[id]; c != nil {
-		if n := c.nodes[key]; n != nil {
+		if n := c.members[key]; n != nil {
 			n.present = false
 		}
 	}
-	var stale uint64
 	if e := s.entries[key]; e != nil {
-		stale = s.dropLocked(e, true)
+		s.dropLocked(e, true)
 	}
 	s.mu.Unlock()
-	s.uncache(stale)
 }
 
 // StoreLoadStarted records a load of the engine that reads the store itself
 // (not served from staging); call StoreLoadDone when its read is over.
-// While such loads are in flight, staging runs only as many fetches as
+// While such loads are in flight, staging starts only as many fetches as
 // Options.QueueDepth leaves beside them.
 func (s *Stager) StoreLoadStarted() {
 	s.mu.Lock()
@@ -453,7 +414,7 @@ func (s *Stager) StoreLoadDone() {
 }
 
 // Stats returns a snapshot of the staging counters.
-func (s *Stager) Stats() Stats {
+func (s *Stager) Stats() ctlabi.Staging {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.counters
@@ -468,7 +429,7 @@ func (s *Stager) Stats() Stats {
 }
 
 // Close drops everything staged (counted as wasted), discards queued and
-// in-flight fetches, waits for the workers to return and frees the cache.
+// in-flight fetches and waits for the workers to return.
 // Afterwards Take answers false and the Note methods do nothing.
 func (s *Stager) Close() {
 	s.mu.Lock()
@@ -477,6 +438,9 @@ func (s *Stager) Close() {
 		return
 	}
 	s.closed = true
+	if s.idleWake != nil {
+		s.idleWake.Stop()
+	}
 	for _, e := range s.entries {
 		s.dropLocked(e, true)
 	}
@@ -484,14 +448,43 @@ func (s *Stager) Close() {
 	s.work.Broadcast()
 	s.mu.Unlock()
 	s.workers.Wait()
-	s.cache.Close()
+}
+
+// engineIdleAfter is how long after its latest load the engine counts as
+// idle (computing between waves), so that fetches may fill the disk.
+const engineIdleAfter = 20 * time.Millisecond
+
+// noteEngineBusyLocked records a load of the engine and arms the wake-up of
+// the workers for when it has been idle for engineIdleAfter.
+func (s *Stager) noteEngineBusyLocked() {
+	s.lastTake = time.Now()
+	if s.idleWake == nil {
+		s.idleWake = time.AfterFunc(engineIdleAfter, func() {
+			s.mu.Lock()
+			s.work.Broadcast()
+			s.mu.Unlock()
+		})
+		return
+	}
+	s.idleWake.Reset(engineIdleAfter)
+}
+
+// depthFullLocked reports whether no more fetch may start now: fetches and
+// the engine's loads that read the store share QueueDepth, and while the
+// engine is idle (no load for engineIdleAfter; it computes between waves)
+// fetches may run up to IdleQueueDepth.
+func (s *Stager) depthFullLocked() bool {
+	if s.loading > 0 || time.Since(s.lastTake) < engineIdleAfter {
+		return s.fetching+s.loading >= s.opts.QueueDepth
+	}
+	return s.fetching >= s.opts.IdleQueueDepth
 }
 
 // worker runs queued fetches until Close.
 func (s *Stager) worker() {
 	for {
 		s.mu.Lock()
-		for (len(s.queue) == 0 || s.fetching+s.loading >= s.opts.QueueDepth) && !s.closed {
+		for (len(s.queue) == 0 || s.depthFullLocked()) && !s.closed {
 			s.work.Wait()
 		}
 		if s.closed {
@@ -519,7 +512,6 @@ func (s *Stager) worker() {
 // size and then resumes the wave after the chain's latest read.
 func (s *Stager) complete(e *entry, data []byte, err error) {
 	probe := e.cost == 0
-	var unwanted uint64
 	s.mu.Lock()
 	s.fetching--
 	if err == nil && len(data) > 0 {
@@ -527,19 +519,15 @@ func (s *Stager) complete(e *entry, data []byte, err error) {
 		s.lastBlockBytes = e.chain.blockBytes
 	}
 	if s.acceptLocked(e, data, err) {
-		s.mu.Unlock()
-		set := s.cache.Set(e.gen, &stagedBlock{key: e.key, data: data}, e.cost)
-		s.cache.Wait() // the block is in the cache before Take can look for it
-		s.mu.Lock()
-		unwanted = s.publishLocked(e, set)
+		e.state, e.data = staged, data
+		s.staged += e.cost
+		close(e.done)
 	}
 	if probe && !s.closed && e.chain.lastRead != (block.Ref{}) {
 		s.stageAfterLocked(e.chain, e.chain.lastRead)
 	}
-	evicted := s.takeEvictedLocked()
 	s.finishPendingLocked()
 	s.mu.Unlock()
-	s.uncache(append(evicted, unwanted)...)
 }
 
 // acceptLocked decides whether a fetched block may be staged and, if so,
@@ -551,7 +539,7 @@ func (s *Stager) acceptLocked(e *entry, data []byte, err error) bool {
 		s.abandonLocked(e, size)
 		return false
 	case err != nil:
-		if n := e.chain.nodes[e.key]; n != nil {
+		if n := e.chain.members[e.key]; n != nil {
 			n.present = false
 		}
 		s.abandonLocked(e, 0)
@@ -564,20 +552,6 @@ func (s *Stager) acceptLocked(e *entry, data []byte, err error) bool {
 	s.reserveLocked(e.chain, size-e.cost)
 	e.cost = size
 	return true
-}
-
-// publishLocked makes e servable once its block is in the cache. When e
-// was dropped meanwhile, or the cache did not keep the block, it returns
-// e.gen for the caller to delete from the cache after unlocking; else 0.
-func (s *Stager) publishLocked(e *entry, set bool) (unwanted uint64) {
-	if _, kept := s.cache.Get(e.gen); e.state == dropped || !set || !kept {
-		s.abandonLocked(e, e.cost)
-		return e.gen
-	}
-	e.state = staged
-	s.staged += e.cost
-	close(e.done)
-	return 0
 }
 
 // abandonLocked gives back the reservation of e, a fetching entry whose
@@ -593,9 +567,8 @@ func (s *Stager) abandonLocked(e *entry, fetched int64) {
 // dropLocked removes e from staging. A queued entry gives its reservation
 // back now; a fetching one is marked dropped, wakes its waiters and gives
 // its reservation back when its fetch returns; a staged one gives its bytes
-// back (counted as wasted if wasted is set) and dropLocked returns its gen,
-// which the caller must delete from the cache after unlocking; else 0.
-func (s *Stager) dropLocked(e *entry, wasted bool) (staleGen uint64) {
+// back (counted as wasted if wasted is set).
+func (s *Stager) dropLocked(e *entry, wasted bool) {
 	if s.entries[e.key] == e {
 		delete(s.entries, e.key)
 	}
@@ -613,43 +586,11 @@ func (s *Stager) dropLocked(e *entry, wasted bool) (staleGen uint64) {
 	case staged:
 		s.releaseLocked(e)
 		s.staged -= e.cost
+		e.data = nil
 		if wasted {
 			s.counters.WastedBytes += e.cost
 		}
-		return e.gen
 	}
-	return 0
-}
-
-// onEvict is the cache's eviction callback. The budget keeps the cache from
-// evicting, but should it evict, the entry is dropped as wasted.
-func (s *Stager) onEvict(item *ristretto.Item[*stagedBlock]) {
-	if item.Value == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[item.Value.key]; e != nil && e.gen == item.Key && e.state == staged {
-		s.dropLocked(e, true)
-	}
-}
-
-// uncache deletes the blocks of generations gens from the cache; 0 is no
-// block. Called without mu.
-func (s *Stager) uncache(gens ...uint64) {
-	for _, gen := range gens {
-		if gen != 0 {
-			s.cache.Del(gen)
-		}
-	}
-}
-
-// takeEvictedLocked returns and forgets the generations reclaimLocked
-// dropped, which the caller deletes from the cache after unlocking.
-func (s *Stager) takeEvictedLocked() []uint64 {
-	evicted := s.evicted
-	s.evicted = nil
-	return evicted
 }
 
 func (s *Stager) reserveLocked(c *chain, bytes int64) {

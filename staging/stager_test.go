@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -183,7 +184,7 @@ func keyList(keys []block.Ref) string {
 	return b.String()
 }
 
-func wantStats(t *testing.T, s *Stager, want Stats) {
+func wantStats(t *testing.T, s *Stager, want ctlabi.Staging) {
 	t.Helper()
 	if got := s.Stats(); got != want {
 		t.Fatalf("stats %+v, want %+v", got, want)
@@ -208,11 +209,11 @@ func TestNewStagerOptions(t *testing.T) {
 		s.opts.BatchGap != DefaultBatchGap || s.opts.MaxKeys != DefaultMaxKeys {
 		t.Errorf("defaults not applied: %+v", s.opts)
 	}
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20})
 }
 
 func TestStatsJSON(t *testing.T) {
-	data, err := json.Marshal(Stats{})
+	data, err := json.Marshal(ctlabi.Staging{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,18 +235,18 @@ func TestWaveOnRead(t *testing.T) {
 	wantFetched(t, f) // lookups never stage
 	mustMiss(t, s, keys[0])
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 1})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 1})
 
 	// A read of an unknown key stages nothing.
 	mustMiss(t, s, chunkKey(tierB, 0, 0))
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 2})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 2})
 
 	// NoteRead stages like a Take that missed, without counting a load.
 	s.NoteRead(keys[5])
 	s.Settle()
 	wantFetched(t, f, slices.Concat(keys[1:5], keys[6:10])...)
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 8000, Chains: 1, Waves: 1, Misses: 2})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 8000, Chains: 1, Waves: 1, Misses: 2})
 }
 
 func TestTakeRemovesAndTopsUp(t *testing.T) {
@@ -259,7 +260,7 @@ func TestTakeRemovesAndTopsUp(t *testing.T) {
 	mustHit(t, s, keys[1], 0)
 	s.Settle()
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 3000, Chains: 1, Waves: 1, Hits: 1, Misses: 1})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 3000, Chains: 1, Waves: 1, Hits: 1, Misses: 1})
 
 	// Taken means gone: a second Take of the same block misses.
 	mustMiss(t, s, keys[1])
@@ -273,7 +274,7 @@ func TestTakeRemovesAndTopsUp(t *testing.T) {
 			t.Errorf("%s fetched %d times, want 1", k, n)
 		}
 	}
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Hits: 11, Misses: 2})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Hits: 11, Misses: 2})
 }
 
 func TestTakeWaitsForFetchInFlight(t *testing.T) {
@@ -412,7 +413,7 @@ func TestFairShare(t *testing.T) {
 		}
 	}
 	// Chain A lost its farthest blocks, 5 to 12, and chain B its 5 and 6.
-	wantStats(t, s, Stats{BudgetBytes: 12 * size, Bytes: 12 * size, Chains: 3, Waves: 3, Misses: 3, WastedBytes: 10 * size})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 12 * size, Bytes: 12 * size, Chains: 3, Waves: 3, Misses: 3, WastedBytes: 10 * size})
 	for i := 1; i <= 4; i++ {
 		mustHit(t, s, chains[0][i], 0)
 		s.Settle()
@@ -453,7 +454,7 @@ func TestStreamThroughBudget(t *testing.T) {
 	if s.peakUsed > budget {
 		t.Errorf("peak staged %d bytes, budget %d", s.peakUsed, budget)
 	}
-	wantStats(t, s, Stats{BudgetBytes: budget, Waves: 1, Hits: blocks - 1, Misses: 1})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: budget, Waves: 1, Hits: blocks - 1, Misses: 1})
 }
 
 // TestStreamConcurrentReaders has 4 engine threads load a chain 25 times the
@@ -515,7 +516,7 @@ func TestInvalidate(t *testing.T) {
 		s := setUp(t, f)
 		mustMiss(t, s, keys[0])
 		s.Invalidate(keys[1])
-		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: size})
+		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: size})
 		mustMiss(t, s, keys[1])
 	})
 
@@ -532,7 +533,7 @@ func TestInvalidate(t *testing.T) {
 		close(f.gate)
 		s.Settle()
 		// The wave goes on past the invalidated block: a second wave stages keys[2].
-		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 1, WastedBytes: size})
+		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 1, WastedBytes: size})
 		mustMiss(t, s, keys[1])
 	})
 
@@ -562,7 +563,7 @@ func TestInvalidate(t *testing.T) {
 		mustMiss(t, s, keys[0])
 		s.NoteLookup(keys[1], 9, false)
 		mustMiss(t, s, keys[1])
-		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 2, WastedBytes: size})
+		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 2, WastedBytes: size})
 	})
 
 	t.Run("removed block is skipped", func(t *testing.T) {
@@ -659,7 +660,7 @@ func TestClose(t *testing.T) {
 	s.NoteStore(keys[0])
 	s.NoteRead(keys[0])
 	s.Invalidate(keys[0])
-	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: 100})
+	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: 100})
 	s.Close()
 }
 
@@ -730,5 +731,51 @@ func TestFetchesLeaveDepthToTheEnginesStoreLoads(t *testing.T) {
 	s.StoreLoadDone()
 	if got := <-f.started; got != keys[3] {
 		t.Fatalf("after the store load ended, fetch of %s started, want %s", got, keys[3])
+	}
+}
+
+// TestFetchesFillTheEnginesIdleTime checks that once the engine opened no
+// load for a while (it computes between waves), staging runs up to
+// IdleQueueDepth fetches at once, and that a store load of the engine stops
+// new ones until fetches and loads fit QueueDepth again.
+func TestFetchesFillTheEnginesIdleTime(t *testing.T) {
+	f := newFakeStore(100)
+	f.started, f.gate = make(chan block.Ref, 16), make(chan struct{})
+	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 12, QueueDepth: 2})
+	t.Cleanup(func() { close(f.gate) }) // runs before s.Close: no fetch stays blocked
+	if s.opts.IdleQueueDepth != IdleDepthFactor*2 {
+		t.Fatalf("IdleQueueDepth %d, want %d", s.opts.IdleQueueDepth, IdleDepthFactor*2)
+	}
+	keys := chunkKeys(tierA, 0, 14)
+	lookUp(s, 1, keys...)
+	if _, ok := s.Take(keys[0]); ok {
+		t.Fatal("first Take hit")
+	}
+	<-f.started // the probe that learns the block size
+	f.gate <- struct{}{}
+	for i := range s.opts.IdleQueueDepth {
+		select {
+		case <-f.started:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d fetches running with the engine idle, want %d", i, s.opts.IdleQueueDepth)
+		}
+	}
+	select {
+	case k := <-f.started:
+		t.Fatalf("fetch of %s started beyond IdleQueueDepth", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.StoreLoadStarted()
+	f.gate <- struct{}{} // one fetch ends: 7 in flight and a load, over QueueDepth
+	select {
+	case k := <-f.started:
+		t.Fatalf("fetch of %s started while the engine's load read the store", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.StoreLoadDone()
+	select {
+	case <-f.started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no fetch started once the engine's load ended")
 	}
 }

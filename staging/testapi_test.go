@@ -12,9 +12,7 @@ func (s *Stager) NoteRead(key block.Ref) {
 	if !s.closed {
 		s.noteReadLocked(chainOf(key), key)
 	}
-	evicted := s.takeEvictedLocked()
 	s.mu.Unlock()
-	s.uncache(evicted...)
 }
 
 // Settle waits until no fetch is queued or in flight: every fetch started

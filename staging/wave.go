@@ -20,7 +20,7 @@ func (s *Stager) chainLocked(id chainID) *chain {
 		if len(s.chains) >= maxChains {
 			s.forgetIdleChainsLocked()
 		}
-		c = &chain{nodes: make(map[block.Ref]*node)}
+		c = &chain{members: make(map[block.Ref]*member)}
 		s.chains[id] = c
 	}
 	s.touchLocked(c)
@@ -50,7 +50,7 @@ func (s *Stager) forgetIdleChainsLocked() {
 	}
 	slices.SortFunc(candidates, func(a, b idle) int { return cmp.Compare(a.last, b.last) })
 	for _, cand := range candidates[:min(len(candidates), max(maxChains/4, len(s.chains)-maxChains+1))] {
-		s.keys -= len(s.chains[cand.id].nodes)
+		s.keys -= len(s.chains[cand.id].members)
 		delete(s.chains, cand.id)
 	}
 	for id := range s.cursors {
@@ -60,21 +60,21 @@ func (s *Stager) forgetIdleChainsLocked() {
 	}
 }
 
-// nodeLocked returns key's node in c, creating it. When the Stager already
+// memberLocked returns key's member in c, creating it. When the Stager already
 // remembers MaxKeys keys, every chain's links are forgotten first.
-func (s *Stager) nodeLocked(c *chain, key block.Ref) *node {
-	if n := c.nodes[key]; n != nil {
+func (s *Stager) memberLocked(c *chain, key block.Ref) *member {
+	if n := c.members[key]; n != nil {
 		return n
 	}
 	if s.keys >= s.opts.MaxKeys {
 		for _, other := range s.chains {
-			clear(other.nodes)
+			clear(other.members)
 			other.lastStored = block.Ref{}
 		}
 		s.keys = 0
 	}
-	n := &node{}
-	c.nodes[key] = n
+	n := &member{}
+	c.members[key] = n
 	s.keys++
 	return n
 }
@@ -107,7 +107,7 @@ func (s *Stager) cursorLocked(id cursorID, now time.Time) *cursor {
 }
 
 // newRunLocked returns the id of a new lookup batch; ids start at 1, so a
-// node never listed (run 0) is in no batch.
+// member never listed (run 0) is in no batch.
 func (s *Stager) newRunLocked() uint64 {
 	s.lastRun++
 	return s.lastRun
@@ -118,7 +118,7 @@ const walkLimit = 4
 
 // readInPass reports whether n was read in the current pass over c: such a
 // key is not staged again until a new pass starts.
-func (c *chain) readInPass(n *node) bool {
+func (c *chain) readInPass(n *member) bool {
 	return n.readSeq > c.passStart
 }
 
@@ -130,7 +130,7 @@ func (s *Stager) noteReadLocked(id chainID, key block.Ref) {
 	if c == nil {
 		return
 	}
-	n := c.nodes[key]
+	n := c.members[key]
 	if n == nil {
 		return
 	}
@@ -153,10 +153,10 @@ func (s *Stager) stageAfterLocked(c *chain, key block.Ref) {
 	startsWave := len(c.ahead) == 0
 	queuedAny := false
 	ahead := 0
-	n := c.nodes[key]
+	n := c.members[key]
 	for steps := 0; n != nil && ahead < s.opts.WaveBlocks && steps < walkLimit*s.opts.WaveBlocks; steps++ {
 		key = n.next
-		if n = c.nodes[key]; n == nil {
+		if n = c.members[key]; n == nil {
 			break
 		}
 		if !n.present || c.readInPass(n) {
@@ -231,14 +231,13 @@ func (s *Stager) reclaimLocked(need, share int64) {
 			return
 		}
 		need -= victim.cost
-		s.evicted = append(s.evicted, s.dropLocked(victim, true))
+		s.dropLocked(victim, true)
 	}
 }
 
 // enqueueLocked queues a fetch of key for c, reserving reservation bytes.
 func (s *Stager) enqueueLocked(c *chain, key block.Ref, reservation int64) {
-	s.lastGen++
-	e := &entry{key: key, chain: c, gen: s.lastGen, state: queued, cost: reservation, done: make(chan struct{})}
+	e := &entry{key: key, chain: c, state: queued, cost: reservation, done: make(chan struct{})}
 	s.entries[key] = e
 	c.ahead = append(c.ahead, e)
 	s.queue = append(s.queue, e)

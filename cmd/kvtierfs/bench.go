@@ -13,10 +13,11 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/diskbench"
 	"github.com/kvtierfs/kvtierfs/integration/engine"
 )
@@ -47,6 +48,8 @@ type intFlag struct {
 type benchFlags struct {
 	fl                       *pflag.FlagSet
 	scenario, engines, syncs string
+	stagings                 string
+	stepGap                  time.Duration
 	rowBytes, groups, kv     string
 	hashSeed, model, gpuKind string
 	gpuDevices, replicatedKV string
@@ -89,6 +92,8 @@ func newBenchFlags() *benchFlags {
 	for i := range b.ints {
 		b.ints[i].value = fl.Int(b.ints[i].name, 0, b.ints[i].usage)
 	}
+	fl.StringVar(&b.stagings, "staging", "on", "the mounts' wave staging, comma-separated: off, on (engine scenarios; disk: one of them)")
+	fl.DurationVar(&b.stepGap, "step-gap", 0, "time the fixed engine computes between waves of one lookup, after a wave reached the GPUs (e.g. 200ms)")
 	fl.IntVar(&b.threads, "threads", engine.DefaultIOThreads, "tier I/O threads for stores and for loads")
 	fl.StringVar(&b.kv, "kv", engine.KVMLA, "KV layout across ranks: mla (replicated) or gqa (per rank)")
 	fl.StringVar(&b.groups, "groups", "", "KV cache groups: full, sliding:TAIL:ACC, eagle:TAIL:ACC, comma-separated (eagle: full,eagle:2:8; multinode: full; else full,sliding:1:1)")
@@ -112,7 +117,7 @@ func newBenchFlags() *benchFlags {
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
 	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes"}
-	engineOnlyFlags = []string{"engine", "sync", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
+	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
 )
 
 func runBench(args []string) error {
@@ -167,7 +172,11 @@ func (b *benchFlags) checkApplicable(scenario string) error {
 	switch {
 	case scenario == scenarioDisk:
 		refused = []string{"half-zero", "staging-bytes"}
-		refused = append(refused, engineOnlyFlags...)
+		for _, f := range engineOnlyFlags {
+			if f != "staging" {
+				refused = append(refused, f)
+			}
+		}
 	case rawScenario(scenario):
 		refused = engineOnlyFlags
 	default:
@@ -214,7 +223,7 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 		return cfg, err
 	}
 	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
-	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir = b.replicatedKV, b.capacity, b.dir
+	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap = b.replicatedKV, b.capacity, b.dir, b.stepGap
 	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
 	return cfg, nil
 }
@@ -234,21 +243,27 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if err != nil {
 		return usageError{err}
 	}
+	stagings, err := parseOnOff("staging", b.stagings)
+	if err != nil {
+		return usageError{err}
+	}
 	var results []engine.Result
 	for _, eng := range engines {
 		for _, sync := range syncs {
-			cfg.Engine, cfg.Sync = eng, sync
-			if err := cfg.Validate(); err != nil {
-				return usageError{err}
+			for _, staging := range stagings {
+				cfg.Engine, cfg.Sync, cfg.Staging = eng, sync, staging
+				if err := cfg.Validate(); err != nil {
+					return usageError{err}
+				}
+				res, err := engine.Run(ctx, cfg)
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
+				}
+				if err != nil {
+					return fmt.Errorf("%s, --engine %s, --sync %s, --staging %s: %w", scenario, eng, onOff(sync), onOff(staging), err)
+				}
+				results = append(results, res)
 			}
-			res, err := engine.Run(ctx, cfg)
-			if ctx.Err() != nil {
-				return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
-			}
-			if err != nil {
-				return fmt.Errorf("%s, --engine %s, --sync %s: %w", scenario, eng, onOff(sync), err)
-			}
-			results = append(results, res)
 		}
 	}
 	if b.asJSON {
@@ -257,8 +272,9 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if err := engine.WriteTable(os.Stdout, results); err != nil {
 		return err
 	}
+	engine.WriteStagingRatios(os.Stdout, results)
 	for _, res := range results {
-		var st fusefs.Stats
+		var st ctlabi.Stats
 		if err := json.Unmarshal(res.Stats, &st); err != nil {
 			return fmt.Errorf("decoding the mount's stats: %w", err)
 		}
@@ -287,22 +303,27 @@ func (b *benchFlags) engineList(scenario string) ([]string, error) {
 	return engines, nil
 }
 
+// parseOnOff parses a comma-separated list of off and on.
+func parseOnOff(flag, value string) ([]bool, error) {
+	var out []bool
+	for _, name := range strings.Split(value, ",") {
+		switch strings.TrimSpace(name) {
+		case "off":
+			out = append(out, false)
+		case "on":
+			out = append(out, true)
+		default:
+			return nil, fmt.Errorf("--%s %q: want off, on or both comma-separated", flag, value)
+		}
+	}
+	return out, nil
+}
+
 // syncList parses --sync. Without the flag, a default that includes "on" falls
 // back to "off" with a note when the binary cannot mirror rows yet.
 func (b *benchFlags) syncList(scenario string, cfg engine.Config, exe string) ([]bool, error) {
 	if b.fl.Changed("sync") {
-		var syncs []bool
-		for _, name := range strings.Split(b.syncs, ",") {
-			switch strings.TrimSpace(name) {
-			case "off":
-				syncs = append(syncs, false)
-			case "on":
-				syncs = append(syncs, true)
-			default:
-				return nil, fmt.Errorf("--sync %q: want off, on or both comma-separated", b.syncs)
-			}
-		}
-		return syncs, nil
+		return parseOnOff("sync", b.syncs)
 	}
 	syncs := []bool{false}
 	switch {
@@ -331,6 +352,13 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 		cfg.Dir = os.TempDir()
 	}
 	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
+	switch b.stagings {
+	case "on":
+	case "off":
+		cfg.StagingOff = true
+	default:
+		return usageError{fmt.Errorf("--staging %q: disk takes one of on, off", b.stagings)}
+	}
 	if err := b.rowBytesInto(&cfg.RowBytes); err != nil {
 		return err
 	}

@@ -8,9 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/spf13/pflag"
-
-	"github.com/kvtierfs/kvtierfs/fusefs"
 )
 
 // logFormat is the value of --log-format: text (logfmt-style key=value
@@ -60,7 +59,7 @@ const eventLogInterval = 10 * time.Second
 // engine regions found and lost, eviction under capacity pressure starting
 // and stopping, warnings raised and cleared. It returns a function that
 // stops it.
-func startEventLog(snapshot func() fusefs.Stats, logger *slog.Logger) (stop func()) {
+func startEventLog(snapshot func() ctlabi.Stats, logger *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -86,14 +85,14 @@ func startEventLog(snapshot func() fusefs.Stats, logger *slog.Logger) (stop func
 // eventLog turns successive snapshots into log lines.
 type eventLog struct {
 	logger *slog.Logger
-	prev   fusefs.Stats
+	prev   ctlabi.Stats
 	// evicting is whether the store evicted during the last interval, so
 	// that steady eviction in a full store is one line, not one per interval.
 	evicting bool
 }
 
 // observe logs one line for each event between the previous snapshot and cur.
-func (e *eventLog) observe(cur fusefs.Stats) {
+func (e *eventLog) observe(cur ctlabi.Stats) {
 	prev, logger := e.prev, e.logger
 	e.prev = cur
 	before := map[string]bool{}

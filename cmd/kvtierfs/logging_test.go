@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -20,13 +20,13 @@ func TestLogEvents(t *testing.T) {
 	var buf bytes.Buffer
 	defer slog.SetDefault(slog.Default())
 	logger := newLogger(&buf, "json", slog.LevelInfo)
-	prev := fusefs.Stats{
-		Primary:  fusefs.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_old.mmap"}}},
-		Warnings: []fusefs.Warning{{Code: "peer_down", Message: "peer b is down"}},
+	prev := ctlabi.Stats{
+		Primary:  ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_old.mmap"}}},
+		Warnings: []ctlabi.Warning{{Code: "peer_down", Message: "peer b is down"}},
 	}
-	cur := fusefs.Stats{
-		Primary:  fusefs.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_new.mmap", Size: 1 << 20, Rows: 4}}},
-		Warnings: []fusefs.Warning{{Code: "no_space", Message: "raise --capacity"}},
+	cur := ctlabi.Stats{
+		Primary:  ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_new.mmap", Size: 1 << 20, Rows: 4}}},
+		Warnings: []ctlabi.Warning{{Code: "no_space", Message: "raise --capacity"}},
 	}
 	cur.Disk.Evictions = 3
 	events := &eventLog{logger: logger, prev: prev}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -92,8 +93,8 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	stagingBytes := fl.String("staging-bytes", "", fmt.Sprintf("RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10%% of RAM, at most %dGiB)", staging.MaxDefaultBudget>>30))
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
-	fl.DurationVar(&c.diagWindow, "diagnostics-window", staging.DefaultDiagnosticsWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", staging.MaxReadGrace))
-	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", staging.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", diagnose.MaxReadGrace))
+	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
@@ -246,7 +247,7 @@ func runMount(args []string) error {
 		}
 		defer stager.Close()
 	}
-	diagnostics := staging.NewDiagnostics(staging.DiagnosticsOptions{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
+	diagnostics := diagnose.New(diagnose.Options{Window: c.diagWindow, MinStoredBytes: c.diagMinBytes})
 	// Caught from before the mount on (a stop request as soon as the mount
 	// is visible still unmounts); until then a signal ends the process.
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -61,9 +61,9 @@ func runStat(args []string) error {
 
 // readStatsFile reads the stats file of a mount.
 func readStatsFile(mnt string) ([]byte, error) {
-	raw, err := os.ReadFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.StatsFile))
+	raw, err := os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, fusefs.ControlDir, fusefs.StatsFile)
+		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, ctlabi.Dir, ctlabi.StatsFile)
 	}
 	if errors.Is(err, fs.ErrPermission) {
 		return nil, fmt.Errorf("%s: permission denied: a kvtierfs mount is private to the engine's uid (--engine-uid) and root; run stat as one of them", mnt)
@@ -72,8 +72,8 @@ func readStatsFile(mnt string) ([]byte, error) {
 }
 
 // readStats reads and decodes the stats snapshot of a mount.
-func readStats(mnt string) (fusefs.Stats, error) {
-	var st fusefs.Stats
+func readStats(mnt string) (ctlabi.Stats, error) {
+	var st ctlabi.Stats
 	raw, err := readStatsFile(mnt)
 	if err != nil {
 		return st, err
@@ -85,7 +85,7 @@ func readStats(mnt string) (fusefs.Stats, error) {
 }
 
 // printStats renders a stats snapshot as a table an operator reads in seconds.
-func printStats(w io.Writer, st fusefs.Stats) {
+func printStats(w io.Writer, st ctlabi.Stats) {
 	t := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	d := st.Disk
 	used := 0.0

@@ -9,9 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"golang.org/x/sys/unix"
-
-	"github.com/kvtierfs/kvtierfs/fusefs"
 )
 
 // barWidth is the width of an occupancy bar in characters.
@@ -26,7 +25,7 @@ func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) 
 	defer signal.Stop(signals)
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	var prev *fusefs.Stats
+	var prev *ctlabi.Stats
 	var prevAt time.Time
 	for {
 		cur, err := readStats(mnt)
@@ -64,7 +63,7 @@ type rates struct {
 }
 
 // snapshotRates computes rates from prev to cur over elapsed; nil without prev.
-func snapshotRates(prev, cur *fusefs.Stats, elapsed time.Duration) *rates {
+func snapshotRates(prev, cur *ctlabi.Stats, elapsed time.Duration) *rates {
 	if prev == nil || elapsed <= 0 {
 		return nil
 	}
@@ -121,7 +120,7 @@ func byteRate(r *rates, value func(*rates) float64) string {
 }
 
 // renderWatch draws the terminal view of one snapshot.
-func renderWatch(w io.Writer, st fusefs.Stats, r *rates, at time.Time, interval time.Duration) {
+func renderWatch(w io.Writer, st ctlabi.Stats, r *rates, at time.Time, interval time.Duration) {
 	d := st.Disk
 	fmt.Fprintf(w, "kvtierfs %s   %s   every %s, Ctrl-C to stop\n\n", st.Mountpoint, at.Format("15:04:05"), interval)
 	fmt.Fprintf(w, "disk     %s  %s of %s, %d blocks, %s free\n", bar(d.PhysicalBytes, d.CapacityBytes),
@@ -187,7 +186,7 @@ func renderWatch(w io.Writer, st fusefs.Stats, r *rates, at time.Time, interval 
 }
 
 // renderWatchLine prints one snapshot as one line of key=value fields.
-func renderWatchLine(w io.Writer, st fusefs.Stats, r *rates, at time.Time) {
+func renderWatchLine(w io.Writer, st ctlabi.Stats, r *rates, at time.Time) {
 	d := st.Disk
 	fields := []string{at.Format(time.RFC3339), "disk=" + pct(d.PhysicalBytes, d.CapacityBytes), fmt.Sprintf("blocks=%d", d.Blocks)}
 	if sg := st.Staging; sg != nil {

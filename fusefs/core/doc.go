@@ -6,16 +6,19 @@
 // and of its one read of a row; it may ignore what close() returns. So a load
 // is proven where the engine looks:
 //
-//   - Loads.Open pins the block and gets its bytes verified against the
-//     block's digest: from a row of the engine's region that still holds the
-//     block (no disk read), from staging, or read from the store. A block
-//     that fails is dropped and the open fails with EIO.
-//   - Load.Read serves the bytes of one read request from that buffer. On a
-//     multi-node group the request that reaches the end of the row waits
-//     until the earlier requests' replies were delivered, finds the row of
-//     the engine's region they landed in, mirrors the block into that row on
-//     every peer and only then returns; a peer that fails, stalls or answers
-//     another checksum fails the read (EIO).
+//   - Loads.Open pins the block and gets its bytes: from a row of the
+//     engine's region that still holds the block (no disk read) or from
+//     staging, both verified against the block's digest, or by starting a
+//     read of the store that goes on after Open returns.
+//   - Load.Read serves the bytes of one read request from that buffer once
+//     they landed. The request that reaches the end of the block waits until
+//     the whole block matched its digest; a block that does not is dropped
+//     and that request fails (EIO), so the engine's read fails. On a
+//     multi-node group the row the delivered requests landed in is found
+//     while the read goes on and mirrored to every peer in the background;
+//     the request that reaches the end returns only once every peer
+//     acknowledged it. A peer that fails, stalls or answers another checksum
+//     fails the read (EIO).
 //   - Load.Flush repeats any failure for engines that honour close errors and
 //     checks again that a mirrored row holds the block.
 //   - Load.Release unpins the block and recycles its buffer.

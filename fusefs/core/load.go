@@ -83,7 +83,7 @@ const (
 	FromStaging Source = iota
 	// FromRow: a row of the engine's region still held the block.
 	FromRow
-	// FromStore: the block was read from the store at open.
+	// FromStore: the block is read from the store while the load is served.
 	FromStore
 )
 
@@ -96,17 +96,20 @@ type Counters struct {
 	// Mirrored counts loads whose row every peer acknowledged before the
 	// last read returned; MirrorFailures those whose read failed instead.
 	Mirrored, MirrorFailures atomic.Int64
-	// Refused counts opens that failed (corrupt or vanished block, no room).
+	// Refused counts loads refused: opens that failed (vanished block, no
+	// room) and blocks whose bytes failed verification (corrupt).
 	Refused atomic.Int64
 }
 
-// Loads opens and serves block loads. Every byte a load delivers was checked
-// against the block's digest before the open returned, and on a multi-node
-// group the row it fills reaches every peer before the read that completes it
-// returns (DESIGN.md "Loads: proven before the read returns").
+// Loads opens and serves block loads. The read that completes a load returns
+// only once every byte of the block was checked against the block's digest,
+// and on a multi-node group once the row it fills reached every peer
+// (DESIGN.md "Loads: proven before the read returns").
 type Loads struct {
-	cfg      Config
-	budget   *semaphore.Weighted
+	cfg    Config
+	budget *semaphore.Weighted
+	// readInto reads a pinned block from the store (disk.Reader.ReadInto).
+	readInto func(r *disk.Reader, buf []byte, landed func(prefix int)) error
 	Counters Counters
 }
 
@@ -124,14 +127,14 @@ func NewLoads(cfg Config) *Loads {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Loads{cfg: cfg, budget: semaphore.NewWeighted(cfg.MaxBytes)}
+	return &Loads{cfg: cfg, budget: semaphore.NewWeighted(cfg.MaxBytes), readInto: (*disk.Reader).ReadInto}
 }
 
 // mirrors reports whether loads must reach peers before they return.
 func (c *Loads) mirrors() bool { return c.cfg.Mirror != nil && c.cfg.Mirror.Mirrors() }
 
-// Load is one open of a block for reading: the block is pinned and its
-// verified bytes held until Release.
+// Load is one open of a block for reading: the block is pinned and its bytes
+// held until Release.
 type Load struct {
 	loads  *Loads
 	r      *disk.Reader
@@ -142,24 +145,40 @@ type Load struct {
 	// before lists the rows that held the block when it was opened, which a
 	// row that holds it later may not be the destination of this load.
 	before []shm.RowRef
+	// background counts the goroutines that use buf: the store read and the
+	// mirror.
+	background sync.WaitGroup
 
 	mu sync.Mutex
+	// landed is how many of the block's first bytes are in buf; proven is
+	// set once the whole of buf matched the block's digest.
+	landed int64
+	proven bool
 	// served are the ranges Read handed out for replies; delivered those
 	// whose reply was sent.
 	served, delivered spans
-	// progress is closed and replaced whenever delivered grows.
-	progress chan struct{}
-	// mirrorDone is set once the row went to every peer; rows are those rows.
-	mirrorDone bool
-	rows       []shm.RowRef
+	// changed is closed and replaced whenever landed, proven, delivered or
+	// err change.
+	changed chan struct{}
+	// samplesTried is how many of the digest's samples the delivered prefix
+	// held when the destination row was last looked for; found are the
+	// destination rows once known.
+	samplesTried int
+	found        []shm.RowRef
+	// mirroring is closed when the mirror of found to the peers ended;
+	// nil until it starts. rows are the rows every peer acknowledged.
+	mirroring chan struct{}
+	rows      []shm.RowRef
 	// err is the load's first failure: later reads and flushes repeat it.
 	err     error
 	flushed bool
 }
 
-// Open pins a block and gets its verified bytes: from a row of the engine's
-// region that still holds them, from staging, or by reading the store. A block
-// whose bytes fail their digest is dropped and the open fails with EIO.
+// Open pins a block and starts getting its bytes: from a row of the engine's
+// region that still holds them or from staging (verified before Open
+// returns), or by reading the store, which goes on after Open returns while
+// Read serves the bytes already read (DESIGN.md "Loads: proven before the
+// read returns").
 func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	rel := ref.Rel
 	r, err := c.cfg.Store.PinBlock(rel)
@@ -183,13 +202,8 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 		c.cfg.Logger.Error("load refused: open loads hold too many bytes; close loaded blocks", "path", rel, "limit_bytes", c.cfg.MaxBytes)
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
 	}
-	l := &Load{loads: c, r: r, progress: make(chan struct{})}
-	if err := l.fill(ref); err != nil {
-		c.budget.Release(size)
-		r.Close()
-		c.Counters.Refused.Add(1)
-		return nil, err
-	}
+	l := &Load{loads: c, r: r, changed: make(chan struct{})}
+	l.fill(ref)
 	switch l.Source {
 	case FromStaging:
 		c.Counters.FromStaging.Add(1)
@@ -201,42 +215,79 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	return l, nil
 }
 
-// fill gets the block's verified bytes into l.buf.
-func (l *Load) fill(ref block.Ref) error {
+// fill gets the block's bytes into l.buf: verified at once from a row or
+// from staging, or from the store by a read that runs on in the background.
+func (l *Load) fill(ref block.Ref) {
 	c, r := l.loads, l.r
-	d, hasDigest := r.Digest()
-	canFind := hasDigest && c.cfg.Regions != nil && c.cfg.Regions.Fits(d.Size)
+	d, _ := r.Digest()
+	l.digest = d
+	canFind := c.cfg.Regions != nil && c.cfg.Regions.Fits(d.Size)
 	if canFind && c.mirrors() {
 		l.before = c.cfg.Regions.Candidates(d)
 	}
 	// A row that still holds the block comes first: it costs no disk read,
 	// and a load served from it does not set staging fetching the blocks
 	// after it, which rows that held this one likely hold too (a reload).
+	buf := c.cfg.Store.Buffer(int(d.Size))
 	if canFind {
-		buf := c.cfg.Store.Buffer(int(d.Size))
 		if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
-			l.buf, l.digest, l.Source = buf, d, FromRow
-			return nil
-		}
-		c.cfg.Store.RecycleBlock(buf)
-	}
-	if c.cfg.Stager != nil {
-		if buf, ok := c.cfg.Stager.Take(ref); ok {
-			l.buf, l.digest, l.Source = buf, d, FromStaging
-			return nil
+			l.buf, l.Source = buf, FromRow
+			l.landed, l.proven = d.Size, true
+			return
 		}
 	}
 	if c.cfg.Stager != nil {
+		if staged, ok := c.cfg.Stager.Take(ref); ok {
+			c.cfg.Store.RecycleBlock(buf)
+			l.buf, l.Source = staged, FromStaging
+			l.landed, l.proven = d.Size, true
+			return
+		}
 		c.cfg.Stager.StoreLoadStarted()
-		defer c.cfg.Stager.StoreLoadDone()
-	}
-	buf, err := r.ReadAll()
-	if err != nil {
-		return err
 	}
 	l.buf, l.Source = buf, FromStore
-	l.digest, _ = r.Digest()
-	return nil
+	l.background.Go(l.readStore)
+}
+
+// readStore reads the block from the store into l.buf, letting reads of the
+// bytes landed so far through, and proves it or fails the load.
+func (l *Load) readStore() {
+	c := l.loads
+	if c.cfg.Stager != nil {
+		defer c.cfg.Stager.StoreLoadDone()
+	}
+	err := c.readInto(l.r, l.buf, func(prefix int) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.landed = int64(prefix)
+		l.changedLocked()
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		c.Counters.Refused.Add(1)
+		l.failLocked(err)
+		return
+	}
+	l.landed, l.proven = int64(len(l.buf)), true
+	l.changedLocked()
+	if l.found != nil && l.mirroring == nil {
+		l.startMirrorLocked()
+	}
+}
+
+// changedLocked wakes every waiter for a change of the load's state.
+func (l *Load) changedLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// failLocked records the load's first failure.
+func (l *Load) failLocked(err error) {
+	if l.err == nil {
+		l.err = err
+		l.changedLocked()
+	}
 }
 
 // Size is the block's size in bytes.
@@ -247,19 +298,24 @@ func (l *Load) Path() string { return l.r.Path() }
 
 // Read returns the bytes of [off, off+n) (fewer at the end of the block) for
 // the reply to one read request; call Delivered with the same range once the
-// reply was sent. On a multi-node group the read that reaches the end of the
-// block first waits until every earlier range was delivered, identifies the
-// row they landed in and mirrors it to every peer; it fails (EIO) instead of
-// returning when it cannot, so no rank counts the load as done while another
-// holds stale bytes.
+// reply was sent. It waits until those bytes were read from the store; the
+// read that reaches the end of the block waits until the whole block matched
+// its digest, and fails (EIO) when it did not, so the engine's read of a
+// corrupt block fails while the bytes served before it never count. On a
+// multi-node group that read also waits until the row the earlier replies
+// filled reached every peer; it fails (EIO) instead of returning when it
+// cannot, so no rank counts the load as done while another holds stale bytes.
 func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 	size := int64(len(l.buf))
 	if off >= size || n <= 0 {
 		return nil, l.failure()
 	}
 	end := min(off+int64(n), size)
+	if err := l.waitLanded(end); err != nil {
+		return nil, err
+	}
 	if end == size && l.loads.mirrors() {
-		if err := l.mirror(context.WithoutCancel(ctx), off); err != nil {
+		if err := l.mirror(off); err != nil {
 			return nil, err
 		}
 	}
@@ -272,6 +328,25 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 	return l.buf[off:end], nil
 }
 
+// waitLanded waits until the block's first end bytes are in buf, and the
+// whole block proven when end is its size.
+func (l *Load) waitLanded(end int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		switch {
+		case l.err != nil:
+			return l.err
+		case l.proven, end < int64(len(l.buf)) && l.landed >= end:
+			return nil
+		}
+		changed := l.changed
+		l.mu.Unlock()
+		<-changed
+		l.mu.Lock()
+	}
+}
+
 // failure returns the load's first failure.
 func (l *Load) failure() error {
 	l.mu.Lock()
@@ -279,67 +354,141 @@ func (l *Load) failure() error {
 	return l.err
 }
 
-// Delivered records that the bytes of [off, end) reached the reader.
+// Delivered records that the bytes of [off, end) reached the reader. On a
+// multi-node group, once the delivered bytes from the block's start hold
+// another of the digest's samples, it looks for the row they landed in, so
+// that the row starts on its way to the peers while the engine's read goes on.
 func (l *Load) Delivered(off, end int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.delivered.add(off, end)
-	close(l.progress)
-	l.progress = make(chan struct{})
+	l.changedLocked()
+	if l.found == nil && l.err == nil && l.loads.mirrors() {
+		l.findRowLocked(l.delivered.prefix(), false)
+	}
 }
 
-// mirror sends the block to the row it is filling on every peer, once: the
-// row is found from the bytes of [0, last) already delivered.
-func (l *Load) mirror(ctx context.Context, last int64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.mirrorDone || l.err != nil {
-		return l.err
-	}
+// findRowLocked looks for the rows that received the block's first prefix
+// bytes, unless the last look saw as many samples (or, when final, at all),
+// and starts mirroring them once the block is proven. It reports whether the
+// rows are known.
+func (l *Load) findRowLocked(prefix int64, final bool) bool {
 	c := l.loads
-	fail := func(format string, args ...any) error {
-		msg := fmt.Sprintf(format, args...)
-		c.Counters.MirrorFailures.Add(1)
-		c.cfg.Logger.Error("load failed: its row did not reach every peer, so the read fails before other ranks could load stale bytes", "path", l.Path(), "reason", msg)
-		l.err = fmt.Errorf("load %s: %s: %w", l.Path(), msg, syscall.EIO)
+	if c.cfg.Regions == nil || prefix <= 0 || prefix >= int64(len(l.buf)) {
+		return false
+	}
+	samples := 0
+	for _, s := range l.digest.Samples {
+		if int64(s.Off)+8 <= prefix {
+			samples++
+		}
+	}
+	if !final && (samples == 0 || samples <= l.samplesTried) {
+		return false
+	}
+	l.samplesTried = samples
+	rows := c.cfg.Regions.Destinations(l.digest, l.buf[:prefix], l.before)
+	if len(rows) == 0 {
+		return false
+	}
+	l.found = rows
+	if l.proven {
+		l.startMirrorLocked()
+	}
+	return true
+}
+
+// startMirrorLocked sends the proven block to the found rows on every peer
+// in the background; mirroring is closed when every peer acknowledged or one
+// failed (which fails the load).
+func (l *Load) startMirrorLocked() {
+	done := make(chan struct{})
+	l.mirroring = done
+	rows := l.found
+	l.background.Go(func() {
+		c := l.loads
+		var err error
+		for _, ref := range rows {
+			if err = c.cfg.Mirror.MirrorRow(context.Background(), ref, l.buf, l.digest.CRC); err != nil {
+				err = fmt.Errorf("row %d of %s: %v", ref.Row, ref.Region, err)
+				break
+			}
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if err != nil {
+			l.mirrorFailedLocked("%v", err)
+		} else {
+			l.rows = rows
+			c.Counters.Mirrored.Add(1)
+		}
+		close(done)
+	})
+}
+
+// mirrorFailedLocked fails the load because its row may not have reached
+// every peer.
+func (l *Load) mirrorFailedLocked(format string, args ...any) error {
+	c := l.loads
+	msg := fmt.Sprintf(format, args...)
+	c.Counters.MirrorFailures.Add(1)
+	c.cfg.Logger.Error("load failed: its row did not reach every peer, so the read fails before other ranks could load stale bytes", "path", l.Path(), "reason", msg)
+	l.failLocked(fmt.Errorf("load %s: %s: %w", l.Path(), msg, syscall.EIO))
+	return l.err
+}
+
+// mirror waits, for the read of [last, size) of a proven block, until the
+// block reached its row on every peer. The row was found from the replies
+// already delivered, or is found now from those of [0, last), once they are.
+func (l *Load) mirror(last int64) error {
+	l.mu.Lock()
+	if l.mirroring == nil {
+		if err := l.findLastLocked(last); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+	}
+	done := l.mirroring
+	l.mu.Unlock()
+	<-done
+	return l.failure()
+}
+
+// findLastLocked finds the destination rows from the delivered bytes of
+// [0, last), waiting for them up to the deadline, and starts the mirror.
+func (l *Load) findLastLocked(last int64) error {
+	c := l.loads
+	if l.err != nil {
 		return l.err
 	}
 	if last == 0 {
-		return fail("the row arrived in one read request, so its destination cannot be found before it returns (rows of a mirrored mount must be larger than its read requests)")
+		return l.mirrorFailedLocked("the row arrived in one read request, so its destination cannot be found before it returns (rows of a mirrored mount must be larger than its read requests)")
 	}
 	if c.cfg.Regions == nil || len(l.digest.Samples) == 0 {
-		return fail("no digest or region to find its row by")
+		return l.mirrorFailedLocked("no digest or region to find its row by")
 	}
 	until := time.Now().Add(c.cfg.Deadline)
 	for !l.delivered.covers(0, last) {
 		wait := time.Until(until)
 		if wait <= 0 {
-			return fail("the first %d bytes were not delivered within %s", last, c.cfg.Deadline)
+			return l.mirrorFailedLocked("the first %d bytes were not delivered within %s", last, c.cfg.Deadline)
 		}
-		progress := l.progress
+		changed := l.changed
 		l.mu.Unlock()
 		timer := time.NewTimer(wait)
 		select {
-		case <-progress:
+		case <-changed:
 		case <-timer.C:
 		}
 		timer.Stop()
 		l.mu.Lock()
-		if l.mirrorDone || l.err != nil {
+		if l.mirroring != nil || l.err != nil {
 			return l.err
 		}
 	}
-	rows := c.cfg.Regions.Destinations(l.digest, l.buf[:last], l.before)
-	if len(rows) == 0 {
-		return fail("no row of the engine's region received its first %d bytes", last)
+	if !l.findRowLocked(last, true) {
+		return l.mirrorFailedLocked("no row of the engine's region received its first %d bytes", last)
 	}
-	for _, ref := range rows {
-		if err := c.cfg.Mirror.MirrorRow(ctx, ref, l.buf, l.digest.CRC); err != nil {
-			return fail("row %d of %s: %v", ref.Row, ref.Region, err)
-		}
-	}
-	l.mirrorDone, l.rows = true, rows
-	c.Counters.Mirrored.Add(1)
 	return nil
 }
 
@@ -365,17 +514,19 @@ func (l *Load) Flush() error {
 			return l.err
 		}
 	}
-	if l.served.covers(0, int64(len(l.buf))) {
+	if l.proven && l.served.covers(0, int64(len(l.buf))) {
 		l.loads.Counters.Completed.Add(1)
 		l.loads.cfg.Store.CountRead(int64(len(l.buf)))
 	}
 	return nil
 }
 
-// Release unpins the block and recycles its bytes: call it once no reply
-// refers to them any more (the kernel's RELEASE comes after every READ of the
-// handle was answered).
+// Release waits for the store read and the mirror to end, then unpins the
+// block and recycles its bytes: call it once no reply refers to them any
+// more (the kernel's RELEASE comes after every READ of the handle was
+// answered).
 func (l *Load) Release() error {
+	l.background.Wait()
 	l.loads.cfg.Store.RecycleBlock(l.buf)
 	l.loads.budget.Release(int64(len(l.buf)))
 	l.buf = nil

@@ -90,15 +90,15 @@ func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 	return rel, data
 }
 
-// corrupt flips bytes of the block file in the store, keeping its size.
-func (f *fixture) corrupt(t *testing.T, rel string) {
+// corrupt flips 64 bytes of the block file in the store at off, keeping its size.
+func (f *fixture) corrupt(t *testing.T, rel string, off int64) {
 	t.Helper()
 	file, err := os.OpenFile(f.store.Path(rel), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	if _, err := file.WriteAt(bytes.Repeat([]byte{0xa5}, 64), 4096); err != nil {
+	if _, err := file.WriteAt(bytes.Repeat([]byte{0xa5}, 64), off); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -117,7 +117,8 @@ func engineRead(ctx context.Context, l *Load, row []byte, reqBytes int) error {
 	return nil
 }
 
-// fakeMirror records the rows it mirrors, or fails with err.
+// fakeMirror records the rows it mirrors, or fails with err. With called
+// set, it announces each row there and then waits for release.
 type fakeMirror struct {
 	mu   sync.Mutex
 	err  error
@@ -125,18 +126,25 @@ type fakeMirror struct {
 	// seen is what the destination row held when the mirror was asked.
 	seen [][]byte
 	row  func(shm.RowRef) []byte
+
+	called  chan shm.RowRef
+	release chan struct{}
 }
 
 func (m *fakeMirror) Mirrors() bool { return true }
 
 func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if block.CRC32C(data) != crc {
 		return errors.New("block does not match its checksum")
 	}
+	m.mu.Lock()
 	m.rows = append(m.rows, ref)
 	m.seen = append(m.seen, bytes.Clone(m.row(ref)))
+	m.mu.Unlock()
+	if m.called != nil {
+		m.called <- ref
+		<-m.release
+	}
 	return m.err
 }
 
@@ -185,13 +193,27 @@ func TestLoadFromStoreVerifiesAtOpen(t *testing.T) {
 	}
 }
 
-func TestCorruptBlockFailsTheOpenAndIsDropped(t *testing.T) {
+// TestCorruptBlockFailsTheLastRead corrupts the block's second MiB on the
+// store disk: the open and the first read succeed (their bytes are not proven
+// yet), the read that reaches the end fails with EIO, the block is dropped
+// and nothing counts as loaded.
+func TestCorruptBlockFailsTheLastRead(t *testing.T) {
 	f := newFixture(t)
 	rel, _ := f.put(t, 1)
-	f.corrupt(t, rel)
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	if _, err := loads.Open(context.Background(), refOf(rel)); disk.Errno(err) != syscall.EIO {
-		t.Fatalf("open of a corrupt block: %v, want EIO", err)
+	f.corrupt(t, rel, 1<<20+4096)
+	loads, l := f.open(t, Config{}, rel)
+	if _, err := l.Read(context.Background(), 0, 1<<20); err != nil {
+		t.Fatalf("first read of a block corrupt further on: %v, want its bytes", err)
+	}
+	l.Delivered(0, 1<<20)
+	if _, err := l.Read(context.Background(), 1<<20, rowBytes); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("last read of a corrupt block: %v, want EIO", err)
+	}
+	if _, err := l.Read(context.Background(), 0, 1<<20); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("a read after the failure: %v, want EIO", err)
+	}
+	if err := l.Flush(); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("close of a corrupt block: %v, want EIO", err)
 	}
 	if f.store.Lookup(rel, 0) {
 		t.Fatal("the corrupt block is still in the store")
@@ -199,8 +221,177 @@ func TestCorruptBlockFailsTheOpenAndIsDropped(t *testing.T) {
 	if _, err := os.Stat(f.store.Path(rel)); !os.IsNotExist(err) {
 		t.Fatalf("the corrupt block file is still there: %v", err)
 	}
-	if got := loads.Counters.Refused.Load(); got != 1 {
-		t.Fatalf("%d opens refused, want 1", got)
+	st := f.store.Counters()
+	if loads.Counters.Completed.Load() != 0 || loads.Counters.Refused.Load() != 1 || st.Reads.Load() != 0 || st.ChecksumFailures.Load() != 1 {
+		t.Fatalf("completed %d, refused %d, store loads %d, checksum failures %d; want 0, 1, 0, 1",
+			loads.Counters.Completed.Load(), loads.Counters.Refused.Load(), st.Reads.Load(), st.ChecksumFailures.Load())
+	}
+}
+
+// gatedRead replaces the loads' store read with one that lands the block's
+// bytes a MiB at a time, each once the test sends on step; the block holds
+// data, and a checksum that does not match fails the read.
+type gatedRead struct {
+	data []byte
+	step chan struct{}
+}
+
+func (g *gatedRead) install(loads *Loads) *gatedRead {
+	loads.readInto = func(r *disk.Reader, buf []byte, landed func(int)) error {
+		for off := 0; off < len(buf); off += disk.ReadChunk {
+			<-g.step
+			end := min(off+disk.ReadChunk, len(buf))
+			copy(buf[off:end], g.data[off:end])
+			landed(end)
+		}
+		d, _ := r.Digest()
+		if block.CRC32C(buf) != d.CRC {
+			return r.Corrupt("checksum mismatch")
+		}
+		return nil
+	}
+	return g
+}
+
+// async runs fn in a goroutine and returns its result's channel.
+func async[T any](fn func() T) chan T {
+	ch := make(chan T, 1)
+	go func() { ch <- fn() }()
+	return ch
+}
+
+type readResult struct {
+	data []byte
+	err  error
+}
+
+// TestReadsAreServedAsTheBlockLands holds the store read between its chunks:
+// the open returns before any byte was read, a read waits until its bytes
+// landed and gets them, and the read that reaches the end waits for the
+// whole block.
+func TestReadsAreServedAsTheBlockLands(t *testing.T) {
+	f := newFixture(t)
+	rel, data := f.put(t, 1)
+	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
+	g := (&gatedRead{data: data, step: make(chan struct{})}).install(loads)
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	read := func(off int64, n int) chan readResult {
+		return async(func() readResult {
+			b, err := l.Read(context.Background(), off, n)
+			return readResult{bytes.Clone(b), err}
+		})
+	}
+	second, last := read(1<<20, 1<<20), read(2<<20, 1<<20)
+	g.step <- struct{}{} // the first MiB lands
+	first := <-read(0, 1<<20)
+	if first.err != nil || !bytes.Equal(first.data, data[:1<<20]) {
+		t.Fatalf("first MiB once landed: %v, bytes equal %v", first.err, bytes.Equal(first.data, data[:1<<20]))
+	}
+	select {
+	case r := <-second:
+		t.Fatalf("the second MiB was served before it landed: %v", r.err)
+	default:
+	}
+	g.step <- struct{}{} // the second MiB lands
+	if r := <-second; r.err != nil || !bytes.Equal(r.data, data[1<<20:2<<20]) {
+		t.Fatalf("second MiB once landed: %v, bytes equal %v", r.err, bytes.Equal(r.data, data[1<<20:2<<20]))
+	}
+	select {
+	case r := <-last:
+		t.Fatalf("the end of the block was served before the block was proven: %v", r.err)
+	default:
+	}
+	g.step <- struct{}{} // the rest lands and the block is proven
+	if r := <-last; r.err != nil || !bytes.Equal(r.data, data[2<<20:]) {
+		t.Fatalf("last read: %v, bytes equal %v", r.err, bytes.Equal(r.data, data[2<<20:]))
+	}
+	l.Delivered(0, rowBytes)
+	if err := l.Flush(); err != nil || loads.Counters.Completed.Load() != 1 {
+		t.Fatalf("close: %v, completed %d; want nil, 1", err, loads.Counters.Completed.Load())
+	}
+}
+
+// TestCorruptBlockLandingInStepsFailsOnlyAtTheEnd serves the first MiBs of a
+// block whose last MiB is wrong: the earlier reads succeed, the one that
+// reaches the end and every later one fail, and nothing counts as loaded.
+func TestCorruptBlockLandingInStepsFailsOnlyAtTheEnd(t *testing.T) {
+	f := newFixture(t)
+	rel, data := f.put(t, 1)
+	wrong := bytes.Clone(data)
+	wrong[rowBytes-1] ^= 1
+	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
+	g := (&gatedRead{data: wrong, step: make(chan struct{})}).install(loads)
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	for off := int64(0); off < 2<<20; off += 1 << 20 {
+		g.step <- struct{}{}
+		if b, err := l.Read(context.Background(), off, 1<<20); err != nil || !bytes.Equal(b, data[off:off+1<<20]) {
+			t.Fatalf("read at %d before the end: %v", off, err)
+		}
+		l.Delivered(off, off+1<<20)
+	}
+	g.step <- struct{}{}
+	if _, err := l.Read(context.Background(), 2<<20, 1<<20); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("the read that reaches the end of a wrong block: %v, want EIO", err)
+	}
+	if _, err := l.Read(context.Background(), 0, 1<<20); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("a read after the failure: %v, want EIO", err)
+	}
+	if err := l.Flush(); disk.Errno(err) != syscall.EIO || loads.Counters.Completed.Load() != 0 || f.store.Lookup(rel, 0) {
+		t.Fatalf("close: %v, completed %d, block present %v; want EIO, 0, false", err, loads.Counters.Completed.Load(), f.store.Lookup(rel, 0))
+	}
+}
+
+// TestConcurrentReadsOfOneLoad answers a block's requests in any order from
+// many goroutines while the store read runs (go test -race).
+func TestConcurrentReadsOfOneLoad(t *testing.T) {
+	f := newFixture(t)
+	rel, data := f.put(t, 1)
+	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
+	for round := range 8 {
+		l, err := loads.Open(context.Background(), refOf(rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const req = 128 << 10
+		row := make([]byte, rowBytes)
+		var wg sync.WaitGroup
+		errs := make(chan error, rowBytes/req+1)
+		for off := (rowBytes - 1) / req * req; off >= 0; off -= req {
+			wg.Go(func() {
+				b, err := l.Read(context.Background(), int64(off), req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				copy(row[off:], b)
+				l.Delivered(int64(off), int64(off+len(b)))
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if !bytes.Equal(row, data) {
+			t.Fatalf("round %d: wrong bytes", round)
+		}
+		if err := l.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := loads.Counters.Completed.Load(); got != 8 {
+		t.Fatalf("%d loads completed, want 8", got)
 	}
 }
 
@@ -211,7 +402,7 @@ func TestReloadFromARowThatHoldsTheBlock(t *testing.T) {
 	f := newFixture(t)
 	rel, data := f.put(t, 1)
 	copy(f.region.Row(0), data) // the row the engine stored it from
-	f.corrupt(t, rel)
+	f.corrupt(t, rel, 4096)
 	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
 	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {
@@ -265,6 +456,54 @@ func TestMirrorBeforeTheLastReadReturns(t *testing.T) {
 	}
 	if got := loads.Counters.Mirrored.Load(); got != 1 {
 		t.Fatalf("%d loads mirrored, want 1", got)
+	}
+}
+
+// TestMirrorOverlapsTheRead delivers every request of a row but the last:
+// the row goes to the peers meanwhile, the load's other requests go on while
+// the peers have not answered, and the last request returns only after they
+// did.
+func TestMirrorOverlapsTheRead(t *testing.T) {
+	f := newFixture(t)
+	rel, data := f.put(t, 1)
+	m := f.mirror(nil)
+	m.called, m.release = make(chan shm.RowRef), make(chan struct{})
+	loads, l := f.open(t, Config{Mirror: m}, rel)
+	const req = 128 << 10
+	last := int64((rowBytes - 1) / req * req)
+	row := f.region.Row(2)
+	if err := engineRead(context.Background(), l, row[:last], req); err != nil {
+		t.Fatal(err)
+	}
+	var ref shm.RowRef
+	select {
+	case ref = <-m.called:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the row did not start to the peers before the last request")
+	}
+	if ref.Row != 2 {
+		t.Fatalf("mirrored row %d, want 2", ref.Row)
+	}
+	// The peers have not answered: the load's other requests still go on.
+	if b, err := l.Read(context.Background(), 0, req); err != nil || !bytes.Equal(b, data[:req]) {
+		t.Fatalf("a read while the peers are busy: %v", err)
+	}
+	l.Delivered(0, req)
+	end := async(func() readResult { b, err := l.Read(context.Background(), last, req); return readResult{b, err} })
+	select {
+	case r := <-end:
+		t.Fatalf("the last request returned before the peers answered: %v", r.err)
+	default:
+	}
+	close(m.release)
+	r := <-end
+	if r.err != nil {
+		t.Fatalf("last request: %v", r.err)
+	}
+	copy(row[last:], r.data)
+	l.Delivered(last, rowBytes)
+	if err := l.Flush(); err != nil || loads.Counters.Mirrored.Load() != 1 || len(m.rows) != 1 {
+		t.Fatalf("close: %v, mirrored %d, rows %v; want nil, 1, one row", err, loads.Counters.Mirrored.Load(), m.rows)
 	}
 }
 

@@ -38,3 +38,11 @@ func (s spans) covers(start, end int64) bool {
 	}
 	return false
 }
+
+// prefix is the length of the run of the set that starts at 0.
+func (s spans) prefix() int64 {
+	if len(s) > 0 && s[0].start == 0 {
+		return s[0].end
+	}
+	return 0
+}

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -40,7 +40,7 @@ func TestPrivateToEngineUID(t *testing.T) {
 	if out, ok := helperAs(engine, helper, "store", d.Mountpoint, hash); !ok {
 		t.Fatalf("the engine's uid cannot store: %s", out)
 	}
-	stats := d.Path(fusefs.ControlDir, fusefs.StatsFile)
+	stats := d.Path(ctlabi.Dir, ctlabi.StatsFile)
 	for _, op := range [][]string{{"list", d.Mountpoint}, {"list", filepath.Dir(block)}, {"read", block}, {"read", stats}} {
 		if out, ok := helperAs(engine, helper, op...); !ok {
 			t.Errorf("the engine's uid: %s %s: %s", op[0], op[1], out)
@@ -179,7 +179,7 @@ func TestHardLinkToBlockRefused(t *testing.T) {
 func TestMatchFloodBounded(t *testing.T) {
 	const floodRSSBound = 128 << 20
 	d := mounttest.Start(t, mounttest.Options{})
-	match := d.Path(fusefs.ControlDir, fusefs.MatchFile)
+	match := d.Path(ctlabi.Dir, ctlabi.MatchFile)
 	before := vmRSS(t, d.Pid())
 	for r := range 2 {
 		var request strings.Builder

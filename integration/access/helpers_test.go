@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -82,7 +82,7 @@ func runHelper(args []string) int {
 
 // matchOne writes a one-key request to the match file and reads the answer.
 func matchOne(mnt, key string) (string, error) {
-	f, err := os.OpenFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.MatchFile), os.O_RDWR, 0)
+	f, err := os.OpenFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.MatchFile), os.O_RDWR, 0)
 	if err != nil {
 		return "", err
 	}

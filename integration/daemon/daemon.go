@@ -15,9 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"golang.org/x/sys/unix"
-
-	"github.com/kvtierfs/kvtierfs/fusefs"
 )
 
 // Options configures a daemon.
@@ -118,7 +117,7 @@ func Start(opts Options) (*Daemon, error) {
 	var servedAt time.Time
 	for {
 		if servedAt.IsZero() {
-			if _, err := os.Stat(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.StatsFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(d.Mountpoint, ctlabi.Dir, ctlabi.StatsFile)); err == nil {
 				servedAt = time.Now()
 			}
 		}

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/staging"
@@ -191,7 +191,7 @@ func (r *chainRun) runPhase(p int, first bool, res *ChainResult) (time.Duration,
 		if took, err = r.lookupAndLoad(tier); err != nil || p != phaseStagingOn {
 			return
 		}
-		var st fusefs.Stats
+		var st ctlabi.Stats
 		if st, err = readStats(d.Mountpoint); err != nil {
 			return
 		}
@@ -376,13 +376,13 @@ func (r *chainRun) matchCost(d *daemon.Daemon, tier *engineio.Tier) (matchMs, fa
 		tier.Exists(tier.BlockPath(tierDir, 0, k))
 	}
 	faccessMs = float64(time.Since(start).Microseconds()) / 1000
-	req, err := staging.EncodeMatchRequest(staging.MatchRequest{Tier: tierDir,
-		Groups: []staging.GroupSpec{{Group: 0, Kind: staging.KindFull, Keys: keys}}})
+	req, err := ctlabi.EncodeMatchRequest(ctlabi.MatchRequest{Tier: tierDir,
+		Groups: []ctlabi.GroupSpec{{Group: 0, Kind: ctlabi.KindFull, Keys: keys}}})
 	if err != nil {
 		return 0, 0, err
 	}
 	start = time.Now()
-	f, err := os.OpenFile(filepath.Join(d.Mountpoint, fusefs.ControlDir, fusefs.MatchFile), os.O_RDWR, 0)
+	f, err := os.OpenFile(filepath.Join(d.Mountpoint, ctlabi.Dir, ctlabi.MatchFile), os.O_RDWR, 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -393,7 +393,7 @@ func (r *chainRun) matchCost(d *daemon.Daemon, tier *engineio.Tier) (matchMs, fa
 	answer := make([]byte, 4096)
 	n, _ := f.ReadAt(answer, 0)
 	matchMs = float64(time.Since(start).Microseconds()) / 1000
-	got, err := staging.DecodeMatchResult(answer[:n])
+	got, err := ctlabi.DecodeMatchResult(answer[:n])
 	if err != nil {
 		return 0, 0, err
 	}
@@ -420,9 +420,9 @@ func (r *chainRun) verify(tier *engineio.Tier, res *ChainResult) error {
 }
 
 // readStats reads a mount's stats snapshot.
-func readStats(mnt string) (fusefs.Stats, error) {
-	var st fusefs.Stats
-	raw, err := os.ReadFile(filepath.Join(mnt, fusefs.ControlDir, fusefs.StatsFile))
+func readStats(mnt string) (ctlabi.Stats, error) {
+	var st ctlabi.Stats
+	raw, err := os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
 	if err != nil {
 		return st, err
 	}

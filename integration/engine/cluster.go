@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 )
@@ -99,6 +99,9 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 		if cfg.Capacity != "" {
 			args = append(args, "--capacity", cfg.Capacity)
 		}
+		if !cfg.Staging {
+			args = append(args, "--staging-bytes", "0")
+		}
 		n.daemon, err = daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: n.mountpoint, Store: n.store,
 			ShmGlob: n.region.Path, Args: args, Log: &n.log})
 		if err != nil {
@@ -173,7 +176,7 @@ func freeLoopbackPort() (int, error) {
 
 // stats returns the raw `kvtierfs stat --json` snapshot of the node's mount.
 func (n *node) stats() (json.RawMessage, error) {
-	raw, err := os.ReadFile(filepath.Join(n.mountpoint, fusefs.ControlDir, fusefs.StatsFile))
+	raw, err := os.ReadFile(filepath.Join(n.mountpoint, ctlabi.Dir, ctlabi.StatsFile))
 	if err != nil {
 		return nil, fmt.Errorf("node %d stats: %w", n.index, err)
 	}

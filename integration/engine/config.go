@@ -5,10 +5,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/gpu"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
-	"github.com/kvtierfs/kvtierfs/staging"
 )
 
 // Scenario names.
@@ -63,7 +64,7 @@ const DefaultIOThreads = 16
 // Config.Groups, the N of its `_g<N>` directories.
 type Group struct {
 	// Kind is full attention, sliding window or EAGLE.
-	Kind staging.GroupKind
+	Kind ctlabi.GroupKind
 	// Tail is the sliding window in chunks; 0 for full attention.
 	Tail int
 	// Acc is the alignment segment in chunks of the store filter; 0 for full
@@ -74,7 +75,7 @@ type Group struct {
 // String is the group's --groups form: "full", "sliding:TAIL:ACC" or
 // "eagle:TAIL:ACC".
 func (g Group) String() string {
-	if g.Kind == staging.KindFull {
+	if g.Kind == ctlabi.KindFull {
 		return g.Kind.String()
 	}
 	return fmt.Sprintf("%s:%d:%d", g.Kind, g.Tail, g.Acc)
@@ -86,14 +87,14 @@ func ParseGroups(spec string) ([]Group, error) {
 	var groups []Group
 	for _, item := range strings.Split(spec, ",") {
 		parts := strings.Split(strings.TrimSpace(item), ":")
-		kind, err := staging.ParseGroupKind(parts[0])
+		kind, err := ctlabi.ParseGroupKind(parts[0])
 		if err != nil {
 			return nil, fmt.Errorf("--groups %q: group %q: want full, sliding:TAIL:ACC or eagle:TAIL:ACC", spec, item)
 		}
 		g := Group{Kind: kind}
 		switch {
-		case kind == staging.KindFull && len(parts) == 1:
-		case kind != staging.KindFull && len(parts) == 3:
+		case kind == ctlabi.KindFull && len(parts) == 1:
+		case kind != ctlabi.KindFull && len(parts) == 3:
 			tail, errTail := strconv.Atoi(parts[1])
 			acc, errAcc := strconv.Atoi(parts[2])
 			if errTail != nil || errAcc != nil || tail <= 0 || acc < tail {
@@ -166,6 +167,14 @@ type Config struct {
 	// IOThreads is the number of tier I/O threads for stores and for loads
 	// (--threads).
 	IOThreads int
+	// Staging turns the mounts' wave staging on (their default budget) or
+	// off (--staging-bytes 0) (--staging).
+	Staging bool
+	// StepGap is how long the fixed engine works between waves: once a
+	// wave's loads completed and reached the GPUs, it computes (prefill of
+	// the remainder, decode of other requests) for this long before it
+	// loads the next wave, as a real scheduler's steps do (--step-gap).
+	StepGap time.Duration
 	// GPU is the gpu.Open kind: "auto", "cuda" or "host" (--gpu).
 	GPU string
 	// GPUDevices are the CUDA devices; rank r uses GPUDevices[r % len]
@@ -213,23 +222,24 @@ func DefaultConfig(scenario string) (Config, error) {
 		Model:          "DeepSeek-V4-Flash",
 		Requests:       1,
 		IOThreads:      DefaultIOThreads,
+		Staging:        true,
 		GPU:            gpu.KindAuto,
 		GPUDevices:     []int{0},
 		ReplicatedKV:   "auto",
 	}
-	full := Group{Kind: staging.KindFull}
+	full := Group{Kind: ctlabi.KindFull}
 	switch scenario {
 	case ScenarioEagle:
-		c.Groups = []Group{full, {Kind: staging.KindEagle, Tail: 2, Acc: 8}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindEagle, Tail: 2, Acc: 8}}
 		c.Rows, c.Requests, c.PromptTokens = 64, 4, 100_400
 	case ScenarioMultinode:
 		c.Groups = []Group{full}
 		c.Nodes, c.WorldSize, c.Rows, c.Promote = 2, 2, 128, 112
 	case ScenarioLongPrefix:
-		c.Groups = []Group{full, {Kind: staging.KindSliding, Tail: 1, Acc: 1}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindSliding, Tail: 1, Acc: 1}}
 		c.Rows, c.PromptTokens = 124, 348_000
 	case ScenarioAgent:
-		c.Groups = []Group{full, {Kind: staging.KindSliding, Tail: 1, Acc: 1}}
+		c.Groups = []Group{full, {Kind: ctlabi.KindSliding, Tail: 1, Acc: 1}}
 		c.Nodes, c.WorldSize, c.Sync, c.Rows = 2, 2, true, 124
 		c.Requests, c.Sessions = 40, 4
 		c.PrefixMin, c.PrefixMax, c.SharedPrefix = 240_000, 350_000, 160_000
@@ -268,6 +278,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
+	case c.StepGap < 0:
+		return fmt.Errorf("--step-gap %v: want a duration of at least 0", c.StepGap)
 	case c.Engine != EngineStock && c.Engine != EngineFixed:
 		return fmt.Errorf("--engine %q: want %s or %s", c.Engine, EngineStock, EngineFixed)
 	case c.RowBytes <= 0 || c.RowBytes%engineio.PageSize != 0:
@@ -301,7 +313,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, g := range c.Groups {
-		if g.Kind != staging.KindFull && (g.Tail <= 0 || g.Acc < g.Tail) {
+		if g.Kind != ctlabi.KindFull && (g.Tail <= 0 || g.Acc < g.Tail) {
 			return fmt.Errorf("--groups: group %d (%s): want 0 < TAIL <= ACC", i, g)
 		}
 	}

@@ -31,7 +31,7 @@
 //
 // EngineStock is the engine as the field report found it. Its store filter
 // keeps only {acc-tail … acc-1} of each alignment segment of a windowed group,
-// EAGLE included (staging.StockRetained). Each step of its lookup walks every
+// EAGLE included (match.StockRetained). Each step of its lookup walks every
 // key of every group in prefix order, as the manager's lookup does, and
 // confirms a key by promoting it: a key resident in the primary tier is a hit;
 // a key on disk reserves a primary row for its promotion (RETRY); a key on
@@ -44,7 +44,7 @@
 // of the step pinned at the row count (DESIGN §3, failures 1 and 3).
 //
 // EngineFixed keeps {0} ∪ {acc-tail … acc-1} for EAGLE groups
-// (staging.Retained), matches without staging (staging.Match over the primary
+// (match.Retained), matches without staging (match.Hit over the primary
 // tier and faccessat through the mount), then stages the blocks the hit needs
 // in waves sized to the rows that can be allocated, loads each wave to the
 // GPUs and releases its rows before the next.

@@ -9,8 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -46,7 +47,7 @@ func run(t *testing.T, cfg Config) Result {
 		t.Fatalf("%s/%s: %v", cfg.Scenario, cfg.Engine, err)
 	}
 	checkCleanedUp(t, cfg.Dir, cfg.RegionID)
-	var st fusefs.Stats
+	var st ctlabi.Stats
 	if err := json.Unmarshal(res.Stats, &st); err != nil {
 		t.Fatalf("stats: %v", err)
 	}
@@ -282,5 +283,41 @@ func TestValidateNamesTheFlag(t *testing.T) {
 	}
 	if _, err := DefaultConfig("nope"); err == nil || !strings.Contains(err.Error(), "eagle, multinode, long-prefix, agent") {
 		t.Errorf("unknown scenario: %v", err)
+	}
+}
+
+// TestStagedGap: the long prompt through a 32-row primary tier, with the
+// engine computing between waves as a real scheduler does. With staging on,
+// the mount stages each next wave during the gap, so every load of waves
+// 2…n is served from memory; with staging off, none is.
+func TestStagedGap(t *testing.T) {
+	results := map[bool]Result{}
+	for _, staging := range []bool{false, true} {
+		cfg := ciConfig(t, ScenarioLongPrefix, EngineFixed)
+		cfg.Rows, cfg.StepGap, cfg.Staging = 32, 100*time.Millisecond, staging
+		res := run(t, cfg)
+		var st ctlabi.Stats
+		if err := json.Unmarshal(res.Stats, &st); err != nil {
+			t.Fatal(err)
+		}
+		laterWaves := res.RowsPromoted - int64(cfg.Rows)
+		switch {
+		case res.Waves < 3 || res.RowsIdentical != res.RowsChecked || res.Coverage < 0.99:
+			t.Errorf("staging %v: %d waves, %d/%d rows identical, coverage %.4f; want >= 3 waves, all identical, >= 0.99",
+				staging, res.Waves, res.RowsIdentical, res.RowsChecked, res.Coverage)
+		case !staging && st.Counters.LoadsFromStaging != 0:
+			t.Errorf("staging off: %d loads served from staging", st.Counters.LoadsFromStaging)
+		case staging && st.Counters.LoadsFromStaging < laterWaves:
+			t.Errorf("staging on: %d loads served from staging, want every load of waves 2…n (%d of %d promoted)",
+				st.Counters.LoadsFromStaging, laterWaves, res.RowsPromoted)
+		case res.LaterWaveWaitSeconds <= 0 || res.StepGapSeconds != 0.1:
+			t.Errorf("staging %v: later-wave wait %v s, step gap %v s", staging, res.LaterWaveWaitSeconds, res.StepGapSeconds)
+		}
+		results[staging] = res
+	}
+	var out strings.Builder
+	WriteStagingRatios(&out, []Result{results[false], results[true]})
+	if !strings.Contains(out.String(), "staging on ÷ off") {
+		t.Errorf("no staging ratio printed: %q", out.String())
 	}
 }

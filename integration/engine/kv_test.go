@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
 // TestChunkHashes: keys chain (a changed chunk changes every later key, not
@@ -56,7 +56,7 @@ func TestKVBytes(t *testing.T) {
 // TestNeededBlocks: a hit loads every chunk of a full group and the last Tail
 // chunks of windowed groups.
 func TestNeededBlocks(t *testing.T) {
-	s := &scheduler{cfg: Config{Groups: []Group{{Kind: staging.KindFull}, {Kind: staging.KindEagle, Tail: 2, Acc: 8}}}}
+	s := &scheduler{cfg: Config{Groups: []Group{{Kind: ctlabi.KindFull}, {Kind: ctlabi.KindEagle, Tail: 2, Acc: 8}}}}
 	keys := []string{"k0", "k1", "k2", "k3"}
 	got := s.neededBlocks(keys, 3)
 	want := []blockKey{{0, "k0"}, {0, "k1"}, {1, "k1"}, {0, "k2"}, {1, "k2"}}

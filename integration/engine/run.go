@@ -53,6 +53,14 @@ type Result struct {
 	Lookups int64 `json:"lookups"`
 	// LoadGBps is BytesRead over the time spent in promotions.
 	LoadGBps float64 `json:"load_gbps"`
+	// Staging ("on" or "off") and StepGapSeconds are the run's --staging
+	// and --step-gap.
+	Staging        string  `json:"staging"`
+	StepGapSeconds float64 `json:"step_gap_seconds"`
+	// LaterWaveWaitSeconds is the time the fixed engine waited on the loads
+	// of every wave after the first of a lookup (the gaps not counted): what
+	// staging during the gaps can save.
+	LaterWaveWaitSeconds float64 `json:"later_wave_wait_seconds"`
 	// PrimaryRows is the rows of each primary region, PrimaryPeakRows the most
 	// rows pinned at once (reserved, staged or being stored).
 	PrimaryRows     int `json:"primary_rows"`
@@ -91,16 +99,18 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return Result{}, err
 	}
 	res = Result{
-		Scenario:    cfg.Scenario,
-		Engine:      cfg.Engine,
-		Sync:        onOff(cfg.Sync),
-		PrimaryRows: cfg.Rows,
+		Scenario:       cfg.Scenario,
+		Engine:         cfg.Engine,
+		Sync:           onOff(cfg.Sync),
+		PrimaryRows:    cfg.Rows,
+		Staging:        onOff(cfg.Staging),
+		StepGapSeconds: cfg.StepGap.Seconds(),
 		Geometry: Geometry{
 			RowBytes: cfg.RowBytes, SlotBytes: cfg.SlotBytes(), Rows: cfg.Rows, TokensPerChunk: cfg.TokensPerChunk,
 			WorldSize: cfg.WorldSize, Nodes: cfg.Nodes, KV: cfg.KV, Groups: FormatGroups(cfg.Groups),
 		},
 	}
-	reporter := newProgressReporter(cfg.Progress, fmt.Sprintf("%s/%s/sync %s", cfg.Scenario, cfg.Engine, res.Sync))
+	reporter := newProgressReporter(cfg.Progress, fmt.Sprintf("%s/%s/sync %s/staging %s", cfg.Scenario, cfg.Engine, res.Sync, res.Staging))
 	cl, err := startCluster(ctx, cfg)
 	if err != nil {
 		return res, err

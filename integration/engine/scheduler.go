@@ -12,8 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 )
 
 // scheduler is the head node's engine: primary tier, lookups, promotions,
@@ -100,16 +101,16 @@ func (s *scheduler) exists(b blockKey) bool {
 // retained is the engine's store filter: which chunks of a group it stores.
 func (s *scheduler) retained(g Group, chunk int) bool {
 	if s.cfg.Engine == EngineStock {
-		return staging.StockRetained(g.Kind, g.Tail, g.Acc, chunk)
+		return match.StockRetained(g.Kind, g.Tail, g.Acc, chunk)
 	}
-	return staging.Retained(g.Kind, g.Tail, g.Acc, chunk)
+	return match.Retained(g.Kind, g.Tail, g.Acc, chunk)
 }
 
 // matchRequest is the engine's lookup of a prompt's keys in every group.
-func (s *scheduler) matchRequest(keys []string) staging.MatchRequest {
-	req := staging.MatchRequest{Tier: s.tierDir, Groups: make([]staging.GroupSpec, len(s.cfg.Groups))}
+func (s *scheduler) matchRequest(keys []string) ctlabi.MatchRequest {
+	req := ctlabi.MatchRequest{Tier: s.tierDir, Groups: make([]ctlabi.GroupSpec, len(s.cfg.Groups))}
 	for i, g := range s.cfg.Groups {
-		req.Groups[i] = staging.GroupSpec{Group: i, Kind: g.Kind, Tail: g.Tail, Acc: g.Acc, Keys: keys}
+		req.Groups[i] = ctlabi.GroupSpec{Group: i, Kind: g.Kind, Tail: g.Tail, Acc: g.Acc, Keys: keys}
 	}
 	return req
 }
@@ -120,7 +121,7 @@ func (s *scheduler) neededBlocks(keys []string, hit int) []blockKey {
 	var blocks []blockKey
 	for c := 0; c < hit; c++ {
 		for g, group := range s.cfg.Groups {
-			if group.Kind == staging.KindFull || c >= hit-group.Tail {
+			if group.Kind == ctlabi.KindFull || c >= hit-group.Tail {
 				blocks = append(blocks, blockKey{group: g, hash: keys[c]})
 			}
 		}
@@ -176,7 +177,7 @@ func (s *scheduler) lookupStock(ctx context.Context, keys []string) (int, error)
 		}
 		found, reserved := s.stockWalk(keys, held)
 		present := func(group int, hash string) bool { return found[blockKey{group: group, hash: hash}] }
-		match, err := staging.Match(req, present)
+		match, err := match.Hit(req, present)
 		if err != nil {
 			return 0, err
 		}
@@ -280,7 +281,7 @@ func (s *scheduler) lookupOrder() []int {
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
 		ga, gb := s.cfg.Groups[a], s.cfg.Groups[b]
-		if fullA, fullB := ga.Kind == staging.KindFull, gb.Kind == staging.KindFull; fullA != fullB {
+		if fullA, fullB := ga.Kind == ctlabi.KindFull, gb.Kind == ctlabi.KindFull; fullA != fullB {
 			if fullA {
 				return -1
 			}
@@ -296,7 +297,7 @@ func (s *scheduler) lookupOrder() []int {
 // each wave to the GPUs and releasing its rows before the next. It returns the
 // hit in chunks.
 func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error) {
-	match, err := staging.Match(s.matchRequest(keys), func(group int, hash string) bool {
+	match, err := match.Hit(s.matchRequest(keys), func(group int, hash string) bool {
 		b := blockKey{group: group, hash: hash}
 		if _, ok := s.primary.find(b); ok {
 			return true
@@ -307,7 +308,11 @@ func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error)
 		return 0, err
 	}
 	needed := s.neededBlocks(keys, match.HitChunks)
-	for len(needed) > 0 {
+	for step := 0; len(needed) > 0; step++ {
+		if step > 0 && s.cfg.StepGap > 0 {
+			// The engine computes on what the previous wave loaded.
+			time.Sleep(s.cfg.StepGap)
+		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
@@ -329,7 +334,12 @@ func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error)
 			return 0, fmt.Errorf("no primary row to stage into: all %d rows are pinned", s.primary.rows())
 		}
 		failed := false
-		for i, err := range s.promote(fetch, fetchRows) {
+		start := time.Now()
+		errs := s.promote(fetch, fetchRows)
+		if step > 0 {
+			s.res.LaterWaveWaitSeconds += time.Since(start).Seconds()
+		}
+		for i, err := range errs {
 			if err != nil {
 				failed = true
 				continue

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
 // WriteTable prints results side by side, one column per run, with the same
@@ -20,45 +20,49 @@ func WriteTable(w io.Writer, results []Result) error {
 	fmt.Fprintf(w, "scenario %s: rows of %d B (slot %d B) × %d per node, %d tokens/chunk, TP %d on %d node(s), %s, groups %s\n",
 		results[0].Scenario, g.RowBytes, g.SlotBytes, g.Rows, g.TokensPerChunk, g.WorldSize, g.Nodes, strings.ToUpper(g.KV), g.Groups)
 	t := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	heads := make([]fusefs.Stats, len(results))
+	heads := make([]ctlabi.Stats, len(results))
 	for i, r := range results {
 		json.Unmarshal(r.Stats, &heads[i]) // an empty or foreign snapshot shows as zeros
 	}
-	row := func(label string, value func(r Result, mount fusefs.Stats) string) {
+	row := func(label string, value func(r Result, mount ctlabi.Stats) string) {
 		fmt.Fprintf(t, "%s\t", label)
 		for i, r := range results {
 			fmt.Fprintf(t, "%s\t", value(r, heads[i]))
 		}
 		fmt.Fprintln(t)
 	}
-	row("engine", func(r Result, _ fusefs.Stats) string { return r.Engine })
-	row("sync", func(r Result, _ fusefs.Stats) string { return r.Sync })
-	row("requests", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.Requests) })
-	row("tokens total", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.TokensTotal) })
-	row("tokens hit (not re-prefilled)", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.TokensHit) })
-	row("coverage", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f%%", 100*r.Coverage) })
-	row("requests with no hit", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.ZeroHitRequests) })
-	row("rows identical at the GPUs", func(r Result, _ fusefs.Stats) string {
+	row("engine", func(r Result, _ ctlabi.Stats) string { return r.Engine })
+	row("sync", func(r Result, _ ctlabi.Stats) string { return r.Sync })
+	row("requests", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Requests) })
+	row("tokens total", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.TokensTotal) })
+	row("tokens hit (not re-prefilled)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.TokensHit) })
+	row("coverage", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.1f%%", 100*r.Coverage) })
+	row("requests with no hit", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.ZeroHitRequests) })
+	row("rows identical at the GPUs", func(r Result, _ ctlabi.Stats) string {
 		return fmt.Sprintf("%d/%d", r.RowsIdentical, r.RowsChecked)
 	})
-	row("rows promoted", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.RowsPromoted) })
-	row("waves", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.Waves) })
-	row("peak summed RETRY per probe", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.RetryPeak) })
-	row("primary rows pinned peak/total", func(r Result, _ fusefs.Stats) string {
+	row("rows promoted", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.RowsPromoted) })
+	row("waves", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Waves) })
+	row("peak summed RETRY per probe", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.RetryPeak) })
+	row("primary rows pinned peak/total", func(r Result, _ ctlabi.Stats) string {
 		return fmt.Sprintf("%d/%d", r.PrimaryPeakRows, r.PrimaryRows)
 	})
-	row("bytes written", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesWritten)/1e6) })
-	row("bytes read", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesRead)/1e6) })
-	row("load throughput", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.2f GB/s", r.LoadGBps) })
-	row("load/store errors", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%d/%d", r.LoadErrors, r.StoreErrors) })
-	row("lookups (faccessat)", func(r Result, _ fusefs.Stats) string { return fmt.Sprint(r.Lookups) })
-	row("seconds", func(r Result, _ fusefs.Stats) string { return fmt.Sprintf("%.2f", r.Seconds) })
-	row("gpu", func(r Result, _ fusefs.Stats) string { return r.GPU })
-	row("mount: blocks", func(_ Result, m fusefs.Stats) string { return fmt.Sprint(m.Disk.Blocks) })
-	row("mount: reads/writes", func(_ Result, m fusefs.Stats) string {
+	row("bytes written", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesWritten)/1e6) })
+	row("bytes read", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.1f MB", float64(r.BytesRead)/1e6) })
+	row("staging", func(r Result, _ ctlabi.Stats) string { return r.Staging })
+	row("step gap", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.0f ms", 1000*r.StepGapSeconds) })
+	row("load throughput", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.2f GB/s", r.LoadGBps) })
+	row("load wait, waves 2…n", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.3f s", r.LaterWaveWaitSeconds) })
+	row("mount: loads from staging", func(_ Result, m ctlabi.Stats) string { return fmt.Sprint(m.Counters.LoadsFromStaging) })
+	row("load/store errors", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%d/%d", r.LoadErrors, r.StoreErrors) })
+	row("lookups (faccessat)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Lookups) })
+	row("seconds", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.2f", r.Seconds) })
+	row("gpu", func(r Result, _ ctlabi.Stats) string { return r.GPU })
+	row("mount: blocks", func(_ Result, m ctlabi.Stats) string { return fmt.Sprint(m.Disk.Blocks) })
+	row("mount: reads/writes", func(_ Result, m ctlabi.Stats) string {
 		return fmt.Sprintf("%d/%d", m.Counters.Reads, m.Counters.Writes)
 	})
-	row("mount: warnings", func(_ Result, m fusefs.Stats) string {
+	row("mount: warnings", func(_ Result, m ctlabi.Stats) string {
 		var codes []string
 		for _, warn := range m.Warnings {
 			codes = append(codes, warn.Code)
@@ -69,4 +73,30 @@ func WriteTable(w io.Writer, results []Result) error {
 		return strings.Join(codes, ",")
 	})
 	return t.Flush()
+}
+
+// WriteStagingRatios prints, for every engine and sync setting run with
+// staging off and on, the load wait of waves 2…n and the load throughput of
+// staging on ÷ off.
+func WriteStagingRatios(w io.Writer, results []Result) {
+	for _, on := range results {
+		if on.Staging != "on" {
+			continue
+		}
+		for _, off := range results {
+			if off.Staging != "off" || off.Engine != on.Engine || off.Sync != on.Sync {
+				continue
+			}
+			wait := "n/a (no later wave waited)"
+			if off.LaterWaveWaitSeconds > 0 {
+				wait = fmt.Sprintf("%.2f", on.LaterWaveWaitSeconds/off.LaterWaveWaitSeconds)
+			}
+			throughput := "n/a"
+			if off.LoadGBps > 0 {
+				throughput = fmt.Sprintf("%.2f", on.LoadGBps/off.LoadGBps)
+			}
+			fmt.Fprintf(w, "%s, sync %s, step gap %.0f ms: load wait of waves 2…n, staging on ÷ off %s; load throughput on ÷ off %s\n",
+				on.Engine, on.Sync, 1000*on.StepGapSeconds, wait, throughput)
+		}
+	}
 }

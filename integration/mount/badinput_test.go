@@ -71,9 +71,12 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 			}
 			return os.Rename(filepath.Join(dir, hash+".bin_4.tmp"), filepath.Join(dir, hash+".bin"))
 		}, syscall.EINVAL, "differs from the"},
-		{"write at an odd offset", func() error {
-			return writeTmp(hash+".bin_5.tmp", region.Row(0)[:4096], 4096)
-		}, syscall.EINVAL, "one sequential write"},
+		{"rename of a tmp whose first page was never written", func() error {
+			if err := writeTmp(hash+".bin_5.tmp", region.Row(0)[:rowBytes-4096], 4096); err != nil {
+				return err
+			}
+			return os.Rename(filepath.Join(dir, hash+".bin_5.tmp"), filepath.Join(dir, hash+".bin"))
+		}, syscall.EINVAL, "never written"},
 		{"rename across groups", func() error {
 			if err := writeTmp(hash+".bin_6.tmp", region.Row(0), 0); err != nil {
 				return err

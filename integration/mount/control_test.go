@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -16,9 +16,9 @@ import (
 // `kvtierfs stat` still finds the mount afterwards.
 func TestControlFilesCannotBeRemoved(t *testing.T) {
 	d := mounttest.Start(t, mounttest.Options{})
-	control := d.Path(fusefs.ControlDir)
-	stats := d.Path(fusefs.ControlDir, fusefs.StatsFile)
-	match := d.Path(fusefs.ControlDir, fusefs.MatchFile)
+	control := d.Path(ctlabi.Dir)
+	stats := d.Path(ctlabi.Dir, ctlabi.StatsFile)
+	match := d.Path(ctlabi.Dir, ctlabi.MatchFile)
 	other := d.Path("other")
 	if err := os.WriteFile(other, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
@@ -29,12 +29,12 @@ func TestControlFilesCannotBeRemoved(t *testing.T) {
 	}{
 		{"unlink stats.json", func() error { return os.Remove(stats) }},
 		{"unlink match", func() error { return os.Remove(match) }},
-		{"rename stats.json within .kvtier", func() error { return os.Rename(stats, d.Path(fusefs.ControlDir, "old.json")) }},
+		{"rename stats.json within .kvtier", func() error { return os.Rename(stats, d.Path(ctlabi.Dir, "old.json")) }},
 		{"rename stats.json out of .kvtier", func() error { return os.Rename(stats, d.Path("stats.json")) }},
 		{"rename a file over stats.json", func() error { return os.Rename(other, stats) }},
 		{"rename match over stats.json", func() error { return os.Rename(match, stats) }},
 		{"create a file in .kvtier", func() error {
-			f, err := os.OpenFile(d.Path(fusefs.ControlDir, "new"), os.O_CREATE|os.O_WRONLY, 0o644)
+			f, err := os.OpenFile(d.Path(ctlabi.Dir, "new"), os.O_CREATE|os.O_WRONLY, 0o644)
 			if err == nil {
 				f.Close()
 			}

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -249,7 +249,7 @@ func TestStoreDiskFails(t *testing.T) {
 	t.Logf("disk failed: %d loads EIO, %d missed, store_io_errors=%d", failedEIO, missed, st.Counters.StoreIOErrors)
 }
 
-func hasWarning(ws []fusefs.Warning, codes ...string) bool {
+func hasWarning(ws []ctlabi.Warning, codes ...string) bool {
 	for _, w := range ws {
 		for _, c := range codes {
 			if w.Code == c {

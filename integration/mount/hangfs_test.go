@@ -29,10 +29,7 @@ func mountHangFS(t *testing.T, mnt string) *hangFS {
 	h := &hangFS{open: make(chan struct{})}
 	close(h.open)
 	root := &fs.LoopbackRoot{Path: back}
-	root.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
-		return &hangNode{LoopbackNode: fs.LoopbackNode{RootData: r}, h: h}
-	}
-	rootNode := &hangNode{LoopbackNode: fs.LoopbackNode{RootData: root}, h: h}
+	rootNode := &hangNode{LoopbackNode: &fs.LoopbackNode{RootData: root}, h: h}
 	root.RootNode = rootNode
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -88,8 +85,16 @@ func (h *hangFS) wait() {
 
 // hangNode is a loopback node whose metadata requests wait while hung.
 type hangNode struct {
-	fs.LoopbackNode
+	*fs.LoopbackNode
 	h *hangFS
+}
+
+// WrapChild makes every node the loopback creates a hangNode.
+func (n *hangNode) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if lb, ok := ops.(*fs.LoopbackNode); ok {
+		return &hangNode{LoopbackNode: lb, h: n.h}
+	}
+	return ops
 }
 
 func (n *hangNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {

@@ -5,16 +5,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/staging"
+	"github.com/kvtierfs/kvtierfs/staging/match"
 )
 
 // matchThroughMount writes a request to the mount's match file and reads the
 // answer back on the same descriptor.
 func matchThroughMount(t *testing.T, d *mounttest.Daemon, request []byte) []byte {
 	t.Helper()
-	f, err := os.OpenFile(d.Path(fusefs.ControlDir, fusefs.MatchFile), os.O_RDWR, 0)
+	f, err := os.OpenFile(d.Path(ctlabi.Dir, ctlabi.MatchFile), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,12 +43,12 @@ func TestMatchControlFile(t *testing.T) {
 			d := mounttest.Start(t, mounttest.Options{})
 			tier := openTier(t, d)
 			region := newRegion(t, 1)
-			retained := staging.StockRetained
+			retained := match.StockRetained
 			if fixed {
-				retained = staging.Retained
+				retained = match.Retained
 			}
-			full := staging.GroupSpec{Group: 0, Kind: staging.KindFull}
-			eagle := staging.GroupSpec{Group: 1, Kind: staging.KindEagle, Tail: tail, Acc: acc}
+			full := ctlabi.GroupSpec{Group: 0, Kind: ctlabi.KindFull}
+			eagle := ctlabi.GroupSpec{Group: 1, Kind: ctlabi.KindEagle, Tail: tail, Acc: acc}
 			for c := 0; c < chunks; c++ {
 				full.Keys = append(full.Keys, hashOf(c))
 				eagle.Keys = append(eagle.Keys, hashOf(1000+c))
@@ -56,22 +56,22 @@ func TestMatchControlFile(t *testing.T) {
 				if _, err := tier.Store(tier.BlockPath(tierDir, 0, hashOf(c)), region.Row(0)); err != nil {
 					t.Fatal(err)
 				}
-				if retained(staging.KindEagle, tail, acc, c) {
+				if retained(ctlabi.KindEagle, tail, acc, c) {
 					if _, err := tier.Store(tier.BlockPath(tierDir, 1, hashOf(1000+c)), region.Row(0)); err != nil {
 						t.Fatal(err)
 					}
 				}
 			}
-			req := staging.MatchRequest{Tier: tierDir, Groups: []staging.GroupSpec{full, eagle}}
-			body, err := staging.EncodeMatchRequest(req)
+			req := ctlabi.MatchRequest{Tier: tierDir, Groups: []ctlabi.GroupSpec{full, eagle}}
+			body, err := ctlabi.EncodeMatchRequest(req)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := staging.DecodeMatchResult(matchThroughMount(t, d, body))
+			got, err := ctlabi.DecodeMatchResult(matchThroughMount(t, d, body))
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := staging.Match(req, func(group int, key string) bool {
+			want, err := match.Hit(req, func(group int, key string) bool {
 				return tier.Exists(tier.BlockPath(tierDir, group, key))
 			})
 			if err != nil {

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -45,7 +45,7 @@ func TestNotifiesServiceManager(t *testing.T) {
 				return
 			}
 			var st unix.Statfs_t
-			live := unix.Statfs(filepath.Join(mountpoint, fusefs.ControlDir, fusefs.StatsFile), &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
+			live := unix.Statfs(filepath.Join(mountpoint, ctlabi.Dir, ctlabi.StatsFile), &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
 			messages <- message{state: string(buf[:n]), mountLive: live}
 		}
 	}()

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 )
 
@@ -137,13 +137,13 @@ func (d *Daemon) Path(rel ...string) string {
 }
 
 // Stats reads the daemon's stats snapshot.
-func (d *Daemon) Stats() fusefs.Stats {
+func (d *Daemon) Stats() ctlabi.Stats {
 	d.t.Helper()
-	raw, err := os.ReadFile(d.Path(fusefs.ControlDir, fusefs.StatsFile))
+	raw, err := os.ReadFile(d.Path(ctlabi.Dir, ctlabi.StatsFile))
 	if err != nil {
 		d.t.Fatalf("reading stats: %v", err)
 	}
-	var st fusefs.Stats
+	var st ctlabi.Stats
 	if err := json.Unmarshal(raw, &st); err != nil {
 		d.t.Fatalf("decoding stats: %v\n%s", err, raw)
 	}

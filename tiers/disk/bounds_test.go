@@ -9,7 +9,7 @@ import (
 )
 
 // TestLookupCursorsBounded looks a block up from many more threads than
-// maxCursors within one chain gap, as a flood of match requests (one
+// maxCursors within one prefix gap, as a flood of match requests (one
 // thread id each) does: the store remembers at most maxCursors of them.
 func TestLookupCursorsBounded(t *testing.T) {
 	clock := newFakeClock()

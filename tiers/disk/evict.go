@@ -12,15 +12,15 @@ func (s *Store) protectedLocked(b *entry, now int64) bool {
 }
 
 // pickVictimLocked chooses the block to evict: the least recently used
-// unprotected one not in chosen, except that a chain loses its tail before its head.
+// unprotected one not in chosen, except that a prefix loses its tail before its head.
 func (s *Store) pickVictimLocked(now int64, chosen map[*entry]bool) *entry {
 	for e := s.lru.Back(); e != nil; e = e.Prev() {
 		b := e.Value.(*entry)
 		if chosen[b] || s.protectedLocked(b, now) {
 			continue
 		}
-		if b.chain != nil {
-			if tail := s.chainTailLocked(b.chain, now, chosen); tail != nil {
+		if b.prefix != nil {
+			if tail := s.prefixTailLocked(b.prefix, now, chosen); tail != nil {
 				return tail
 			}
 		}
@@ -29,11 +29,11 @@ func (s *Store) pickVictimLocked(now int64, chosen map[*entry]bool) *entry {
 	return nil
 }
 
-// chainTailLocked is the last present, unprotected member of a chain not in chosen.
-func (s *Store) chainTailLocked(c *chain, now int64, chosen map[*entry]bool) *entry {
+// prefixTailLocked is the last present, unprotected member of a prefix not in chosen.
+func (s *Store) prefixTailLocked(c *prefix, now int64, chosen map[*entry]bool) *entry {
 	for i := len(c.members) - 1; i >= 0; i-- {
 		m := c.members[i]
-		if m.present && m.chain == c && !chosen[m] && !s.protectedLocked(m, now) {
+		if m.present && m.prefix == c && !chosen[m] && !s.protectedLocked(m, now) {
 			return m
 		}
 	}
@@ -88,22 +88,22 @@ func (s *Store) evictLocked(b *entry) {
 	s.queueRemoval(b.rel)
 }
 
-// extendChainLocked appends a looked-up block to the chain of its thread. A
+// extendPrefixLocked appends a looked-up block to the prefix of its thread. A
 // thread that pauses, or comes back to a key it already listed, starts a new
-// chain: the engine looks a request's keys up again from the start every step.
-func (s *Store) extendChainLocked(b *entry, thread uint32, now int64) {
+// prefix: the engine looks a request's keys up again from the start every step.
+func (s *Store) extendPrefixLocked(b *entry, thread uint32, now int64) {
 	st := s.cursors[thread]
 	if st == nil {
 		s.pruneCursorsLocked(now)
 		st = &lookupCursor{}
 		s.cursors[thread] = st
 	}
-	if st.chain == nil || now-st.lastAt > int64(chainGap) || b.chain == st.chain {
-		st.chain = &chain{}
+	if st.prefix == nil || now-st.lastAt > int64(prefixGap) || b.prefix == st.prefix {
+		st.prefix = &prefix{}
 	}
 	st.lastAt = now
-	st.chain.members = append(st.chain.members, b)
-	b.chain = st.chain
+	st.prefix.members = append(st.prefix.members, b)
+	b.prefix = st.prefix
 }
 
 // maxCursors bounds the lookup threads remembered before idle ones are forgotten.
@@ -112,26 +112,26 @@ const maxCursors = 1024
 // pruneCursorsLocked forgets threads that have not looked anything up for a
 // while and, when a flood keeps more than three quarters of maxCursors busy,
 // any of them down to that: each full table then costs one walk per
-// maxCursors/4 new threads. A forgotten thread only starts a new chain.
+// maxCursors/4 new threads. A forgotten thread only starts a new prefix.
 func (s *Store) pruneCursorsLocked(now int64) {
 	if len(s.cursors) < maxCursors {
 		return
 	}
 	for id, st := range s.cursors {
-		if now-st.lastAt > int64(chainGap) || len(s.cursors) > maxCursors*3/4 {
+		if now-st.lastAt > int64(prefixGap) || len(s.cursors) > maxCursors*3/4 {
 			delete(s.cursors, id)
 		}
 	}
 }
 
-// replaceInChainLocked puts a republished block in its predecessor's chain slot.
-func (s *Store) replaceInChainLocked(old, b *entry) {
-	if old.chain == nil {
+// replaceInPrefixLocked puts a republished block in its predecessor's prefix slot.
+func (s *Store) replaceInPrefixLocked(old, b *entry) {
+	if old.prefix == nil {
 		return
 	}
-	for i, m := range old.chain.members {
+	for i, m := range old.prefix.members {
 		if m == old {
-			old.chain.members[i] = b
+			old.prefix.members[i] = b
 		}
 	}
 }

@@ -210,7 +210,7 @@ func TestEvictRespectsLookupProtection(t *testing.T) {
 			for i := 0; i < 4; i++ {
 				put(t, s, i)
 			}
-			// Looked up on separate threads (no chain), then the others used after them.
+			// Looked up on separate threads (no prefix), then the others used after them.
 			if !s.Lookup(evName(0), 1) || !s.Lookup(evName(1), 2) {
 				t.Fatal("lookup missed")
 			}
@@ -234,7 +234,7 @@ func TestEvictRespectsLookupProtection(t *testing.T) {
 	}
 }
 
-func TestEvictChainTailBeforeHead(t *testing.T) {
+func TestEvictPrefixTailBeforeHead(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
 	// One engine thread looks a request's prefix up in order: 0 1 2 3.
 	for i := 0; i < 4; i++ {
@@ -250,7 +250,7 @@ func TestEvictChainTailBeforeHead(t *testing.T) {
 	checkAccounting(t, s)
 }
 
-func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
+func TestEvictPrefixSkipsTailWithReadInFlight(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
 	for i := 0; i < 4; i++ {
 		s.Lookup(evName(i), 7)
@@ -273,7 +273,7 @@ func TestEvictChainSkipsTailWithReadInFlight(t *testing.T) {
 	checkAccounting(t, s)
 }
 
-func TestEvictChainsPerStream(t *testing.T) {
+func TestEvictPrefixesPerStream(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
 	// Two threads interleave: thread 1 looks up 0 then 2, thread 2 looks up 1 then 3.
 	for _, l := range []struct {
@@ -284,12 +284,12 @@ func TestEvictChainsPerStream(t *testing.T) {
 		clock.Advance(10 * time.Millisecond)
 	}
 	clock.Advance(protect)
-	// LRU back is 0: its chain (0, 2) loses 2 then 0; then chain (1, 3) loses 3 then 1.
+	// LRU back is 0: its prefix (0, 2) loses 2 then 0; then prefix (1, 3) loses 3 then 1.
 	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 2, 0, 3, 1)
 }
 
-func TestEvictChainGapStartsNewChain(t *testing.T) {
+func TestEvictPrefixGapStartsNewPrefix(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
 	s.Lookup(evName(0), 5)
 	s.Lookup(evName(1), 5)
@@ -301,17 +301,17 @@ func TestEvictChainGapStartsNewChain(t *testing.T) {
 	expectEvicted(t, s, gone, 1, 0, 3, 2)
 }
 
-func TestEvictChainRestartsWhenPrefixIsLookedUpAgain(t *testing.T) {
+func TestEvictPrefixRestartsWhenLookedUpAgain(t *testing.T) {
 	s, clock, gone := fullEvictStore(t)
-	// Step 1 looks up 0 1 2 3; step 2 looks up 0 1 again (a new chain 0 1);
-	// 2 and 3 stay on the first chain.
+	// Step 1 looks up 0 1 2 3; step 2 looks up 0 1 again (a new prefix 0 1);
+	// 2 and 3 stay on the first prefix.
 	for _, k := range []int{0, 1, 2, 3, 0, 1} {
 		s.Lookup(evName(k), 9)
 		clock.Advance(10 * time.Millisecond)
 	}
 	clock.Advance(protect)
-	// LRU: 1 0 3 2. Back 2: its chain's last live member is 3, then 2.
-	// Then back 0: chain (0 1) loses 1 then 0.
+	// LRU: 1 0 3 2. Back 2: its prefix's last live member is 3, then 2.
+	// Then back 0: prefix (0 1) loses 1 then 0.
 	putRange(t, s, 10, 14)
 	expectEvicted(t, s, gone, 3, 2, 1, 0)
 }

@@ -2,8 +2,10 @@ package disk
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -29,7 +31,7 @@ func (r *Reader) Path() string { return r.b.rel }
 func (r *Reader) Size() int64 { return r.b.size }
 
 // Lookup answers whether a block is present, and records the lookup: it
-// protects the block from eviction and extends the chain that the calling
+// protects the block from eviction and extends the prefix that the calling
 // thread is looking up in prefix order. thread is the caller's kernel thread
 // id, or a match request's own id (bit 31 set, fusefs).
 func (s *Store) Lookup(rel string, thread uint32) bool {
@@ -48,7 +50,7 @@ func (s *Store) Lookup(rel string, thread uint32) bool {
 	b.lastLookup = now
 	b.lastUse = now
 	s.lru.MoveToFront(b.lru)
-	s.extendChainLocked(b, thread, now)
+	s.extendPrefixLocked(b, thread, now)
 	return true
 }
 
@@ -143,51 +145,147 @@ func (s *Store) ReadBlock(rel string) ([]byte, error) {
 }
 
 // ReadAll reads the whole pinned block into a page-aligned buffer and checks
-// it against its checksum. It reads
-// O_DIRECT where the store filesystem allows, so the block moves straight
-// from the disk into the buffer, in one request, and leaves the page cache
-// alone. A mismatch removes the block and returns EIO. Hand the buffer back
-// with RecycleBlock once nothing reads it any more.
+// it against its checksum (see ReadInto). A mismatch removes the block and
+// returns EIO. Hand the buffer back with RecycleBlock once nothing reads it
+// any more.
 func (r *Reader) ReadAll() ([]byte, error) {
+	buf := r.s.buffers.get(int(r.b.size))
+	if err := r.ReadInto(buf, nil); err != nil {
+		r.s.buffers.put(buf)
+		return nil, err
+	}
+	return buf, nil
+}
+
+// ReadChunk is the unit ReadInto reads the block in: a load may serve the
+// block's first bytes while the rest is still on its way from the disk.
+const ReadChunk = 1 << 20
+
+// maxChunksInFlight bounds the chunk reads of one block in flight at once:
+// enough to keep as many requests at the disk as one read of the whole row.
+const maxChunksInFlight = 8
+
+// ReadInto reads the whole pinned block into buf, a Buffer of its size, and
+// checks it against its checksum. It reads O_DIRECT where the store
+// filesystem allows, so the block moves straight from the disk into buf and
+// leaves the page cache alone, in chunks of ReadChunk bytes, several in
+// flight at once. The CRC32C is computed as the chunks land, in order; each
+// time the run of landed bytes from the block's start grows, landed (when not
+// nil) is called with its length, one call at a time. Those bytes are not
+// proven yet: only a nil return proves the whole block. A mismatch or a short
+// file removes the block and returns EIO.
+func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
 	s := r.s
 	d, _ := r.Digest()
 	size := int(r.b.size)
+	if len(buf) != size || cap(buf)%block.PageSize != 0 {
+		return fmt.Errorf("read %s: a buffer of %d bytes (capacity %d) for a block of %d", r.b.rel, len(buf), cap(buf), size)
+	}
 	fd := int(r.file.Fd())
-	direct := setDirect(fd, true) == nil
-	buf := s.buffers.get(size)
-	whole := buf[:cap(buf)] // O_DIRECT reads whole pages; the last one ends at EOF
-	n := 0
-	for n < size {
+	in := &inFlight{direct: setDirect(fd, true) == nil, landed: landed, done: make([]bool, (size+ReadChunk-1)/ReadChunk)}
+	workers := min(len(in.done), maxChunksInFlight)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for c := w; c < len(in.done); c += workers {
+				if errs[w] = r.readChunk(fd, buf, c, in); errs[w] != nil {
+					return
+				}
+				in.land(buf, c)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		var short *shortBlock
+		switch {
+		case errors.As(err, &short):
+			return s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", short.at, size)
+		case err != nil:
+			s.counters.IOErrors.Add(1)
+			return s.corrupt(r.b, "%v", err)
+		}
+	}
+	if in.crc != d.CRC {
+		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
+	}
+	return nil
+}
+
+// inFlight is the state of one ReadInto: which chunks landed, the CRC32C of
+// the run of landed chunks from the block's start, and whether reads still go
+// O_DIRECT.
+type inFlight struct {
+	mu     sync.Mutex
+	direct bool
+	done   []bool
+	next   int // first chunk not yet in the checksum
+	crc    uint32
+	landed func(prefix int)
+}
+
+// land records that chunk c is in buf and extends the checksum over the
+// chunks from next on that all landed.
+func (in *inFlight) land(buf []byte, c int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.done[c] = true
+	grew := false
+	for in.next < len(in.done) && in.done[in.next] {
+		start := in.next * ReadChunk
+		in.crc = block.UpdateCRC32C(in.crc, buf[start:min(start+ReadChunk, len(buf))])
+		in.next++
+		grew = true
+	}
+	if grew && in.landed != nil {
+		in.landed(min(in.next*ReadChunk, len(buf)))
+	}
+}
+
+// readChunk reads chunk c of the block into buf. An O_DIRECT read reads
+// whole pages, so the last chunk reads up to buf's capacity and ends at EOF.
+func (r *Reader) readChunk(fd int, buf []byte, c int, in *inFlight) error {
+	size := len(buf)
+	start, end := c*ReadChunk, min((c+1)*ReadChunk, size)
+	limit := end
+	if end == size {
+		limit = cap(buf)
+	}
+	whole := buf[:limit]
+	for n := start; n < end; {
 		m, err := unix.Pread(fd, whole[n:], int64(n))
 		if err == syscall.EINTR {
 			continue
 		}
-		if err == syscall.EINVAL && direct {
+		if err == syscall.EINVAL {
 			// A short O_DIRECT read left the rest unaligned: go on buffered.
-			direct = false
-			if err := setDirect(fd, false); err != nil {
-				s.buffers.put(buf)
-				return nil, err
+			in.mu.Lock()
+			wasDirect := in.direct
+			in.direct = false
+			in.mu.Unlock()
+			if wasDirect {
+				if err := setDirect(fd, false); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
 		}
 		if err != nil {
-			s.buffers.put(buf)
-			s.counters.IOErrors.Add(1)
-			return nil, s.corrupt(r.b, "reading %d bytes: %v", size, err)
+			return fmt.Errorf("reading %d bytes at %d: %w", end-n, n, err)
 		}
 		if m == 0 {
-			s.buffers.put(buf)
-			return nil, s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", n, size)
+			return &shortBlock{at: n}
 		}
 		n += m
 	}
-	if crc := block.CRC32C(buf); crc != d.CRC {
-		s.buffers.put(buf)
-		return nil, s.corrupt(r.b, "crc32c %08x, recorded %08x", crc, d.CRC)
-	}
-	return buf, nil
+	return nil
 }
+
+// shortBlock is a block file that ends before the block's size.
+type shortBlock struct{ at int }
+
+func (e *shortBlock) Error() string { return fmt.Sprintf("file ends at %d bytes", e.at) }
 
 // Buffer returns a page-aligned buffer of size bytes from the pool that
 // ReadAll fills, for a caller that fills it another way; hand it back with

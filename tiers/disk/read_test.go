@@ -3,6 +3,7 @@ package disk
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -298,5 +299,58 @@ func TestReadBlock(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadIntoLandsInOrder reads blocks of one and of several chunks (the
+// last one partial, and more chunks than reads in flight): landed reports a growing
+// run from the block's start that ends at its size; a block cut short in
+// its middle chunks fails with EIO and counts one checksum failure.
+func TestReadIntoLandsInOrder(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	for i, size := range []int{ReadChunk, 3*ReadChunk + 5*block.PageSize, 9*ReadChunk + 3*block.PageSize} {
+		data := bytes.Repeat(pageData(20+i, 16), size/(16*block.PageSize)+1)[:size]
+		rel := blockRel(fmt.Sprintf("model%d_0123456789ab_r0", i), 0, hashHex(30+i, 64))
+		putBlock(t, s, rel, data)
+		r, err := s.PinBlock(rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := s.Buffer(size)
+		var prefixes []int
+		if err := r.ReadInto(buf, func(prefix int) { prefixes = append(prefixes, prefix) }); err != nil {
+			t.Fatalf("block of %d bytes: %v", size, err)
+		}
+		r.Close()
+		if !bytes.Equal(buf, data) {
+			t.Fatalf("block of %d bytes: wrong bytes", size)
+		}
+		for j := range prefixes {
+			if j > 0 && prefixes[j] <= prefixes[j-1] || prefixes[j]%ReadChunk != 0 && prefixes[j] != size {
+				t.Fatalf("block of %d bytes: landed %v, want growing runs of whole chunks", size, prefixes)
+			}
+		}
+		if len(prefixes) == 0 || prefixes[len(prefixes)-1] != size {
+			t.Fatalf("block of %d bytes: landed %v, want it to end at %d", size, prefixes, size)
+		}
+		s.RecycleBlock(buf)
+	}
+	rel := blockRel("cut_0123456789ab_r0", 1, hashHex(40, 64))
+	size := 9 * ReadChunk
+	putBlock(t, s, rel, bytes.Repeat(pageData(41, 16), size/(16*block.PageSize)))
+	if err := os.Truncate(s.Path(rel), 4*ReadChunk+block.PageSize); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	before := s.Counters().ChecksumFailures.Load()
+	buf := s.Buffer(size)
+	defer s.RecycleBlock(buf)
+	wantErrno(t, r.ReadInto(buf, nil), syscall.EIO, "block cut short")
+	if got := s.Counters().ChecksumFailures.Load() - before; got != 1 || s.Contains(rel) {
+		t.Fatalf("block cut short: %d checksum failures, still indexed %v; want 1, false", got, s.Contains(rel))
 	}
 }

@@ -164,7 +164,10 @@ func TestRegressionPublishAfterRefusedWrite(t *testing.T) {
 	tmp := tmpRelFor(rel, 1)
 	w, _ := s.CreateTmp(tmp, engineCreateFlags, 0o644)
 	w.WriteAt(pageData(1, 2)[:block.PageSize], 0)
-	if _, err := w.WriteAt(pageData(1, 2)[block.PageSize:], 2*block.PageSize); Errno(err) != syscall.EINVAL {
+	pwriteAt = func(int, []byte, int64) (int, error) { return 0, syscall.EIO }
+	_, err := w.WriteAt(pageData(1, 2)[block.PageSize:], block.PageSize)
+	pwriteAt = unix.Pwrite
+	if Errno(err) != syscall.EIO {
 		t.Fatal(err)
 	}
 	w.Close()

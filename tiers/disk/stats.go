@@ -28,6 +28,10 @@ type Counters struct {
 	// IOErrors counts reads and writes that the store filesystem itself
 	// failed (a failing disk's EIO, a full filesystem's ENOSPC).
 	IOErrors atomic.Int64
+	// StoresFromRow and StoresReadBack count passthrough stores whose digest
+	// came from the engine's row, and those whose tmp file was read back.
+	StoresFromRow  atomic.Int64
+	StoresReadBack atomic.Int64
 }
 
 // Counters exposes the store's counters for metrics.

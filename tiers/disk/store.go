@@ -3,7 +3,7 @@
 // index of its blocks, CRC32C checksums kept in an xattr beside the data, and
 // least-recently-used eviction under a capacity limit.
 //
-// Lock discipline: Store.mu guards the index (blocks, lru, tmps, chains,
+// Lock discipline: Store.mu guards the index (blocks, lru, tmps, prefixes,
 // per-tier row sizes, used). It is held across the short metadata syscalls
 // that must stay consistent with the index (rename, unlink) but never across
 // data I/O or checksumming. Writer.mu serialises the writes of one tmp file.
@@ -44,8 +44,8 @@ const DefaultCapacityFraction = 0.9
 // capacity.
 const DefaultTmpMaxAge = 30 * time.Second
 
-// chainGap separates two lookup batches of one thread: lookups further apart start a new chain.
-const chainGap = time.Second
+// prefixGap separates two lookup batches of one thread: lookups further apart start a new prefix.
+const prefixGap = time.Second
 
 // Config configures a Store.
 type Config struct {
@@ -81,18 +81,19 @@ type entry struct {
 	lastLookup int64
 	readers    int
 	lru        *list.Element
-	chain      *chain
+	prefix     *prefix
 	present    bool
 }
 
-// chain is the order in which one engine thread looked blocks up: a request's prefix.
-type chain struct {
+// prefix is a request's prefix as one engine thread looked it up, in order: eviction
+// takes its tail before its head.
+type prefix struct {
 	members []*entry
 }
 
-// lookupCursor remembers the chain a thread is currently looking up.
+// lookupCursor remembers the prefix a thread is currently looking up.
 type lookupCursor struct {
-	chain  *chain
+	prefix *prefix
 	lastAt int64
 }
 
@@ -129,6 +130,15 @@ type tmpFile struct {
 	// untracked is set once the store stops tracking the tmp (published,
 	// removed, forgotten, expired or replaced); written under Store.mu.
 	untracked bool
+	// passthrough is set while the kernel writes the file without the
+	// daemon (Writer.Passthrough): allocated holds the row's reservation,
+	// and released is closed when the writer releases the file.
+	passthrough bool
+	released    chan struct{}
+	// written are the byte ranges the daemon's writes covered, merged;
+	// attempted is the end of the furthest write asked for.
+	written   [][2]int64
+	attempted int64
 }
 
 // Store is the block store. All methods are safe for concurrent use.
@@ -141,6 +151,8 @@ type Store struct {
 	capacity  int64
 	fsReserve int64
 	counters  Counters
+	// rows finds the engine's row a passthrough tmp was written from.
+	rows WrittenRows
 
 	mu         sync.Mutex
 	blocks     map[string]*entry
@@ -572,16 +584,16 @@ func (s *Store) notifyRemovals() {
 // written or waiting for its rename, lives below the directory relDir: such a
 // directory must not be renamed, as the store tracks them by path.
 func (s *Store) HasBlocksUnder(relDir string) bool {
-	prefix := strings.TrimSuffix(relDir, "/") + "/"
+	under := strings.TrimSuffix(relDir, "/") + "/"
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for rel := range s.blocks {
-		if strings.HasPrefix(rel, prefix) {
+		if strings.HasPrefix(rel, under) {
 			return true
 		}
 	}
 	for rel := range s.tmps {
-		if strings.HasPrefix(rel, prefix) {
+		if strings.HasPrefix(rel, under) {
 			return true
 		}
 	}

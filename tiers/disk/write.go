@@ -1,11 +1,13 @@
 package disk
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"io"
 	"os"
 	"path"
+	"slices"
 	"syscall"
 	"time"
 
@@ -15,17 +17,20 @@ import (
 )
 
 // Writer writes one block tmp file. The engine writes a row with one write()
-// that the kernel splits into sequential requests; anything else is refused.
-// The tmp file's mutex serialises writes against each other and against
-// Publish, which seals the tmp: the kernel releases a closed descriptor
-// asynchronously, so the rename may arrive before the release.
+// that the kernel splits into sequential requests, or passes it to the file
+// without the daemon (Passthrough); writes out of order, a truncate and
+// fallocate are taken too. The tmp file's mutex serialises writes against
+// each other and against Publish, which seals the tmp: the kernel releases a
+// closed descriptor asynchronously, so the rename may arrive before the release.
 type Writer struct {
 	s    *Store
 	rel  string
 	tmp  *tmpFile
 	file *os.File
-	// bounce is a page-aligned buffer for O_DIRECT writes (FUSE hands the
-	// daemon unaligned request payloads); nil for buffered writes.
+	// direct is set for O_DIRECT writes, which go through bounce, a
+	// page-aligned buffer mapped at the first write (FUSE hands the daemon
+	// unaligned request payloads).
+	direct bool
 	bounce []byte
 }
 
@@ -99,23 +104,14 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		}
 	}
 	t := &tmpFile{file: f, id: id, size: size, allocated: size, sequential: size == 0, open: true}
+	t.cover(0, size) // what the file held before is the tmp's
 	if rowBytes, ok := s.rowBytes[name.Tier]; ok && size == 0 {
 		t.expect = rowBytes
 		t.probes = make(map[int64]uint64)
 	}
 	s.used += size
 	s.tmps[rel] = t
-	w := &Writer{s: s, rel: rel, tmp: t, file: f}
-	if direct {
-		if w.bounce, err = unix.Mmap(-1, 0, bounceBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
-			s.untrackLocked(rel, t)
-			t.open = false
-			s.used -= t.allocated
-			t.closeIfRetired()
-			return nil, err
-		}
-	}
-	return w, nil
+	return &Writer{s: s, rel: rel, tmp: t, file: f, direct: direct}, nil
 }
 
 // WriteAt appends p at off, which must be the current end of the file. On a
@@ -130,11 +126,12 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	if w.tmp.sealed {
 		return 0, newError("write", w.rel, syscall.EBADF, "tmp file was already renamed to its block, which is immutable")
 	}
+	w.leavePassthroughLocked()
+	w.tmp.attempted = max(w.tmp.attempted, off+int64(len(p)))
 	if off != w.tmp.size {
-		w.s.counters.RejectedWrites.Add(1)
-		w.tmp.refused = true
-		return 0, newError("write", w.rel, syscall.EINVAL,
-			"block rows are written in one sequential write: got offset %d after %d bytes", off, w.tmp.size)
+		// Out of order (or after a truncate): the checksum and probe
+		// windows are read from the file at the rename.
+		w.tmp.sequential = false
 	}
 	// All-zero pages are left as holes in the store file, so sparse rows
 	// (the zero slots of other nodes) cost no disk.
@@ -161,9 +158,12 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.tmp.allocated += written
 	w.s.used -= data - written // reserved for bytes that never landed
 	w.s.mu.Unlock()
-	w.tmp.crc = block.UpdateCRC32C(w.tmp.crc, p[:n])
-	w.tmp.captureProbes(p[:n], off)
-	w.tmp.size += int64(n)
+	if w.tmp.sequential {
+		w.tmp.crc = block.UpdateCRC32C(w.tmp.crc, p[:n])
+		w.tmp.captureProbes(p[:n], off)
+	}
+	w.tmp.size = max(w.tmp.size, off+int64(n))
+	w.tmp.cover(off, off+int64(n))
 	if werr != nil {
 		w.s.counters.IOErrors.Add(1)
 		return n, newError("write", w.rel, Errno(werr), "store write failed after %d of %d bytes: %v", n, len(p), werr)
@@ -201,8 +201,15 @@ func pwriteFull(fd int, data []byte, off int64) (int, error) {
 // bytes that landed.
 func (w *Writer) pwrite(data []byte, off int64) (int, error) {
 	fd := int(w.file.Fd())
-	if w.bounce == nil || off%block.PageSize != 0 || len(data)%block.PageSize != 0 {
-		if w.bounce != nil {
+	if w.direct && w.bounce == nil {
+		bounce, err := unix.Mmap(-1, 0, bounceBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			return 0, err
+		}
+		w.bounce = bounce
+	}
+	if !w.direct || off%block.PageSize != 0 || len(data)%block.PageSize != 0 {
+		if w.direct {
 			if err := setFlag(fd, unix.O_DIRECT, false); err != nil {
 				return 0, err
 			}
@@ -240,6 +247,42 @@ func setFlag(fd int, flag int, on bool) error {
 	return err
 }
 
+// cover records that [start, end) of the tmp was written.
+func (t *tmpFile) cover(start, end int64) {
+	if start >= end {
+		return
+	}
+	merged := t.written[:0:0]
+	for _, sp := range t.written {
+		if sp[1] < start || sp[0] > end {
+			merged = append(merged, sp)
+			continue
+		}
+		start, end = min(start, sp[0]), max(end, sp[1])
+	}
+	merged = append(merged, [2]int64{start, end})
+	slices.SortFunc(merged, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	t.written = merged
+}
+
+// uncoverFrom forgets what was written at and after end (a truncate).
+func (t *tmpFile) uncoverFrom(end int64) {
+	kept := t.written[:0]
+	for _, sp := range t.written {
+		if sp[0] < end {
+			kept = append(kept, [2]int64{sp[0], min(sp[1], end)})
+		}
+	}
+	t.written = kept
+	t.attempted = min(t.attempted, end)
+}
+
+// coversAll reports whether every byte of the tmp, and every byte a write
+// was asked for, was written: a write refused and never retried leaves a gap.
+func (t *tmpFile) coversAll() bool {
+	return len(t.written) == 1 && t.written[0] == [2]int64{0, max(t.size, t.attempted)}
+}
+
 // captureProbes keeps the digest's probe windows of a tmp whose final size is
 // expected to be its tier's row size, so Publish need not read them back.
 func (t *tmpFile) captureProbes(p []byte, off int64) {
@@ -263,13 +306,19 @@ func (w *Writer) Close() error {
 		return nil
 	}
 	var err error
-	if w.bounce != nil {
+	if w.direct {
 		err = setDirect(int(w.file.Fd()), false)
+	}
+	if w.bounce != nil {
 		unix.Munmap(w.bounce)
 		w.bounce = nil
 	}
 	w.file = nil
 	w.s.mu.Lock()
+	if w.tmp.passthrough {
+		w.s.settlePassthroughLocked(w.tmp)
+		close(w.tmp.released)
+	}
 	w.tmp.open = false
 	w.tmp.closedAt = w.s.nowNano()
 	if w.tmp.orphaned {
@@ -444,6 +493,9 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if !ok {
 		return newError("rename", tmpRel, syscall.EINVAL, "not a tmp file written through this mount")
 	}
+	if err := t.awaitRelease(tmpRel); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.sealed {
@@ -452,13 +504,25 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if t.refused {
 		return newError("rename", tmpRel, syscall.EINVAL, "a write to this tmp file was refused: it does not hold a whole row")
 	}
+	f := t.file
+	if f == nil {
+		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed")
+	}
+	var sealed written
+	if t.passthrough {
+		var err error
+		if sealed, err = s.sealPassthrough(t, f); err != nil {
+			return err
+		}
+		t.size = sealed.size
+	}
 	if t.size == 0 || t.size%block.PageSize != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, block.PageSize)
 	}
-	f := t.file
-	if f == nil {
-		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed")
+	if !t.passthrough && !t.coversAll() {
+		return newError("rename", tmpRel, syscall.EINVAL,
+			"bytes of this tmp file were never written (a write was refused or skipped): it does not hold a whole row")
 	}
 	// The probes and checksum below read the file buffered.
 	if err := setDirect(int(f.Fd()), false); err != nil {
@@ -472,7 +536,10 @@ func (s *Store) publish(tmpRel, destRel string) error {
 		}
 	}
 	crc := t.crc
-	if !t.sequential {
+	switch {
+	case t.passthrough:
+		crc = sealed.crc
+	case !t.sequential:
 		var err error
 		if crc, err = fileCRC(f, t.size); err != nil {
 			return err
@@ -484,7 +551,13 @@ func (s *Store) publish(tmpRel, destRel string) error {
 		return newError("rename", tmpRel, syscall.EIO,
 			"the engine's %s %08x does not match the bytes written (crc32c %08x): not published", block.VLLMChecksumXattr, want, crc)
 	}
-	digest, err := t.digest(f, crc)
+	var digest block.Digest
+	var err error
+	if t.passthrough {
+		digest, err = block.NewDigest(t.size, crc, sealed.probe)
+	} else {
+		digest, err = t.digest(f, crc)
+	}
 	if err != nil {
 		return err
 	}
@@ -552,8 +625,8 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
 		digest: digest, lastUse: s.nowNano(), present: true}
 	if old != nil {
-		b.lastLookup, b.chain = old.lastLookup, old.chain
-		s.replaceInChainLocked(old, b)
+		b.lastLookup, b.prefix = old.lastLookup, old.prefix
+		s.replaceInPrefixLocked(old, b)
 		s.dropLocked(old)
 	}
 	s.insertLocked(b)
@@ -630,6 +703,74 @@ func (s *Store) Remove(rel string) error {
 	if b := s.blocks[rel]; b != nil {
 		s.dropLocked(b)
 		s.queue(removal{rel: rel, requested: true})
+	}
+	return nil
+}
+
+// Truncate sets the tmp's size, as an engine sizing the file to its row
+// before writing does; the checksum is then read from the file at the rename.
+func (w *Writer) Truncate(size int64) error {
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
+	if err := w.writableLocked("truncate"); err != nil {
+		return err
+	}
+	if err := w.file.Truncate(size); err != nil {
+		return err
+	}
+	if size != w.tmp.size {
+		w.tmp.sequential = false
+	}
+	if size < w.tmp.size {
+		w.tmp.uncoverFrom(size)
+	}
+	w.tmp.size = size
+	return nil
+}
+
+// Allocate runs fallocate(2) on the tmp, counting what it allocates against
+// the capacity first; a passthrough tmp's row is counted already.
+func (w *Writer) Allocate(off, size int64, mode uint32) error {
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
+	if err := w.writableLocked("fallocate"); err != nil {
+		return err
+	}
+	t := w.tmp
+	reserved := size
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) != 0 || t.passthrough && off+size <= t.expect {
+		reserved = 0
+	}
+	if reserved > 0 {
+		if err := w.s.reserve(reserved, w.rel); err != nil {
+			return err
+		}
+	}
+	err := unix.Fallocate(int(w.file.Fd()), mode, off, size)
+	w.s.mu.Lock()
+	if err != nil {
+		w.s.used -= reserved
+	} else {
+		t.allocated += reserved
+	}
+	w.s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 && off+size > t.size {
+		t.size = off + size
+		t.sequential = false
+	}
+	return nil
+}
+
+// writableLocked checks that the tmp still takes changes. The caller holds t.mu.
+func (w *Writer) writableLocked(op string) error {
+	if w.file == nil {
+		return newError(op, w.rel, syscall.EBADF, "tmp file is closed")
+	}
+	if w.tmp.sealed {
+		return newError(op, w.rel, syscall.EBADF, "tmp file was already renamed to its block, which is immutable")
 	}
 	return nil
 }

@@ -147,60 +147,41 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	checkAccounting(t, s)
 }
 
-func TestWriteNonSequentialOffset(t *testing.T) {
+// TestWriteOutOfOrder checks that writes out of order, a truncate to the row
+// size and a fallocate before the writes (what a per-rank engine worker may
+// do) publish a block whose digest is the bytes' own.
+func TestWriteOutOfOrder(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	rel := blockRel(testTier, 0, hashHex(7, 64))
 	mkdirFor(t, s, rel)
-	base := usedBytes(s)
 	tmp := tmpRelFor(rel, 1)
 	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	page := pageData(7, 1)
-	n, err := w.WriteAt(page, block.PageSize) // first write not at 0
-	wantErrno(t, err, syscall.EINVAL, "first write at offset 4096")
-	if n != 0 {
-		t.Errorf("refused write returned n=%d", n)
-	}
-	if _, err := w.WriteAt(page, 0); err != nil {
+	data := pageData(7, 4)
+	if err := w.Allocate(0, int64(len(data)), 0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = w.WriteAt(page, 2*block.PageSize) // gap
-	wantErrno(t, err, syscall.EINVAL, "write leaving a gap")
-	_, err = w.WriteAt(page, 0) // rewrite
-	wantErrno(t, err, syscall.EINVAL, "rewrite at offset 0")
-	_, err = w.WriteAt(page, block.PageSize-1) // overlap
-	wantErrno(t, err, syscall.EINVAL, "overlapping write")
-	if got := s.Counters().RejectedWrites.Load(); got != 4 {
-		t.Errorf("RejectedWrites = %d, want 4", got)
-	}
-	if got := s.Counters().WriteBytes.Load(); got != block.PageSize {
-		t.Errorf("WriteBytes = %d, want %d", got, block.PageSize)
-	}
-	fi, err := os.Stat(s.Path(tmp))
-	if err != nil {
+	if err := w.Truncate(int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() != block.PageSize {
-		t.Errorf("tmp has %d bytes after refused writes, want %d", fi.Size(), block.PageSize)
-	}
-	if usedBytes(s) != base+block.PageSize {
-		t.Errorf("used = %d, want %d: refused writes must not be accounted", usedBytes(s), base+block.PageSize)
+	for _, page := range []int{2, 0, 3, 1, 0} { // the last one rewrites page 0
+		off := page * block.PageSize
+		if _, err := w.WriteAt(data[off:off+block.PageSize], int64(off)); err != nil {
+			t.Fatalf("write of page %d: %v", page, err)
+		}
 	}
 	w.Close()
-	if s.Contains(rel) || exists(t, s.Path(rel)) {
-		t.Fatal("a block was published by refused writes")
-	}
-	// The engine unlinks the tmp after a failed write.
-	if err := s.RemoveTmp(tmp); err != nil {
+	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
-	if usedBytes(s) != base {
-		t.Errorf("used = %d after RemoveTmp, want %d", usedBytes(s), base)
+	d, ok := s.Digest(rel)
+	if !ok || d.Size != int64(len(data)) || d.CRC != block.CRC32C(data) {
+		t.Fatalf("digest %+v, want size %d crc %08x", d, len(data), block.CRC32C(data))
 	}
-	if s.Contains(rel) || exists(t, s.Path(rel)) || exists(t, s.Path(tmp)) {
-		t.Fatal("files left behind")
+	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+		t.Fatal("the block written out of order reads back other bytes")
 	}
 	checkAccounting(t, s)
 }
@@ -618,9 +599,10 @@ func TestRemoveBlock(t *testing.T) {
 }
 
 // TestPublishRefusesTmpWithRefusedWrite checks that a tmp file one of whose
-// writes was refused can never become a block, even if later writes fill it.
+// writes was refused (no space) can never become a block, even if later writes
+// fill it.
 func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
-	s := openStore(t, Config{Capacity: 1 << 30})
+	s := openStore(t, Config{Capacity: 3 * block.PageSize})
 	rel := blockRel(testTier, 0, hashHex(6, 64))
 	data := pageData(6, 2)
 	mkdirFor(t, s, rel)
@@ -629,8 +611,8 @@ func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt(data[block.PageSize:], block.PageSize); !errors.Is(err, syscall.EINVAL) {
-		t.Fatalf("write at an odd offset: %v, want EINVAL", err)
+	if _, err := w.WriteAt(pageData(6, 4), 0); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("write beyond the capacity: %v, want ENOSPC", err)
 	}
 	for off := 0; off < len(data); off += block.PageSize {
 		if _, err := w.WriteAt(data[off:off+block.PageSize], int64(off)); err != nil {

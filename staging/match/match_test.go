@@ -1,7 +1,6 @@
-package staging
+package match
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -57,17 +57,17 @@ func (s *blockStore) probesOfGroup(group int) int {
 }
 
 // groupCase is a group with its stored chunks as a pattern: '1' stored, '0'
-// not. Acc is set to tail for windowed groups: Match does not read it.
+// not. Acc is set to tail for windowed groups: Hit does not read it.
 type groupCase struct {
 	group  int
-	kind   GroupKind
+	kind   ctlabi.GroupKind
 	tail   int
 	stored string
 }
 
-func buildMatch(cases []groupCase) (MatchRequest, *blockStore) {
+func buildMatch(cases []groupCase) (ctlabi.MatchRequest, *blockStore) {
 	store := newBlockStore()
-	req := MatchRequest{Tier: "DeepSeek_abc123def456_r0"}
+	req := ctlabi.MatchRequest{Tier: "DeepSeek_abc123def456_r0"}
 	for _, c := range cases {
 		keys := testKeys(len(c.stored))
 		for i, bit := range c.stored {
@@ -75,18 +75,18 @@ func buildMatch(cases []groupCase) (MatchRequest, *blockStore) {
 				store.blocks[blockRef{c.group, keys[i]}] = true
 			}
 		}
-		req.Groups = append(req.Groups, GroupSpec{Group: c.group, Kind: c.kind, Tail: c.tail, Acc: c.tail, Keys: keys})
+		req.Groups = append(req.Groups, ctlabi.GroupSpec{Group: c.group, Kind: c.kind, Tail: c.tail, Acc: c.tail, Keys: keys})
 	}
 	return req, store
 }
 
-// runMatch runs Match and checks that no block was probed twice and that
+// runMatch runs Hit and checks that no block was probed twice and that
 // Probes counts the probes made.
-func runMatch(t *testing.T, req MatchRequest, store *blockStore) MatchResult {
+func runMatch(t *testing.T, req ctlabi.MatchRequest, store *blockStore) ctlabi.MatchResult {
 	t.Helper()
-	result, err := Match(req, store.present)
+	result, err := Hit(req, store.present)
 	if err != nil {
-		t.Fatalf("Match: %v", err)
+		t.Fatalf("Hit: %v", err)
 	}
 	total := 0
 	for ref, count := range store.probes {
@@ -107,22 +107,22 @@ func TestMatchSingleGroup(t *testing.T) {
 		c    groupCase
 		want int
 	}{
-		{"full: all stored", groupCase{0, KindFull, 0, "111111"}, 6},
-		{"full: prefix up to the first gap", groupCase{0, KindFull, 0, "111011"}, 3},
-		{"full: first chunk missing", groupCase{0, KindFull, 0, "011111"}, 0},
-		{"full: no chunks", groupCase{0, KindFull, 0, ""}, 0},
-		{"sliding: run at the end", groupCase{0, KindSliding, 2, "000011"}, 6},
-		{"sliding: last of two runs", groupCase{0, KindSliding, 2, "011011"}, 6},
-		{"sliding: run before a lone chunk", groupCase{0, KindSliding, 2, "011010"}, 3},
-		{"sliding: run reaching chunk 0 shorter than the window", groupCase{0, KindSliding, 2, "100000"}, 1},
-		{"sliding: window longer than the prompt", groupCase{0, KindSliding, 9, "111011"}, 3},
-		{"sliding: no run", groupCase{0, KindSliding, 2, "010101"}, 0},
-		{"sliding: nothing stored", groupCase{0, KindSliding, 2, "000000"}, 0},
-		{"eagle: all stored drops the last chunk", groupCase{0, KindEagle, 2, "111111"}, 5},
-		{"eagle: run of tail+1 then drop one", groupCase{0, KindEagle, 2, "011100"}, 3},
-		{"eagle: a run of only tail is not enough", groupCase{0, KindEagle, 2, "011011"}, 0},
-		{"eagle: short run at chunk 0", groupCase{0, KindEagle, 2, "110000"}, 1},
-		{"eagle: one chunk at 0 drops to nothing", groupCase{0, KindEagle, 2, "100000"}, 0},
+		{"full: all stored", groupCase{0, ctlabi.KindFull, 0, "111111"}, 6},
+		{"full: prefix up to the first gap", groupCase{0, ctlabi.KindFull, 0, "111011"}, 3},
+		{"full: first chunk missing", groupCase{0, ctlabi.KindFull, 0, "011111"}, 0},
+		{"full: no chunks", groupCase{0, ctlabi.KindFull, 0, ""}, 0},
+		{"sliding: run at the end", groupCase{0, ctlabi.KindSliding, 2, "000011"}, 6},
+		{"sliding: last of two runs", groupCase{0, ctlabi.KindSliding, 2, "011011"}, 6},
+		{"sliding: run before a lone chunk", groupCase{0, ctlabi.KindSliding, 2, "011010"}, 3},
+		{"sliding: run reaching chunk 0 shorter than the window", groupCase{0, ctlabi.KindSliding, 2, "100000"}, 1},
+		{"sliding: window longer than the prompt", groupCase{0, ctlabi.KindSliding, 9, "111011"}, 3},
+		{"sliding: no run", groupCase{0, ctlabi.KindSliding, 2, "010101"}, 0},
+		{"sliding: nothing stored", groupCase{0, ctlabi.KindSliding, 2, "000000"}, 0},
+		{"eagle: all stored drops the last chunk", groupCase{0, ctlabi.KindEagle, 2, "111111"}, 5},
+		{"eagle: run of tail+1 then drop one", groupCase{0, ctlabi.KindEagle, 2, "011100"}, 3},
+		{"eagle: a run of only tail is not enough", groupCase{0, ctlabi.KindEagle, 2, "011011"}, 0},
+		{"eagle: short run at chunk 0", groupCase{0, ctlabi.KindEagle, 2, "110000"}, 1},
+		{"eagle: one chunk at 0 drops to nothing", groupCase{0, ctlabi.KindEagle, 2, "100000"}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,19 +144,19 @@ func TestMatchAcrossGroups(t *testing.T) {
 	}{
 		{
 			name:         "full limits sliding",
-			groups:       []groupCase{{0, KindFull, 0, "111100"}, {1, KindSliding, 2, "001111"}},
+			groups:       []groupCase{{0, ctlabi.KindFull, 0, "111100"}, {1, ctlabi.KindSliding, 2, "001111"}},
 			wantHit:      4,
 			wantPerGroup: []int{4, 6},
 		},
 		{
 			name:         "sliding limits full",
-			groups:       []groupCase{{0, KindFull, 0, "111111"}, {1, KindSliding, 2, "110110"}},
+			groups:       []groupCase{{0, ctlabi.KindFull, 0, "111111"}, {1, ctlabi.KindSliding, 2, "110110"}},
 			wantHit:      5,
 			wantPerGroup: []int{6, 5},
 		},
 		{
 			name:         "one group vetoes all",
-			groups:       []groupCase{{0, KindFull, 0, "111111"}, {1, KindSliding, 2, "010101"}},
+			groups:       []groupCase{{0, ctlabi.KindFull, 0, "111111"}, {1, ctlabi.KindSliding, 2, "010101"}},
 			wantHit:      0,
 			wantPerGroup: []int{6, 0},
 		},
@@ -165,9 +165,9 @@ func TestMatchAcrossGroups(t *testing.T) {
 			// again: 3; then S2: 2; a third pass confirms 2 for both.
 			name: "a later group's shrink re-checks earlier windowed groups until stable",
 			groups: []groupCase{
-				{0, KindFull, 0, "11111111"},
-				{1, KindSliding, 3, "11101110"},
-				{2, KindSliding, 1, "01001000"},
+				{0, ctlabi.KindFull, 0, "11111111"},
+				{1, ctlabi.KindSliding, 3, "11101110"},
+				{2, ctlabi.KindSliding, 1, "01001000"},
 			},
 			wantHit:      2,
 			wantPerGroup: []int{8, 7, 5},
@@ -175,9 +175,9 @@ func TestMatchAcrossGroups(t *testing.T) {
 		{
 			name: "request order of groups does not matter",
 			groups: []groupCase{
-				{2, KindSliding, 1, "01001000"},
-				{0, KindFull, 0, "11111111"},
-				{1, KindSliding, 3, "11101110"},
+				{2, ctlabi.KindSliding, 1, "01001000"},
+				{0, ctlabi.KindFull, 0, "11111111"},
+				{1, ctlabi.KindSliding, 3, "11101110"},
 			},
 			wantHit:      2,
 			wantPerGroup: []int{5, 8, 7},
@@ -187,9 +187,9 @@ func TestMatchAcrossGroups(t *testing.T) {
 			// sliding group, it is verified and must not drop another.
 			name: "eagle drops once",
 			groups: []groupCase{
-				{0, KindFull, 0, "11111111"},
-				{1, KindSliding, 3, "11111111"},
-				{2, KindEagle, 2, "11111111"},
+				{0, ctlabi.KindFull, 0, "11111111"},
+				{1, ctlabi.KindSliding, 3, "11111111"},
+				{2, ctlabi.KindEagle, 2, "11111111"},
 			},
 			wantHit:      7,
 			wantPerGroup: []int{8, 8, 7},
@@ -201,9 +201,9 @@ func TestMatchAcrossGroups(t *testing.T) {
 			// verified would wrongly accept 4.
 			name: "eagle drops again after a non-eagle group shrinks the hit",
 			groups: []groupCase{
-				{0, KindFull, 0, "11111111"},
-				{1, KindEagle, 2, "11110111"},
-				{2, KindSliding, 1, "00110000"},
+				{0, ctlabi.KindFull, 0, "11111111"},
+				{1, ctlabi.KindEagle, 2, "11110111"},
+				{2, ctlabi.KindSliding, 1, "00110000"},
 			},
 			wantHit:      3,
 			wantPerGroup: []int{8, 7, 4},
@@ -215,9 +215,9 @@ func TestMatchAcrossGroups(t *testing.T) {
 			// missing), and the engine accepts 5.
 			name: "second eagle's drop re-checks the first as verified",
 			groups: []groupCase{
-				{0, KindFull, 0, "1111111111"},
-				{1, KindEagle, 3, "1111101111"},
-				{2, KindEagle, 2, "0001110000"},
+				{0, ctlabi.KindFull, 0, "1111111111"},
+				{1, ctlabi.KindEagle, 3, "1111101111"},
+				{2, ctlabi.KindEagle, 2, "0001110000"},
 			},
 			wantHit:      5,
 			wantPerGroup: []int{10, 9, 5},
@@ -236,19 +236,19 @@ func TestMatchAcrossGroups(t *testing.T) {
 
 // fieldCase builds the field's layout: a full group holding every chunk and
 // an EAGLE group (tail 4, acc 16) stored by the given retention rule.
-func fieldCase(chunks int, retained func(kind GroupKind, tail, acc, chunk int) bool) (MatchRequest, *blockStore) {
+func fieldCase(chunks int, retained func(kind ctlabi.GroupKind, tail, acc, chunk int) bool) (ctlabi.MatchRequest, *blockStore) {
 	const tail, acc = 4, 16
 	store := newBlockStore()
 	keys := testKeys(chunks)
 	for i, key := range keys {
 		store.blocks[blockRef{0, key}] = true
-		if retained(KindEagle, tail, acc, i) {
+		if retained(ctlabi.KindEagle, tail, acc, i) {
 			store.blocks[blockRef{1, key}] = true
 		}
 	}
-	req := MatchRequest{Tier: "DeepSeek_abc123def456_r0", Groups: []GroupSpec{
-		{Group: 0, Kind: KindFull, Keys: keys},
-		{Group: 1, Kind: KindEagle, Tail: tail, Acc: acc, Keys: keys},
+	req := ctlabi.MatchRequest{Tier: "DeepSeek_abc123def456_r0", Groups: []ctlabi.GroupSpec{
+		{Group: 0, Kind: ctlabi.KindFull, Keys: keys},
+		{Group: 1, Kind: ctlabi.KindEagle, Tail: tail, Acc: acc, Keys: keys},
 	}}
 	return req, store
 }
@@ -279,46 +279,46 @@ func TestFieldCaseEagleStoreFilter(t *testing.T) {
 }
 
 func TestMatchValidation(t *testing.T) {
-	valid := func() MatchRequest {
-		return MatchRequest{Tier: "DeepSeek_abc123def456_r0", Groups: []GroupSpec{
-			{Group: 0, Kind: KindFull, Keys: testKeys(3)},
-			{Group: 1, Kind: KindEagle, Tail: 4, Acc: 16, Keys: testKeys(3)},
+	valid := func() ctlabi.MatchRequest {
+		return ctlabi.MatchRequest{Tier: "DeepSeek_abc123def456_r0", Groups: []ctlabi.GroupSpec{
+			{Group: 0, Kind: ctlabi.KindFull, Keys: testKeys(3)},
+			{Group: 1, Kind: ctlabi.KindEagle, Tail: 4, Acc: 16, Keys: testKeys(3)},
 		}}
 	}
 	tests := []struct {
 		name      string
-		edit      func(r *MatchRequest)
+		edit      func(r *ctlabi.MatchRequest)
 		wantField string
 	}{
-		{"empty tier", func(r *MatchRequest) { r.Tier = "" }, "tier"},
-		{"tier with a slash", func(r *MatchRequest) { r.Tier = "a/b" }, "tier"},
-		{"tier dot-dot", func(r *MatchRequest) { r.Tier = ".." }, "tier"},
-		{"tier too long", func(r *MatchRequest) { r.Tier = strings.Repeat("a", 256) }, "tier"},
-		{"no groups", func(r *MatchRequest) { r.Groups = nil }, "groups"},
-		{"zero kind", func(r *MatchRequest) { r.Groups[1].Kind = 0 }, "groups[1].kind"},
-		{"unknown kind", func(r *MatchRequest) { r.Groups[0].Kind = 42 }, "groups[0].kind"},
-		{"sliding tail zero", func(r *MatchRequest) { r.Groups[1].Kind, r.Groups[1].Tail = KindSliding, 0 }, "groups[1].tail"},
-		{"eagle negative tail", func(r *MatchRequest) { r.Groups[1].Tail = -1 }, "groups[1].tail"},
-		{"acc less than tail", func(r *MatchRequest) { r.Groups[1].Acc = 3 }, "groups[1].acc"},
-		{"full with a tail", func(r *MatchRequest) { r.Groups[0].Tail = 2 }, "groups[0].tail"},
-		{"full with an acc", func(r *MatchRequest) { r.Groups[0].Acc = 16 }, "groups[0].acc"},
-		{"mismatched key counts", func(r *MatchRequest) { r.Groups[1].Keys = testKeys(4) }, "groups[1].keys"},
-		{"non-hex key", func(r *MatchRequest) { r.Groups[0].Keys[1] = "xyz12" }, "groups[0].keys[1]"},
-		{"uppercase key", func(r *MatchRequest) { r.Groups[1].Keys[2] = "ABCDEF" }, "groups[1].keys[2]"},
-		{"key too short for the path", func(r *MatchRequest) { r.Groups[0].Keys[0] = "abcd" }, "groups[0].keys[0]"},
-		{"key too long", func(r *MatchRequest) { r.Groups[0].Keys[0] = strings.Repeat("a", 129) }, "groups[0].keys[0]"},
-		{"duplicate group id", func(r *MatchRequest) { r.Groups[1].Group = 0 }, "groups[1].group"},
-		{"negative group id", func(r *MatchRequest) { r.Groups[0].Group = -1 }, "groups[0].group"},
+		{"empty tier", func(r *ctlabi.MatchRequest) { r.Tier = "" }, "tier"},
+		{"tier with a slash", func(r *ctlabi.MatchRequest) { r.Tier = "a/b" }, "tier"},
+		{"tier dot-dot", func(r *ctlabi.MatchRequest) { r.Tier = ".." }, "tier"},
+		{"tier too long", func(r *ctlabi.MatchRequest) { r.Tier = strings.Repeat("a", 256) }, "tier"},
+		{"no groups", func(r *ctlabi.MatchRequest) { r.Groups = nil }, "groups"},
+		{"zero kind", func(r *ctlabi.MatchRequest) { r.Groups[1].Kind = 0 }, "groups[1].kind"},
+		{"unknown kind", func(r *ctlabi.MatchRequest) { r.Groups[0].Kind = 42 }, "groups[0].kind"},
+		{"sliding tail zero", func(r *ctlabi.MatchRequest) { r.Groups[1].Kind, r.Groups[1].Tail = ctlabi.KindSliding, 0 }, "groups[1].tail"},
+		{"eagle negative tail", func(r *ctlabi.MatchRequest) { r.Groups[1].Tail = -1 }, "groups[1].tail"},
+		{"acc less than tail", func(r *ctlabi.MatchRequest) { r.Groups[1].Acc = 3 }, "groups[1].acc"},
+		{"full with a tail", func(r *ctlabi.MatchRequest) { r.Groups[0].Tail = 2 }, "groups[0].tail"},
+		{"full with an acc", func(r *ctlabi.MatchRequest) { r.Groups[0].Acc = 16 }, "groups[0].acc"},
+		{"mismatched key counts", func(r *ctlabi.MatchRequest) { r.Groups[1].Keys = testKeys(4) }, "groups[1].keys"},
+		{"non-hex key", func(r *ctlabi.MatchRequest) { r.Groups[0].Keys[1] = "xyz12" }, "groups[0].keys[1]"},
+		{"uppercase key", func(r *ctlabi.MatchRequest) { r.Groups[1].Keys[2] = "ABCDEF" }, "groups[1].keys[2]"},
+		{"key too short for the path", func(r *ctlabi.MatchRequest) { r.Groups[0].Keys[0] = "abcd" }, "groups[0].keys[0]"},
+		{"key too long", func(r *ctlabi.MatchRequest) { r.Groups[0].Keys[0] = strings.Repeat("a", 129) }, "groups[0].keys[0]"},
+		{"duplicate group id", func(r *ctlabi.MatchRequest) { r.Groups[1].Group = 0 }, "groups[1].group"},
+		{"negative group id", func(r *ctlabi.MatchRequest) { r.Groups[0].Group = -1 }, "groups[0].group"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := valid()
 			tt.edit(&req)
 			store := newBlockStore()
-			_, err := Match(req, store.present)
-			var reqErr *RequestError
+			_, err := Hit(req, store.present)
+			var reqErr *ctlabi.RequestError
 			if !errors.As(err, &reqErr) {
-				t.Fatalf("Match error = %v, want a *RequestError", err)
+				t.Fatalf("Hit error = %v, want a *RequestError", err)
 			}
 			if reqErr.Field != tt.wantField {
 				t.Errorf("error field = %q (%v), want %q", reqErr.Field, err, tt.wantField)
@@ -337,13 +337,13 @@ func TestMatchValidation(t *testing.T) {
 }
 
 func TestMatchTooManyKeys(t *testing.T) {
-	keys := slices.Repeat([]string{"abcde"}, MaxRequestKeys/2+1)
-	req := MatchRequest{Tier: "t", Groups: []GroupSpec{
-		{Group: 0, Kind: KindFull, Keys: keys},
-		{Group: 1, Kind: KindFull, Keys: keys},
+	keys := slices.Repeat([]string{"abcde"}, ctlabi.MaxRequestKeys/2+1)
+	req := ctlabi.MatchRequest{Tier: "t", Groups: []ctlabi.GroupSpec{
+		{Group: 0, Kind: ctlabi.KindFull, Keys: keys},
+		{Group: 1, Kind: ctlabi.KindFull, Keys: keys},
 	}}
-	if _, err := Match(req, func(int, string) bool { return true }); !errors.Is(err, ErrRequestTooLarge) {
-		t.Errorf("Match error = %v, want ErrRequestTooLarge", err)
+	if _, err := Hit(req, func(int, string) bool { return true }); !errors.Is(err, ctlabi.ErrRequestTooLarge) {
+		t.Errorf("Hit error = %v, want ErrRequestTooLarge", err)
 	}
 	req.Groups = req.Groups[:1]
 	if err := req.Validate(); err != nil {
@@ -351,173 +351,72 @@ func TestMatchTooManyKeys(t *testing.T) {
 	}
 }
 
-func TestGroupKindNames(t *testing.T) {
-	for _, kind := range []GroupKind{KindFull, KindSliding, KindEagle} {
-		parsed, err := ParseGroupKind(kind.String())
-		if err != nil || parsed != kind {
-			t.Errorf("ParseGroupKind(%q) = %v, %v; want %v", kind.String(), parsed, err, kind)
-		}
-	}
-	if got := []string{KindFull.String(), KindSliding.String(), KindEagle.String()}; !slices.Equal(got, []string{"full", "sliding", "eagle"}) {
-		t.Errorf("names = %v", got)
-	}
-	if _, err := ParseGroupKind("Full"); err == nil {
-		t.Error(`ParseGroupKind("Full") succeeded, want an error`)
-	}
-	if got := GroupKind(7).String(); got != "GroupKind(7)" {
-		t.Errorf("GroupKind(7).String() = %q", got)
-	}
-}
-
-func TestMatchRequestJSON(t *testing.T) {
-	key0, key1 := testKey(0), testKey(1)
-	body := `{"tier":"DeepSeek_abc123def456_r0","groups":[` +
-		`{"group":0,"kind":"full","keys":["` + key0 + `","` + key1 + `"]},` +
-		`{"group":1,"kind":"eagle","tail":4,"acc":16,"keys":["` + key0 + `","` + key1 + `"]}]}`
-	want := MatchRequest{Tier: "DeepSeek_abc123def456_r0", Groups: []GroupSpec{
-		{Group: 0, Kind: KindFull, Keys: []string{key0, key1}},
-		{Group: 1, Kind: KindEagle, Tail: 4, Acc: 16, Keys: []string{key0, key1}},
-	}}
-	got, err := DecodeMatchRequest([]byte(body))
-	if err != nil {
-		t.Fatalf("DecodeMatchRequest: %v", err)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("decoded %+v, want %+v", got, want)
-	}
-	encoded, err := EncodeMatchRequest(want)
-	if err != nil {
-		t.Fatalf("EncodeMatchRequest: %v", err)
-	}
-	if string(encoded) != body {
-		t.Errorf("encoded\n%s\nwant\n%s", encoded, body)
-	}
-	again, err := DecodeMatchRequest(encoded)
-	if err != nil || !reflect.DeepEqual(again, want) {
-		t.Errorf("round trip = %+v, %v", again, err)
-	}
-	if _, err := EncodeMatchRequest(MatchRequest{Tier: "t"}); err == nil {
-		t.Error("EncodeMatchRequest accepted a request without groups")
-	}
-}
-
-func TestDecodeMatchRequestMalformed(t *testing.T) {
-	key := testKey(0)
-	group := func(fields string) string {
-		return `{"tier":"t","groups":[{` + fields + `}]}`
-	}
-	tests := []struct {
-		name      string
-		body      string
-		wantField string // for a *RequestError; "" for a JSON error
-	}{
-		{"empty", ``, ""},
-		{"truncated", `{"tier":"t","groups":[`, ""},
-		{"not an object", `[1,2]`, ""},
-		{"null", `null`, "tier"},
-		{"trailing data", group(`"group":0,"kind":"full","keys":["`+key+`"]`) + ` {}`, ""},
-		{"unknown field", group(`"group":0,"kind":"sliding","tails":4,"acc":4,"keys":["` + key + `"]`), ""},
-		{"tail as a string", group(`"group":0,"kind":"sliding","tail":"4","acc":4,"keys":["` + key + `"]`), ""},
-		{"key as a number", group(`"group":0,"kind":"full","keys":[12345]`), ""},
-		{"missing group", group(`"kind":"full","keys":["` + key + `"]`), "groups[0].group"},
-		{"unknown kind", group(`"group":0,"kind":"window","keys":["` + key + `"]`), "groups[0].kind"},
-		{"missing kind", group(`"group":0,"keys":["` + key + `"]`), "groups[0].kind"},
-		{"eagle without tail", group(`"group":0,"kind":"eagle","acc":16,"keys":["` + key + `"]`), "groups[0].tail"},
-		{"no groups", `{"tier":"t","groups":[]}`, "groups"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := DecodeMatchRequest([]byte(tt.body))
-			if err == nil {
-				t.Fatal("DecodeMatchRequest succeeded, want an error")
-			}
-			var reqErr *RequestError
-			isReqErr := errors.As(err, &reqErr)
-			switch {
-			case tt.wantField == "" && isReqErr:
-				t.Errorf("error = %v, want a JSON error", err)
-			case tt.wantField == "" && !strings.Contains(err.Error(), "malformed JSON"):
-				t.Errorf("error %q does not say malformed JSON", err)
-			case tt.wantField != "" && (!isReqErr || reqErr.Field != tt.wantField):
-				t.Errorf("error = %v, want a *RequestError on %q", err, tt.wantField)
-			}
-		})
-	}
-}
-
 func TestMatchTooManyGroups(t *testing.T) {
-	req := MatchRequest{Tier: "t"}
-	for g := range MaxRequestGroups + 1 {
-		req.Groups = append(req.Groups, GroupSpec{Group: g, Kind: KindFull, Keys: []string{"abcde"}})
+	req := ctlabi.MatchRequest{Tier: "t"}
+	for g := range ctlabi.MaxRequestGroups + 1 {
+		req.Groups = append(req.Groups, ctlabi.GroupSpec{Group: g, Kind: ctlabi.KindFull, Keys: []string{"abcde"}})
 	}
 	probes := 0
-	_, err := Match(req, func(int, string) bool { probes++; return true })
-	if !errors.Is(err, ErrRequestTooLarge) || !strings.Contains(err.Error(), "groups (limit") {
-		t.Errorf("Match error = %v, want ErrRequestTooLarge naming the groups", err)
+	_, err := Hit(req, func(int, string) bool { probes++; return true })
+	if !errors.Is(err, ctlabi.ErrRequestTooLarge) || !strings.Contains(err.Error(), "groups (limit") {
+		t.Errorf("Hit error = %v, want ErrRequestTooLarge naming the groups", err)
 	}
 	if probes != 0 {
 		t.Errorf("a refused request probed %d blocks", probes)
 	}
-	req.Groups = req.Groups[:MaxRequestGroups]
+	req.Groups = req.Groups[:ctlabi.MaxRequestGroups]
 	if err := req.Validate(); err != nil {
 		t.Errorf("MaxRequestGroups groups fail: %v", err)
 	}
 }
 
-func TestDecodeMatchRequestTooLarge(t *testing.T) {
-	body := bytes.Repeat([]byte(" "), MaxRequestBytes+1)
-	if _, err := DecodeMatchRequest(body); !errors.Is(err, ErrRequestTooLarge) {
-		t.Errorf("error = %v, want ErrRequestTooLarge", err)
-	}
-}
-
 func TestMatchResultJSON(t *testing.T) {
-	result := MatchResult{HitChunks: 96, PerGroup: []int{100, 96}, Probes: 106}
-	encoded := EncodeMatchResult(result, nil)
+	result := ctlabi.MatchResult{HitChunks: 96, PerGroup: []int{100, 96}, Probes: 106}
+	encoded := ctlabi.EncodeMatchResult(result, nil)
 	if want := `{"hit_chunks":96,"per_group":[100,96],"probes":106}`; string(encoded) != want {
 		t.Errorf("encoded %s, want %s", encoded, want)
 	}
-	decoded, err := DecodeMatchResult(encoded)
+	decoded, err := ctlabi.DecodeMatchResult(encoded)
 	if err != nil || !reflect.DeepEqual(decoded, result) {
 		t.Errorf("round trip = %+v, %v; want %+v", decoded, err, result)
 	}
-	if got := string(EncodeMatchResult(MatchResult{}, nil)); got != `{"hit_chunks":0,"per_group":[],"probes":0}` {
+	if got := string(ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, nil)); got != `{"hit_chunks":0,"per_group":[],"probes":0}` {
 		t.Errorf("empty result encoded as %s", got)
 	}
 
-	_, matchErr := Match(MatchRequest{Tier: "t"}, nil)
-	encoded = EncodeMatchResult(MatchResult{}, matchErr)
+	_, matchErr := Hit(ctlabi.MatchRequest{Tier: "t"}, nil)
+	encoded = ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, matchErr)
 	if want := `{"error":"match request: groups: no groups"}`; string(encoded) != want {
 		t.Errorf("error answer %s, want %s", encoded, want)
 	}
-	if _, err := DecodeMatchResult(encoded); err == nil || err.Error() != matchErr.Error() {
+	if _, err := ctlabi.DecodeMatchResult(encoded); err == nil || err.Error() != matchErr.Error() {
 		t.Errorf("decoding the error answer gave %v, want %v", err, matchErr)
 	}
 
 	for _, bad := range []string{``, `{"hit_chunks":`, `{"per_group":[1],"probes":3}`, `{"hit_chunks":"7"}`} {
-		if _, err := DecodeMatchResult([]byte(bad)); err == nil {
+		if _, err := ctlabi.DecodeMatchResult([]byte(bad)); err == nil {
 			t.Errorf("DecodeMatchResult(%q) succeeded, want an error", bad)
 		}
 	}
 }
 
-// engineLookup is a reference for Match: vLLM's _lookup transcribed in
+// engineLookup is a reference for Hit: vLLM's _lookup transcribed in
 // tokens, with no GPU-computed prefix, a slice per lookup and no memo. It
 // returns the hit in tokens and records every block it looks up.
-func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, numTokens int, looked map[blockRef]bool) int {
-	lookup := func(g GroupSpec, chunk int) bool {
+func engineLookup(groups []ctlabi.GroupSpec, stored map[blockRef]bool, tokensPerChunk, numTokens int, looked map[blockRef]bool) int {
+	lookup := func(g ctlabi.GroupSpec, chunk int) bool {
 		ref := blockRef{g.Group, g.Keys[chunk]}
 		looked[ref] = true
 		return stored[ref]
 	}
-	prefixLookup := func(g GroupSpec, numChunks int) int {
+	prefixLookup := func(g ctlabi.GroupSpec, numChunks int) int {
 		hits := 0
 		for chunk := 0; chunk < numChunks && lookup(g, chunk); chunk++ {
 			hits++
 		}
 		return hits
 	}
-	slidingWindowLookup := func(g GroupSpec, numChunks, window int) int {
+	slidingWindowLookup := func(g ctlabi.GroupSpec, numChunks, window int) int {
 		consecutive := 0
 		for chunk := numChunks - 1; chunk >= 0; chunk-- {
 			if lookup(g, chunk) {
@@ -536,16 +435,16 @@ func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, 
 	// Group index order, then full attention first and windowed groups
 	// stably sorted by window, largest first.
 	byIndex := slices.Clone(groups)
-	slices.SortFunc(byIndex, func(a, b GroupSpec) int { return a.Group - b.Group })
-	var full, windowed []GroupSpec
+	slices.SortFunc(byIndex, func(a, b ctlabi.GroupSpec) int { return a.Group - b.Group })
+	var full, windowed []ctlabi.GroupSpec
 	for _, g := range byIndex {
-		if g.Kind == KindFull {
+		if g.Kind == ctlabi.KindFull {
 			full = append(full, g)
 		} else {
 			windowed = append(windowed, g)
 		}
 	}
-	slices.SortStableFunc(windowed, func(a, b GroupSpec) int { return b.Tail - a.Tail })
+	slices.SortStableFunc(windowed, func(a, b ctlabi.GroupSpec) int { return b.Tail - a.Tail })
 
 	maxHitTokens := numTokens
 	if len(windowed) > 0 {
@@ -560,7 +459,7 @@ func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, 
 		lookupGroups = nil
 		for _, g := range pass {
 			numKeys := len(g.Keys)
-			unverifiedEagle := g.Kind == KindEagle && !verified[g.Group]
+			unverifiedEagle := g.Kind == ctlabi.KindEagle && !verified[g.Group]
 			maxHitTokens = min(maxHitTokens, numKeys*tokensPerChunk)
 			if maxHitTokens < tokensPerChunk {
 				return 0
@@ -571,7 +470,7 @@ func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, 
 			}
 			numChunks := min(cdiv(queryMax, tokensPerChunk), numKeys)
 			var hitChunks int
-			if g.Kind == KindFull {
+			if g.Kind == ctlabi.KindFull {
 				hitChunks = prefixLookup(g, numChunks)
 			} else {
 				window := g.Tail
@@ -593,14 +492,14 @@ func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, 
 				return 0
 			}
 			if newHitTokens < numHitTokens {
-				if g.Kind != KindEagle {
+				if g.Kind != ctlabi.KindEagle {
 					clear(verified)
 				}
 				if lookedUpWindowed && lookupGroups == nil {
 					lookupGroups = windowed
 				}
 			}
-			lookedUpWindowed = lookedUpWindowed || g.Kind != KindFull
+			lookedUpWindowed = lookedUpWindowed || g.Kind != ctlabi.KindFull
 			numHitTokens = newHitTokens
 		}
 	}
@@ -610,9 +509,9 @@ func engineLookup(groups []GroupSpec, stored map[blockRef]bool, tokensPerChunk, 
 // engineTokens turns a hit in chunks into the engine's hit in tokens: capped
 // by its token bound (one token less when a group is windowed), nothing when
 // under a chunk.
-func engineTokens(hitChunks int, groups []GroupSpec, tokensPerChunk, numTokens int) int {
+func engineTokens(hitChunks int, groups []ctlabi.GroupSpec, tokensPerChunk, numTokens int) int {
 	bound := numTokens
-	if slices.ContainsFunc(groups, func(g GroupSpec) bool { return g.Kind != KindFull }) {
+	if slices.ContainsFunc(groups, func(g ctlabi.GroupSpec) bool { return g.Kind != ctlabi.KindFull }) {
 		bound--
 	}
 	tokens := min(hitChunks*tokensPerChunk, bound)
@@ -625,9 +524,9 @@ func engineTokens(hitChunks int, groups []GroupSpec, tokensPerChunk, numTokens i
 // greatestCommonHit is a declarative reference: the largest h that every
 // group allows on its own terms, an EAGLE group needing chunks
 // max(0,h-tail) … h (chunk h exists) so that dropping chunk h leaves h.
-func greatestCommonHit(groups []GroupSpec, stored map[blockRef]bool) int {
+func greatestCommonHit(groups []ctlabi.GroupSpec, stored map[blockRef]bool) int {
 	numChunks := len(groups[0].Keys)
-	allStored := func(g GroupSpec, from, to int) bool {
+	allStored := func(g ctlabi.GroupSpec, from, to int) bool {
 		for chunk := max(0, from); chunk < to; chunk++ {
 			if !stored[blockRef{g.Group, g.Keys[chunk]}] {
 				return false
@@ -635,18 +534,18 @@ func greatestCommonHit(groups []GroupSpec, stored map[blockRef]bool) int {
 		}
 		return true
 	}
-	allows := func(g GroupSpec, h int) bool {
+	allows := func(g ctlabi.GroupSpec, h int) bool {
 		switch g.Kind {
-		case KindFull:
+		case ctlabi.KindFull:
 			return allStored(g, 0, h)
-		case KindSliding:
+		case ctlabi.KindSliding:
 			return allStored(g, h-g.Tail, h)
 		default:
 			return h < numChunks && allStored(g, h-g.Tail, h+1)
 		}
 	}
 	for h := numChunks; h > 0; h-- {
-		if !slices.ContainsFunc(groups, func(g GroupSpec) bool { return !allows(g, h) }) {
+		if !slices.ContainsFunc(groups, func(g ctlabi.GroupSpec) bool { return !allows(g, h) }) {
 			return h
 		}
 	}
@@ -656,16 +555,16 @@ func greatestCommonHit(groups []GroupSpec, stored map[blockRef]bool) int {
 // randomRequest draws 1 to 4 groups with distinct ids in shuffled order and a
 // random store: uniform at some density, or one of the retention rules with
 // holes punched in.
-func randomRequest(rng *rand.Rand) (MatchRequest, map[blockRef]bool) {
+func randomRequest(rng *rand.Rand) (ctlabi.MatchRequest, map[blockRef]bool) {
 	numChunks := rng.IntN(41)
 	keys := testKeys(numChunks)
 	ids := rng.Perm(8)
-	req := MatchRequest{Tier: "t"}
+	req := ctlabi.MatchRequest{Tier: "t"}
 	stored := map[blockRef]bool{}
 	for i := range 1 + rng.IntN(4) {
-		kind := []GroupKind{KindFull, KindSliding, KindEagle}[rng.IntN(3)]
-		g := GroupSpec{Group: ids[i], Kind: kind, Keys: keys}
-		if kind != KindFull {
+		kind := []ctlabi.GroupKind{ctlabi.KindFull, ctlabi.KindSliding, ctlabi.KindEagle}[rng.IntN(3)]
+		g := ctlabi.GroupSpec{Group: ids[i], Kind: kind, Keys: keys}
+		if kind != ctlabi.KindFull {
 			g.Tail = 1 + rng.IntN(5)
 			g.Acc = g.Tail + rng.IntN(7)
 		}
@@ -717,24 +616,24 @@ func TestMatchAgainstReferences(t *testing.T) {
 			t.Fatalf("%s\nHitChunks %d gives %d tokens, the engine %d", describe(), result.HitChunks, got, wantTokens)
 		}
 		for i, g := range req.Groups {
-			alone := []GroupSpec{g}
+			alone := []ctlabi.GroupSpec{g}
 			want := engineLookup(alone, stored, tokensPerChunk, numTokens, looked)
 			if got := engineTokens(result.PerGroup[i], alone, tokensPerChunk, numTokens); got != want {
 				t.Fatalf("%s\nPerGroup[%d] %d gives %d tokens, the engine alone %d", describe(), i, result.PerGroup[i], got, want)
 			}
 		}
 		// The engine gives up before looking when a windowed group lowers a
-		// one-chunk prompt's bound under a chunk; Match still probes then.
+		// one-chunk prompt's bound under a chunk; Hit still probes then.
 		oneChunkPrompt := numTokens == tokensPerChunk
 		for ref := range store.probes {
 			if !oneChunkPrompt && !looked[ref] {
-				t.Fatalf("%s\nMatch probed %v, which the engine never looks up", describe(), ref)
+				t.Fatalf("%s\nHit probed %v, which the engine never looks up", describe(), ref)
 			}
 		}
 
 		eagles := 0
 		for _, g := range req.Groups {
-			if g.Kind == KindEagle {
+			if g.Kind == ctlabi.KindEagle {
 				eagles++
 			}
 		}
@@ -754,7 +653,7 @@ func BenchmarkMatch(b *testing.B) {
 	const chunks = 12434 / 2
 	for _, bench := range []struct {
 		name     string
-		retained func(kind GroupKind, tail, acc, chunk int) bool
+		retained func(kind ctlabi.GroupKind, tail, acc, chunk int) bool
 	}{
 		{"retained", Retained},
 		{"stock-veto", StockRetained},
@@ -769,10 +668,10 @@ func BenchmarkMatch(b *testing.B) {
 				_, ok := index[block.Name{Tier: req.Tier, Group: group, Hash: key}.Path()]
 				return ok
 			}
-			var result MatchResult
+			var result ctlabi.MatchResult
 			for b.Loop() {
 				var err error
-				if result, err = Match(req, present); err != nil {
+				if result, err = Hit(req, present); err != nil {
 					b.Fatal(err)
 				}
 			}

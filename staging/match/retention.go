@@ -1,6 +1,10 @@
-package staging
+package match
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+)
 
 // The engine stores a windowed group's chunks only where a lookup can use
 // them: vLLM's store path skips chunks by their position chunk % acc within
@@ -19,20 +23,20 @@ import "fmt"
 // positions {acc-tail … acc-1} of each segment of acc chunks; for an EAGLE
 // group {0} ∪ {acc-tail … acc-1}. Windowed groups need 0 < tail <= acc (as
 // Validate requires); Retained panics otherwise.
-func Retained(kind GroupKind, tail, acc, chunk int) bool {
-	if kind == KindFull {
+func Retained(kind ctlabi.GroupKind, tail, acc, chunk int) bool {
+	if kind == ctlabi.KindFull {
 		return true
 	}
 	position := segmentPosition(kind, tail, acc, chunk)
-	return position >= acc-tail || (kind == KindEagle && position == 0)
+	return position >= acc-tail || (kind == ctlabi.KindEagle && position == 0)
 }
 
 // StockRetained is the engine's original store filter, kept to reproduce the
 // field failure: every chunk for full attention, and {acc-tail … acc-1} of
 // each segment for every windowed group, EAGLE included. Its arguments are
 // those of Retained.
-func StockRetained(kind GroupKind, tail, acc, chunk int) bool {
-	if kind == KindFull {
+func StockRetained(kind ctlabi.GroupKind, tail, acc, chunk int) bool {
+	if kind == ctlabi.KindFull {
 		return true
 	}
 	return segmentPosition(kind, tail, acc, chunk) >= acc-tail
@@ -40,8 +44,8 @@ func StockRetained(kind GroupKind, tail, acc, chunk int) bool {
 
 // segmentPosition returns chunk % acc for a windowed group, after checking
 // the arguments.
-func segmentPosition(kind GroupKind, tail, acc, chunk int) int {
-	if kind != KindSliding && kind != KindEagle {
+func segmentPosition(kind ctlabi.GroupKind, tail, acc, chunk int) int {
+	if kind != ctlabi.KindSliding && kind != ctlabi.KindEagle {
 		panic(fmt.Sprintf("staging: retention for unknown group kind %v", kind))
 	}
 	if tail <= 0 || acc < tail || chunk < 0 {

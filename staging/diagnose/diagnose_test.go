@@ -1,10 +1,11 @@
-package staging
+package diagnose
 
 import (
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -48,7 +49,7 @@ func prompt(tier string, group, from, n int) []block.Ref {
 }
 
 func TestDiagnostics(t *testing.T) {
-	opts := DiagnosticsOptions{
+	opts := Options{
 		Window:           10 * time.Minute,
 		ReadGrace:        30 * time.Second,
 		MinStoredBytes:   4 << 20, // 64 blocks
@@ -86,7 +87,7 @@ func TestDiagnostics(t *testing.T) {
 		{name: "healthy, rows unknown", run: healthy, state: StoreState{Blocks: 480, NeverLookedUp: 40}},
 
 		// write_only_group: the EAGLE group 1 is stored but never hits.
-		{name: "write-only group", state: settled, want: WarnWriteOnlyGroup,
+		{name: "write-only group", state: settled, want: ctlabi.WarnWriteOnlyGroup,
 			evidence: []string{"tier " + tierA + ", group 1:", "5.6 MiB stored in 90 blocks", "group(s) 0 read"},
 			run: func(w workload) {
 				w.minutes(12, func(m int) {
@@ -95,7 +96,7 @@ func TestDiagnostics(t *testing.T) {
 					w.store(prompt(tierA, 1, 10*m, 10))
 				})
 			}},
-		{name: "group read before the window", state: settled, want: WarnWriteOnlyGroup,
+		{name: "group read before the window", state: settled, want: ctlabi.WarnWriteOnlyGroup,
 			evidence: []string{"group 1:"},
 			run: func(w workload) {
 				w.read(prompt(tierA, 1, 0, 10)) // 12 minutes ago: out of the window
@@ -128,7 +129,7 @@ func TestDiagnostics(t *testing.T) {
 			}},
 
 		// write_only_tier: the engine stores, never loads, never looks up.
-		{name: "write-only tier", state: settled, want: WarnWriteOnlyTier,
+		{name: "write-only tier", state: settled, want: ctlabi.WarnWriteOnlyTier,
 			evidence: []string{"written in 180 blocks", "nothing read in the last 10m0s", "0 lookups"},
 			run: func(w workload) {
 				w.minutes(12, func(m int) {
@@ -152,7 +153,7 @@ func TestDiagnostics(t *testing.T) {
 
 		// hash_seed_drift: new keys miss, old blocks are never asked for.
 		{name: "hash seed drift", state: StoreState{Blocks: 5000, NeverLookedUp: 4800, PrimaryRows: 100},
-			want:     WarnHashSeedDrift,
+			want:     ctlabi.WarnHashSeedDrift,
 			evidence: []string{"found 1 of 302 keys (0.33%)", "30 new blocks", "4800 of the 5000 blocks", "vLLM PR #51875", "--prefix-caching-hash-algo", "Only the xxhash algorithms still depend on PYTHONHASHSEED"},
 			run: func(w workload) {
 				w.minutes(3, func(m int) {
@@ -187,7 +188,7 @@ func TestDiagnostics(t *testing.T) {
 			}},
 
 		// primary_tier_exhausted: the stock engine promotes while it matches.
-		{name: "reads pinned at the row count", state: settled, want: WarnPrimaryTierExhausted,
+		{name: "reads pinned at the row count", state: settled, want: ctlabi.WarnPrimaryTierExhausted,
 			evidence: []string{"900 keys answered present", "while 100 were read after answering present", "100 rows"},
 			run: func(w workload) {
 				keys := prompt(tierA, 0, 0, 1000)
@@ -196,7 +197,7 @@ func TestDiagnostics(t *testing.T) {
 				})
 				w.read(keys[:100])
 			}},
-		{name: "present keys pinned, nothing read", state: settled, want: WarnPrimaryTierExhausted,
+		{name: "present keys pinned, nothing read", state: settled, want: ctlabi.WarnPrimaryTierExhausted,
 			evidence: []string{"98 keys answered present", "while 0 were read"},
 			run: func(w workload) {
 				w.minutes(3, func(int) {
@@ -247,7 +248,7 @@ func TestDiagnostics(t *testing.T) {
 			clock := newFakeClock()
 			o := opts
 			o.Now = clock.Now
-			w := workload{d: NewDiagnostics(o), clock: clock}
+			w := workload{d: New(o), clock: clock}
 			tc.run(w)
 			got := w.d.Warnings(tc.state)
 			switch {
@@ -277,7 +278,7 @@ func TestFormatBytes(t *testing.T) {
 
 func TestDiagnosticsTracksBoundedKeys(t *testing.T) {
 	clock := newFakeClock()
-	d := NewDiagnostics(DiagnosticsOptions{Now: clock.Now, MaxTrackedKeys: 10, MinWaiting: 1, Window: time.Minute, ReadGrace: time.Second})
+	d := New(Options{Now: clock.Now, MaxTrackedKeys: 10, MinWaiting: 1, Window: time.Minute, ReadGrace: time.Second})
 	for _, k := range prompt(tierA, 0, 0, 20) {
 		d.LookedUp(k, true)
 	}
@@ -290,7 +291,7 @@ func TestDiagnosticsTracksBoundedKeys(t *testing.T) {
 	}
 	clock.Advance(2 * time.Second)
 	got := d.Warnings(StoreState{PrimaryRows: 10})
-	if len(got) != 1 || got[0].Code != WarnPrimaryTierExhausted || !strings.HasPrefix(got[0].Message, "10 keys answered present") {
+	if len(got) != 1 || got[0].Code != ctlabi.WarnPrimaryTierExhausted || !strings.HasPrefix(got[0].Message, "10 keys answered present") {
 		t.Errorf("warnings %+v, want the 10 new keys waiting", got)
 	}
 }

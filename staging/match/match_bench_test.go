@@ -1,12 +1,14 @@
-package staging
+package match
 
 import (
 	"fmt"
 	"strconv"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
-// BenchmarkMatchManyPasses is the costliest request shape found for Match:
+// BenchmarkMatchManyPasses is the costliest request shape found for Hit:
 // two one-chunk windows whose stored chunks alternate, so each pass of the
 // engine's loop lowers the hit by two and the next pass looks every windowed
 // group up again, beside a windowed group as long as the prompt that is all
@@ -14,7 +16,7 @@ import (
 // on every pass took 5.2 s per request on the development machine; the skip
 // chains make it 0.07 s (go test -bench ManyPasses ./staging).
 func BenchmarkMatchManyPasses(b *testing.B) {
-	n := MaxRequestKeys / 3
+	n := ctlabi.MaxRequestKeys / 3
 	keys := func(group int) []string {
 		k := make([]string, n)
 		for i := range k {
@@ -22,17 +24,17 @@ func BenchmarkMatchManyPasses(b *testing.B) {
 		}
 		return k
 	}
-	req := MatchRequest{Tier: "t", Groups: []GroupSpec{
-		{Group: 0, Kind: KindSliding, Tail: n, Acc: n, Keys: keys(0)},
-		{Group: 1, Kind: KindSliding, Tail: 1, Acc: 1, Keys: keys(1)},
-		{Group: 2, Kind: KindSliding, Tail: 1, Acc: 1, Keys: keys(2)},
+	req := ctlabi.MatchRequest{Tier: "t", Groups: []ctlabi.GroupSpec{
+		{Group: 0, Kind: ctlabi.KindSliding, Tail: n, Acc: n, Keys: keys(0)},
+		{Group: 1, Kind: ctlabi.KindSliding, Tail: 1, Acc: 1, Keys: keys(1)},
+		{Group: 2, Kind: ctlabi.KindSliding, Tail: 1, Acc: 1, Keys: keys(2)},
 	}}
 	present := func(group int, key string) bool {
 		chunk, _ := strconv.ParseUint(key[2:], 16, 64)
 		return group == 0 || int(chunk%2) == group-1
 	}
 	for b.Loop() {
-		if _, err := Match(req, present); err != nil {
+		if _, err := Hit(req, present); err != nil {
 			b.Fatal(err)
 		}
 	}

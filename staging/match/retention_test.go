@@ -1,13 +1,15 @@
-package staging
+package match
 
 import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
 // retainedChunks lists the chunks in [0, n) that rule keeps.
-func retainedChunks(rule func(kind GroupKind, tail, acc, chunk int) bool, kind GroupKind, tail, acc, n int) []int {
+func retainedChunks(rule func(kind ctlabi.GroupKind, tail, acc, chunk int) bool, kind ctlabi.GroupKind, tail, acc, n int) []int {
 	var kept []int
 	for chunk := range n {
 		if rule(kind, tail, acc, chunk) {
@@ -18,7 +20,7 @@ func retainedChunks(rule func(kind GroupKind, tail, acc, chunk int) bool, kind G
 }
 
 func TestRetentionSets(t *testing.T) {
-	type rule = func(kind GroupKind, tail, acc, chunk int) bool
+	type rule = func(kind ctlabi.GroupKind, tail, acc, chunk int) bool
 	every := func(n int) []int {
 		all := make([]int, n)
 		for i := range all {
@@ -29,17 +31,17 @@ func TestRetentionSets(t *testing.T) {
 	tests := []struct {
 		name      string
 		rule      rule
-		kind      GroupKind
+		kind      ctlabi.GroupKind
 		tail, acc int
 		want      []int
 	}{
-		{"eagle keeps the segment head and tail", Retained, KindEagle, 4, 16, []int{0, 12, 13, 14, 15, 16, 28, 29, 30, 31, 32, 44, 45, 46, 47}},
-		{"sliding keeps the segment tail", Retained, KindSliding, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
-		{"full keeps everything", Retained, KindFull, 0, 0, every(48)},
-		{"eagle with acc = tail keeps everything", Retained, KindEagle, 3, 3, every(48)},
-		{"stock eagle keeps only the segment tail", StockRetained, KindEagle, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
-		{"stock sliding is the same as fixed", StockRetained, KindSliding, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
-		{"stock full keeps everything", StockRetained, KindFull, 0, 0, every(48)},
+		{"eagle keeps the segment head and tail", Retained, ctlabi.KindEagle, 4, 16, []int{0, 12, 13, 14, 15, 16, 28, 29, 30, 31, 32, 44, 45, 46, 47}},
+		{"sliding keeps the segment tail", Retained, ctlabi.KindSliding, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
+		{"full keeps everything", Retained, ctlabi.KindFull, 0, 0, every(48)},
+		{"eagle with acc = tail keeps everything", Retained, ctlabi.KindEagle, 3, 3, every(48)},
+		{"stock eagle keeps only the segment tail", StockRetained, ctlabi.KindEagle, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
+		{"stock sliding is the same as fixed", StockRetained, ctlabi.KindSliding, 4, 16, []int{12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47}},
+		{"stock full keeps everything", StockRetained, ctlabi.KindFull, 0, 0, every(48)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,8 +53,8 @@ func TestRetentionSets(t *testing.T) {
 }
 
 // storeAlone stores one windowed group of n chunks by rule and returns the
-// hit Match gives it.
-func storeAlone(t *testing.T, rule func(kind GroupKind, tail, acc, chunk int) bool, kind GroupKind, tail, acc, n int) int {
+// hit Hit gives it.
+func storeAlone(t *testing.T, rule func(kind ctlabi.GroupKind, tail, acc, chunk int) bool, kind ctlabi.GroupKind, tail, acc, n int) int {
 	t.Helper()
 	store := newBlockStore()
 	keys := testKeys(n)
@@ -61,7 +63,7 @@ func storeAlone(t *testing.T, rule func(kind GroupKind, tail, acc, chunk int) bo
 			store.blocks[blockRef{0, key}] = true
 		}
 	}
-	req := MatchRequest{Tier: "t", Groups: []GroupSpec{{Group: 0, Kind: kind, Tail: tail, Acc: acc, Keys: keys}}}
+	req := ctlabi.MatchRequest{Tier: "t", Groups: []ctlabi.GroupSpec{{Group: 0, Kind: kind, Tail: tail, Acc: acc, Keys: keys}}}
 	return runMatch(t, req, store).HitChunks
 }
 
@@ -80,7 +82,7 @@ func TestRetainedChunksHitAtSegmentEnds(t *testing.T) {
 				if acc == tail {
 					wantSliding = n
 				}
-				if got := storeAlone(t, Retained, KindSliding, tail, acc, n); got != wantSliding {
+				if got := storeAlone(t, Retained, ctlabi.KindSliding, tail, acc, n); got != wantSliding {
 					t.Errorf("%s: sliding hit %d, want %d", name, got, wantSliding)
 				}
 
@@ -92,7 +94,7 @@ func TestRetainedChunksHitAtSegmentEnds(t *testing.T) {
 				if acc <= tail+1 {
 					wantEagle = n - 1
 				}
-				if got := storeAlone(t, Retained, KindEagle, tail, acc, n); got != wantEagle {
+				if got := storeAlone(t, Retained, ctlabi.KindEagle, tail, acc, n); got != wantEagle {
 					t.Errorf("%s: eagle hit %d, want %d", name, got, wantEagle)
 				}
 
@@ -101,7 +103,7 @@ func TestRetainedChunksHitAtSegmentEnds(t *testing.T) {
 				if acc == tail {
 					wantStock = n - 1
 				}
-				if got := storeAlone(t, StockRetained, KindEagle, tail, acc, n); got != wantStock {
+				if got := storeAlone(t, StockRetained, ctlabi.KindEagle, tail, acc, n); got != wantStock {
 					t.Errorf("%s: stock eagle hit %d, want %d", name, got, wantStock)
 				}
 			}
@@ -112,16 +114,16 @@ func TestRetainedChunksHitAtSegmentEnds(t *testing.T) {
 func TestRetentionRejectsBadArguments(t *testing.T) {
 	tests := []struct {
 		name             string
-		kind             GroupKind
+		kind             ctlabi.GroupKind
 		tail, acc, chunk int
 	}{
-		{"zero tail", KindSliding, 0, 16, 3},
-		{"acc below tail", KindEagle, 4, 3, 3},
-		{"negative chunk", KindEagle, 4, 16, -1},
-		{"unknown kind", GroupKind(0), 4, 16, 3},
+		{"zero tail", ctlabi.KindSliding, 0, 16, 3},
+		{"acc below tail", ctlabi.KindEagle, 4, 3, 3},
+		{"negative chunk", ctlabi.KindEagle, 4, 16, -1},
+		{"unknown kind", ctlabi.GroupKind(0), 4, 16, 3},
 	}
 	for _, tt := range tests {
-		for name, rule := range map[string]func(GroupKind, int, int, int) bool{"Retained": Retained, "StockRetained": StockRetained} {
+		for name, rule := range map[string]func(ctlabi.GroupKind, int, int, int) bool{"Retained": Retained, "StockRetained": StockRetained} {
 			t.Run(tt.name+"/"+name, func(t *testing.T) {
 				defer func() {
 					if recover() == nil {

@@ -1,4 +1,4 @@
-package staging
+package ctlabi
 
 import (
 	"unicode/utf8"

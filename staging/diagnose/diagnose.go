@@ -1,4 +1,10 @@
-package staging
+// Package diagnose holds the field diagnostics (issue 4): the filesystem
+// sees every store, lookup and load of the engine, which is enough to name
+// the failures that cost the field weeks, as stat's warnings (the
+// ctlabi.Warn* codes of write_only_group, write_only_tier, hash_seed_drift
+// and primary_tier_exhausted). Each rule needs evidence over a sliding
+// window, so a short burst or a fresh mount does not trigger it.
+package diagnose
 
 import (
 	"cmp"
@@ -10,52 +16,25 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// Field diagnostics (issue 4): the filesystem sees every store, lookup and
-// load of the engine, which is enough to name the failures that cost the
-// field weeks. Each rule needs evidence over a sliding window, so a short
-// burst or a fresh mount does not trigger it.
-
-// Warning codes, the Code of the warnings Diagnostics reports.
-const (
-	// WarnWriteOnlyGroup: a KV group is stored but never read while other
-	// groups of the same tier are read (EAGLE store filter, DESIGN §3.1).
-	WarnWriteOnlyGroup = "write_only_group"
-	// WarnHashSeedDrift: lookups find almost nothing, the store holds many
-	// blocks never looked up and new ones keep arriving: the engines' block
-	// hashes differ (hash algorithm, or PYTHONHASHSEED with xxhash).
-	WarnHashSeedDrift = "hash_seed_drift"
-	// WarnPrimaryTierExhausted: keys answer present but are not read, as
-	// many as the primary region has rows (DESIGN §3.3).
-	WarnPrimaryTierExhausted = "primary_tier_exhausted"
-	// WarnWriteOnlyTier: many bytes written to the tier, none read.
-	WarnWriteOnlyTier = "write_only_tier"
-)
-
-// Warning is a diagnosed failure: its code and a message with the evidence
-// and what to do.
-type Warning struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
 // Defaults of the diagnostics options that the mount's flags show.
 const (
-	// DefaultDiagnosticsWindow is the default Window.
-	DefaultDiagnosticsWindow = 10 * time.Minute
+	// DefaultWindow is the default Window.
+	DefaultWindow = 10 * time.Minute
 	// DefaultMinStoredBytes is the default MinStoredBytes: 1 GiB.
 	DefaultMinStoredBytes = 1 << 30
 	// MaxReadGrace caps the default ReadGrace, a quarter of the Window.
 	MaxReadGrace = 30 * time.Second
 )
 
-// DiagnosticsOptions are the windows and thresholds of the diagnostics.
+// Options are the windows and thresholds of the diagnostics.
 // Zero fields take the defaults.
-type DiagnosticsOptions struct {
+type Options struct {
 	// Window is how far back the rules look; none fires before the mount
-	// has been up for a whole window. Default DefaultDiagnosticsWindow.
+	// has been up for a whole window. Default DefaultWindow.
 	Window time.Duration
 	// ReadGrace is how long a key that answered present may go unread
 	// before it counts as waiting. Default a quarter of Window, at most
@@ -108,11 +87,11 @@ type StoreState struct {
 // Diagnostics turns the filesystem's events into warnings. Its methods are
 // safe for concurrent use; mu guards all its state.
 type Diagnostics struct {
-	opts  DiagnosticsOptions
+	opts  Options
 	start time.Time
 
 	mu      sync.Mutex
-	groups  map[chainID]*window     // per tier directory and group
+	groups  map[groupID]*window     // per tier directory and group
 	uses    uint64                  // counts made, which order the groups by recent use
 	waiting map[block.Ref]*presence // keys that answered present and have not been read since
 }
@@ -129,9 +108,9 @@ func positiveOr[T int | int64 | float64 | time.Duration](v *T, def T) {
 	}
 }
 
-// NewDiagnostics starts the diagnostics; the mount's uptime counts from now.
-func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
-	positiveOr(&opts.Window, DefaultDiagnosticsWindow)
+// New starts the diagnostics; the mount's uptime counts from now.
+func New(opts Options) *Diagnostics {
+	positiveOr(&opts.Window, DefaultWindow)
 	positiveOr(&opts.ReadGrace, min(MaxReadGrace, opts.Window/4))
 	positiveOr(&opts.MinStoredBytes, DefaultMinStoredBytes)
 	positiveOr(&opts.MinLookups, 1000)
@@ -148,7 +127,7 @@ func NewDiagnostics(opts DiagnosticsOptions) *Diagnostics {
 	return &Diagnostics{
 		opts:    opts,
 		start:   opts.Now(),
-		groups:  make(map[chainID]*window),
+		groups:  make(map[groupID]*window),
 		waiting: make(map[block.Ref]*presence),
 	}
 }
@@ -207,14 +186,14 @@ func (d *Diagnostics) LookedUp(key block.Ref, present bool) {
 // missing, as it is for most absent keys. group is -1 when the path did not
 // get as far as the group directory.
 func (d *Diagnostics) MissedLookup(tier string, group int) {
-	d.add(chainID{tier: tier, group: group}, func(t *tally) { t.lookups++ })
+	d.add(groupID{tier: tier, group: group}, func(t *tally) { t.lookups++ })
 }
 
 // count applies add to the current bucket of key's group.
-func (d *Diagnostics) count(key block.Ref, add func(*tally)) { d.add(chainOf(key), add) }
+func (d *Diagnostics) count(key block.Ref, add func(*tally)) { d.add(groupOf(key), add) }
 
 // add applies add to the current bucket of a tier group.
-func (d *Diagnostics) add(id chainID, add func(*tally)) {
+func (d *Diagnostics) add(id groupID, add func(*tally)) {
 	epoch := d.epoch(d.opts.Now())
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -247,7 +226,7 @@ func (d *Diagnostics) forgetGroupsLocked(epoch int64) {
 		return
 	}
 	ids := slices.Collect(maps.Keys(d.groups))
-	slices.SortFunc(ids, func(a, b chainID) int { return cmp.Compare(d.groups[a].lastUse, d.groups[b].lastUse) })
+	slices.SortFunc(ids, func(a, b groupID) int { return cmp.Compare(d.groups[a].lastUse, d.groups[b].lastUse) })
 	for _, id := range ids[:len(ids)-keep] {
 		delete(d.groups, id)
 	}
@@ -255,7 +234,7 @@ func (d *Diagnostics) forgetGroupsLocked(epoch int64) {
 
 // Warnings returns the failures diagnosed now, sorted by code and subject;
 // a healthy workload gets none.
-func (d *Diagnostics) Warnings(st StoreState) []Warning {
+func (d *Diagnostics) Warnings(st StoreState) []ctlabi.Warning {
 	now := d.opts.Now()
 	epoch := d.epoch(now)
 	fullWindow := now.Sub(d.start) >= d.opts.Window
@@ -271,7 +250,7 @@ func (d *Diagnostics) Warnings(st StoreState) []Warning {
 		tiers[id.tier][id.group] = sum
 		total.add(sum)
 	}
-	var warnings []Warning
+	var warnings []ctlabi.Warning
 	if fullWindow {
 		warnings = append(warnings, d.writeOnlyGroups(tiers)...)
 		if w, ok := d.writeOnlyTier(total); ok {
@@ -284,14 +263,14 @@ func (d *Diagnostics) Warnings(st StoreState) []Warning {
 	if w, ok := d.primaryTierExhaustedLocked(now, total, st); ok {
 		warnings = append(warnings, w)
 	}
-	slices.SortStableFunc(warnings, func(a, b Warning) int { return cmp.Compare(a.Code, b.Code) })
+	slices.SortStableFunc(warnings, func(a, b ctlabi.Warning) int { return cmp.Compare(a.Code, b.Code) })
 	return warnings
 }
 
 // writeOnlyGroups finds the groups that stored MinStoredBytes in the window
 // and read nothing while another group of the same tier read something.
-func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning {
-	var warnings []Warning
+func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []ctlabi.Warning {
+	var warnings []ctlabi.Warning
 	for _, tier := range slices.Sorted(maps.Keys(tiers)) {
 		groups := tiers[tier]
 		var readGroups []string
@@ -310,11 +289,11 @@ func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning 
 			if t.readBlocks > 0 || t.storedBytes < d.opts.MinStoredBytes {
 				continue
 			}
-			warnings = append(warnings, Warning{Code: WarnWriteOnlyGroup, Message: fmt.Sprintf(
+			warnings = append(warnings, ctlabi.Warning{Code: ctlabi.WarnWriteOnlyGroup, Message: fmt.Sprintf(
 				"tier %s, group %d: %s stored in %d blocks and none read in the last %s, while group(s) %s read %s "+
 					"(group %d: %d lookups, %d present). The engine stores this group but never gets a hit on it, and groups are ANDed, "+
 					"so it vetoes hits. With an EAGLE/MTP draft group this is the engine's store filter keeping only chunks {acc-tail … acc-1} of "+
-					"each segment: keep {0} ∪ {acc-tail … acc-1} for EAGLE groups (staging.Retained), or stop storing the group.",
+					"each segment: keep {0} ∪ {acc-tail … acc-1} for EAGLE groups (staging/match.Retained), or stop storing the group.",
 				tier, g, formatBytes(t.storedBytes), t.storedBlocks, d.opts.Window, strings.Join(readGroups, ","), formatBytes(readBytes),
 				g, t.lookups, t.lookupHits)})
 		}
@@ -324,14 +303,14 @@ func (d *Diagnostics) writeOnlyGroups(tiers map[string]map[int]tally) []Warning 
 
 // writeOnlyTier fires when the whole tier stored MinStoredBytes in the
 // window and read nothing.
-func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
+func (d *Diagnostics) writeOnlyTier(total tally) (ctlabi.Warning, bool) {
 	if total.readBlocks > 0 || total.storedBytes < d.opts.MinStoredBytes {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnWriteOnlyTier, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnWriteOnlyTier, Message: fmt.Sprintf(
 		"%s written in %d blocks and nothing read in the last %s (%d lookups, %d answered present). "+
 			"The tier costs disk writes and serves no load. If lookups answer present, the engine vetoes its hits: "+
-			"check EAGLE/MTP groups (write_only_group, staging.Retained) and the primary tier (primary_tier_exhausted); "+
+			"check EAGLE/MTP groups (write_only_group, staging/match.Retained) and the primary tier (primary_tier_exhausted); "+
 			"if they miss, check that every engine process uses the same --prefix-caching-hash-algo (and, with an xxhash algorithm, the same PYTHONHASHSEED); if there are no lookups, "+
 			"check that the engine's secondary_tiers config points its loads at this mount.",
 		formatBytes(total.storedBytes), total.storedBlocks, d.opts.Window, total.lookups, total.lookupHits)}, true
@@ -340,13 +319,13 @@ func (d *Diagnostics) writeOnlyTier(total tally) (Warning, bool) {
 // hashSeedDrift fires when lookups in the window hit at most MaxHitRatio,
 // new blocks keep being stored and the store holds many blocks (half or
 // more) never looked up since the mount.
-func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) {
+func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (ctlabi.Warning, bool) {
 	if total.lookups < d.opts.MinLookups || float64(total.lookupHits) > d.opts.MaxHitRatio*float64(total.lookups) ||
 		total.storedBlocks < d.opts.MinStores ||
 		st.NeverLookedUp < d.opts.MinNeverLookedUp || 2*st.NeverLookedUp < st.Blocks {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnHashSeedDrift, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnHashSeedDrift, Message: fmt.Sprintf(
 		"lookups found %d of %d keys (%.2f%%) in the last %s while %d new blocks were stored, and %d of the %d blocks in the store "+
 			"were never looked up since the mount. The engine's block hashes no longer match the stored ones. vLLM's default block "+
 			"hash is the same in every process since vLLM PR #51875: check that every engine process on every node uses the same "+
@@ -362,18 +341,18 @@ func (d *Diagnostics) hashSeedDrift(total tally, st StoreState) (Warning, bool) 
 // about the primary region's row count or more, while the keys read after
 // answering present stay at about the row count or fewer: the engine can
 // only take as many blocks as it has rows.
-func (d *Diagnostics) primaryTierExhaustedLocked(now time.Time, total tally, st StoreState) (Warning, bool) {
+func (d *Diagnostics) primaryTierExhaustedLocked(now time.Time, total tally, st StoreState) (ctlabi.Warning, bool) {
 	waiting := d.countWaitingLocked(now)
 	rows := float64(st.PrimaryRows)
 	if st.PrimaryRows <= 0 || waiting < d.opts.MinWaiting ||
 		float64(waiting) < (1-d.opts.PinTolerance)*rows || float64(total.waitedReads) > (1+d.opts.PinTolerance)*rows {
-		return Warning{}, false
+		return ctlabi.Warning{}, false
 	}
-	return Warning{Code: WarnPrimaryTierExhausted, Message: fmt.Sprintf(
+	return ctlabi.Warning{Code: ctlabi.WarnPrimaryTierExhausted, Message: fmt.Sprintf(
 		"%d keys answered present in the last %s and were not read within %s, while %d were read after answering present; "+
 			"the primary region has %d rows. The engine's lookup takes a primary-tier row for every key it confirms, so once the rows "+
 			"are taken the keys on disk answer MISS and the hit is vetoed. Match without staging (MOUNTPOINT/.kvtier/match, "+
-			"staging.Match) and load the hit in waves, or give the primary tier more rows (cpu_bytes_to_use).",
+			"staging/match.Hit) and load the hit in waves, or give the primary tier more rows (cpu_bytes_to_use).",
 		waiting, d.opts.Window, d.opts.ReadGrace, total.waitedReads, st.PrimaryRows)}, true
 }
 
@@ -458,4 +437,15 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return strconv.FormatFloat(value, 'f', 1, 64) + " " + "KMGTP"[exp:exp+1] + "iB"
+}
+
+// groupID is one KV group of one engine tier: the unit the rules count.
+type groupID struct {
+	tier  string
+	group int
+}
+
+// groupOf is the group a block belongs to.
+func groupOf(ref block.Ref) groupID {
+	return groupID{tier: ref.Name.Tier, group: ref.Name.Group}
 }

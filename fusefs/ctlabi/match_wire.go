@@ -1,4 +1,4 @@
-package staging
+package ctlabi
 
 import (
 	"bytes"
@@ -125,7 +125,7 @@ func EncodeMatchResult(result MatchResult, err error) []byte {
 	}
 	b, marshalErr := json.Marshal(answer)
 	if marshalErr != nil { // ints and strings always marshal
-		panic("staging: encoding a match answer: " + marshalErr.Error())
+		panic("ctlabi: encoding a match answer: " + marshalErr.Error())
 	}
 	return b
 }

@@ -1,0 +1,40 @@
+// Package ctlabi is the public interface of a mount's control directory,
+// MOUNTPOINT/.kvtier/, and of the Prometheus metrics derived from it: the
+// file names, the JSON of stats.json and the request and answer of match.
+// The daemon (fusefs) writes these types, `kvtierfs stat` and the tests
+// read them; a field or metric renamed here breaks every reader, so add,
+// never rename.
+//
+// # The control directory
+//
+// Dir (.kvtier) sits at the mount root, mode 0700, owned by the engine's
+// uid. Its files open only for that uid and root (DESIGN "Threat model").
+//
+// # stats.json
+//
+// StatsFile is read-only. Each open takes one snapshot of the mount, a
+// Stats; read it to the end and decode it. Counters count since the mount,
+// disk and staging are occupancy now. Warnings lists the failures the
+// operator should act on; each has a stable Code (the Warn* constants) and
+// a message that names the evidence and what to do.
+//
+//	{"mountpoint":"/mnt/kv","disk":{…},"groups":{"0":{…}},
+//	 "primary":{"regions":[…],"ignored":[]},"counters":{"lookups":12,…},
+//	 "staging":{…},"peers":[],"warnings":[{"code":"no_space","message":"…"}]}
+//
+// # match
+//
+// MatchFile answers the engine's whole-prompt lookup in one round trip:
+// open it read-write, write one request (EncodeMatchRequest), then read the
+// answer on the same descriptor (DecodeMatchResult). The request lists the
+// chunk keys of each KV cache group; the answer is the hit vLLM's scheduler
+// would compute, probing the index only: a match stages and pins nothing.
+// Requests are bounded by MaxRequestBytes, MaxRequestKeys and
+// MaxRequestGroups.
+//
+// # Metrics
+//
+// Metrics lists every number of Stats exported to Prometheus, with its
+// metric name and help; warnings are exported as kvtierfs_warning{code},
+// one series per code of WarningCodes.
+package ctlabi

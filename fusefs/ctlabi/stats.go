@@ -1,0 +1,174 @@
+package ctlabi
+
+import (
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// Names in the control directory.
+const (
+	// Dir is the control directory at the mount root.
+	Dir = ".kvtier"
+	// StatsFile is the JSON stats file inside Dir.
+	StatsFile = "stats.json"
+	// MatchFile is the batched-match file inside Dir: write a request, then
+	// read the answer on the same descriptor.
+	MatchFile = "match"
+)
+
+// Stats is the content of stats.json, what `kvtierfs stat` shows.
+type Stats struct {
+	Mountpoint string                     `json:"mountpoint"`
+	Disk       disk.Stats                 `json:"disk"`
+	Groups     map[string]disk.GroupStats `json:"groups"`
+	Primary    Primary                    `json:"primary"`
+	Counters   Counters                   `json:"counters"`
+	// Staging describes wave staging; absent when it is disabled.
+	Staging *Staging `json:"staging,omitempty"`
+	// Shared describes the shared second level; absent without --shared.
+	Shared *Shared `json:"shared,omitempty"`
+	// Peers and Replication describe row mirroring; empty on a single node.
+	Peers       []rowsync.PeerStats   `json:"peers"`
+	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
+	Warnings    []Warning             `json:"warnings"`
+}
+
+// Primary describes the engine's primary (shm) tier as seen from this node.
+type Primary struct {
+	Regions []shm.Info `json:"regions"`
+	// Ignored lists files matching --shm-glob that are not mapped (links,
+	// other users' files), and why.
+	Ignored []shm.Ignored `json:"ignored"`
+}
+
+// Counters are the event counts since the mount.
+type Counters struct {
+	Lookups          int64 `json:"lookups"`
+	LookupHits       int64 `json:"lookup_hits"`
+	Reads            int64 `json:"reads"`
+	ReadBytes        int64 `json:"read_bytes"`
+	Writes           int64 `json:"writes"`
+	WriteBytes       int64 `json:"write_bytes"`
+	ChecksumFailures int64 `json:"checksum_failures"`
+	NoSpace          int64 `json:"no_space"`
+	RejectedWrites   int64 `json:"rejected_writes"`
+	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
+	// where their bytes came from: read from the store while the load's
+	// reads are served, staged ahead, or copied from a row of the engine's
+	// region that still held the block (no disk read). LoadsRefused counts
+	// opens that failed (vanished block, too many bytes open) and loads of a
+	// block that failed verification (corrupt), LoadsUnmirrored loads
+	// whose read failed because a peer did not acknowledge their row.
+	LoadsFromStore   int64 `json:"loads_from_store"`
+	LoadsFromStaging int64 `json:"loads_from_staging"`
+	LoadsFromRow     int64 `json:"loads_from_row"`
+	LoadsRefused     int64 `json:"loads_refused"`
+	LoadsUnmirrored  int64 `json:"loads_unmirrored"`
+	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
+	// present blocks answered absent while mirroring was impossible.
+	RowsMirrored    int64 `json:"rows_mirrored"`
+	LookupsWithheld int64 `json:"lookups_withheld"`
+	// Matches counts batched match requests answered through .kvtier/match.
+	Matches      int64 `json:"matches"`
+	AuthFailures int64 `json:"auth_failures"`
+	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
+	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
+	// ShmFaults regions dropped because they shrank under their mapping.
+	UnprovenBlocks int64 `json:"unproven_blocks"`
+	TmpsExpired    int64 `json:"tmps_expired"`
+	PublishRefused int64 `json:"publish_refused"`
+	// StoreIOErrors counts reads and writes the store filesystem failed.
+	StoreIOErrors int64 `json:"store_io_errors"`
+	// StoresFromRow and StoresReadBack count passthrough stores whose digest
+	// came from the engine's row, and those whose tmp file was read back.
+	StoresFromRow  int64 `json:"stores_from_row"`
+	StoresReadBack int64 `json:"stores_read_back"`
+	ShmIgnored    int64 `json:"shm_ignored"`
+	ShmFaults     int64 `json:"shm_faults"`
+	// KVEventsPublished counts removed blocks published as BlockRemoved KV
+	// events, KVEventsDropped those dropped because the publisher's queue was
+	// full (both 0 without --kv-events-endpoint).
+	KVEventsPublished int64 `json:"kv_events_published"`
+	KVEventsDropped   int64 `json:"kv_events_dropped"`
+}
+
+// Staging is the "staging" object of stats.json: wave staging's RAM cache.
+type Staging struct {
+	// BudgetBytes is the staging budget.
+	BudgetBytes int64 `json:"budget_bytes"`
+	// Bytes is the size of the verified blocks staged now, ready to serve.
+	Bytes int64 `json:"bytes"`
+	// Chains is the number of chains streaming now: holding staged blocks or
+	// fetches in flight.
+	Chains int `json:"chains"`
+	// Waves counts the times a chain holding nothing started staging.
+	Waves int64 `json:"waves"`
+	// Hits counts loads (Take) served from staging.
+	Hits int64 `json:"hits"`
+	// Misses counts loads (Take) of blocks that were not staged.
+	Misses int64 `json:"misses"`
+	// WastedBytes counts bytes fetched for staging that never served a load:
+	// evicted, invalidated, discarded on arrival or left at Close.
+	WastedBytes int64 `json:"wasted_bytes"`
+}
+
+// Shared is the "shared" object of stats.json, the shared second level's
+// state; tiers/shared documents its fields.
+type Shared = shared.Stats
+
+// Warning codes: the Code of each warning stats.json can list. Each is
+// exported as kvtierfs_warning{code}, 0 while it is not raised, so alerts
+// and dashboards can name them before they ever fire.
+const (
+	// WarnChecksumFailures: blocks failed their checksum and were removed.
+	WarnChecksumFailures = "checksum_failures"
+	// WarnNoSpace: stores were refused with ENOSPC.
+	WarnNoSpace = "no_space"
+	// WarnStoreIOErrors: the store filesystem failed reads or writes.
+	WarnStoreIOErrors = "store_io_errors"
+	// WarnUnprovenBlocks: block files found at mount had no digest record.
+	WarnUnprovenBlocks = "unproven_blocks"
+	// WarnShmUnmappable: the engine's regions could not be listed or mapped.
+	WarnShmUnmappable = "shm_unmappable"
+	// WarnShmIgnored: a file matching --shm-glob is not mapped.
+	WarnShmIgnored = "shm_ignored"
+	// WarnShmGeometry: a region's rows do not match the store's block size.
+	WarnShmGeometry = "shm_geometry"
+	// WarnPeerDown: a peer's link is down, so rows cannot be mirrored.
+	WarnPeerDown = "peer_down"
+	// WarnMirroringOff: --replicated-kv turned row mirroring off.
+	WarnMirroringOff = "mirroring_off"
+	// WarnSharedUnreachable: the shared level does not answer.
+	WarnSharedUnreachable = "shared_unreachable"
+	// WarnSharedBehind: write-behind to the shared level does not keep up.
+	WarnSharedBehind = "shared_behind"
+	// WarnWriteOnlyGroup: a KV group is stored but never read while other
+	// groups of the same tier are read (EAGLE store filter, DESIGN §3.1).
+	WarnWriteOnlyGroup = "write_only_group"
+	// WarnHashSeedDrift: lookups find almost nothing, the store holds many
+	// blocks never looked up and new ones keep arriving: the engines' block
+	// hashes differ (hash algorithm, or PYTHONHASHSEED with xxhash).
+	WarnHashSeedDrift = "hash_seed_drift"
+	// WarnPrimaryTierExhausted: keys answer present but are not read, as
+	// many as the primary region has rows (DESIGN §3.3).
+	WarnPrimaryTierExhausted = "primary_tier_exhausted"
+	// WarnWriteOnlyTier: many bytes written to the tier, none read.
+	WarnWriteOnlyTier = "write_only_tier"
+)
+
+// WarningCodes lists every Warn* code, in the order metrics export them.
+var WarningCodes = []string{
+	WarnChecksumFailures, WarnNoSpace, WarnStoreIOErrors, WarnUnprovenBlocks,
+	WarnShmUnmappable, WarnShmIgnored, WarnShmGeometry, WarnPeerDown, WarnMirroringOff,
+	WarnSharedUnreachable, WarnSharedBehind,
+	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted,
+}
+
+// Warning is a known failure the operator should act on: its code and a
+// message with the evidence and what to do.
+type Warning struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}

@@ -1,0 +1,121 @@
+package ctlabi
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// exportedElsewhere are numbers of stats.json that Metrics leaves to other
+// collectors, and which.
+var exportedElsewhere = map[string]string{
+	"counters.kv_events_published": "fusefs/kvevents",
+	"counters.kv_events_dropped":   "fusefs/kvevents",
+}
+
+// numberedStats returns a Stats whose every number in counters, disk and
+// staging is distinct, so a metric reading the wrong field shows.
+func numberedStats() Stats {
+	st := Stats{Staging: &Staging{}}
+	next := int64(1)
+	for _, v := range []reflect.Value{reflect.ValueOf(&st.Counters).Elem(), reflect.ValueOf(&st.Disk).Elem(), reflect.ValueOf(st.Staging).Elem()} {
+		for i := range v.NumField() {
+			if f := v.Field(i); f.CanInt() {
+				f.SetInt(next)
+				next++
+			}
+		}
+	}
+	return st
+}
+
+// numbers flattens the numbers of the sections of a stats.json into their
+// paths ("counters.lookups").
+func numbers(t *testing.T, st Stats, sections ...string) map[string]float64 {
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, section := range sections {
+		fields, _ := doc[section].(map[string]any)
+		for name, v := range fields {
+			if n, ok := v.(float64); ok {
+				out[section+"."+name] = n
+			}
+		}
+	}
+	return out
+}
+
+// TestEveryStatHasAMetric: every number of the counters, disk and staging
+// sections of stats.json is exported under one metric that reads that very
+// number, and every metric names a number that exists.
+func TestEveryStatHasAMetric(t *testing.T) {
+	st := numberedStats()
+	want := numbers(t, st, "counters", "disk", "staging")
+	names := map[string]bool{}
+	for _, m := range Metrics {
+		if names[m.Name] {
+			t.Errorf("metric %s listed twice", m.Name)
+		}
+		names[m.Name] = true
+		if !strings.HasPrefix(m.Name, "kvtierfs_") || m.Help == "" || (m.Kind == Counter) != strings.HasSuffix(m.Name, "_total") {
+			t.Errorf("metric %s: want a kvtierfs_ name, a help text, and _total exactly on counters", m.Name)
+		}
+		number, ok := want[m.Field]
+		if !ok {
+			t.Errorf("metric %s reads %s, which stats.json does not have", m.Name, m.Field)
+			continue
+		}
+		if got, ok := m.Value(&st); !ok || got != number {
+			t.Errorf("metric %s = %v (present %v), want %s = %v", m.Name, got, ok, m.Field, number)
+		}
+		delete(want, m.Field)
+	}
+	for field := range want {
+		if exportedElsewhere[field] == "" {
+			t.Errorf("stats.json's %s has no metric: add it to Metrics", field)
+		}
+	}
+}
+
+// TestStagingMetricsAbsentWithoutStaging: with staging off, its metrics are
+// not exported rather than exported as 0.
+func TestStagingMetricsAbsentWithoutStaging(t *testing.T) {
+	for _, m := range Metrics {
+		if _, ok := m.Value(&Stats{}); ok == strings.HasPrefix(m.Field, "staging.") {
+			t.Errorf("metric %s: present %v without staging", m.Name, ok)
+		}
+	}
+}
+
+// TestStatsGolden decodes a stats.json as shipped, every field set, with
+// unknown fields refused, and encodes it back to the same bytes: a field
+// renamed or dropped from the ABI fails here.
+func TestStatsGolden(t *testing.T) {
+	golden, err := os.ReadFile("testdata/stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(golden))
+	dec.DisallowUnknownFields()
+	var st Stats
+	if err := dec.Decode(&st); err != nil {
+		t.Fatalf("decoding the golden stats.json: %v", err)
+	}
+	again, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(append(again, '\n'), golden) {
+		t.Errorf("stats.json encodes differently from testdata/stats.json:\n%s", again)
+	}
+}

@@ -1,0 +1,337 @@
+package fusefs
+
+import (
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// The layout's directory levels: a key's lookup walks
+// `<tier>/<h[0:3]>/<h[3:5]>_g<N>/<h>.bin`, and most absent keys end at one
+// of the two directories (DESIGN "Lookups and the kernel's caches").
+const (
+	notLayout   = 0
+	prefixLevel = 2 // <tier>/<h[0:3]>
+	groupLevel  = 3 // <tier>/<h[0:3]>/<h[3:5]>_g<N>
+)
+
+// layoutLevel tells which directory level of the block layout a
+// store-relative path names, or notLayout.
+func layoutLevel(rel string) int {
+	tier, rest, ok := strings.Cut(rel, "/")
+	if !ok || tier == "" {
+		return notLayout
+	}
+	prefix, group, deeper := strings.Cut(rest, "/")
+	if !isLowerHex(prefix, 3) {
+		return notLayout
+	}
+	if !deeper {
+		return prefixLevel
+	}
+	if len(group) < 5 || !isLowerHex(group[:2], 2) || group[2:4] != "_g" {
+		return notLayout
+	}
+	for _, c := range group[4:] {
+		if c < '0' || c > '9' {
+			return notLayout
+		}
+	}
+	return groupLevel
+}
+
+// isLowerHex reports whether s is n lowercase hex digits.
+func isLowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < n; i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// storeEntry is what a lookup answers for a name: its attributes and the
+// identity go-fuse's loopback gives the file (loopbackID).
+type storeEntry struct {
+	attr fuse.Attr
+	id   fs.StableAttr
+}
+
+// lookupIndex answers lookups of the layout's names from memory, without
+// touching the store: every name that exists at the two directory levels
+// (complete: they change only through the mount, whose operations refresh
+// it), and the attributes of published blocks (partial: a block missing here
+// is looked up in the store). The block index (disk.Store) still decides
+// whether a block is present. Attributes are those of the name's last
+// refresh (a directory's times and link count age until the next one).
+type lookupIndex struct {
+	storeRoot string
+	loopRoot  *fs.LoopbackRoot
+
+	mu sync.RWMutex
+	// layout holds every name at the two directory levels.
+	layout map[string]storeEntry
+	// uncertain holds layout names whose last refresh failed for another
+	// reason than absence: they are looked up in the store.
+	uncertain map[string]bool
+	// blocks holds attributes of published blocks.
+	blocks map[string]storeEntry
+	// tiers counts the prefix-level names of each tier directory: every
+	// directory at the store's root, holding such names or not.
+	tiers map[string]int
+}
+
+func newLookupIndex(storeRoot string, loopRoot *fs.LoopbackRoot) *lookupIndex {
+	return &lookupIndex{storeRoot: storeRoot, loopRoot: loopRoot, layout: map[string]storeEntry{},
+		uncertain: map[string]bool{}, blocks: map[string]storeEntry{}, tiers: map[string]int{}}
+}
+
+// layoutAnswer is what the index knows of a layout name: whether it exists
+// and its entry; known is false when only the store can tell. A name is
+// known absent only below a directory the index holds: a lookup below a
+// directory being renamed, still under its old name, asks the store.
+func (x *lookupIndex) layoutAnswer(rel string) (e storeEntry, exists, known bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.uncertain[rel] {
+		return storeEntry{}, false, false
+	}
+	if e, exists = x.layout[rel]; exists {
+		return e, true, true
+	}
+	parent := path.Dir(rel)
+	if layoutLevel(rel) == prefixLevel {
+		_, known = x.tiers[parent]
+	} else {
+		p, ok := x.layout[parent]
+		known = ok && p.attr.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	}
+	return storeEntry{}, false, known
+}
+
+// block returns the attributes of a published block, if known.
+func (x *lookupIndex) block(rel string) (storeEntry, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	e, ok := x.blocks[rel]
+	return e, ok
+}
+
+// statEntry reads a store name's entry without following a final symlink, as
+// the loopback's lookup does.
+func (x *lookupIndex) statEntry(rel string) (storeEntry, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path.Join(x.storeRoot, rel), unix.AT_SYMLINK_NOFOLLOW,
+		unix.STATX_BASIC_STATS|unix.STATX_BTIME, &stx); err != nil {
+		return storeEntry{}, err
+	}
+	st := statFromStatx(&stx)
+	e := storeEntry{id: loopbackID(x.loopRoot, &st, &stx)}
+	e.attr.FromStat(&st)
+	return e, nil
+}
+
+// refresh reads a layout name's entry from the store again after the mount
+// changed it.
+func (x *lookupIndex) refresh(rel string) {
+	e, err := x.statEntry(rel)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch err {
+	case nil:
+		delete(x.uncertain, rel)
+		x.putLayoutLocked(rel, e)
+	case unix.ENOENT, unix.ENOTDIR:
+		delete(x.uncertain, rel)
+		x.deleteLayoutLocked(rel)
+	default:
+		x.uncertain[rel] = true
+		x.deleteLayoutLocked(rel)
+	}
+}
+
+func (x *lookupIndex) putLayoutLocked(rel string, e storeEntry) {
+	if _, had := x.layout[rel]; !had && layoutLevel(rel) == prefixLevel {
+		x.tiers[tierOf(rel)]++
+	}
+	x.layout[rel] = e
+}
+
+func (x *lookupIndex) deleteLayoutLocked(rel string) {
+	if _, had := x.layout[rel]; !had {
+		return
+	}
+	delete(x.layout, rel)
+	if layoutLevel(rel) == prefixLevel {
+		if tier := tierOf(rel); x.tiers[tier] > 0 {
+			x.tiers[tier]--
+		}
+	}
+}
+
+// forgetBlock drops a block's attributes (removed or replaced).
+func (x *lookupIndex) forgetBlock(rel string) {
+	x.mu.Lock()
+	delete(x.blocks, rel)
+	x.mu.Unlock()
+}
+
+// refreshBlock records a block's attributes after its publication.
+func (x *lookupIndex) refreshBlock(rel string) {
+	e, err := x.statEntry(rel)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err != nil {
+		delete(x.blocks, rel)
+		return
+	}
+	x.blocks[rel] = e
+}
+
+// changed updates the index after the mount created or removed the name
+// rel: nothing below it can be indexed, as a new name is empty and a
+// directory removed was.
+func (x *lookupIndex) changed(rel string) {
+	if layoutLevel(rel) != notLayout {
+		x.refresh(rel)
+		return
+	}
+	if strings.Contains(rel, "/") {
+		return
+	}
+	var st unix.Stat_t
+	isDir := unix.Lstat(path.Join(x.storeRoot, rel), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, known := x.tiers[rel]; isDir && !known {
+		x.tiers[rel] = 0
+	} else if !isDir {
+		delete(x.tiers, rel)
+	}
+}
+
+// moved updates the index after the name rel (a file or a whole directory
+// tree) appeared or disappeared through the mount: every indexed name at or
+// below rel is forgotten, then what the store now holds there is read again.
+func (x *lookupIndex) moved(rel string) {
+	below := rel + "/"
+	x.mu.Lock()
+	delete(x.tiers, rel)
+	for name := range x.layout {
+		if name == rel || strings.HasPrefix(name, below) {
+			x.deleteLayoutLocked(name)
+		}
+	}
+	for name := range x.uncertain {
+		if name == rel || strings.HasPrefix(name, below) {
+			delete(x.uncertain, name)
+		}
+	}
+	for name := range x.blocks {
+		if strings.HasPrefix(name, below) {
+			delete(x.blocks, name)
+		}
+	}
+	x.mu.Unlock()
+	x.scan(rel)
+}
+
+// scan indexes what the store holds at rel and below it, down to the
+// blocks of group directories: rel is the store root, a tier directory or a
+// layout name; anything else holds no layout name. A tier directory it
+// cannot read is left out: names below it are looked up in the store.
+func (x *lookupIndex) scan(rel string) {
+	depth := 0
+	if rel != "" {
+		depth = strings.Count(rel, "/") + 1
+	}
+	level := layoutLevel(rel)
+	if level != notLayout {
+		x.refresh(rel)
+	} else if depth > 1 {
+		return
+	}
+	entries, err := x.readDir(rel)
+	if err != nil {
+		return
+	}
+	if depth == 1 {
+		x.mu.Lock()
+		if _, ok := x.tiers[rel]; !ok {
+			x.tiers[rel] = 0
+		}
+		x.mu.Unlock()
+	}
+	for _, de := range entries {
+		child := path.Join(rel, de.Name())
+		switch {
+		case depth == 0 && de.IsDir(), layoutLevel(child) != notLayout:
+			x.scan(child)
+		case level == groupLevel && de.Type().IsRegular():
+			if kind, _ := block.Parse(child); kind == block.File {
+				x.refreshBlock(child)
+			}
+		}
+	}
+}
+
+// readDir lists a store directory, never through a symbolic link.
+func (x *lookupIndex) readDir(rel string) ([]os.DirEntry, error) {
+	fd, err := unix.Open(path.Join(x.storeRoot, rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	dir := os.NewFile(uintptr(fd), rel)
+	defer dir.Close()
+	return dir.ReadDir(-1)
+}
+
+// tierOf is the first component of a store-relative path.
+func tierOf(rel string) string {
+	tier, _, _ := strings.Cut(rel, "/")
+	return tier
+}
+
+// loopbackID is the identity go-fuse's loopback gives a file: its inode
+// number mixed with its device's, and its birth time as generation
+// (fs.LoopbackRoot's idFromStat), so that an entry answered from the index
+// and one the loopback looks up are the same inode.
+func loopbackID(root *fs.LoopbackRoot, st *syscall.Stat_t, stx *unix.Statx_t) fs.StableAttr {
+	swapped := uint64(st.Dev)<<32 | uint64(st.Dev)>>32
+	swappedRoot := root.Dev<<32 | root.Dev>>32
+	gen := uint64(1)
+	if stx.Mask&unix.STATX_BTIME != 0 && (stx.Btime.Sec != 0 || stx.Btime.Nsec != 0) {
+		gen = uint64(stx.Btime.Sec)*1e9 + uint64(stx.Btime.Nsec)
+	}
+	return fs.StableAttr{Mode: st.Mode, Gen: gen, Ino: swapped ^ swappedRoot ^ st.Ino}
+}
+
+// statFromStatx converts statx's answer to stat's.
+func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
+	return syscall.Stat_t{
+		Dev:     unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:     x.Ino,
+		Nlink:   uint64(x.Nlink),
+		Mode:    uint32(x.Mode),
+		Uid:     x.Uid,
+		Gid:     x.Gid,
+		Rdev:    unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+		Size:    int64(x.Size),
+		Blksize: int64(x.Blksize),
+		Blocks:  int64(x.Blocks),
+		Atim:    syscall.Timespec{Sec: x.Atime.Sec, Nsec: int64(x.Atime.Nsec)},
+		Mtim:    syscall.Timespec{Sec: x.Mtime.Sec, Nsec: int64(x.Mtime.Nsec)},
+		Ctim:    syscall.Timespec{Sec: x.Ctime.Sec, Nsec: int64(x.Ctime.Nsec)},
+	}
+}

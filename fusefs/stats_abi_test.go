@@ -1,0 +1,109 @@
+package fusefs
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// newStatsFS returns an FS over an empty store, enough for Stats.
+func newStatsFS(t *testing.T) *FS {
+	store, err := disk.Open(disk.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
+		loads: core.NewLoads(core.Config{Store: store})}
+}
+
+// TestStatsFileDecodesWithTheABI reads stats.json as the daemon serves it and
+// decodes it with ctlabi's types, unknown fields refused; its top-level
+// fields are those of the golden stats.json the ABI keeps.
+func TestStatsFileDecodesWithTheABI(t *testing.T) {
+	f := newStatsFS(t)
+	h, _, errno := (&statsFile{fsys: f}).Open(fuse.NewContext(t.Context(), &fuse.Caller{Owner: fuse.Owner{Uid: 0}}), syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open stats.json: %v", errno)
+	}
+	served := h.(*snapshotHandle).data
+	dec := json.NewDecoder(bytes.NewReader(served))
+	dec.DisallowUnknownFields()
+	var st ctlabi.Stats
+	if err := dec.Decode(&st); err != nil {
+		t.Fatalf("decoding the daemon's stats.json with ctlabi.Stats: %v\n%s", err, served)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		t.Fatalf("data after the stats object: %v", err)
+	}
+	golden, err := os.ReadFile("ctlabi/testdata/stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := topLevelFields(t, served), topLevelFields(t, golden); !isSubset(got, want) {
+		t.Errorf("the daemon serves fields %v, the golden stats.json has %v", got, want)
+	}
+}
+
+func topLevelFields(t *testing.T, doc []byte) []string {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name := range fields {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func isSubset(some, all []string) bool {
+	for _, s := range some {
+		if !slices.Contains(all, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestMetricsExportEveryListedStat gathers the mount's metrics: each of
+// ctlabi.Metrics outside staging (off here) is exported, and one series per
+// warning code.
+func TestMetricsExportEveryListedStat(t *testing.T) {
+	f := newStatsFS(t)
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := newMetrics(reg, f); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, family := range families {
+		got[family.GetName()] = len(family.GetMetric())
+	}
+	for _, m := range ctlabi.Metrics {
+		if exported := got[m.Name] == 1; exported == strings.HasPrefix(m.Field, "staging.") {
+			t.Errorf("metric %s exported %v with staging off", m.Name, exported)
+		}
+	}
+	if got["kvtierfs_warning"] != len(ctlabi.WarningCodes) {
+		t.Errorf("kvtierfs_warning has %d series, want one per code (%d)", got["kvtierfs_warning"], len(ctlabi.WarningCodes))
+	}
+}

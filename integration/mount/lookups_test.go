@@ -1,0 +1,117 @@
+package mount_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// The kernel caches absent names of the block layout (a block, or one of its
+// two directories) for an hour, and the daemon answers those levels from
+// memory. Every change made through the mount must still show at the next
+// lookup: a block stored where its directories did not exist, a block stored
+// beside a name looked up absent, a block unlinked, directories made,
+// renamed and removed.
+func TestLookupsSeeTheLayoutChange(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	exists := func(i int) bool { return tier.Exists(tier.BlockPath(tierDir, 0, hashOf(i))) }
+	expect := func(what string, i int, want bool) {
+		t.Helper()
+		if got := exists(i); got != want {
+			t.Fatalf("%s: block %d present=%v, want %v", what, i, got, want)
+		}
+	}
+
+	// Absent at the tier, then at the prefix directory, then at the block.
+	expect("before anything is stored", 0, false)
+	storeBlock(t, tier, region.Row(0), 0)
+	expect("after its store", 0, true)
+	for i := 1; i < 40; i++ {
+		expect("never stored", i, false)
+	}
+	for i := 1; i < 40; i++ {
+		storeBlock(t, tier, region.Row(0), i)
+		expect("after its store", i, true)
+	}
+
+	// A block stored beside one looked up absent in the same directory.
+	h := hashOf(0)
+	sibling := h[:60] + "abcd"
+	if sibling == h {
+		sibling = h[:60] + "dcba"
+	}
+	siblingPath := filepath.Join(filepath.Dir(tier.BlockPath(tierDir, 0, h)), sibling+".bin")
+	if tier.Exists(siblingPath) {
+		t.Fatal("a block never stored answers present")
+	}
+	fillRow(region.Row(0), 1000)
+	if _, err := tier.Store(siblingPath, region.Row(0)); err != nil {
+		t.Fatal(err)
+	}
+	if !tier.Exists(siblingPath) {
+		t.Fatal("a block looked up absent, then stored, answers absent")
+	}
+
+	// Unlinked through the mount: absent at once, present again once stored.
+	if err := os.Remove(tier.BlockPath(tierDir, 0, hashOf(1))); err != nil {
+		t.Fatal(err)
+	}
+	expect("after its unlink", 1, false)
+	storeBlock(t, tier, region.Row(0), 1)
+	expect("stored again", 1, true)
+
+	// Directories of the layout made, renamed and removed through the mount.
+	var unused []string
+	for i := 0; len(unused) < 2; i++ {
+		if p := d.Path(tierDir, hashOf(1000 + i)[:3]); !tier.Exists(p) && (len(unused) == 0 || unused[0] != p) {
+			unused = append(unused, p)
+		}
+	}
+	free, moved := unused[0], unused[1]
+	group := filepath.Join(free, "00_g0")
+	if tier.Exists(group) {
+		t.Fatal("a group directory under a missing prefix answers present")
+	}
+	if err := os.MkdirAll(group, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if !tier.Exists(free) || !tier.Exists(group) {
+		t.Fatal("directories made through the mount answer absent")
+	}
+	if err := os.Rename(free, moved); err != nil {
+		t.Fatal(err)
+	}
+	if tier.Exists(free) || tier.Exists(group) {
+		t.Fatal("a prefix directory renamed away still answers present")
+	}
+	if !tier.Exists(filepath.Join(moved, "00_g0")) {
+		t.Fatal("a prefix directory renamed into place answers absent")
+	}
+	if err := os.Remove(filepath.Join(moved, "00_g0")); err != nil {
+		t.Fatal(err)
+	}
+	if tier.Exists(filepath.Join(moved, "00_g0")) {
+		t.Fatal("a removed group directory answers present")
+	}
+
+	// The same answers from a new mount of the store, whose index is read
+	// from the disk.
+	store := d.Store
+	d.Stop()
+	d = mounttest.Start(t, mounttest.Options{Store: store})
+	tier = openTier(t, d)
+	for i := 0; i < 40; i++ {
+		expect("after a remount", i, true)
+	}
+	for i := 40; i < 80; i++ {
+		expect("never stored, after a remount", i, false)
+	}
+	moved = d.Path(tierDir, filepath.Base(moved))
+	if !tier.Exists(moved) || tier.Exists(filepath.Join(moved, "00_g0")) {
+		t.Fatal("the layout's directories answer differently after a remount")
+	}
+}

@@ -1,0 +1,333 @@
+package mount_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// The passthrough store path (DESIGN.md "The store"): once the tier's row
+// size is known, the kernel writes a block tmp file without the daemon, and
+// the rename takes the digest and the zero pages from the engine's row.
+
+// passthroughMount is a mount with a region of rows the engine stores from,
+// whose tier already holds block 0 (stored through the daemon, which tells
+// the store the tier's row size).
+type passthroughMount struct {
+	d      *mounttest.Daemon
+	tier   *engineio.Tier
+	region *engineio.Region
+	store  string
+}
+
+func newPassthroughMount(t *testing.T, rows int, args ...string) *passthroughMount {
+	t.Helper()
+	m := &passthroughMount{region: newRegion(t, rows), store: t.TempDir()}
+	m.d = mounttest.Start(t, mounttest.Options{Store: m.store, ShmGlob: m.region.Path, Args: args})
+	m.tier = openTier(t, m.d)
+	storeBlock(t, m.tier, m.region.Row(0), 0)
+	return m
+}
+
+// paths are block i's name and a tmp name beside it, on the mount.
+func (m *passthroughMount) paths(i int) (block, tmp string) {
+	block = m.tier.BlockPath(tierDir, 0, hashOf(i))
+	return block, block + "_7.tmp"
+}
+
+// storeFile is block i's file in the store directory.
+func (m *passthroughMount) storeFile(i int) string {
+	block, _ := m.paths(i)
+	return filepath.Join(m.store, strings.TrimPrefix(block, m.d.Mountpoint))
+}
+
+// openTmp creates block i's tmp file as the engine does.
+func (m *passthroughMount) openTmp(t *testing.T, i int) int {
+	t.Helper()
+	_, tmp := m.paths(i)
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// pwrite writes p at off, all of it.
+func pwrite(t *testing.T, fd int, p []byte, off int64) {
+	t.Helper()
+	if n, err := unix.Pwrite(fd, p, off); err != nil || n != len(p) {
+		t.Fatalf("pwrite of %d bytes at %d: %d, %v", len(p), off, n, err)
+	}
+}
+
+// publish closes fd and renames block i's tmp to its name.
+func (m *passthroughMount) publish(t *testing.T, fd, i int) error {
+	t.Helper()
+	if fd >= 0 {
+		if err := unix.Close(fd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	block, tmp := m.paths(i)
+	return os.Rename(tmp, block)
+}
+
+// loadsBack loads block i into a scratch row and compares it with want.
+func (m *passthroughMount) loadsBack(t *testing.T, i int, scratch []byte, want []byte) {
+	t.Helper()
+	block, _ := m.paths(i)
+	clear(scratch)
+	if err := m.tier.Load(block, scratch); err != nil {
+		t.Fatalf("load of block %d: %v", i, err)
+	}
+	if !bytes.Equal(scratch, want) {
+		t.Fatalf("block %d loaded other bytes", i)
+	}
+}
+
+// recordedDigest is the digest the store recorded beside block i.
+func (m *passthroughMount) recordedDigest(t *testing.T, i int) block.Digest {
+	t.Helper()
+	buf := make([]byte, block.MaxRecordBytes)
+	n, err := unix.Getxattr(m.storeFile(i), "user.kvtierfs.crc32c", buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _, _, err := block.UnmarshalRecord(buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// A store's bytes go straight to the tmp file; the digest recorded is the
+// row's own, and the block loads back verified.
+func TestPassthroughDigestFromRow(t *testing.T) {
+	m := newPassthroughMount(t, 4)
+	for i := 1; i < 3; i++ {
+		storeBlock(t, m.tier, m.region.Row(i), i)
+		if d, want := m.recordedDigest(t, i), block.DigestOf(expectedRow(i)); d.CRC != want.CRC || d.Size != want.Size {
+			t.Fatalf("block %d recorded crc %08x size %d, the row's is %08x size %d", i, d.CRC, d.Size, want.CRC, want.Size)
+		}
+	}
+	st := m.d.Stats().Counters
+	if st.StoresFromRow != 2 || st.StoresReadBack != 0 || st.WriteBytes != 3*rowBytes {
+		t.Fatalf("stores from row %d, read back %d, %d bytes written; want 2, 0 and %d",
+			st.StoresFromRow, st.StoresReadBack, st.WriteBytes, 3*rowBytes)
+	}
+	for i := 1; i < 3; i++ {
+		m.loadsBack(t, i, m.region.Row(3), expectedRow(i))
+	}
+}
+
+// All-zero pages of a passthrough store end up as holes in the store file.
+func TestPassthroughZeroPagesAreHoles(t *testing.T) {
+	m := newPassthroughMount(t, 3)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	clear(row[rowBytes/2:])
+	want := bytes.Clone(row)
+	if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(1)), row); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(m.storeFile(1), &st); err != nil {
+		t.Fatal(err)
+	}
+	if allocated := st.Blocks * 512; allocated > rowBytes/2+16<<10 {
+		t.Fatalf("store file allocates %d bytes for a row half zero (%d bytes of data)", allocated, rowBytes/2)
+	}
+	if c := m.d.Stats().Counters; c.StoresFromRow != 1 {
+		t.Fatalf("%d stores from a row, want 1", c.StoresFromRow)
+	}
+	m.loadsBack(t, 1, m.region.Row(2), want)
+}
+
+// Bytes that no row of the region holds are read back from the tmp file.
+func TestPassthroughReadsBackWithoutRow(t *testing.T) {
+	m := newPassthroughMount(t, 2)
+	buf, err := unix.Mmap(-1, 0, rowBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(buf)
+	fillRow(buf, 5)
+	clear(buf[:rowBytes/4])
+	if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(5)), buf); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.d.Stats().Counters; c.StoresReadBack != 1 || c.StoresFromRow != 0 {
+		t.Fatalf("stores read back %d, from a row %d; want 1 and 0", c.StoresReadBack, c.StoresFromRow)
+	}
+	if d := m.recordedDigest(t, 5); d.CRC != block.CRC32C(buf) {
+		t.Fatalf("recorded crc %08x, the bytes' %08x", d.CRC, block.CRC32C(buf))
+	}
+	m.loadsBack(t, 5, m.region.Row(1), buf)
+}
+
+// A tmp file is never visible as its block while it is written, and a rename
+// while the writer still holds the file (the kernel could write to the
+// block after its digest was taken) is refused.
+func TestPassthroughTmpNeverVisible(t *testing.T) {
+	m := newPassthroughMount(t, 3)
+	block, _ := m.paths(1)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	fd := m.openTmp(t, 1)
+	pwrite(t, fd, row[:rowBytes/2], 0)
+	if m.tier.Exists(block) {
+		t.Fatal("the block is visible while its tmp file is written")
+	}
+	pwrite(t, fd, row[rowBytes/2:], rowBytes/2)
+	if err := m.publish(t, -1, 1); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("rename with the tmp still open: %v, want EBUSY", err)
+	}
+	if m.tier.Exists(block) {
+		t.Fatal("the block was published while its writer held the tmp file")
+	}
+	if err := m.publish(t, fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	m.loadsBack(t, 1, m.region.Row(2), expectedRow(1))
+}
+
+// ftruncate to the row size, fallocate and writes out of order before the
+// rename (an engine worker per rank does the first and the last).
+func TestPassthroughTruncateAllocateOutOfOrder(t *testing.T) {
+	m := newPassthroughMount(t, 3)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	fd := m.openTmp(t, 1)
+	if err := unix.Fallocate(fd, 0, 0, rowBytes); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(fd, rowBytes); err != nil {
+		t.Fatal(err)
+	}
+	for _, quarter := range []int{3, 1, 0, 2} {
+		off := quarter * rowBytes / 4
+		pwrite(t, fd, row[off:off+rowBytes/4], int64(off))
+	}
+	if err := m.publish(t, fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.d.Stats().Counters; c.StoresFromRow != 1 {
+		t.Fatalf("%d stores from a row, want 1", c.StoresFromRow)
+	}
+	m.loadsBack(t, 1, m.region.Row(2), expectedRow(1))
+}
+
+// The engine's user.vllm.kv_crc32c is checked against the row the bytes
+// came from: a wrong one is never published.
+func TestPassthroughVLLMChecksum(t *testing.T) {
+	m := newPassthroughMount(t, 3)
+	for i, crc := range map[int]uint32{1: block.CRC32C(expectedRow(1)) ^ 1, 2: block.CRC32C(expectedRow(2))} {
+		row := m.region.Row(i)
+		fillRow(row, i)
+		fd := m.openTmp(t, i)
+		pwrite(t, fd, row, 0)
+		_, tmp := m.paths(i)
+		if err := unix.Setxattr(tmp, "user.vllm.kv_crc32c", []byte(hex32(crc)), 0); err != nil {
+			t.Fatal(err)
+		}
+		err := m.publish(t, fd, i)
+		block, _ := m.paths(i)
+		switch {
+		case i == 1 && (!errors.Is(err, syscall.EIO) || m.tier.Exists(block)):
+			t.Fatalf("a wrong user.vllm.kv_crc32c: rename %v, block visible %v; want EIO and absent", err, m.tier.Exists(block))
+		case i == 2 && err != nil:
+			t.Fatalf("the right user.vllm.kv_crc32c: %v", err)
+		}
+	}
+}
+
+// hex32 is a CRC as vLLM writes it: eight hex digits.
+func hex32(v uint32) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 8)
+	for i := 7; i >= 0; i-- {
+		out[i] = digits[v&15]
+		v >>= 4
+	}
+	return string(out)
+}
+
+// The row of a passthrough tmp is counted against the capacity when the
+// tmp is created, before any byte lands: a store that cannot fit beside the
+// open tmp files is refused, nothing is published, and the store never
+// holds more than its capacity.
+func TestPassthroughCapacityCountedFirst(t *testing.T) {
+	m := newPassthroughMount(t, 4, "--capacity", "1MiB", "--lookup-protect", "1h")
+	var fds []int
+	for i := 1; i < 3; i++ {
+		fds = append(fds, m.openTmp(t, i))
+	}
+	block0, _ := m.paths(0)
+	if !m.tier.Exists(block0) { // protects block 0 from eviction
+		t.Fatal("block 0 absent")
+	}
+	row := m.region.Row(3)
+	fillRow(row, 3)
+	if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(3)), row); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a store beside two open tmp files in a store for three rows: %v, want ENOSPC", err)
+	}
+	block3, _ := m.paths(3)
+	if m.tier.Exists(block3) {
+		t.Fatal("the refused store was published")
+	}
+	for j, fd := range fds {
+		i := j + 1
+		fillRow(m.region.Row(i), i)
+		pwrite(t, fd, m.region.Row(i), 0)
+		if err := m.publish(t, fd, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := m.d.Stats()
+	if st.Disk.PhysicalBytes > st.Disk.CapacityBytes || st.Disk.Blocks != 3 || st.Counters.StoresFromRow != 2 {
+		t.Fatalf("%d blocks, %d bytes of %d, %d stores from rows; want 3 blocks within the capacity, 2 from rows",
+			st.Disk.Blocks, st.Disk.PhysicalBytes, st.Disk.CapacityBytes, st.Counters.StoresFromRow)
+	}
+}
+
+// A daemon killed while the kernel writes a tmp file: the block is never
+// published, and the remount removes the tmp.
+func TestPassthroughTornByKill(t *testing.T) {
+	m := newPassthroughMount(t, 3)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	fd := m.openTmp(t, 1)
+	pwrite(t, fd, row[:rowBytes/2], 0)
+	m.d.Kill9()
+	unix.Pwrite(fd, row[rowBytes/2:], rowBytes/2) // may land or fail: the mount is gone
+	unix.Close(fd)
+	d := mounttest.Start(t, mounttest.Options{Store: m.store, ShmGlob: m.region.Path})
+	tier := openTier(t, d)
+	if tier.Exists(tier.BlockPath(tierDir, 0, hashOf(1))) {
+		t.Fatal("a block torn by the daemon's death is present after the remount")
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(m.store, tierDir, "*", "*", "*.tmp")); len(tmps) != 0 {
+		t.Fatalf("tmp files survived the remount: %v", tmps)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !tier.Exists(tier.BlockPath(tierDir, 0, hashOf(0))) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tier.Load(tier.BlockPath(tierDir, 0, hashOf(0)), m.region.Row(2)); err != nil || !bytes.Equal(m.region.Row(2), expectedRow(0)) {
+		t.Fatalf("block 0 after the remount: %v", err)
+	}
+}

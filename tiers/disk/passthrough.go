@@ -1,0 +1,310 @@
+package disk
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
+)
+
+// This file is the passthrough store path (DESIGN.md "The store"): the kernel
+// writes the engine's row straight into the tmp file, and the daemon learns
+// the block's checksum, probe windows and zero pages at the rename, from the
+// engine's row that the file's bytes came from, or by reading the file back.
+
+// WrittenRows finds the engine's row a block was written from (*shm.Set).
+type WrittenRows interface {
+	// Fits reports whether some region is made of rows of size bytes.
+	Fits(size int64) bool
+	// ScanWritten finds a row holding pages (offset → page) and reads its
+	// checksum, probe windows and all-zero pages.
+	ScanWritten(size int64, pages map[int64][]byte) (shm.WrittenRow, bool)
+}
+
+// UseRows lets tmp files of a tier whose row size is known, and for which a
+// region of such rows is mapped, be written by the kernel without the daemon
+// (Writer.Passthrough).
+func (s *Store) UseRows(rows WrittenRows) {
+	s.mu.Lock()
+	s.rows = rows
+	s.mu.Unlock()
+}
+
+// verifyPages is how many pages, chosen at random at each rename, are read
+// back from a passthrough tmp file and must equal the row found.
+const verifyPages = 8
+
+// releaseWait bounds how long a rename waits for the kernel to release the
+// tmp's passthrough descriptor after the writer closed it.
+const releaseWait = 2 * time.Second
+
+// Passthrough reserves the tier's row size against the capacity and returns
+// the tmp's descriptor for the kernel to write to directly. ok is false
+// (the writes then reach WriteAt) when the tier's row size is not known yet,
+// no region has rows of that size, or the capacity cannot take the row.
+func (w *Writer) Passthrough() (fd int, ok bool) {
+	w.tmp.mu.Lock()
+	defer w.tmp.mu.Unlock()
+	t, s := w.tmp, w.s
+	s.mu.Lock()
+	rows := s.rows
+	s.mu.Unlock()
+	if w.file == nil || t.expect == 0 || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
+		return 0, false
+	}
+	if err := s.reserve(t.expect, w.rel); err != nil {
+		return 0, false
+	}
+	s.mu.Lock()
+	t.allocated += t.expect
+	t.passthrough = true
+	t.released = make(chan struct{})
+	s.mu.Unlock()
+	return int(w.file.Fd()), true
+}
+
+// leavePassthroughLocked returns a passthrough reservation when a write
+// reaches the daemon after all (the kernel did not take the backing file).
+// The caller holds t.mu.
+func (w *Writer) leavePassthroughLocked() {
+	t := w.tmp
+	if !t.passthrough {
+		return
+	}
+	w.s.mu.Lock()
+	t.allocated -= t.expect
+	w.s.used -= t.expect
+	t.passthrough = false
+	w.s.mu.Unlock()
+	close(t.released)
+}
+
+// awaitRelease waits until the writer of a passthrough tmp released it: until
+// then the kernel may still write to the file, which a published block must
+// never see.
+func (t *tmpFile) awaitRelease(rel string) error {
+	t.mu.Lock()
+	released := t.released
+	t.mu.Unlock()
+	if released == nil {
+		return nil
+	}
+	select {
+	case <-released:
+		return nil
+	case <-time.After(releaseWait):
+		return newError("rename", rel, syscall.EBUSY, "the tmp file is still open for writing: close it before renaming it")
+	}
+}
+
+// settlePassthroughLocked counts what a passthrough tmp allocated beyond its
+// reservation once its writer released it. The caller holds t.mu and s.mu.
+func (s *Store) settlePassthroughLocked(t *tmpFile) {
+	if t.file == nil {
+		return
+	}
+	if _, physical, err := fileSize(t.file); err == nil && physical > t.allocated {
+		s.used += physical - t.allocated
+		t.allocated = physical
+	}
+}
+
+// written is what a rename learns about a passthrough tmp's bytes.
+type written struct {
+	size  int64
+	crc   uint32
+	probe func(off int64) (uint64, error)
+}
+
+// sealPassthrough learns a passthrough tmp's checksum and probe windows from
+// the engine's row its bytes came from (verifyPages random pages of the file
+// must equal it), or else by reading the file back, and leaves its all-zero
+// pages as holes. The caller holds t.mu; the writer has released the file.
+func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
+	size, _, err := fileSize(f)
+	if err != nil {
+		return written{}, err
+	}
+	w := written{size: size}
+	if size == 0 || size%block.PageSize != 0 {
+		return w, nil // refused by the caller
+	}
+	s.mu.Lock()
+	rows := s.rows
+	s.mu.Unlock()
+	var row shm.WrittenRow
+	found := false
+	if rows != nil {
+		pages, err := readPages(f, randomPages(size))
+		if err != nil {
+			return w, err
+		}
+		row, found = rows.ScanWritten(size, pages)
+	}
+	s.counters.WriteBytes.Add(size)
+	if found {
+		s.counters.StoresFromRow.Add(1)
+	} else {
+		s.counters.StoresReadBack.Add(1)
+		if row, err = readBack(f, size); err != nil {
+			return w, err
+		}
+	}
+	for _, r := range row.ZeroRuns {
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return w, err
+		}
+	}
+	offsets := block.ProbeOffsets(size)
+	w.crc = row.CRC
+	w.probe = func(off int64) (uint64, error) {
+		for i, o := range offsets {
+			if o == off {
+				return row.Probes[i], nil
+			}
+		}
+		return 0, syscall.EINVAL
+	}
+	return w, nil
+}
+
+// randomPages picks up to verifyPages distinct page offsets of a size-byte file.
+func randomPages(size int64) []int64 {
+	n := size / block.PageSize
+	picked := make(map[int64]bool, verifyPages)
+	var out []int64
+	for len(out) < int(min(n, verifyPages)) {
+		if p := rand.Int64N(n) * block.PageSize; !picked[p] {
+			picked[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// readPages reads whole pages of f at once, O_DIRECT where the file allows it
+// so that no readahead pulls more of the file back from the disk.
+func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
+	buf, release, err := alignedBuffer(len(offsets) * block.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	fd := int(f.Fd())
+	if err := setDirect(fd, true); err == nil {
+		defer setDirect(fd, false)
+	}
+	errs := make([]error, len(offsets))
+	var wg sync.WaitGroup
+	for i, off := range offsets {
+		wg.Go(func() {
+			direct := true
+			_, errs[i] = readFullAt(f, buf[i*block.PageSize:(i+1)*block.PageSize], off, &direct)
+		})
+	}
+	wg.Wait()
+	out := make(map[int64][]byte, len(offsets))
+	for i, off := range offsets {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		out[off] = append([]byte(nil), buf[i*block.PageSize:(i+1)*block.PageSize]...)
+	}
+	return out, nil
+}
+
+// readBackChunk is how much of a tmp file readBack reads at once.
+const readBackChunk = 4 << 20
+
+// readBack reads a tmp file whose row was not found: its checksum, probe
+// windows and all-zero page runs.
+func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
+	buf, release, err := alignedBuffer(readBackChunk)
+	if err != nil {
+		return shm.WrittenRow{}, err
+	}
+	defer release()
+	direct := setDirect(int(f.Fd()), true) == nil
+	defer setDirect(int(f.Fd()), false)
+	var w shm.WrittenRow
+	offsets := block.ProbeOffsets(size)
+	w.Probes = make([]uint64, len(offsets))
+	for at := int64(0); at < size; at += readBackChunk {
+		chunk := buf[:min(readBackChunk, size-at)]
+		if _, err := readFullAt(f, chunk, at, &direct); err != nil {
+			return w, err
+		}
+		w.CRC = block.UpdateCRC32C(w.CRC, chunk)
+		for _, r := range nonZeroComplement(chunk, at) {
+			if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == r[0] {
+				w.ZeroRuns[n-1][1] = r[1]
+			} else {
+				w.ZeroRuns = append(w.ZeroRuns, r)
+			}
+		}
+		for i, o := range offsets {
+			if o >= at && o+8 <= at+int64(len(chunk)) {
+				w.Probes[i] = binary.LittleEndian.Uint64(chunk[o-at:])
+			}
+		}
+	}
+	return w, nil
+}
+
+// nonZeroComplement lists the all-zero page runs of a page-aligned chunk at off.
+func nonZeroComplement(p []byte, off int64) [][2]int64 {
+	var out [][2]int64
+	for start := 0; start < len(p); start += block.PageSize {
+		if !block.IsZero(p[start : start+block.PageSize]) {
+			continue
+		}
+		a := off + int64(start)
+		if n := len(out); n > 0 && out[n-1][1] == a {
+			out[n-1][1] += block.PageSize
+		} else {
+			out = append(out, [2]int64{a, a + block.PageSize})
+		}
+	}
+	return out
+}
+
+// readFullAt fills p from f at off, dropping O_DIRECT if the file refuses it.
+func readFullAt(f *os.File, p []byte, off int64, direct *bool) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Pread(int(f.Fd()), p[done:], off+int64(done))
+		if *direct && errors.Is(err, syscall.EINVAL) {
+			*direct = false
+			setDirect(int(f.Fd()), false)
+			continue
+		}
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n == 0 {
+			return done, errors.New("tmp file shorter than its size")
+		}
+		done += n
+	}
+	return done, nil
+}
+
+// alignedBuffer maps n bytes of page-aligned memory for O_DIRECT reads.
+func alignedBuffer(n int) ([]byte, func(), error) {
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, nil, err
+	}
+	return buf, func() { unix.Munmap(buf) }, nil
+}

@@ -1,0 +1,78 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// This file holds what a store asks of the engine's regions (DESIGN.md "The
+// store"): the row a block was written from, when the kernel wrote it to the
+// tmp file without the daemon seeing the bytes.
+
+// WrittenRow is what the daemon learns from the row a block was written from.
+type WrittenRow struct {
+	// CRC is the row's CRC32C.
+	CRC uint32
+	// Probes are the row's windows at block.ProbeOffsets(size), in that order.
+	Probes []uint64
+	// ZeroRuns are the row's all-zero page runs, [start, end) byte offsets.
+	ZeroRuns [][2]int64
+}
+
+// ScanWritten finds a row of size bytes that holds pages, each block.PageSize bytes
+// of the file a store wrote keyed by its offset, and returns the row's
+// CRC32C, probe windows and all-zero pages, read in one pass. ok is false when
+// no row holds every page, when the pages are all zero (they tell no row
+// apart), or when a region faulted while it was read.
+func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool) {
+	if size <= 0 || size%block.PageSize != 0 || len(pages) == 0 {
+		return WrittenRow{}, false
+	}
+	telling := false
+	for off, p := range pages {
+		if len(p) != block.PageSize || off%block.PageSize != 0 || off+block.PageSize > size {
+			return WrittenRow{}, false
+		}
+		telling = telling || !block.IsZero(p)
+	}
+	if !telling {
+		return WrittenRow{}, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out WrittenRow
+	found := false
+	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
+		for off, p := range pages {
+			if !bytes.Equal(row[off:off+block.PageSize], p) {
+				return true
+			}
+		}
+		out, found = scanRow(row), true
+		return false
+	})
+	return out, found && complete
+}
+
+// scanRow computes a row's CRC32C, probe windows and all-zero page runs.
+func scanRow(row []byte) WrittenRow {
+	var w WrittenRow
+	for start := 0; start < len(row); start += block.PageSize {
+		page := row[start : start+block.PageSize]
+		w.CRC = block.UpdateCRC32C(w.CRC, page)
+		if !block.IsZero(page) {
+			continue
+		}
+		if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == int64(start) {
+			w.ZeroRuns[n-1][1] += block.PageSize
+		} else {
+			w.ZeroRuns = append(w.ZeroRuns, [2]int64{int64(start), int64(start + block.PageSize)})
+		}
+	}
+	for _, off := range block.ProbeOffsets(int64(len(row))) {
+		w.Probes = append(w.Probes, binary.LittleEndian.Uint64(row[off:]))
+	}
+	return w
+}
