@@ -85,8 +85,8 @@ type Counters struct {
 	// came from the engine's row, and those whose tmp file was read back.
 	StoresFromRow  int64 `json:"stores_from_row"`
 	StoresReadBack int64 `json:"stores_read_back"`
-	ShmIgnored    int64 `json:"shm_ignored"`
-	ShmFaults     int64 `json:"shm_faults"`
+	ShmIgnored     int64 `json:"shm_ignored"`
+	ShmFaults      int64 `json:"shm_faults"`
 	// KVEventsPublished counts removed blocks published as BlockRemoved KV
 	// events, KVEventsDropped those dropped because the publisher's queue was
 	// full (both 0 without --kv-events-endpoint).
