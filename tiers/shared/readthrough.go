@@ -20,6 +20,12 @@ type readThrough struct {
 	recent map[string]time.Time
 	// fetching are the fetches in flight, which a second fetch of the same block waits for.
 	fetching map[string]*fetchCall
+	// listings are the layout's directories as last listed, listedNames
+	// their names in all (bounded by maxCached); listing are the listings in
+	// flight (listing.go).
+	listings    map[string]listing
+	listedNames int
+	listing     map[string]*listCall
 }
 
 type answer struct {
@@ -38,6 +44,8 @@ func (r *readThrough) init() {
 	r.answers = make(map[string]answer)
 	r.recent = make(map[string]time.Time)
 	r.fetching = make(map[string]*fetchCall)
+	r.listings = make(map[string]listing)
+	r.listing = make(map[string]*listCall)
 }
 
 // remember caches an answer; a full cache forgets half of its answers first.
@@ -97,8 +105,9 @@ func (l *Level) noteRecent(rel string) {
 
 // Lookup answers whether the shared store holds a block (or, for a path of
 // the layout's directories, that directory), for a key missing locally.
-// Answers are cached (absent ones for NegativeTTL); while the store is
-// unreachable every lookup answers absent at once.
+// Answers are cached (absent ones for NegativeTTL, through the listings of
+// the layout's directories: listing.go); while the store is unreachable
+// every lookup answers absent at once.
 func (l *Level) Lookup(rel string) bool {
 	kind, _ := block.Parse(rel)
 	isBlock := kind == block.File
@@ -117,6 +126,22 @@ func (l *Level) Lookup(rel string) bool {
 			l.c.negativeHits.Add(1)
 		}
 		return a.present && a.isDir != isBlock
+	}
+	// The listings of rel's directories answer most cold keys absent; a
+	// name they hold is stat'ed for its size and type.
+	listed, listedDir, called, err := l.fromListings(rel, now)
+	switch {
+	case err == nil && !listed:
+		if isBlock && !called {
+			l.c.negativeHits.Add(1)
+		}
+		return false
+	case err == nil && listedDir:
+		l.reads.rememberEntry(rel, answer{present: true, isDir: true, at: now})
+		return !isBlock
+	case err != nil && !errors.Is(err, errListingTooLarge):
+		// Unreachable or failing: absent, and not cached (the store may be back soon).
+		return false
 	}
 	info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(rel) })
 	switch {
