@@ -32,7 +32,7 @@ func addSharedFlags(fl *pflag.FlagSet) *sharedFlags {
 	fl.StringVar(&s.rate, "shared-rate", "256MiB", "write-behind byte budget per second")
 	fl.StringVar(&s.queue, "shared-queue", "1GiB", "bound on the bytes waiting to be written behind; beyond it the oldest are dropped and counted")
 	fl.DurationVar(&s.negativeTTL, "shared-negative-ttl", shared.DefaultNegativeTTL, "how long an absent answer from the shared store is trusted, the kernel's negative entries included: a block another node stores is visible within this bound once written behind")
-	fl.DurationVar(&s.timeout, "shared-timeout", shared.DefaultTimeout, "bound on any one shared-store operation (one block's copy included); past it the level is unreachable and lookups answer absent at once until a probe succeeds")
+	fl.DurationVar(&s.timeout, "shared-timeout", shared.DefaultTimeout, "bound on any one shared-store operation (a block's fetch: on each 4 MiB chunk read, so a large block on a slow but answering store still arrives); past it the level is unreachable and lookups answer absent at once until a probe succeeds")
 	fl.DurationVar(&s.lease, "shared-lease-ttl", shared.DefaultLeaseTTL, "eviction lease lifetime, renewed at a third of it; the holder walks the shared layout this often and spares blocks used within it (10s at most)")
 	return s
 }

@@ -36,10 +36,12 @@ type bound struct {
 }
 
 // job is one call handed to a worker; abandoned is set when its caller gave
-// up, and a worker that picks it up later skips it.
+// up, and a worker that picks it up later skips it. progress is signalled by
+// a call that advanced, which starts its bound again.
 type job struct {
 	fn        func() error
 	done      chan error
+	progress  chan struct{}
 	abandoned atomic.Bool
 }
 
@@ -71,10 +73,26 @@ func (b *bound) close() { close(b.stop) }
 
 // do runs fn on a worker and waits for it at most the bound.
 func (b *bound) do(fn func() error) error {
+	return b.doProgressing(func(func()) error { return fn() })
+}
+
+// doProgressing runs fn like do, but the bound applies to progress: every
+// call of the func fn is given starts it again, so a long call that keeps
+// advancing (a large block's read, chunk by chunk) runs to its end while one
+// that stalls for the bound is given up.
+func (b *bound) doProgressing(fn func(progress func()) error) error {
 	if b.unreachable.Load() {
 		return ErrUnreachable
 	}
-	j := &job{fn: fn, done: make(chan error, 1)}
+	j := &job{done: make(chan error, 1), progress: make(chan struct{}, 1)}
+	j.fn = func() error {
+		return fn(func() {
+			select {
+			case j.progress <- struct{}{}:
+			default:
+			}
+		})
+	}
 	// The bound covers the wait for a worker too: calls stuck in a hung
 	// filesystem hold every worker, and the next callers give up in time.
 	t := time.NewTimer(b.timeout)
@@ -86,18 +104,22 @@ func (b *bound) do(fn func() error) error {
 		b.markUnreachable()
 		return errTimedOut
 	}
-	select {
-	case err := <-j.done:
-		if unavailable(err) {
-			// Answered, but the filesystem's client lost its servers.
+	for {
+		select {
+		case err := <-j.done:
+			if unavailable(err) {
+				// Answered, but the filesystem's client lost its servers.
+				b.markUnreachable()
+			}
+			return err
+		case <-j.progress:
+			t.Reset(b.timeout)
+		case <-t.C:
+			j.abandoned.Store(true)
+			b.timeouts.Add(1)
 			b.markUnreachable()
+			return errTimedOut
 		}
-		return err
-	case <-t.C:
-		j.abandoned.Store(true)
-		b.timeouts.Add(1)
-		b.markUnreachable()
-		return errTimedOut
 	}
 }
 
@@ -180,13 +202,18 @@ func (b *bound) probeUntilBack() {
 // through a channel, never a variable the caller shares with the worker: a
 // call past its bound still writes after the caller moved on.
 func call[T any](b *bound, fn func() (T, error)) (T, error) {
+	return callProgressing(b, func(func()) (T, error) { return fn() })
+}
+
+// callProgressing is call under doProgressing's bound: fn calls progress as it advances.
+func callProgressing[T any](b *bound, fn func(progress func()) (T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
 	}
 	ch := make(chan result, 1)
-	err := b.do(func() error {
-		v, err := fn()
+	err := b.doProgressing(func(progress func()) error {
+		v, err := fn(progress)
 		ch <- result{v, err}
 		return err
 	})

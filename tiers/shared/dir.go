@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -20,6 +21,10 @@ import (
 type Dir interface {
 	Stat(rel string) (FileInfo, error)
 	ReadFile(rel string) ([]byte, error)
+	// ReadBlock reads a regular file whole in chunks of at most fetchChunk
+	// bytes, handing each to chunk as it arrives (a fetch's progress and
+	// running CRC); each byte is handed once.
+	ReadBlock(rel string, chunk func([]byte)) ([]byte, error)
 	// WriteFile creates rel (which must not exist) holding data; all-zero
 	// pages are left as holes.
 	WriteFile(rel string, data []byte) error
@@ -97,6 +102,77 @@ func (d OSDir) ReadFile(rel string) ([]byte, error) {
 	}
 	// A file that shrank while read comes back short and fails its digest.
 	return buf[:n], nil
+}
+
+// fetchChunk is the size of a block's reads from the shared store: large,
+// so that a distributed filesystem's client sees few requests.
+const fetchChunk = 4 << 20
+
+// directAlign is the alignment O_DIRECT wants of buffers, offsets and lengths.
+const directAlign = 4096
+
+// errDirectRefused is an O_DIRECT open or first read the filesystem refused.
+var errDirectRefused = errors.New("O_DIRECT refused")
+
+// ReadBlock reads a block with O_DIRECT (no copy through the client's page
+// cache), buffered where the filesystem refuses it.
+func (d OSDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+	data, err := d.readBlock(rel, syscall.O_DIRECT, chunk)
+	if errors.Is(err, errDirectRefused) {
+		data, err = d.readBlock(rel, 0, chunk)
+	}
+	return data, err
+}
+
+func (d OSDir) readBlock(rel string, flags int, chunk func([]byte)) ([]byte, error) {
+	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW|flags, 0)
+	if err != nil {
+		if flags != 0 && errors.Is(err, syscall.EINVAL) {
+			return nil, errDirectRefused
+		}
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, syscall.EINVAL
+	}
+	size := st.Size()
+	buf := alignedBuffer(int((size + directAlign - 1) / directAlign * directAlign))
+	var n int64
+	for n < size {
+		got, err := f.ReadAt(buf[n:min(n+fetchChunk, int64(len(buf)))], n)
+		// Bytes past the size seen at the open (the file grew) are not the block's.
+		got = int(min(int64(got), size-n))
+		if got > 0 {
+			chunk(buf[n : n+int64(got)])
+			n += int64(got)
+		}
+		switch {
+		case err == nil && got > 0:
+		case errors.Is(err, io.EOF) || err == nil:
+			// A file that shrank while read comes back short and fails its digest.
+			return buf[:n], nil
+		case flags != 0 && n == 0 && errors.Is(err, syscall.EINVAL):
+			return nil, errDirectRefused
+		default:
+			return nil, err
+		}
+	}
+	return buf[:n], nil
+}
+
+// alignedBuffer is a buffer of size bytes starting on a directAlign boundary.
+func alignedBuffer(size int) []byte {
+	buf := make([]byte, size+directAlign)
+	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(buf))) & (directAlign - 1))
+	if off != 0 {
+		off = directAlign - off
+	}
+	return buf[off : off+size : off+size]
 }
 
 // WriteFile creates rel exclusively and writes data, skipping all-zero pages.

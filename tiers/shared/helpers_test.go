@@ -143,6 +143,10 @@ func (h *hangingDir) ReadFile(rel string) ([]byte, error) {
 	h.wait()
 	return h.Dir.ReadFile(rel)
 }
+func (h *hangingDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+	h.wait()
+	return h.Dir.ReadBlock(rel, chunk)
+}
 func (h *hangingDir) WriteFile(rel string, data []byte) error {
 	h.wait()
 	return h.Dir.WriteFile(rel, data)

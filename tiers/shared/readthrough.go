@@ -203,27 +203,35 @@ func (l *Level) fetch(rel string, name block.Name) error {
 	}
 	start := l.cfg.Clock.Now()
 	// One bounded call reads, verifies, and then touches the block (the
-	// evictor reads the modification time as its last use) or drops it, so
-	// the open waiting for it waits at most one bound.
+	// evictor reads the modification time as its last use) or drops it. Its
+	// bound applies to progress: each chunk read starts it again, so a large
+	// block on a slow but answering store is fetched whole, and the open
+	// waiting for it waits at most one bound past the last chunk.
 	type read struct {
 		data      []byte
 		hasRecord bool
 		corrupt   error
 		dropped   bool
 	}
-	got, err := call(l.bound, func() (r read, err error) {
+	got, err := callProgressing(l.bound, func(progress func()) (r read, err error) {
 		before, err := l.dir.Stat(rel)
 		if err != nil {
 			return r, err
 		}
-		if r.data, err = l.dir.ReadFile(rel); err != nil {
+		// The CRC is computed as the chunks arrive, while they are in cache.
+		var crc uint32
+		r.data, err = l.dir.ReadBlock(rel, func(chunk []byte) {
+			crc = block.UpdateCRC32C(crc, chunk)
+			progress()
+		})
+		if err != nil {
 			return r, err
 		}
 		var rec []byte
 		if rec, r.hasRecord, err = l.readRecord(rel); err != nil || !r.hasRecord {
 			return r, err
 		}
-		if r.corrupt = verify(name, r.data, rec); r.corrupt == nil {
+		if r.corrupt = verify(name, int64(len(r.data)), crc, rec); r.corrupt == nil {
 			l.dir.Touch(rel, l.cfg.Clock.Now())
 			return r, nil
 		}

@@ -91,8 +91,9 @@ func (l *Level) readRecord(rel string) (rec []byte, ok bool, err error) {
 	return rec, err == nil, err
 }
 
-// verify checks fetched bytes against their record, bound to the block's name.
-func verify(name block.Name, data, rec []byte) error {
+// verify checks a fetched block (its size and the CRC32C computed while it
+// was read) against its record, bound to the block's name.
+func verify(name block.Name, size int64, crc uint32, rec []byte) error {
 	d, key, bound, err := block.UnmarshalRecord(rec)
 	if err != nil {
 		return err
@@ -100,10 +101,10 @@ func verify(name block.Name, data, rec []byte) error {
 	if !bound || key != name.Binding() {
 		return fmt.Errorf("digest record is bound to %+v, not to this block", key)
 	}
-	if int64(len(data)) != d.Size {
-		return fmt.Errorf("%d bytes, the record covers %d", len(data), d.Size)
+	if size != d.Size {
+		return fmt.Errorf("%d bytes, the record covers %d", size, d.Size)
 	}
-	if crc := block.CRC32C(data); crc != d.CRC {
+	if crc != d.CRC {
 		return fmt.Errorf("crc32c %08x, recorded %08x", crc, d.CRC)
 	}
 	return nil

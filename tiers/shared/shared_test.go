@@ -312,9 +312,9 @@ func TestStartsWhileUnreachable(t *testing.T) {
 // vanishingDir removes a block as it is read, as another node's evictor may.
 type vanishingDir struct{ Dir }
 
-func (d vanishingDir) ReadFile(rel string) ([]byte, error) {
+func (d vanishingDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
 	d.Dir.Remove(rel)
-	return d.Dir.ReadFile(rel)
+	return d.Dir.ReadBlock(rel, chunk)
 }
 
 // TestRemovedMidReadIsAMiss: a block removed while it is fetched is a miss
@@ -335,5 +335,65 @@ func TestRemovedMidReadIsAMiss(t *testing.T) {
 	}
 	if _, ok := readerLocal.get(blockRel(1)); ok || reader.Stats().CorruptDropped != 0 || reader.Lookup(blockRel(1)) {
 		t.Fatal("a block removed mid-read was imported, counted corrupt or still answers present")
+	}
+}
+
+// slowDir delivers a block's chunks with a pause after each, as a slow but
+// answering store does; with stall set it never delivers past the first
+// chunk until released.
+type slowDir struct {
+	Dir
+	pause   time.Duration
+	stall   bool
+	release chan struct{}
+}
+
+func (d slowDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+	first := true
+	return d.Dir.ReadBlock(rel, func(p []byte) {
+		if d.stall && !first {
+			<-d.release
+		}
+		first = false
+		chunk(p)
+		time.Sleep(d.pause)
+	})
+}
+
+// TestFetchBoundIsProgress: a fetch whose chunks keep arriving runs past
+// --shared-timeout in all and succeeds; one that stalls for the bound fails
+// as a miss and counts a timeout.
+func TestFetchBoundIsProgress(t *testing.T) {
+	root := t.TempDir()
+	const size = 5*fetchChunk + block.PageSize
+	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	for i := range 2 {
+		local.put(blockRel(i), blockData(i, size))
+		writer.Published(blockRel(i), size)
+	}
+	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 2 })
+
+	const timeout = time.Second
+	slow := slowDir{Dir: OSDir{root}, pause: timeout * 2 / 5}
+	reader, readerLocal, _ := newTestLevel(t, slow, root, func(c *Config) { c.Holder = "node-b"; c.Timeout = timeout })
+	start := time.Now()
+	if err := reader.Fetch(blockRel(0)); err != nil {
+		t.Fatalf("a slow but progressing fetch failed: %v", err)
+	}
+	if got, _ := readerLocal.get(blockRel(0)); !bytes.Equal(got, blockData(0, size)) {
+		t.Fatal("the slow fetch imported other bytes")
+	}
+	if time.Since(start) < timeout {
+		t.Fatal("the slow fetch did not outlast one bound: the test proves nothing")
+	}
+
+	stalled := slowDir{Dir: OSDir{root}, stall: true, release: make(chan struct{})}
+	defer close(stalled.release)
+	stuck, stuckLocal, _ := newTestLevel(t, stalled, root, func(c *Config) { c.Holder = "node-c"; c.Timeout = timeout })
+	if err := stuck.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("a stalled fetch: %v, want a miss", err)
+	}
+	if _, ok := stuckLocal.get(blockRel(1)); ok || stuck.Stats().Timeouts == 0 {
+		t.Fatal("a stalled fetch was imported or counted no timeout")
 	}
 }
