@@ -27,8 +27,9 @@ type SharedLevel interface {
 	Size(rel string) (int64, bool)
 	// LookedUp tells the level a local block answered a lookup.
 	LookedUp(rel string, size int64)
-	// Fetch copies a block from the shared store into the local store, verified.
-	Fetch(rel string) error
+	// Fetch copies a block from the shared store into the local store,
+	// verified, and returns its bytes (core.Fetcher).
+	Fetch(rel string) ([]byte, error)
 	Stats() shared.Stats
 }
 

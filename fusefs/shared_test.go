@@ -13,11 +13,11 @@ import (
 // fakeShared is a shared level that only has stats.
 type fakeShared struct{ st shared.Stats }
 
-func (f fakeShared) Lookup(string) bool        { return false }
-func (f fakeShared) Size(string) (int64, bool) { return 0, false }
-func (f fakeShared) LookedUp(string, int64)    {}
-func (f fakeShared) Fetch(string) error        { return nil }
-func (f fakeShared) Stats() shared.Stats       { return f.st }
+func (f fakeShared) Lookup(string) bool           { return false }
+func (f fakeShared) Size(string) (int64, bool)    { return 0, false }
+func (f fakeShared) LookedUp(string, int64)       {}
+func (f fakeShared) Fetch(string) ([]byte, error) { return nil, nil }
+func (f fakeShared) Stats() shared.Stats          { return f.st }
 
 // TestSharedMetricsAndWarnings: every numeric and boolean field of the
 // "shared" stats is a kvtierfs_shared_<field> metric, and an unreachable

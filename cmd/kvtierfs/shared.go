@@ -119,14 +119,23 @@ func printShared(w io.Writer, sh *shared.Stats) {
 // stagingFetch is how staging reads a block ahead: from the store, or with
 // the shared level, from the shared store when only it holds the block
 // (fetched, verified and kept locally first), so staging streams a chain
-// from the shared store as it does from the disk.
+// from the shared store as it does from the disk. The bytes the fetch read
+// and verified are staged as they are; the store is read again only when a
+// concurrent fetch of the block read them.
 func stagingFetch(store *disk.Store, level *shared.Level) func(block.Ref) ([]byte, error) {
 	return func(ref block.Ref) ([]byte, error) {
 		buf, err := store.ReadBlock(ref.Rel)
-		if level != nil && errors.Is(err, syscall.ENOENT) && level.Fetch(ref.Rel) == nil {
-			return store.ReadBlock(ref.Rel)
+		if level == nil || !errors.Is(err, syscall.ENOENT) {
+			return buf, err
 		}
-		return buf, err
+		fetched, fetchErr := level.Fetch(ref.Rel)
+		switch {
+		case fetchErr != nil:
+			return buf, err
+		case fetched != nil:
+			return fetched, nil
+		}
+		return store.ReadBlock(ref.Rel)
 	}
 }
 

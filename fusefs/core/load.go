@@ -60,9 +60,11 @@ type Config struct {
 }
 
 // Fetcher brings a block from the shared level into the store, verified
-// (tiers/shared.Level.Fetch); a block it does not hold is ENOENT.
+// (tiers/shared.Level.Fetch); a block it does not hold is ENOENT. It returns
+// the bytes it read, which the caller then owns (nil when a concurrent fetch
+// of the block read them).
 type Fetcher interface {
-	Fetch(rel string) error
+	Fetch(rel string) ([]byte, error)
 }
 
 // DefaultDeadline is Config.Deadline's default.
@@ -85,6 +87,9 @@ const (
 	FromRow
 	// FromStore: the block is read from the store while the load is served.
 	FromStore
+	// FromShared: the shared level's fetch had just read and verified the
+	// block (counted with FromStore: the fetch published it in the store).
+	FromShared
 )
 
 // Counters count what loads did; read them with Load.
@@ -182,10 +187,11 @@ type Load struct {
 func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	rel := ref.Rel
 	r, err := c.cfg.Store.PinBlock(rel)
+	var fetched []byte
 	if errors.Is(err, syscall.ENOENT) && c.cfg.Shared != nil {
 		// Present only in the shared store (its lookup said so): fetched,
-		// verified and kept locally, then loaded as any block.
-		if err = c.cfg.Shared.Fetch(rel); err == nil {
+		// verified and kept locally, then loaded from the bytes fetched.
+		if fetched, err = c.cfg.Shared.Fetch(rel); err == nil {
 			r, err = c.cfg.Store.PinBlock(rel)
 		}
 	}
@@ -199,31 +205,45 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	if err := c.budget.Acquire(waitCtx, size); err != nil {
 		r.Close()
 		c.Counters.Refused.Add(1)
+		if fetched != nil {
+			c.cfg.Store.RecycleBlock(fetched)
+		}
 		c.cfg.Logger.Error("load refused: open loads hold too many bytes; close loaded blocks", "path", rel, "limit_bytes", c.cfg.MaxBytes)
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
 	}
 	l := &Load{loads: c, r: r, changed: make(chan struct{})}
-	l.fill(ref)
+	l.fill(ref, fetched)
 	switch l.Source {
 	case FromStaging:
 		c.Counters.FromStaging.Add(1)
 	case FromRow:
 		c.Counters.FromRow.Add(1)
-	case FromStore:
+	case FromStore, FromShared:
 		c.Counters.FromStore.Add(1)
 	}
 	return l, nil
 }
 
-// fill gets the block's bytes into l.buf: verified at once from a row or
-// from staging, or from the store by a read that runs on in the background.
-func (l *Load) fill(ref block.Ref) {
+// fill gets the block's bytes into l.buf: verified at once from the bytes
+// a shared fetch just read, a row or staging, or from the store by a read
+// that runs on in the background.
+func (l *Load) fill(ref block.Ref, fetched []byte) {
 	c, r := l.loads, l.r
 	d, _ := r.Digest()
 	l.digest = d
 	canFind := c.cfg.Regions != nil && c.cfg.Regions.Fits(d.Size)
 	if canFind && c.mirrors() {
 		l.before = c.cfg.Regions.Candidates(d)
+	}
+	if fetched != nil {
+		// Proven against the pinned block's digest: the store may hold
+		// another publication of the name by now.
+		if int64(len(fetched)) == d.Size && block.CRC32C(fetched) == d.CRC {
+			l.buf, l.Source = fetched, FromShared
+			l.landed, l.proven = d.Size, true
+			return
+		}
+		c.cfg.Store.RecycleBlock(fetched)
 	}
 	// A row that still holds the block comes first: it costs no disk read,
 	// and a load served from it does not set staging fetching the blocks

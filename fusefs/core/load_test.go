@@ -626,3 +626,50 @@ func TestSpans(t *testing.T) {
 		t.Fatalf("spans %v", s)
 	}
 }
+
+// importingFetcher stands for the shared level: it publishes stored in the
+// store and hands back handed (the bytes it claims to have read).
+type importingFetcher struct {
+	store          *disk.Store
+	stored, handed []byte
+}
+
+func (f importingFetcher) Fetch(rel string) ([]byte, error) {
+	if err := f.store.Import(rel, f.stored); err != nil {
+		return nil, err
+	}
+	return bytes.Clone(f.handed), nil
+}
+
+// TestLoadFromSharedFetch: a block only the shared level holds is loaded
+// from the bytes its fetch read, not read from the store again; bytes that
+// are not the pinned block's are refused and the store is read instead.
+func TestLoadFromSharedFetch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handed func(data []byte) []byte
+		want   Source
+	}{
+		{"the fetched bytes", func(data []byte) []byte { return data }, FromShared},
+		{"other bytes", func(data []byte) []byte { b := bytes.Clone(data); b[5]++; return b }, FromStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			rel, data := testBlock(1)
+			loads := NewLoads(Config{Store: f.store, Regions: f.regions,
+				Shared: importingFetcher{store: f.store, stored: data, handed: tc.handed(data)}})
+			l, err := loads.Open(context.Background(), refOf(rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Release() })
+			row := f.region.Row(2)
+			if err := engineRead(context.Background(), l, row, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(row, data) || l.Source != tc.want {
+				t.Fatalf("loaded bytes equal: %v, source %d; want equal, source %d", bytes.Equal(row, data), l.Source, tc.want)
+			}
+		})
+	}
+}

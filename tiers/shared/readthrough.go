@@ -172,34 +172,37 @@ func (l *Level) Size(rel string) (int64, bool) {
 // record and publishes it in the local store. A block the shared store does
 // not hold (or no longer: removed by another node mid-read) is ENOENT; so is
 // one that fails its digest, which is removed from the shared store if the
-// bytes read are still what its name holds. Concurrent fetches of one block
-// share one read.
-func (l *Level) Fetch(rel string) error {
+// bytes read are still what its name holds. It returns the verified bytes,
+// which the caller owns (a load serves them without reading the store
+// again). Concurrent fetches of one block share one read: the others get
+// nil bytes and read the store.
+func (l *Level) Fetch(rel string) ([]byte, error) {
 	kind, name := block.Parse(rel)
 	if kind != block.File {
-		return syscall.EINVAL
+		return nil, syscall.EINVAL
 	}
 	r := &l.reads
 	r.mu.Lock()
 	if c := r.fetching[rel]; c != nil {
 		r.mu.Unlock()
 		<-c.done
-		return c.err
+		return nil, c.err
 	}
 	c := &fetchCall{done: make(chan struct{})}
 	r.fetching[rel] = c
 	r.mu.Unlock()
-	c.err = l.fetch(rel, name)
+	data, err := l.fetch(rel, name)
+	c.err = err
 	r.mu.Lock()
 	delete(r.fetching, rel)
 	r.mu.Unlock()
 	close(c.done)
-	return c.err
+	return data, err
 }
 
-func (l *Level) fetch(rel string, name block.Name) error {
+func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 	if !l.Reachable() {
-		return fmt.Errorf("fetch %s: %w (%w)", rel, syscall.ENOENT, ErrUnreachable)
+		return nil, fmt.Errorf("fetch %s: %w (%w)", rel, syscall.ENOENT, ErrUnreachable)
 	}
 	start := l.cfg.Clock.Now()
 	// One bounded call reads, verifies, and then touches the block (the
@@ -250,14 +253,14 @@ func (l *Level) fetch(rel string, name block.Name) error {
 	switch {
 	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE):
 		l.reads.remember(rel, false, start)
-		return fmt.Errorf("fetch %s: gone from the shared store: %w", rel, syscall.ENOENT)
+		return nil, fmt.Errorf("fetch %s: gone from the shared store: %w", rel, syscall.ENOENT)
 	case err != nil:
-		return fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
+		return nil, fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
 	case !got.hasRecord:
 		// Not written by a kvtierfs (an engine writing straight to the
 		// shared directory): nothing proves its bytes; leave it there.
 		l.reads.remember(rel, false, start)
-		return fmt.Errorf("fetch %s: no digest record: %w", rel, syscall.ENOENT)
+		return nil, fmt.Errorf("fetch %s: no digest record: %w", rel, syscall.ENOENT)
 	case got.corrupt != nil:
 		l.reads.remember(rel, false, start)
 		if got.dropped {
@@ -265,17 +268,17 @@ func (l *Level) fetch(rel string, name block.Name) error {
 		}
 		l.cfg.Logger.Error("corrupt block in the shared store refused", "path", path.Join(l.cfg.Dir, rel),
 			"reason", got.corrupt, "removed", got.dropped)
-		return fmt.Errorf("fetch %s: %v: %w", rel, got.corrupt, syscall.ENOENT)
+		return nil, fmt.Errorf("fetch %s: %v: %w", rel, got.corrupt, syscall.ENOENT)
 	}
 	if err := l.cfg.Local.Import(rel, got.data); err != nil {
 		// No room here (every local block protected): a miss, not an error.
 		l.cfg.Logger.Warn("block fetched from the shared store could not be kept locally", "path", rel, "err", err)
-		return fmt.Errorf("fetch %s: keeping it locally: %v: %w", rel, err, syscall.ENOENT)
+		return nil, fmt.Errorf("fetch %s: keeping it locally: %v: %w", rel, err, syscall.ENOENT)
 	}
 	l.noteRecent(rel)
 	l.wb.markAdmitted(rel)
 	l.c.fetched.Add(1)
 	l.c.fetchedBytes.Add(int64(len(got.data)))
 	l.c.fetchNanos.Add(int64(l.cfg.Clock.Now().Sub(start)))
-	return nil
+	return got.data, nil
 }

@@ -43,8 +43,9 @@ func TestWriteBehindDrains(t *testing.T) {
 	if !other.Lookup(blockRel(3)) {
 		t.Fatal("node B does not find a written block")
 	}
-	if err := other.Fetch(blockRel(3)); err != nil {
-		t.Fatal(err)
+	fetched, err := other.Fetch(blockRel(3))
+	if err != nil || !bytes.Equal(fetched, blockData(3, testBlock)) {
+		t.Fatalf("fetch: %v, or other bytes handed back", err)
 	}
 	if got, _ := otherLocal.get(blockRel(3)); !bytes.Equal(got, blockData(3, testBlock)) {
 		t.Fatal("node B imported other bytes")
@@ -140,7 +141,7 @@ func TestSidecarWhenNoXattrs(t *testing.T) {
 		t.Fatalf("no sidecar: %v", err)
 	}
 	other, otherLocal, _ := newTestLevel(t, noXattrs{OSDir{root}}, root, func(c *Config) { c.Holder = "node-b" })
-	if err := other.Fetch(blockRel(1)); err != nil {
+	if _, err := other.Fetch(blockRel(1)); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := otherLocal.get(blockRel(1)); !bytes.Equal(got, blockData(1, testBlock)) {
@@ -165,7 +166,7 @@ func TestCorruptDropped(t *testing.T) {
 	f.WriteAt([]byte{0xff}, 100)
 	f.Close()
 	other, otherLocal, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Holder = "node-b" })
-	if err := other.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
+	if _, err := other.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("corrupt fetch: %v, want ENOENT", err)
 	}
 	if _, ok := otherLocal.get(blockRel(1)); ok {
@@ -184,14 +185,14 @@ func TestCorruptDropped(t *testing.T) {
 	plain := blockRel(9)
 	os.MkdirAll(filepath.Dir(filepath.Join(root, plain)), 0o700)
 	os.WriteFile(filepath.Join(root, plain), blockData(9, testBlock), 0o600)
-	if err := other.Fetch(plain); !errors.Is(err, syscall.ENOENT) {
+	if _, err := other.Fetch(plain); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("unproven fetch: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(root, plain)); err != nil {
 		t.Fatal("a block without a record was removed")
 	}
 	// Gone from the shared store: a miss, not an error.
-	if err := other.Fetch(blockRel(7)); !errors.Is(err, syscall.ENOENT) {
+	if _, err := other.Fetch(blockRel(7)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("absent fetch: %v", err)
 	}
 }
@@ -251,7 +252,7 @@ func TestUnreachable(t *testing.T) {
 		local.put(blockRel(i), blockData(i, testBlock))
 		l.Published(blockRel(i), testBlock)
 	}
-	if err := l.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
+	if _, err := l.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("fetch while unreachable: %v", err)
 	}
 	hang.resume()
@@ -329,7 +330,7 @@ func TestRemovedMidReadIsAMiss(t *testing.T) {
 	if !reader.Lookup(blockRel(1)) {
 		t.Fatal("not found before the read")
 	}
-	err := reader.Fetch(blockRel(1))
+	_, err := reader.Fetch(blockRel(1))
 	if !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("fetch of a block removed mid-read: %v, want ENOENT", err)
 	}
@@ -377,7 +378,7 @@ func TestFetchBoundIsProgress(t *testing.T) {
 	slow := slowDir{Dir: OSDir{root}, pause: timeout * 2 / 5}
 	reader, readerLocal, _ := newTestLevel(t, slow, root, func(c *Config) { c.Holder = "node-b"; c.Timeout = timeout })
 	start := time.Now()
-	if err := reader.Fetch(blockRel(0)); err != nil {
+	if _, err := reader.Fetch(blockRel(0)); err != nil {
 		t.Fatalf("a slow but progressing fetch failed: %v", err)
 	}
 	if got, _ := readerLocal.get(blockRel(0)); !bytes.Equal(got, blockData(0, size)) {
@@ -390,7 +391,7 @@ func TestFetchBoundIsProgress(t *testing.T) {
 	stalled := slowDir{Dir: OSDir{root}, stall: true, release: make(chan struct{})}
 	defer close(stalled.release)
 	stuck, stuckLocal, _ := newTestLevel(t, stalled, root, func(c *Config) { c.Holder = "node-c"; c.Timeout = timeout })
-	if err := stuck.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
+	if _, err := stuck.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("a stalled fetch: %v, want a miss", err)
 	}
 	if _, ok := stuckLocal.get(blockRel(1)); ok || stuck.Stats().Timeouts == 0 {
