@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"errors"
 	"syscall"
 	"time"
 
@@ -101,13 +100,6 @@ type blockHandle struct {
 func (f *FS) openBlock(ctx context.Context, ref block.Ref, oDirect bool) (*blockHandle, error) {
 	l, err := f.loads.Open(ctx, ref)
 	if err != nil {
-		if f.shared != nil && errors.Is(err, syscall.ENOENT) {
-			// A block the shared store no longer holds (its fetch missed):
-			// its positive entry goes now, not at its entry timeout
-			// (DESIGN.md "The shared level"). Out of the open's request,
-			// which the kernel may still hold locks for.
-			go f.forget(ref.Rel)
-		}
 		return nil, err
 	}
 	f.diagnostics.Read(ref, l.Size())
