@@ -235,35 +235,44 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 	if canFind && c.mirrors() {
 		l.before = c.cfg.Regions.Candidates(d)
 	}
-	if fetched != nil {
-		// Proven against the pinned block's digest: the store may hold
-		// another publication of the name by now.
-		if int64(len(fetched)) == d.Size && block.CRC32C(fetched) == d.CRC {
-			l.buf, l.Source = fetched, FromShared
-			l.landed, l.proven = d.Size, true
-			return
-		}
+	// Bytes a shared fetch just read serve the load once proven against the
+	// pinned block's digest: the store may hold another publication of the
+	// name by now.
+	if fetched != nil && (int64(len(fetched)) != d.Size || block.CRC32C(fetched) != d.CRC) {
 		c.cfg.Store.RecycleBlock(fetched)
+		fetched = nil
 	}
-	// A row that still holds the block comes first: it costs no disk read,
-	// and a load served from it does not set staging fetching the blocks
-	// after it, which rows that held this one likely hold too (a reload).
-	buf := c.cfg.Store.Buffer(int(d.Size))
-	if canFind {
-		if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
-			l.buf, l.Source = buf, FromRow
-			l.landed, l.proven = d.Size, true
-			return
+	buf := fetched
+	if fetched == nil {
+		// A row that still holds the block comes first: it costs no disk
+		// read, and a load served from it does not set staging fetching
+		// the blocks after it, which rows that held this one likely hold
+		// too (a reload).
+		buf = c.cfg.Store.Buffer(int(d.Size))
+		if canFind {
+			if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
+				l.buf, l.Source = buf, FromRow
+				l.landed, l.proven = d.Size, true
+				return
+			}
 		}
 	}
 	if c.cfg.Stager != nil {
+		// Take stages the wave after this block, fetched or not.
 		if staged, ok := c.cfg.Stager.Take(ref); ok {
 			c.cfg.Store.RecycleBlock(buf)
 			l.buf, l.Source = staged, FromStaging
 			l.landed, l.proven = d.Size, true
 			return
 		}
-		c.cfg.Stager.StoreLoadStarted()
+		if fetched == nil {
+			c.cfg.Stager.StoreLoadStarted()
+		}
+	}
+	if fetched != nil {
+		l.buf, l.Source = fetched, FromShared
+		l.landed, l.proven = d.Size, true
+		return
 	}
 	l.buf, l.Source = buf, FromStore
 	l.background.Go(l.readStore)
