@@ -85,29 +85,30 @@ func (l *Level) list(dir string, now time.Time) (listing, error) {
 	return ls, nil
 }
 
-// keepListing caches a listing; past maxCached names in all it forgets the
-// expired listings, then others until half remain. r.mu is held.
+// keepListing caches a listing; past maxCached names in all (a listing
+// counts one more than its names, so absent directories count too) it
+// forgets the expired listings, then others until half remain. r.mu is held.
 func (r *readThrough) keepListing(dir string, ls listing, now time.Time, ttl time.Duration) {
 	if old, ok := r.listings[dir]; ok {
-		r.listedNames -= len(old.names)
+		r.listedNames -= len(old.names) + 1
 	}
-	if r.listedNames+len(ls.names) > maxCached {
+	if r.listedNames+len(ls.names)+1 > maxCached {
 		for k, old := range r.listings {
 			if now.Sub(old.at) >= ttl {
-				r.listedNames -= len(old.names)
+				r.listedNames -= len(old.names) + 1
 				delete(r.listings, k)
 			}
 		}
 		for k, old := range r.listings {
-			if r.listedNames+len(ls.names) <= maxCached/2 {
+			if r.listedNames+len(ls.names)+1 <= maxCached/2 {
 				break
 			}
-			r.listedNames -= len(old.names)
+			r.listedNames -= len(old.names) + 1
 			delete(r.listings, k)
 		}
 	}
 	r.listings[dir] = ls
-	r.listedNames += len(ls.names)
+	r.listedNames += len(ls.names) + 1
 }
 
 // fromListings answers whether rel may be in the shared store from the

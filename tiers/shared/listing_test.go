@@ -105,3 +105,29 @@ func TestLookupsListOnce(t *testing.T) {
 		t.Fatal("a block written by another node not seen after NegativeTTL")
 	}
 }
+
+// TestListingsBounded: however many directories are listed, the cached
+// listings keep at most maxCached names (absent directories counting one).
+func TestListingsBounded(t *testing.T) {
+	var r readThrough
+	r.init()
+	now := time.Unix(1_800_000_000, 0)
+	names := make(map[string]fs.FileMode, 1000)
+	for i := range 1000 {
+		names[fmt.Sprintf("%04x", i)] = 0
+	}
+	for i := range 3 * maxCached / 1000 {
+		r.keepListing(fmt.Sprintf("dir%d", i), listing{at: now, names: names}, now, time.Minute)
+		r.keepListing(fmt.Sprintf("absent%d", i), listing{at: now, absent: true}, now, time.Minute)
+		if r.listedNames > maxCached {
+			t.Fatalf("%d names cached after %d listings", r.listedNames, 2*(i+1))
+		}
+	}
+	sum := 0
+	for _, ls := range r.listings {
+		sum += len(ls.names) + 1
+	}
+	if sum != r.listedNames || len(r.listings) == 0 {
+		t.Fatalf("%d names counted, %d cached in %d listings", r.listedNames, sum, len(r.listings))
+	}
+}
