@@ -89,7 +89,8 @@ const (
 
 // Counters count what loads did; read them with Load.
 type Counters struct {
-	// FromStaging, FromRow and FromStore count opens by Source.
+	// FromStaging and FromRow count opens by Source; FromStore counts loads
+	// read from the store once their bytes matched the digest.
 	FromStaging, FromRow, FromStore atomic.Int64
 	// Completed counts loads that delivered the whole block without an error.
 	Completed atomic.Int64
@@ -209,8 +210,6 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 		c.Counters.FromStaging.Add(1)
 	case FromRow:
 		c.Counters.FromRow.Add(1)
-	case FromStore:
-		c.Counters.FromStore.Add(1)
 	}
 	return l, nil
 }
@@ -270,6 +269,7 @@ func (l *Load) readStore() {
 		return
 	}
 	l.landed, l.proven = int64(len(l.buf)), true
+	c.Counters.FromStore.Add(1) // counted once verified, not at the open
 	l.changedLocked()
 	if l.found != nil && l.mirroring == nil {
 		l.startMirrorLocked()

@@ -226,6 +226,9 @@ func TestCorruptBlockFailsTheLastRead(t *testing.T) {
 		t.Fatalf("completed %d, refused %d, store loads %d, checksum failures %d; want 0, 1, 0, 1",
 			loads.Counters.Completed.Load(), loads.Counters.Refused.Load(), st.Reads.Load(), st.ChecksumFailures.Load())
 	}
+	if n := loads.Counters.FromStore.Load(); n != 0 {
+		t.Fatalf("%d loads counted as read from the store and verified, want 0", n)
+	}
 }
 
 // gatedRead replaces the loads' store read with one that lands the block's
