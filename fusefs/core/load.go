@@ -224,11 +224,13 @@ func (l *Load) fill(ref block.Ref) {
 	if canFind && c.mirrors() {
 		l.before = c.cfg.Regions.Candidates(d)
 	}
-	// A row that still holds the block comes first: it costs no disk read,
+	// A row that still holds the block comes first, once the file was
+	// checked against the digest (a passthrough store's is the row's, which
+	// the engine may have changed before the rename): it costs no disk read,
 	// and a load served from it does not set staging fetching the blocks
 	// after it, which rows that held this one likely hold too (a reload).
 	buf := c.cfg.Store.Buffer(int(d.Size))
-	if canFind {
+	if canFind && r.FileChecked() {
 		if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
 			l.buf, l.Source = buf, FromRow
 			l.landed, l.proven = d.Size, true

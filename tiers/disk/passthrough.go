@@ -122,6 +122,8 @@ type written struct {
 	size  int64
 	crc   uint32
 	probe func(off int64) (uint64, error)
+	// fromRow is set when the digest is the row's, not read from the file.
+	fromRow bool
 }
 
 // sealPassthrough learns a passthrough tmp's checksum and probe windows from
@@ -170,7 +172,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		}
 	}
 	offsets := block.ProbeOffsets(size)
-	w.crc = row.CRC
+	w.crc, w.fromRow = row.CRC, found
 	w.probe = func(off int64) (uint64, error) {
 		for i, o := range offsets {
 			if o == off {
