@@ -98,7 +98,7 @@ type Options struct {
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
-	Diagnostics *diagnose.Diagnostics
+	Diagnostics Diagnoser
 	// AllowOther lets users other than the one who mounts reach the mount
 	// (the allow_other mount option), which an engine running as another
 	// user than the daemon needs. Access is still limited to the store
@@ -133,7 +133,7 @@ type FS struct {
 	sync        *rowsync.Node
 	syncRegions *SyncRegions
 	stager      *staging.Stager
-	diagnostics *diagnose.Diagnostics
+	diagnostics Diagnoser
 	kvEvents    *kvevents.Publisher
 	shared      SharedLevel
 
@@ -152,6 +152,20 @@ type FS struct {
 
 // regionRefresh is how often the shm regions are looked for again.
 const regionRefresh = time.Second
+
+// Diagnoser is what the mount tells the field diagnostics and asks of them
+// (staging/diagnose.Diagnostics; DESIGN.md "Staging, matching and diagnostics").
+type Diagnoser interface {
+	// Stored, Read and LookedUp count a published block, a completed load
+	// and a block lookup's answer; MissedLookup a lookup whose directory
+	// was absent (group -1: the group directory itself).
+	Stored(key block.Ref, bytes int64)
+	Read(key block.Ref, bytes int64)
+	LookedUp(key block.Ref, present bool)
+	MissedLookup(tier string, group int)
+	// Warnings are the known failures the counts show now.
+	Warnings(st diagnose.StoreState) []ctlabi.Warning
+}
 
 // Mount mounts the store at mountpoint and starts serving it.
 func Mount(mountpoint string, opts Options) (*FS, error) {

@@ -334,6 +334,13 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, syscall.EEXIST
 	}
 	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode&0o700, out)
+	if errno == syscall.EEXIST && layoutLevel(n.rel(name)) != notLayout {
+		// Made in the store, not through the mount: index it and drop the
+		// kernel's cached absence (after this request, which holds the
+		// directory's lock), so the engine's next lookup finds it.
+		n.fsys.namespaceMoved(n.rel(name))
+		go n.EmbeddedInode().NotifyEntry(name)
+	}
 	if errno != 0 {
 		return nil, errno
 	}

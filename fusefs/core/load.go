@@ -94,7 +94,8 @@ const (
 
 // Counters count what loads did; read them with Load.
 type Counters struct {
-	// FromStaging, FromRow and FromStore count opens by Source.
+	// FromStaging and FromRow count opens by Source; FromStore counts loads
+	// read from the store once their bytes matched the digest.
 	FromStaging, FromRow, FromStore atomic.Int64
 	// Completed counts loads that delivered the whole block without an error.
 	Completed atomic.Int64
@@ -218,7 +219,8 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 		c.Counters.FromStaging.Add(1)
 	case FromRow:
 		c.Counters.FromRow.Add(1)
-	case FromStore, FromShared:
+	case FromShared:
+		// Proven at the open, as a load from the store is once verified.
 		c.Counters.FromStore.Add(1)
 	}
 	return l, nil
@@ -244,12 +246,14 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 	}
 	buf := fetched
 	if fetched == nil {
-		// A row that still holds the block comes first: it costs no disk
-		// read, and a load served from it does not set staging fetching
-		// the blocks after it, which rows that held this one likely hold
-		// too (a reload).
+		// A row that still holds the block comes first, once the file was
+		// checked against the digest (a passthrough store's is the row's,
+		// which the engine may have changed before the rename): it costs no
+		// disk read, and a load served from it does not set staging
+		// fetching the blocks after it, which rows that held this one
+		// likely hold too (a reload).
 		buf = c.cfg.Store.Buffer(int(d.Size))
-		if canFind {
+		if canFind && r.FileChecked() {
 			if _, ok := c.cfg.Regions.CopyHeld(d, buf); ok {
 				l.buf, l.Source = buf, FromRow
 				l.landed, l.proven = d.Size, true
@@ -299,6 +303,7 @@ func (l *Load) readStore() {
 		return
 	}
 	l.landed, l.proven = int64(len(l.buf)), true
+	c.Counters.FromStore.Add(1) // counted once verified, not at the open
 	l.changedLocked()
 	if l.found != nil && l.mirroring == nil {
 		l.startMirrorLocked()

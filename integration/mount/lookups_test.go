@@ -3,6 +3,7 @@ package mount_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
@@ -113,5 +114,34 @@ func TestLookupsSeeTheLayoutChange(t *testing.T) {
 	moved = d.Path(tierDir, filepath.Base(moved))
 	if !tier.Exists(moved) || tier.Exists(filepath.Join(moved, "00_g0")) {
 		t.Fatal("the layout's directories answer differently after a remount")
+	}
+}
+
+// A layout directory made in the store itself after the mount looked it up
+// absent (an operator's mkdir, a restore) does not keep the engine's stores
+// under it failing with ENOENT: the engine's makedirs gets EEXIST from the
+// store, and then the directory is found and the block stored.
+func TestDirectoryMadeInTheStore(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	storeBlock(t, tier, region.Row(0), 10) // the tier exists: lookups reach the layout
+	for i := range 2 {
+		block := tier.BlockPath(tierDir, 0, hashOf(i))
+		if tier.Exists(block) {
+			t.Fatalf("block %d present before it was stored", i)
+		}
+		dir := filepath.Dir(block)
+		if i == 1 {
+			dir = filepath.Dir(dir) // the prefix directory only
+		}
+		storeDir := filepath.Join(d.Store, strings.TrimPrefix(dir, d.Mountpoint))
+		if err := os.MkdirAll(storeDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		storeBlock(t, tier, region.Row(0), i)
+		if !tier.Exists(block) {
+			t.Fatalf("block %d absent after its store", i)
+		}
 	}
 }

@@ -331,3 +331,53 @@ func TestPassthroughTornByKill(t *testing.T) {
 		t.Fatalf("block 0 after the remount: %v", err)
 	}
 }
+
+// A row the engine zeroes in part between its write and the rename never
+// makes the store punch the written bytes away: loaded from the store (the
+// row reused meanwhile), the block loads as written (the pages sampled
+// caught the change) or fails, never as the changed row.
+func TestPassthroughRowZeroedBeforeRename(t *testing.T) {
+	m := newPassthroughMount(t, 5)
+	for i := 1; i < 4; i++ {
+		row := m.region.Row(i)
+		fillRow(row, i)
+		fd := m.openTmp(t, i)
+		pwrite(t, fd, row, 0)
+		clear(row[40*block.PageSize : 41*block.PageSize])
+		if err := m.publish(t, fd, i); err != nil {
+			t.Fatal(err)
+		}
+		fillRow(row, i+100)
+		block, _ := m.paths(i)
+		scratch := m.region.Row(4)
+		clear(scratch)
+		if err := m.tier.Load(block, scratch); err == nil && !bytes.Equal(scratch, expectedRow(i)) {
+			t.Fatalf("block %d loaded with success and bytes it was not written with", i)
+		}
+	}
+}
+
+// A row the engine changes at pages the rename does not sample, between its
+// write and the rename, gives the block the changed row's digest. While the
+// row still holds those bytes a load must not be served from it: the file
+// holds the bytes written, and only a load that checked the file may trust
+// a row.
+func TestPassthroughRowChangedBeforeRenameNotServedFromIt(t *testing.T) {
+	m := newPassthroughMount(t, 5)
+	for i := 1; i < 4; i++ {
+		row := m.region.Row(i)
+		fillRow(row, i)
+		fd := m.openTmp(t, i)
+		pwrite(t, fd, row, 0)
+		copy(row[40*block.PageSize:], "changed after the write")
+		if err := m.publish(t, fd, i); err != nil {
+			t.Fatal(err)
+		}
+		block, _ := m.paths(i)
+		scratch := m.region.Row(4)
+		clear(scratch)
+		if err := m.tier.Load(block, scratch); err == nil && !bytes.Equal(scratch, expectedRow(i)) {
+			t.Fatalf("block %d loaded with success and bytes it was not written with", i)
+		}
+	}
+}

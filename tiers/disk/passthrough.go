@@ -122,6 +122,8 @@ type written struct {
 	size  int64
 	crc   uint32
 	probe func(off int64) (uint64, error)
+	// fromRow is set when the digest is the row's, not read from the file.
+	fromRow bool
 }
 
 // sealPassthrough learns a passthrough tmp's checksum and probe windows from
@@ -152,6 +154,12 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	s.counters.WriteBytes.Add(size)
 	if found {
 		s.counters.StoresFromRow.Add(1)
+		// The row may have changed since the kernel wrote the file: a page
+		// zero in the row is punched only where the file holds zeros too, or
+		// the hole would turn the file into the row and hide the change.
+		if row.ZeroRuns, err = zeroRunsOfFile(f, row.ZeroRuns); err != nil {
+			return w, err
+		}
 	} else {
 		s.counters.StoresReadBack.Add(1)
 		if row, err = readBack(f, size); err != nil {
@@ -164,7 +172,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		}
 	}
 	offsets := block.ProbeOffsets(size)
-	w.crc = row.CRC
+	w.crc, w.fromRow = row.CRC, found
 	w.probe = func(off int64) (uint64, error) {
 		for i, o := range offsets {
 			if o == off {
@@ -257,6 +265,38 @@ func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
 		}
 	}
 	return w, nil
+}
+
+// zeroRunsOfFile reads the page runs of f that the row found holds as zeros
+// and returns the all-zero page runs among them.
+func zeroRunsOfFile(f *os.File, runs [][2]int64) ([][2]int64, error) {
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	buf, release, err := alignedBuffer(readBackChunk)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	direct := setDirect(int(f.Fd()), true) == nil
+	defer setDirect(int(f.Fd()), false)
+	var out [][2]int64
+	for _, r := range runs {
+		for at := r[0]; at < r[1]; at += readBackChunk {
+			chunk := buf[:min(readBackChunk, r[1]-at)]
+			if _, err := readFullAt(f, chunk, at, &direct); err != nil {
+				return nil, err
+			}
+			for _, z := range nonZeroComplement(chunk, at) {
+				if n := len(out); n > 0 && out[n-1][1] == z[0] {
+					out[n-1][1] = z[1]
+				} else {
+					out = append(out, z)
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // nonZeroComplement lists the all-zero page runs of a page-aligned chunk at off.

@@ -108,6 +108,22 @@ func (r *Reader) Digest() (block.Digest, bool) {
 	return r.b.digest, true
 }
 
+// FileChecked reports whether the block file's bytes were checked against
+// its digest since it was published or indexed: only then does a row whose
+// bytes match the digest hold the file's bytes.
+func (r *Reader) FileChecked() bool {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return !r.b.unchecked
+}
+
+// checked records that the block file matched its digest.
+func (r *Reader) checked() {
+	r.s.mu.Lock()
+	r.b.unchecked = false
+	r.s.mu.Unlock()
+}
+
 // Verify reads the block file and checks it against its digest. A mismatch
 // removes the block and returns EIO.
 func (r *Reader) Verify() error {
@@ -129,6 +145,7 @@ func (r *Reader) Verify() error {
 	if crc != want {
 		return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
 	}
+	r.checked()
 	return nil
 }
 
@@ -210,6 +227,7 @@ func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
 	if in.crc != d.CRC {
 		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
 	}
+	r.checked()
 	return nil
 }
 

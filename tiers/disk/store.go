@@ -83,6 +83,11 @@ type entry struct {
 	lru        *list.Element
 	prefix     *prefix
 	present    bool
+	// unchecked is set while the file's bytes were never checked against
+	// the digest: a passthrough store takes its digest from the engine's
+	// row, and a record found at mount may have been taken so. A row is
+	// not trusted to stand for such a file (Reader.FileChecked).
+	unchecked bool
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
@@ -463,7 +468,7 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 		}
 	}
 	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
-		lastUse: st.Mtim.Nano(), present: true, digest: d}, nil
+		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true}, nil
 }
 
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the

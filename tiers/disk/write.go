@@ -623,7 +623,7 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	s.used -= t.allocated
 	t.closeIfRetired()
 	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
-		digest: digest, lastUse: s.nowNano(), present: true}
+		digest: digest, lastUse: s.nowNano(), present: true, unchecked: t.passthrough && sealed.fromRow}
 	if old != nil {
 		b.lastLookup, b.prefix = old.lastLookup, old.prefix
 		s.replaceInPrefixLocked(old, b)
