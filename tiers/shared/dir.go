@@ -34,6 +34,9 @@ type Dir interface {
 	MkdirAll(rel string) error
 	ReadDir(rel string) ([]fs.DirEntry, error)
 	Touch(rel string, t time.Time) error
+	// Append and ReadFrom write and tail the names journal (journal.go).
+	Append(rel string, data []byte) error
+	ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error)
 	Xattrs
 }
 
@@ -234,4 +237,45 @@ func (d OSDir) GetXattr(rel, name string) ([]byte, error) {
 // SetXattr sets an extended attribute.
 func (d OSDir) SetXattr(rel, name string, value []byte) error {
 	return unix.Lsetxattr(d.path(rel), name, value, 0)
+}
+
+// Append appends data to rel (created if missing) in one O_APPEND write, so
+// that records written by several processes never interleave within one.
+func (d OSDir) Append(rel string, data []byte) error {
+	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// ReadFrom reads a regular file from off to its end (at most limit bytes),
+// with the stat of the file read.
+func (d OSDir) ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error) {
+	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, FileInfo{}, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, FileInfo{}, err
+	}
+	info := FileInfo{Size: st.Size, Dev: st.Dev, Ino: st.Ino, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}
+	if !info.IsFile {
+		return nil, info, syscall.EINVAL
+	}
+	if off >= info.Size {
+		return nil, info, nil
+	}
+	buf := make([]byte, min(info.Size-off, limit))
+	n, err := f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, info, err
+	}
+	return buf[:n], info, nil
 }

@@ -209,6 +209,7 @@ func (l *Level) evict() {
 				return false, err
 			}
 			l.dir.Remove(b.rel + sidecarSuffix)
+			l.journalRemove(b.rel)
 			return false, nil
 		})
 		switch {

@@ -83,7 +83,7 @@ func TestLookupsListOnce(t *testing.T) {
 		t.Fatal("held block answered absent")
 	}
 	listings, stats := dir.counts()
-	want := map[string]int{".": 1, "model": 1, filepath.Dir(groupDir): 1, groupDir: 1}
+	want := map[string]int{".": 1, "model": 1, filepath.Dir(groupDir): 1, groupDir: 1, namesDir: 1}
 	for d, c := range listings {
 		if c != want[d] {
 			t.Errorf("%q listed %d times, want %d (all: %v)", d, c, want[d], listings)

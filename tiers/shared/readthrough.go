@@ -127,8 +127,23 @@ func (l *Level) Lookup(rel string) bool {
 		}
 		return a.present && a.isDir != isBlock
 	}
-	// The listings of rel's directories answer most cold keys absent; a
+	// The names journal answers from memory (journal.go); where it cannot,
+	// the listings of rel's directories answer most cold keys absent, and a
 	// name they hold is stat'ed for its size and type.
+	if present, size, ok := l.fromJournal(rel, isBlock, now); ok {
+		switch {
+		case present:
+			l.reads.rememberEntry(rel, answer{present: true, isDir: !isBlock, size: size, at: now})
+			if isBlock {
+				l.c.lookupHits.Add(1)
+				l.noteRecent(rel)
+			}
+		case isBlock:
+			l.c.negativeHits.Add(1)
+		}
+		return present
+	}
+	l.c.journalFallbacks.Add(1)
 	listed, listedDir, called, err := l.fromListings(rel, now)
 	switch {
 	case err == nil && !listed:
@@ -247,12 +262,14 @@ func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 			return r, nil
 		}
 		l.dir.Remove(rel + sidecarSuffix)
+		l.journalRemove(rel)
 		r.dropped = true
 		return r, nil
 	})
 	switch {
 	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESTALE):
 		l.reads.remember(rel, false, start)
+		l.journalForget(rel)
 		return nil, fmt.Errorf("fetch %s: gone from the shared store: %w", rel, syscall.ENOENT)
 	case err != nil:
 		return nil, fmt.Errorf("fetch %s: %v: %w", rel, err, syscall.ENOENT)
@@ -260,9 +277,11 @@ func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 		// Not written by a kvtierfs (an engine writing straight to the
 		// shared directory): nothing proves its bytes; leave it there.
 		l.reads.remember(rel, false, start)
+		l.journalForget(rel)
 		return nil, fmt.Errorf("fetch %s: no digest record: %w", rel, syscall.ENOENT)
 	case got.corrupt != nil:
 		l.reads.remember(rel, false, start)
+		l.journalForget(rel)
 		if got.dropped {
 			l.c.corruptDropped.Add(1)
 		}

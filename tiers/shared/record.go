@@ -44,6 +44,7 @@ func (l *Level) put(rel string, name block.Name, data []byte) error {
 		l.dir.Remove(tmp)
 		return err
 	}
+	l.journalAdd(rel, int64(len(data)))
 	return nil
 }
 

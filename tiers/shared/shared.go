@@ -146,6 +146,10 @@ type Stats struct {
 	CapacityBytes   int64   `json:"capacity_bytes"`
 	UsedBytes       int64   `json:"used_bytes"`
 	EvictedBlocks   int64   `json:"evicted_blocks"`
+	// JournalNames are the names the journal holds; JournalFallbacks the
+	// lookups it could not answer, which went to the listings.
+	JournalNames     int64 `json:"journal_names"`
+	JournalFallbacks int64 `json:"journal_fallbacks"`
 	// behindGrowing is set when bytes_behind rose over the last samples.
 	behindGrowing bool
 }
@@ -160,6 +164,7 @@ type counters struct {
 	fetched, fetchedBytes, fetchNanos  atomic.Int64
 	lookups, lookupHits, negativeHits  atomic.Int64
 	corruptDropped, evicted, usedBytes atomic.Int64
+	journalFallbacks                   atomic.Int64
 }
 
 // Level is the shared level of one node. All methods are safe for concurrent use.
@@ -169,9 +174,10 @@ type Level struct {
 	bound *bound
 	c     counters
 
-	wb    writeBehind
-	reads readThrough
-	lease lease
+	wb      writeBehind
+	reads   readThrough
+	journal journal
+	lease   lease
 
 	// xattrsRefused is set once the shared filesystem refused an xattr:
 	// records go to sidecar files from then on.
@@ -207,6 +213,7 @@ func New(cfg Config) (*Level, error) {
 	}
 	l.wb.init()
 	l.reads.init()
+	l.journal.init()
 	l.wg.Add(2)
 	go l.writeLoop()
 	go l.leaseLoop()
@@ -280,30 +287,34 @@ func (l *Level) Stats() Stats {
 	qBlocks, qBytes, inFlight, growing := l.wb.snapshot()
 	fetched := l.c.fetched.Load()
 	st := Stats{
-		Dir:            l.cfg.Dir,
-		Reachable:      l.Reachable(),
-		QueueBlocks:    qBlocks,
-		QueueBytes:     qBytes,
-		BytesBehind:    qBytes + inFlight,
-		WrittenBlocks:  l.c.written.Load(),
-		WrittenBytes:   l.c.writtenBytes.Load(),
-		DroppedBlocks:  l.c.dropped.Load(),
-		FetchedBlocks:  fetched,
-		FetchedBytes:   l.c.fetchedBytes.Load(),
-		Lookups:        l.c.lookups.Load(),
-		LookupHits:     l.c.lookupHits.Load(),
-		NegativeHits:   l.c.negativeHits.Load(),
-		CorruptDropped: l.c.corruptDropped.Load(),
-		Timeouts:       l.bound.timeouts.Load(),
-		CapacityBytes:  l.cfg.Capacity,
-		UsedBytes:      l.c.usedBytes.Load(),
-		EvictedBlocks:  l.c.evicted.Load(),
-		behindGrowing:  growing,
+		Dir:              l.cfg.Dir,
+		Reachable:        l.Reachable(),
+		QueueBlocks:      qBlocks,
+		QueueBytes:       qBytes,
+		BytesBehind:      qBytes + inFlight,
+		WrittenBlocks:    l.c.written.Load(),
+		WrittenBytes:     l.c.writtenBytes.Load(),
+		DroppedBlocks:    l.c.dropped.Load(),
+		FetchedBlocks:    fetched,
+		FetchedBytes:     l.c.fetchedBytes.Load(),
+		Lookups:          l.c.lookups.Load(),
+		LookupHits:       l.c.lookupHits.Load(),
+		NegativeHits:     l.c.negativeHits.Load(),
+		CorruptDropped:   l.c.corruptDropped.Load(),
+		Timeouts:         l.bound.timeouts.Load(),
+		CapacityBytes:    l.cfg.Capacity,
+		UsedBytes:        l.c.usedBytes.Load(),
+		EvictedBlocks:    l.c.evicted.Load(),
+		JournalFallbacks: l.c.journalFallbacks.Load(),
+		behindGrowing:    growing,
 	}
 	if fetched > 0 {
 		st.FetchSecondsAvg = float64(l.c.fetchNanos.Load()) / float64(fetched) / 1e9
 	}
 	st.LeaseHolder, st.LeaseHeld = l.leaseState()
+	l.journal.mu.Lock()
+	st.JournalNames = int64(len(l.journal.names))
+	l.journal.mu.Unlock()
 	return st
 }
 

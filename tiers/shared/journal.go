@@ -1,0 +1,315 @@
+package shared
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// The names journal (DESIGN.md "The shared level"): every node appends the
+// names it publishes in the shared store ("+ <size> <rel>", after the
+// block's rename) and removes ("- <rel>", after the removal) to its own log
+// under namesDir, and tails every node's log at most once per half of
+// NegativeTTL, so that lookups are answered from memory. The journal only
+// saves calls: a name it holds is still verified at its fetch, and a name it
+// lacks is at worst a miss.
+
+const (
+	namesDir  = controlDir + "/names"
+	logSuffix = ".log"
+	// maxJournalNames caps the names kept; past it, lookups go back to the
+	// listings until the node restarts.
+	maxJournalNames = 1 << 21
+	// maxLogs caps the logs tailed; past it, lookups go to the listings.
+	maxLogs = 1024
+	// maxLogBytes is the size past which a node rewrites its own log with
+	// the names it published that are still in its set.
+	maxLogBytes = 64 << 20
+	// maxLogRead caps the bytes read from one log in one refresh.
+	maxLogRead = 64 << 20
+)
+
+// journal is the node's set of the names the shared store holds, as the logs tell.
+type journal struct {
+	// refresh serializes the reads of the logs.
+	refresh sync.Mutex
+
+	mu sync.Mutex
+	// names maps each present block to its size and whether this node's log
+	// records it; dirs counts the names below each directory of the layout.
+	names map[string]journalName
+	dirs  map[string]int
+	// tails are how far each log was read, and the file read.
+	tails map[string]logTail
+	// readAt is when the logs were last read whole; overflowed is set once a
+	// name was refused past maxJournalNames or a log past maxLogs.
+	readAt     time.Time
+	overflowed bool
+	// ownBytes is the size of this node's log as far as it appended.
+	ownBytes int64
+}
+
+type journalName struct {
+	size int64
+	mine bool
+}
+
+type logTail struct {
+	off      int64
+	dev, ino uint64
+}
+
+func (j *journal) init() {
+	j.names = make(map[string]journalName)
+	j.dirs = make(map[string]int)
+	j.tails = make(map[string]logTail)
+}
+
+// ownLog is this node's log.
+func (l *Level) ownLog() string {
+	return namesDir + "/" + strings.ReplaceAll(l.cfg.Holder, "/", "_") + logSuffix
+}
+
+// journalAdd records a block this node published; it runs on a bound worker
+// after the block's rename, so a name in a log was always published first.
+func (l *Level) journalAdd(rel string, size int64) {
+	l.journalAppend(fmt.Sprintf("+ %d %s\n", size, rel))
+	l.journal.apply(rel, true, size, true)
+}
+
+// journalRemove records a block this node removed; on a bound worker.
+func (l *Level) journalRemove(rel string) {
+	l.journalAppend("- " + rel + "\n")
+	l.journal.apply(rel, false, 0, true)
+}
+
+// journalAppend appends one record to this node's log, first rewriting the
+// log with the names it still holds once it passed maxLogBytes. A failed
+// append is a name other nodes miss: a miss, never a wrong block.
+func (l *Level) journalAppend(record string) {
+	j := &l.journal
+	own := l.ownLog()
+	j.mu.Lock()
+	compact := j.ownBytes > maxLogBytes
+	j.mu.Unlock()
+	if compact {
+		l.compactOwnLog(own)
+	}
+	if err := l.dir.Append(own, []byte(record)); err != nil {
+		if l.dir.MkdirAll(namesDir) != nil || l.dir.Append(own, []byte(record)) != nil {
+			return
+		}
+	}
+	j.mu.Lock()
+	j.ownBytes += int64(len(record))
+	j.mu.Unlock()
+}
+
+// compactOwnLog replaces this node's log (tmp + rename) with one record per
+// name it published that its set still holds; readers see a new file and
+// read it from its start.
+func (l *Level) compactOwnLog(own string) {
+	j := &l.journal
+	var buf bytes.Buffer
+	j.mu.Lock()
+	for rel, n := range j.names {
+		if n.mine {
+			fmt.Fprintf(&buf, "+ %d %s\n", n.size, rel)
+		}
+	}
+	j.mu.Unlock()
+	tmp := fmt.Sprintf("%s_%d.tmp", own, tmpSerial.Add(1))
+	if err := l.dir.WriteFile(tmp, buf.Bytes()); err != nil {
+		l.dir.Remove(tmp)
+		return
+	}
+	if err := l.dir.Rename(tmp, own); err != nil {
+		l.dir.Remove(tmp)
+		return
+	}
+	j.mu.Lock()
+	j.ownBytes = int64(buf.Len())
+	j.mu.Unlock()
+}
+
+// apply adds or removes a name; false when the set is full.
+func (j *journal) apply(rel string, present bool, size int64, mine bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	old, had := j.names[rel]
+	switch {
+	case present && had:
+		j.names[rel] = journalName{size: size, mine: mine || old.mine}
+	case present && len(j.names) >= maxJournalNames:
+		j.overflowed = true
+	case present:
+		j.names[rel] = journalName{size: size, mine: mine}
+		j.countDirs(rel, 1)
+	case had:
+		delete(j.names, rel)
+		j.countDirs(rel, -1)
+	}
+}
+
+// countDirs adds n to the count of every directory above rel. j.mu is held.
+func (j *journal) countDirs(rel string, n int) {
+	for dir := path.Dir(rel); dir != "."; dir = path.Dir(dir) {
+		if j.dirs[dir] += n; j.dirs[dir] <= 0 {
+			delete(j.dirs, dir)
+		}
+	}
+}
+
+// forget drops a name found missing or refused at its fetch.
+func (l *Level) journalForget(rel string) { l.journal.apply(rel, false, 0, false) }
+
+// parseRecord reads one log line; ok is false for anything but a well-formed
+// record of a block path of the layout.
+func parseRecord(line string) (rel string, present bool, size int64, ok bool) {
+	op, rest, _ := strings.Cut(line, " ")
+	switch op {
+	case "+":
+		sz, r, found := strings.Cut(rest, " ")
+		n, err := strconv.ParseInt(sz, 10, 64)
+		if !found || err != nil || n < 0 {
+			return "", false, 0, false
+		}
+		rel, present, size = r, true, n
+	case "-":
+		rel = rest
+	default:
+		return "", false, 0, false
+	}
+	if kind, _ := block.Parse(rel); kind != block.File || !inLayout(rel) {
+		return "", false, 0, false
+	}
+	return rel, present, size, true
+}
+
+// inLayout reports a clean relative path whose components are plain names
+// outside the level's own directory.
+func inLayout(rel string) bool {
+	if rel == "" || path.Clean(rel) != rel || strings.HasPrefix(rel, "/") || strings.HasPrefix(rel, controlDir+"/") {
+		return false
+	}
+	for _, c := range strings.Split(rel, "/") {
+		if c == "." || c == ".." || strings.ContainsAny(c, "\x00\\") {
+			return false
+		}
+	}
+	return true
+}
+
+// readJournal tails every log once under the bound: the bytes appended
+// since the last read, whole lines only; a log replaced (compacted) is
+// read from its start. It is skipped when the logs were read within half
+// of NegativeTTL.
+func (l *Level) readJournal(now time.Time) {
+	j := &l.journal
+	j.refresh.Lock()
+	defer j.refresh.Unlock()
+	j.mu.Lock()
+	fresh := !j.readAt.IsZero() && now.Sub(j.readAt) < l.cfg.NegativeTTL/2
+	j.mu.Unlock()
+	if fresh {
+		return
+	}
+	entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(namesDir) })
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		entries = nil
+	case err != nil:
+		return
+	}
+	var logs []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), logSuffix) {
+			logs = append(logs, namesDir+"/"+e.Name())
+		}
+	}
+	if len(logs) > maxLogs {
+		j.mu.Lock()
+		j.overflowed = true
+		j.mu.Unlock()
+		return
+	}
+	for _, log := range logs {
+		if !l.tailLog(log) {
+			return
+		}
+	}
+	j.mu.Lock()
+	j.readAt = now
+	j.mu.Unlock()
+}
+
+// tailLog applies the whole lines appended to one log since its last read.
+func (l *Level) tailLog(log string) bool {
+	j := &l.journal
+	j.mu.Lock()
+	tail := j.tails[log]
+	j.mu.Unlock()
+	type read struct {
+		data []byte
+		info FileInfo
+	}
+	got, err := call(l.bound, func() (r read, err error) {
+		r.data, r.info, err = l.dir.ReadFrom(log, tail.off, maxLogRead)
+		if err == nil && (r.info.Dev != tail.dev || r.info.Ino != tail.ino || r.info.Size < tail.off) && tail.off > 0 {
+			// A new file under the name: read it from its start.
+			r.data, r.info, err = l.dir.ReadFrom(log, 0, maxLogRead)
+		}
+		return r, err
+	})
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return true
+	case err != nil:
+		return false
+	}
+	if got.info.Dev != tail.dev || got.info.Ino != tail.ino {
+		tail = logTail{dev: got.info.Dev, ino: got.info.Ino}
+	}
+	// A line not ended yet is read again next time.
+	end := bytes.LastIndexByte(got.data, '\n') + 1
+	for _, line := range strings.Split(string(got.data[:end]), "\n") {
+		if rel, present, size, ok := parseRecord(line); ok {
+			j.apply(rel, present, size, false)
+		}
+	}
+	tail.off += int64(end)
+	j.mu.Lock()
+	j.tails[log] = tail
+	if log == l.ownLog() {
+		j.ownBytes = max(j.ownBytes, tail.off)
+	}
+	j.mu.Unlock()
+	return true
+}
+
+// fromJournal answers a lookup from the journal: ok is false when it cannot
+// (not read within NegativeTTL, past its caps, or no log at all: blocks in
+// the store were not written by nodes keeping the journal).
+func (l *Level) fromJournal(rel string, isBlock bool, now time.Time) (present bool, size int64, ok bool) {
+	l.readJournal(now)
+	j := &l.journal
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.overflowed || len(j.tails) == 0 || j.readAt.IsZero() || now.Sub(j.readAt) >= l.cfg.NegativeTTL {
+		return false, 0, false
+	}
+	if !isBlock {
+		return j.dirs[rel] > 0, 0, true
+	}
+	n, present := j.names[rel]
+	return present, n.size, true
+}
