@@ -161,6 +161,7 @@ func (l *Level) evict() {
 		l.cfg.Logger.Warn("shared store scan failed", "err", err)
 		return
 	}
+	l.journalUnrecorded(blocks)
 	for _, tmp := range staleTmps {
 		if !l.holding() {
 			return

@@ -114,6 +114,32 @@ func (l *Level) journalAppend(record string) {
 	j.mu.Unlock()
 }
 
+// journalUnrecorded records, in one append, the blocks the lease holder's
+// walk found that no log records (written before the journal, or by a node
+// whose append failed), so that the journal comes to know every block.
+func (l *Level) journalUnrecorded(blocks []sharedBlock) {
+	j := &l.journal
+	var buf strings.Builder
+	j.mu.Lock()
+	var missing []sharedBlock
+	for _, b := range blocks {
+		if _, ok := j.names[b.rel]; !ok {
+			fmt.Fprintf(&buf, "+ %d %s\n", b.scanInfo.Size, b.rel)
+			missing = append(missing, b)
+		}
+	}
+	j.mu.Unlock()
+	if len(missing) == 0 {
+		return
+	}
+	if l.bound.do(func() error { l.journalAppend(buf.String()); return nil }) != nil {
+		return
+	}
+	for _, b := range missing {
+		j.apply(b.rel, true, b.scanInfo.Size, true)
+	}
+}
+
 // compactOwnLog replaces this node's log (tmp + rename) with one record per
 // name it published that its set still holds; readers see a new file and
 // read it from its start.

@@ -226,3 +226,29 @@ func TestJournalCapFallsBack(t *testing.T) {
 		t.Fatalf("%d fallbacks counted, want 2", got)
 	}
 }
+
+// TestJournalRecordsUnrecordedBlocks: a block put straight into the shared
+// directory (no record in any log) is absent to the journal until the lease
+// holder's walk records it in its own log.
+func TestJournalRecordsUnrecordedBlocks(t *testing.T) {
+	root := t.TempDir()
+	writeLog(t, root, "other", fmt.Sprintf("+ 10 %s\n", spreadRel(1)))
+	p := filepath.Join(root, blockRel(0))
+	os.MkdirAll(filepath.Dir(p), 0o700)
+	if err := os.WriteFile(p, blockData(0, testBlock), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Holder = "node-b" })
+	if b.Lookup(blockRel(0)) {
+		t.Fatal("a block no log records answered present")
+	}
+	newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Capacity = 1 << 40 })
+	eventually(t, "the walk's record in the holder's log", func() bool {
+		log, _ := os.ReadFile(filepath.Join(root, namesDir, "node-a"+logSuffix))
+		return strings.Contains(string(log), fmt.Sprintf("+ %d %s\n", testBlock, blockRel(0)))
+	})
+	clock.Advance(time.Hour)
+	if !b.Lookup(blockRel(0)) {
+		t.Fatal("a block the walk recorded answered absent")
+	}
+}
