@@ -54,6 +54,9 @@ type journal struct {
 	// name was refused past maxJournalNames or a log past maxLogs.
 	readAt     time.Time
 	overflowed bool
+	// triedAt is when a read last started: a failing journal is tried at
+	// most once per half of NegativeTTL too.
+	triedAt time.Time
 	// ownBytes is the size of this node's log as far as it appended.
 	ownBytes int64
 }
@@ -244,7 +247,10 @@ func (l *Level) readJournal(now time.Time) {
 	j.refresh.Lock()
 	defer j.refresh.Unlock()
 	j.mu.Lock()
-	fresh := !j.readAt.IsZero() && now.Sub(j.readAt) < l.cfg.NegativeTTL/2
+	fresh := !j.triedAt.IsZero() && now.Sub(j.triedAt) < l.cfg.NegativeTTL/2
+	if !fresh {
+		j.triedAt = now
+	}
 	j.mu.Unlock()
 	if fresh {
 		return
