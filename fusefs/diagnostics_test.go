@@ -53,13 +53,10 @@ func (r *recordingDiagnoser) seen() []string {
 	return slices.Clone(r.events)
 }
 
-// TestMountFeedsTheDiagnostics mounts the filesystem in this process and
-// replays the engine's I/O: every event the field diagnostics judge reaches
-// them from the FUSE requests, with the store's state, and their warnings
-// reach stats.json. The rules themselves are tested in staging/diagnose,
-// without a mount or a clock; integration/mount keeps the end-to-end cases
-// that need the engine's region or a whole window.
-func TestMountFeedsTheDiagnostics(t *testing.T) {
+// mountInProcess mounts a new store in this process with opts (Store set
+// here); cleanup unmounts it and closes the store.
+func mountInProcess(t *testing.T, opts Options) (*FS, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: mounting FUSE in this process needs root")
 	}
@@ -67,18 +64,51 @@ func TestMountFeedsTheDiagnostics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	rec := &recordingDiagnoser{}
+	t.Cleanup(func() { store.Close() })
+	opts.Store = store
 	mnt := t.TempDir()
-	f, err := Mount(mnt, Options{Store: store, Diagnostics: rec})
+	f, err := Mount(mnt, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := f.Unmount(); err != nil {
 			t.Errorf("unmount: %v", err)
 		}
-	}()
+	})
+	return f, mnt
+}
+
+// TestImportedBlockIsFound imports a block into the store, as a fetch from
+// the shared level does, making its directories without the mount: the
+// lookup index learns them, so the block is found through the mount.
+func TestImportedBlockIsFound(t *testing.T) {
+	f, mnt := mountInProcess(t, Options{})
+	const tier = "M_0123456789ab_r0"
+	if err := os.Mkdir(filepath.Join(mnt, tier), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	h := strings.Repeat("cd", 32)
+	rel := fmt.Sprintf("%s/%s/%s_g0/%s.bin", tier, h[:3], h[3:5], h)
+	data := bytes.Repeat([]byte{9}, 2*block.PageSize)
+	if err := f.store.Import(rel, data); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(mnt, rel))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("loading an imported block through the mount: %v (%d bytes)", err, len(got))
+	}
+}
+
+// TestMountFeedsTheDiagnostics mounts the filesystem in this process and
+// replays the engine's I/O: every event the field diagnostics judge reaches
+// them from the FUSE requests, with the store's state, and their warnings
+// reach stats.json. The rules themselves are tested in staging/diagnose,
+// without a mount or a clock; integration/mount keeps the end-to-end cases
+// that need the engine's region or a whole window.
+func TestMountFeedsTheDiagnostics(t *testing.T) {
+	rec := &recordingDiagnoser{}
+	f, mnt := mountInProcess(t, Options{Diagnostics: rec})
 
 	const tier = "M_0123456789ab_r0"
 	h := strings.Repeat("ab", 32)

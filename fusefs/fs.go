@@ -252,6 +252,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.server = server
 	opts.Store.OnRemove(f.forget)
+	opts.Store.OnImport(f.imported)
 	if f.regions != nil {
 		go f.watchRegions()
 	}
@@ -341,6 +342,14 @@ func (f *FS) absentTimeout(rel string) time.Duration {
 		return f.negativeTimeout
 	}
 	return f.layoutNegativeTimeout
+}
+
+// imported keeps the lookup index right after the store imported a block
+// from the shared level, whose directories it made without the mount.
+func (f *FS) imported(rel string) {
+	group := path.Dir(rel)
+	f.index.changed(path.Dir(group))
+	f.index.changed(group)
 }
 
 // namespaceChanged keeps the lookup index right after the mount created or

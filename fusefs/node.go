@@ -81,15 +81,18 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
 	if layoutLevel(rel) != notLayout {
-		// With a shared store the daemon also makes directories itself (a
-		// fetch's), which the index does not see: only presence is trusted.
+		// The index sees every directory the store gains: through the
+		// mount, from the shared level's lookups and its fetches (FS.imported).
 		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
 		case exists:
 			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
-		case known && n.fsys.shared == nil:
+		case known && !n.fsys.lookupSharedDir(rel):
 			n.fsys.noteMissedDir(rel)
 			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
 			return nil, syscall.ENOENT
+		case known:
+			// Made just now: the shared store holds it.
+			n.fsys.namespaceChanged(rel)
 		}
 	}
 	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))

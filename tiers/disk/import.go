@@ -47,7 +47,16 @@ func (s *Store) Import(rel string, data []byte) error {
 		s.RemoveTmp(tmp)
 		return err
 	}
+	if fn := s.onImport.Load(); fn != nil {
+		(*fn)(rel)
+	}
 	return nil
+}
+
+// OnImport sets the function told of every block Import published, after
+// its rename: the mount learns of the directories Import made without it.
+func (s *Store) OnImport(fn func(rel string)) {
+	s.onImport.Store(&fn)
 }
 
 // MakeDirs creates the directories of relDir that are missing, beneath the

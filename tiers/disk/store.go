@@ -182,7 +182,9 @@ type Store struct {
 	onRemove    func(rel string)
 	onBlockGone func(rel string)
 	// onPublish hears of blocks the engine publishes (OnPublish).
-	onPublish   atomic.Pointer[func(rel string, size int64)]
+	onPublish atomic.Pointer[func(rel string, size int64)]
+	// onImport hears of blocks Import published (OnImport).
+	onImport    atomic.Pointer[func(rel string)]
 	stopRemoval chan struct{}
 	removalDone chan struct{}
 }
