@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,11 +78,11 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 		}
 		return false
 	}
-	mount := func() (*exec.Cmd, *strings.Builder) {
+	mount := func() (*exec.Cmd, *lockedLog) {
 		t.Helper()
-		var log strings.Builder
+		log := &lockedLog{}
 		cmd := asUser("mount", mnt, "--store", store, "--metrics-addr", "", "--shm-glob", filepath.Join(base, "none-*.mmap"))
-		cmd.Stdout, cmd.Stderr = &log, &log
+		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -91,8 +92,12 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 			inNS("fusermount3", "-u", "-z", mnt).Run()
 		})
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if out, err := asUser("stat", mnt, "--json").CombinedOutput(); err == nil && strings.Contains(string(out), `"mountpoint"`) {
-				return cmd, &log
+			// "mounted" is logged once go-fuse's start-up probe of its own
+			// mount is over: a daemon killed while it holds that file open
+			// can never exit (its close waits on itself).
+			out, err := asUser("stat", mnt, "--json").CombinedOutput()
+			if err == nil && strings.Contains(string(out), `"mountpoint"`) && strings.Contains(log.String(), `msg=mounted`) {
+				return cmd, log
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("the user's mount did not come up:\n%s", log.String())
@@ -124,6 +129,24 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 	if !strings.Contains(log.String(), "detached the stale mount") {
 		t.Errorf("the user's second daemon did not detach the dead mount:\n%s", log.String())
 	}
+}
+
+// lockedLog collects a daemon's output while the test reads it.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 // privateFuseNamespace starts a process in a new mount namespace whose
