@@ -229,3 +229,67 @@ func TestConcurrentLoadsDuringReplacement(t *testing.T) {
 	}
 	checkAccounting(t, s)
 }
+
+// Loads of a block republished with other bytes, and removed, while they
+// open it: the descriptor a load gets is always the file of the digest it
+// checks against (PinBlock opens outside the lock and looks again when the
+// block changed meanwhile), so no load fails verification and none drops a
+// block that was fine.
+func TestLoadsWhileTheBlockChangesUnderTheirOpen(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	versions := [][]byte{pageData(1, 16), pageData(2, 16)}
+	putBlock(t, s, rel, versions[0])
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var loaded atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := s.PinBlock(rel)
+				if errors.Is(err, syscall.ENOENT) {
+					continue // removed between publications
+				}
+				if err != nil {
+					t.Errorf("PinBlock: %v", err)
+					return
+				}
+				buf := s.Buffer(int(r.Size()))
+				err = r.ReadInto(buf, nil)
+				r.Close()
+				if err != nil {
+					t.Errorf("a load of a block republished under it failed: %v", err)
+					return
+				}
+				if !bytes.Equal(buf, versions[0]) && !bytes.Equal(buf, versions[1]) {
+					t.Errorf("a load returned bytes of no publication")
+					return
+				}
+				s.RecycleBlock(buf)
+				loaded.Add(1)
+			}
+		})
+	}
+	for i := range 200 {
+		if i%10 == 9 {
+			if err := s.Remove(rel); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+		}
+		putBlock(t, s, rel, versions[i%2])
+	}
+	close(stop)
+	wg.Wait()
+	if got := s.Counters().ChecksumFailures.Load(); got != 0 {
+		t.Errorf("ChecksumFailures = %d, want 0", got)
+	}
+	if loaded.Load() == 0 {
+		t.Errorf("no load completed while the block changed")
+	}
+	checkAccounting(t, s)
+}

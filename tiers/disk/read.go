@@ -72,32 +72,56 @@ func (s *Store) CountMissedLookup() { s.counters.Lookups.Add(1) }
 // PinBlock opens a block for a load without reading it, pinning it until the
 // Reader is closed. The caller must prove the load's bytes before the load
 // counts as done: Verify, or find them in the engine's region by Digest.
+//
+// The file is opened outside the store's lock: with cold caches an open
+// reads directories and an inode from the disk, and sixteen loads would
+// otherwise take those reads one at a time. Every change to the file behind
+// a block's name (publish, remove, eviction, a corrupt block dropped) also
+// replaces or drops its index entry under the lock, so a descriptor opened
+// while the entry stayed the same is that entry's file.
 func (s *Store) PinBlock(rel string) (*Reader, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.blocks[rel]
-	if b == nil {
-		return nil, newError("open", rel, syscall.ENOENT, "no such block")
-	}
-	// Opened under the lock, so a concurrent Publish cannot swap the file
-	// between the index entry and the descriptor.
-	f, err := s.openFile(rel, unix.O_RDONLY, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel))
-		s.dropLocked(b)
-		s.queueRemoval(rel)
-		return nil, newError("open", rel, syscall.ENOENT, "block file vanished from the store")
-	}
-	if err != nil {
-		if errors.Is(err, syscall.EIO) {
-			s.counters.IOErrors.Add(1)
-			s.cfg.Logger.Error("the store filesystem failed to open a block", "path", s.Path(rel), "err", err)
+	for range pinAttempts {
+		s.mu.Lock()
+		b := s.blocks[rel]
+		s.mu.Unlock()
+		if b == nil {
+			return nil, newError("open", rel, syscall.ENOENT, "no such block")
 		}
-		return nil, err
+		f, err := s.openFile(rel, unix.O_RDONLY, 0)
+		s.mu.Lock()
+		if s.blocks[rel] != b {
+			// Published again, removed or evicted while opening: look again.
+			s.mu.Unlock()
+			if f != nil {
+				f.Close()
+			}
+			continue
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel))
+			s.dropLocked(b)
+			s.mu.Unlock()
+			s.queueRemoval(rel)
+			return nil, newError("open", rel, syscall.ENOENT, "block file vanished from the store")
+		}
+		if err != nil {
+			s.mu.Unlock()
+			if errors.Is(err, syscall.EIO) {
+				s.counters.IOErrors.Add(1)
+				s.cfg.Logger.Error("the store filesystem failed to open a block", "path", s.Path(rel), "err", err)
+			}
+			return nil, err
+		}
+		b.readers++
+		s.mu.Unlock()
+		return &Reader{s: s, b: b, file: f}, nil
 	}
-	b.readers++
-	return &Reader{s: s, b: b, file: f}, nil
+	return nil, newError("open", rel, syscall.EAGAIN, "the block was replaced %d times while being opened", pinAttempts)
 }
+
+// pinAttempts bounds how often PinBlock looks again at a block replaced while
+// it was being opened.
+const pinAttempts = 8
 
 // Digest returns the block's digest. Every indexed block has one (a block
 // found without a record is not indexed), so ok is always true; it is kept

@@ -159,10 +159,12 @@ type Store struct {
 	// rows finds the engine's row a passthrough tmp was written from.
 	rows WrittenRows
 
-	mu         sync.Mutex
-	blocks     map[string]*entry
-	lru        *list.List
-	tmps       map[string]*tmpFile
+	mu     sync.Mutex
+	blocks map[string]*entry
+	lru    *list.List
+	tmps   map[string]*tmpFile
+	// creating are the tmp names CreateTmp is opening outside the lock.
+	creating   map[string]bool
 	others     map[fileID]int64 // bytes allocated by files outside the block layout (other.go)
 	used       int64
 	rowBytes   map[string]int64
@@ -234,6 +236,7 @@ func Open(cfg Config) (*Store, error) {
 		blocks:      make(map[string]*entry),
 		lru:         list.New(),
 		tmps:        make(map[string]*tmpFile),
+		creating:    make(map[string]bool),
 		others:      make(map[fileID]int64),
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),

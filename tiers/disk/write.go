@@ -62,38 +62,20 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		flags |= syscall.O_NONBLOCK
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t, ok := s.tmps[rel]; ok && t.open {
+	if t, ok := s.tmps[rel]; ok && t.open || s.creating[rel] {
+		s.mu.Unlock()
 		return nil, newError("create", rel, syscall.EBUSY, "tmp file is already open for writing")
 	}
-	f, err := s.openFile(rel, flags, mode&0o7777)
-	if direct && errors.Is(err, syscall.EINVAL) {
-		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
-		direct = false
-		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, mode&0o7777)
-	}
+	// The file is created outside the lock (a create waits on the store
+	// filesystem's journal, which would stall every other request); a
+	// publish of the same tmp name meanwhile is refused.
+	s.creating[rel] = true
+	s.mu.Unlock()
+	f, direct, id, size, err := s.openTmp(rel, flags, mode, direct, truncate)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.creating, rel)
 	if err != nil {
-		return nil, err
-	}
-	id, private, err := idOf(f)
-	if err == nil && !private {
-		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
-	}
-	if err == nil {
-		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
-	}
-	if err == nil && flags&syscall.O_NONBLOCK != 0 {
-		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
-	}
-	if err == nil && truncate {
-		err = f.Truncate(0)
-	}
-	var size int64
-	if err == nil {
-		size, _, err = fileSize(f)
-	}
-	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	if old, ok := s.tmps[rel]; ok {
@@ -112,6 +94,41 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	s.used += size
 	s.tmps[rel] = t
 	return &Writer{s: s, rel: rel, tmp: t, file: f, direct: direct}, nil
+}
+
+// openTmp opens (creating it) the tmp file rel and checks that it is a file
+// of its own, made private to the store.
+func (s *Store) openTmp(rel string, flags int, mode uint32, direct, truncate bool) (f *os.File, isDirect bool, id fileID, size int64, err error) {
+	f, err = s.openFile(rel, flags, mode&0o7777)
+	if direct && errors.Is(err, syscall.EINVAL) {
+		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
+		direct = false
+		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, mode&0o7777)
+	}
+	if err != nil {
+		return nil, false, fileID{}, 0, err
+	}
+	id, private, err := idOf(f)
+	if err == nil && !private {
+		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
+	}
+	if err == nil {
+		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
+	}
+	if err == nil && flags&syscall.O_NONBLOCK != 0 {
+		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
+	}
+	if err == nil && truncate {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		size, _, err = fileSize(f)
+	}
+	if err != nil {
+		f.Close()
+		return nil, false, fileID{}, 0, err
+	}
+	return f, direct, id, size, nil
 }
 
 // WriteAt appends p at off, which must be the current end of the file. On a
@@ -579,6 +596,9 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	defer s.mu.Unlock()
 	if s.tmps[tmpRel] != t {
 		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed while being published")
+	}
+	if s.creating[tmpRel] {
+		return newError("rename", tmpRel, syscall.EBUSY, "the tmp name is being created again while published: not published")
 	}
 	if want, ok := s.rowBytes[name.Tier]; ok && want != t.size {
 		if old := s.blocks[destRel]; s.tierBlocks[name.Tier] > 1 || old == nil {
