@@ -57,6 +57,13 @@ func (r *recordingDiagnoser) seen() []string {
 // here); cleanup unmounts it and closes the store.
 func mountInProcess(t *testing.T, opts Options) (*FS, string) {
 	t.Helper()
+	mnt := t.TempDir()
+	return mountInProcessAt(t, mnt, opts), mnt
+}
+
+// mountInProcessAt is mountInProcess at the mountpoint mnt.
+func mountInProcessAt(t *testing.T, mnt string, opts Options) *FS {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipped: mounting FUSE in this process needs root")
 	}
@@ -66,7 +73,6 @@ func mountInProcess(t *testing.T, opts Options) (*FS, string) {
 	}
 	t.Cleanup(func() { store.Close() })
 	opts.Store = store
-	mnt := t.TempDir()
 	f, err := Mount(mnt, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +82,7 @@ func mountInProcess(t *testing.T, opts Options) (*FS, string) {
 			t.Errorf("unmount: %v", err)
 		}
 	})
-	return f, mnt
+	return f
 }
 
 // TestImportedBlockIsFound imports a block into the store, as a fetch from

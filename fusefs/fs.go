@@ -16,6 +16,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -108,6 +109,9 @@ type Options struct {
 	KVEvents *kvevents.Publisher
 	// Shared is the shared second level; nil without --shared.
 	Shared SharedLevel
+	// Primer looks each tier's prefix names up ahead of the engine; nil
+	// leaves them to the engine's own lookups. Not used with Shared.
+	Primer Primer
 }
 
 // FS is a mounted kvtierfs.
@@ -136,6 +140,10 @@ type FS struct {
 	diagnostics Diagnoser
 	kvEvents    *kvevents.Publisher
 	shared      SharedLevel
+	primer      Primer
+	// primed is when each tier was last primed (priming.go).
+	primedMu sync.Mutex
+	primed   map[string]time.Time
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
@@ -184,7 +192,11 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
+		primed: make(map[string]time.Time)}
+	if opts.Shared == nil {
+		f.primer = opts.Primer
+	}
 	if f.diagnostics == nil {
 		f.diagnostics = diagnose.New(diagnose.Options{})
 	}
@@ -368,7 +380,10 @@ func (f *FS) namespaceMoved(rel string) {
 // noteMissedDir counts a lookup that failed at a missing directory of the
 // tier layout (`<tier>/<h[0:3]>` or `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most
 // absent keys end there, never reaching their block's name.
-func (f *FS) noteMissedDir(rel string) {
+func (f *FS) noteMissedDir(ctx context.Context, rel string) {
+	if f.primer != nil && f.primer.Owns(callerThread(ctx)) {
+		return // the daemon's own lookup, ahead of the engine
+	}
 	parts := strings.Split(rel, "/")
 	switch {
 	case len(parts) == 2 && len(parts[1]) == 3:

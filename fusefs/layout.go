@@ -335,3 +335,37 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 		Ctim:    syscall.Timespec{Sec: x.Ctime.Sec, Nsec: int64(x.Ctime.Nsec)},
 	}
 }
+
+// prefixNames is how many names the prefix level has in a tier: 16³.
+const prefixNames = 16 * 16 * 16
+
+// prefixName is the i-th name of the prefix level (i < prefixNames).
+func prefixName(i int) string {
+	const hex = "0123456789abcdef"
+	return string([]byte{hex[i>>8&15], hex[i>>4&15], hex[i&15]})
+}
+
+// isTier reports whether name is a directory at the store's root.
+func (x *lookupIndex) isTier(name string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	_, ok := x.tiers[name]
+	return ok
+}
+
+// groupDirs lists up to limit group-level directories of a tier.
+func (x *lookupIndex) groupDirs(tier string, limit int) []string {
+	prefix := tier + "/"
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var names []string
+	for rel := range x.layout {
+		if len(names) == limit {
+			break
+		}
+		if strings.HasPrefix(rel, prefix) && layoutLevel(rel) == groupLevel {
+			names = append(names, rel)
+		}
+	}
+	return names
+}

@@ -87,7 +87,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		case exists:
 			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
 		case known && !n.fsys.lookupSharedDir(rel):
-			n.fsys.noteMissedDir(rel)
+			n.fsys.noteMissedDir(ctx, rel)
 			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
 			return nil, syscall.ENOENT
 		case known:
@@ -101,8 +101,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
 	}
 	if errno == syscall.ENOENT {
-		n.fsys.noteMissedDir(rel)
+		n.fsys.noteMissedDir(ctx, rel)
 		out.SetEntryTimeout(n.fsys.negativeTimeout)
+	}
+	if errno == 0 && n.isRoot() && out.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		n.fsys.tierLookedUp(ctx, name)
 	}
 	return child, errno
 }

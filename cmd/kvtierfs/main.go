@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 )
 
 // command is one subcommand of kvtierfs.
@@ -71,6 +73,9 @@ func main() {
 		return
 	}
 	name := os.Args[1]
+	if name == prime.HelperCommand { // started by mount, not listed
+		os.Exit(prime.Main(os.Args[2:], os.Stdin, os.Stdout))
+	}
 	if name == "--version" {
 		name = "version"
 	}

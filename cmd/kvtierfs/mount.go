@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
@@ -66,6 +67,7 @@ type mountConfig struct {
 	diagMinBytes  int64
 	maxRequest    int64
 	allowOther    bool
+	primeLookups  bool
 	engineUID     int
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
 	kvEventsEndpoint string
@@ -96,6 +98,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", diagnose.MaxReadGrace))
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
+	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
 	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
@@ -257,6 +260,15 @@ func runMount(args []string) error {
 		opts.Shared = sharedLevel
 		opts.NegativeTimeout = c.sharedKernelNegative
 	}
+	var helper *prime.Helper
+	if sharedLevel == nil && c.primeLookups {
+		// The daemon's own binary, even if the file was replaced since.
+		if helper, err = prime.Start("/proc/self/exe", c.mountpoint); err != nil {
+			return err
+		}
+		defer helper.Close()
+		opts.Primer = helper
+	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	fsys, err := fusefs.Mount(c.mountpoint, opts)
@@ -289,6 +301,9 @@ func runMount(args []string) error {
 		sig := <-signals
 		logger.Info("unmounting", "signal", sig.String())
 		sdNotify("STOPPING=1")
+		if helper != nil {
+			helper.Close() // its lookups would keep the mount busy
+		}
 		unmountOnSignal(fsys, c.mountpoint, logger)
 	}()
 	fsys.Wait()

@@ -1,11 +1,18 @@
 package mount_test
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -144,4 +151,78 @@ func TestDirectoryMadeInTheStore(t *testing.T) {
 			t.Fatalf("block %d absent after its store", i)
 		}
 	}
+}
+
+// The lookup helper lives and dies with its daemon. A daemon stopped with
+// SIGTERM right after priming unmounts at once (the helper holds nothing in
+// the mount between batches and is stopped first); one killed with SIGKILL
+// takes its helper with it.
+func TestLookupHelperEndsWithTheDaemon(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "SIGTERM", true: "SIGKILL"}[crash], func(t *testing.T) {
+			store := t.TempDir()
+			first := mounttest.Start(t, mounttest.Options{Store: store})
+			if err := os.Mkdir(first.Path(tierName), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			first.Stop()
+			// The new daemon's kernel has never seen the tier: its first
+			// lookup reaches the daemon, which primes the tier.
+			d := mounttest.Start(t, mounttest.Options{Store: store, Args: []string{"--debug"}})
+			helper := lookupHelperOf(t, d.Pid())
+			if _, err := os.Stat(d.Path(tierName, "abc")); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("lookup of an absent prefix: %v", err)
+			}
+			if !d.WaitLog("priming a tier's lookups") {
+				t.Fatalf("the daemon did not prime the tier it was asked for:\n%s", d.Log())
+			}
+			if crash {
+				d.Crash()
+			} else if err := d.Stop(); err != nil {
+				t.Fatalf("stopping the daemon: %v", err)
+			}
+			deadline := time.Now().Add(time.Minute)
+			for helperAlive(helper) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the lookup helper %d outlived its daemon", helper)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !crash && strings.Contains(d.Log(), "detaching lazily") {
+				t.Errorf("the daemon found its mount busy at SIGTERM:\n%s", d.Log())
+			}
+		})
+	}
+}
+
+// tierName is a tier directory's name as vLLM makes it.
+const tierName = "DeepSeek-V4-Flash_0123456789ab_r0"
+
+// lookupHelperOf finds the lookup helper among a daemon's children.
+func lookupHelperOf(t *testing.T, daemon int) int {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", daemon, daemon))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(raw)) {
+		pid, _ := strconv.Atoi(f)
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.Contains(cmdline, []byte(prime.HelperCommand)) {
+			return pid
+		}
+	}
+	t.Fatalf("daemon %d has no lookup helper among its children %q", daemon, raw)
+	return 0
+}
+
+// helperAlive reports whether pid is a lookup helper that has not exited.
+func helperAlive(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.Contains(cmdline, []byte(prime.HelperCommand)) {
+		return false
+	}
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }

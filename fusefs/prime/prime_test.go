@@ -1,0 +1,99 @@
+package prime
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain runs the helper when the test binary is started as one.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == HelperCommand {
+		os.Exit(Main(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	os.Exit(m.Run())
+}
+
+func TestValidName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"M_0123456789ab_r0/abc":       true,
+		"M_0123456789ab_r0/abc/de_g0": true,
+		"":                            false,
+		".":                           false,
+		"/etc":                        false,
+		"a/../b":                      false,
+		"../a":                        false,
+		"a//b":                        false,
+		"a/b/":                        false,
+		"a\nb":                        false,
+		"a\x00b":                      false,
+	} {
+		if got := ValidName(name); got != want {
+			t.Errorf("ValidName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// The helper reports its threads, refuses what is not a FUSE mount at its
+// first batch and then ends: Prime says so instead of blocking.
+func TestHelperRefusesADirectoryThatIsNotAMount(t *testing.T) {
+	h, err := Start(os.Args[0], t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if len(h.tids) != Workers {
+		t.Fatalf("the helper reported %d threads, want %d", len(h.tids), Workers)
+	}
+	for tid := range h.tids {
+		if tid == 0 || tid == uint32(os.Getpid()) || !h.Owns(tid) {
+			t.Errorf("thread %d: not one of the helper's", tid)
+		}
+	}
+	if h.Owns(uint32(os.Getpid())) {
+		t.Error("the daemon's own thread counts as the helper's")
+	}
+	if h.Prime([]string{"../escape"}) {
+		t.Error("a name above the mountpoint was queued")
+	}
+	if !h.Prime([]string{"tier/abc"}) {
+		t.Fatal("a batch was refused by a live helper")
+	}
+	select {
+	case <-h.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the helper did not end after a batch for a directory that is not a FUSE mount")
+	}
+	if h.Prime([]string{"tier/abc"}) {
+		t.Error("a batch was queued for a helper that ended")
+	}
+	if err := h.Close(); err == nil || h.Looked() != 0 {
+		t.Errorf("Close = %v after the helper failed, looked up %d names; want its exit status and none", err, h.Looked())
+	}
+}
+
+// A helper that is closed ends at once, with nothing to report.
+func TestHelperCloses(t *testing.T) {
+	h, err := Start(os.Args[0], t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("Close again: %v", err)
+	}
+	if h.Prime([]string{"tier/abc"}) {
+		t.Error("a batch was queued for a closed helper")
+	}
+}
+
+// A helper started with no mountpoint says so and exits 2.
+func TestHelperUsage(t *testing.T) {
+	var out strings.Builder
+	if code := Main(nil, strings.NewReader(""), &out); code != 2 {
+		t.Errorf("Main() = %d, want 2", code)
+	}
+}

@@ -1,0 +1,56 @@
+package fusefs
+
+import (
+	"context"
+	"time"
+)
+
+// Primer looks names of the mount up from another process, so that the
+// kernel caches them before the engine asks (*prime.Helper; DESIGN.md
+// "Lookups and the kernel's caches").
+type Primer interface {
+	// Prime queues names relative to the mountpoint; false when dropped.
+	Prime(names []string) bool
+	// Owns reports whether a request's caller thread is the primer's.
+	Owns(thread uint32) bool
+}
+
+// primeInterval is the least time between two primings of one tier.
+const primeInterval = 10 * time.Second
+
+// maxPrimedGroupDirs bounds the group directories primed in one tier.
+const maxPrimedGroupDirs = 1 << 16
+
+// tierLookedUp primes a directory at the mount's root that the kernel looked
+// up, which it does only when it holds no entry for it: at first, and after
+// dropping its caches, when it has forgotten the names below it too. The
+// prefix names (4,096, present or absent) and the group directories that
+// exist are looked up by the primer, so that the engine's first lookups of
+// new keys end in the kernel's cache instead of a round trip to the daemon
+// per missing directory. Blocks are not primed: their lookups must reach
+// the daemon, which protects and chains what it tells the engine is present.
+func (f *FS) tierLookedUp(ctx context.Context, tier string) {
+	if f.primer == nil || f.primer.Owns(callerThread(ctx)) || !f.index.isTier(tier) {
+		return
+	}
+	now := time.Now()
+	f.primedMu.Lock()
+	if last, ok := f.primed[tier]; ok && now.Sub(last) < primeInterval {
+		f.primedMu.Unlock()
+		return
+	}
+	f.primed[tier] = now
+	f.primedMu.Unlock()
+	go func() {
+		names := make([]string, 0, prefixNames)
+		for i := range prefixNames {
+			names = append(names, tier+"/"+prefixName(i))
+		}
+		names = append(names, f.index.groupDirs(tier, maxPrimedGroupDirs)...)
+		if !f.primer.Prime(names) {
+			f.logger.Debug("priming a tier's lookups skipped: the lookup helper is behind or gone", "tier", tier)
+			return
+		}
+		f.logger.Debug("priming a tier's lookups", "tier", tier, "names", len(names))
+	}()
+}
