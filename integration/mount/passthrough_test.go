@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -132,6 +133,51 @@ func TestPassthroughDigestFromRow(t *testing.T) {
 	for i := 1; i < 3; i++ {
 		m.loadsBack(t, i, m.region.Row(3), expectedRow(i))
 	}
+}
+
+// The kernel writes a passthrough store through the page cache (so the
+// rename samples pages from memory), but by the time the rename returns the
+// block is written back and none of its pages stay in the cache, as after
+// the engine's O_DIRECT write without the mount.
+func TestPassthroughLeavesNothingInThePageCache(t *testing.T) {
+	m := newPassthroughMount(t, 4)
+	for i := 1; i < 3; i++ {
+		storeBlock(t, m.tier, m.region.Row(i), i)
+		if n := residentPages(t, m.storeFile(i)); n != 0 {
+			t.Errorf("block %d: %d of its pages are in the page cache after the rename", i, n)
+		}
+	}
+	if st := m.d.Stats().Counters; st.StoresFromRow != 2 {
+		t.Fatalf("stores from row %d, want 2 (the stores did not take the passthrough path)", st.StoresFromRow)
+	}
+}
+
+// residentPages counts the pages of a file in the page cache.
+func residentPages(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+block.PageSize-1)/block.PageSize)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
 }
 
 // All-zero pages of a passthrough store end up as holes in the store file.
