@@ -80,7 +80,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case block.TmpFile:
 		return n.LoopbackNode.Lookup(ctx, name, out)
 	}
-	if layoutLevel(rel) != notLayout {
+	level := layoutLevel(rel)
+	if level == prefixLevel {
+		// The kernel had forgotten this name: it may have dropped the
+		// tier's other prefix names too.
+		n.fsys.primeTier(ctx, tierOf(rel))
+	}
+	if level != notLayout {
 		// The index sees every directory the store gains: through the
 		// mount, from the shared level's lookups and its fetches (FS.imported).
 		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
@@ -105,7 +111,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		out.SetEntryTimeout(n.fsys.negativeTimeout)
 	}
 	if errno == 0 && n.isRoot() && out.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-		n.fsys.tierLookedUp(ctx, name)
+		n.fsys.primeTier(ctx, name)
 	}
 	return child, errno
 }

@@ -25,15 +25,19 @@ const primeInterval = 100 * time.Millisecond
 // maxPrimedGroupDirs bounds the group directories primed in one tier.
 const maxPrimedGroupDirs = 1 << 16
 
-// tierLookedUp primes a directory at the mount's root that the kernel looked
-// up, which it does only when it holds no entry for it: at first, and after
-// dropping its caches, when it has forgotten the names below it too. The
-// prefix names (4,096, present or absent) and the group directories that
-// exist are looked up by the primer, so that the engine's first lookups of
-// new keys end in the kernel's cache instead of a round trip to the daemon
-// per missing directory. Blocks are not primed: their lookups must reach
-// the daemon, which protects and chains what it tells the engine is present.
-func (f *FS) tierLookedUp(ctx context.Context, tier string) {
+// primeTier primes a directory at the mount's root after the kernel asked
+// the daemon for it or for one of its prefix names, which it does only when
+// it holds no entry for that name: at first, and after dropping its caches,
+// when it has forgotten other names of the tier too (memory pressure drops
+// the leaves, the prefix names, before the tier). The prefix names (4,096,
+// present or absent) and the group directories that exist are looked up by
+// the primer, so that the engine's first lookups of new keys end in the
+// kernel's cache instead of a round trip to the daemon per missing
+// directory. Blocks are not primed: their lookups must reach the daemon,
+// which protects and chains what it tells the engine is present. A primed
+// tier's prefix names reach the daemon again only once the kernel dropped
+// them.
+func (f *FS) primeTier(ctx context.Context, tier string) {
 	if f.primer == nil || f.primer.Owns(callerThread(ctx)) || !f.index.isTier(tier) {
 		return
 	}

@@ -89,6 +89,29 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 			case !primed && reached != absent:
 				t.Errorf("%d lookups of absent keys under missing prefixes reached the daemon, want %d", reached, absent)
 			}
+			if primed {
+				// The kernel drops some of the tier's prefix names but keeps
+				// the tier (memory pressure takes the leaves first): the
+				// engine's lookup that reaches the daemon primes it again.
+				tierNode := f.root.EmbeddedInode().GetChild(tier)
+				for i := range 3 {
+					if errno := tierNode.NotifyEntry(fmt.Sprintf("%03x", i)); errno != 0 {
+						t.Fatalf("invalidating a prefix name: %v", errno)
+					}
+				}
+				time.Sleep(primeInterval)
+				k := strings.Repeat("0", 64)
+				if _, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("%s/%s/%s_g0/%s.bin", tier, k[:3], k[3:5], k))); !errors.Is(err, fs.ErrNotExist) {
+					t.Fatalf("lookup of an absent key: %v", err)
+				}
+				deadline := time.Now().Add(time.Minute)
+				for helper.Looked() < 2*(prefixNames+1) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the helper looked up %d names, want the tier primed again after a prefix name was dropped (%d)", helper.Looked(), 2*(prefixNames+1))
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 			hits := f.store.Counters().LookupHits.Load()
 			if _, err := os.Stat(filepath.Join(mnt, rel)); err != nil {
 				t.Fatalf("lookup of the present block: %v", err)
