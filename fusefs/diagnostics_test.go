@@ -77,6 +77,9 @@ func mountInProcessAt(t *testing.T, mnt string, opts Options) *FS {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := f.ProbePoll(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := f.Unmount(); err != nil {
 			t.Errorf("unmount: %v", err)

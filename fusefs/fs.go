@@ -258,10 +258,15 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
+	// NewServer returned once mounted; Serve answers INIT, which the kernel
+	// awaits before any other request. Not WaitMount: after that wait it
+	// opens and polls a file of the mount from this process, so that Go's
+	// poller never sends POLL to a server it could starve (go-fuse's
+	// "pollHack"). The daemon never does I/O on its own mount, and a daemon
+	// killed in the middle of that probe could never exit (its own request
+	// waits on itself). A process that both serves and uses a mount (tests)
+	// calls FS.ProbePoll first.
 	go server.Serve()
-	if err := server.WaitMount(); err != nil {
-		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
-	}
 	f.server = server
 	opts.Store.OnRemove(f.forget)
 	opts.Store.OnImport(f.imported)
@@ -270,6 +275,11 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	return f, nil
 }
+
+// ProbePoll makes the kernel learn that the mount answers no POLL, by
+// opening and polling a file of it from this process: needed before this
+// process opens files of its own mount with Go's os package (tests).
+func (f *FS) ProbePoll() error { return f.server.WaitMount() }
 
 // Wait blocks until the filesystem is unmounted.
 func (f *FS) Wait() {

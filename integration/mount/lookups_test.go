@@ -226,3 +226,45 @@ func helperAlive(pid int) bool {
 	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
 	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }
+
+// The daemon never sends a request to its own mount: one killed while its
+// own request is being answered could never exit (the request waits on the
+// daemon). Not at start-up either (go-fuse's probe of a new mount opens and
+// polls a file of it), nor when its tiers are primed (the helper does that).
+func TestDaemonSendsNoRequestToItsOwnMount(t *testing.T) {
+	store := t.TempDir()
+	first := mounttest.Start(t, mounttest.Options{Store: store})
+	if err := os.Mkdir(first.Path(tierName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	first.Stop()
+	d := mounttest.Start(t, mounttest.Options{Store: store, Args: []string{"--debug", "--debug-fuse"}})
+	if _, err := os.Stat(d.Path(tierName, "abc")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("lookup of an absent prefix: %v", err)
+	}
+	if !d.WaitLog("priming a tier's lookups") {
+		t.Fatalf("the tier was not primed:\n%s", d.Log())
+	}
+	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonThread := map[string]bool{}
+	for _, th := range threads {
+		daemonThread[th.Name()] = true
+	}
+	requests := 0
+	for _, line := range strings.Split(d.Log(), "\n") {
+		if !strings.Contains(line, `msg="rx `) {
+			continue
+		}
+		requests++
+		fields := strings.Fields(strings.TrimSuffix(line[:strings.LastIndex(line, `"`)], `"`))
+		if caller := fields[len(fields)-1]; daemonThread[strings.TrimPrefix(caller, "p")] {
+			t.Errorf("the daemon sent a request to its own mount: %s", line)
+		}
+	}
+	if requests == 0 {
+		t.Fatalf("no request in the daemon's --debug-fuse log:\n%s", d.Log())
+	}
+}

@@ -92,9 +92,7 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 			inNS("fusermount3", "-u", "-z", mnt).Run()
 		})
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			// "mounted" is logged once go-fuse's start-up probe of its own
-			// mount is over: a daemon killed while it holds that file open
-			// can never exit (its close waits on itself).
+			// Served and logged "mounted": its start-up is over.
 			out, err := asUser("stat", mnt, "--json").CombinedOutput()
 			if err == nil && strings.Contains(string(out), `"mountpoint"`) && strings.Contains(log.String(), `msg=mounted`) {
 				return cmd, log
