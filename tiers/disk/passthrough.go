@@ -103,12 +103,41 @@ func (t *tmpFile) awaitRelease(rel string) error {
 	if released == nil {
 		return nil
 	}
+	deadline := time.After(releaseWait)
 	select {
 	case <-released:
-		return nil
-	case <-time.After(releaseWait):
+	case <-deadline:
 		return newError("rename", rel, syscall.EBUSY, "the tmp file is still open for writing: close it before renaming it")
 	}
+	// The kernel sends the release when the writer's descriptor closes, but
+	// a MAP_SHARED mapping of the tmp (or an asynchronous write) holds the
+	// store file open for writing past it, and could change the block after
+	// its digest was taken.
+	for {
+		t.mu.Lock()
+		alone := t.file == nil || soleWriter(int(t.file.Fd()))
+		t.mu.Unlock()
+		if alone {
+			return nil
+		}
+		select {
+		case <-deadline:
+			return newError("rename", rel, syscall.EBUSY, "the tmp file is still mapped or open for writing: unmap and close it before renaming it")
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// soleWriter reports whether fd, open for writing, is the only open
+// description of its file that can write to it: a write lease is granted
+// only then. A filesystem or kernel without leases is not asked again.
+func soleWriter(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_WRLCK)
+	if err != nil {
+		return err != unix.EAGAIN
+	}
+	unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK)
+	return true
 }
 
 // settlePassthroughLocked counts what a passthrough tmp allocated beyond its
