@@ -197,8 +197,16 @@ func ValidName(name string) bool {
 }
 
 // Owns reports whether a FUSE request's caller thread is one of the
-// helper's: its lookups are the daemon's own, not the engine's.
-func (h *Helper) Owns(tid uint32) bool { return h.tids[tid] }
+// helper's: its lookups are the daemon's own, not the engine's. Once the
+// helper ended its thread ids may name any other thread.
+func (h *Helper) Owns(tid uint32) bool {
+	select {
+	case <-h.done:
+		return false
+	default:
+		return h.tids[tid]
+	}
+}
 
 // Looked is how many names the helper reported looked up.
 func (h *Helper) Looked() int64 { return h.looked.Load() }

@@ -97,3 +97,28 @@ func TestHelperUsage(t *testing.T) {
 		t.Errorf("Main() = %d, want 2", code)
 	}
 }
+
+// Once the helper ended, its thread ids can be reused by any other thread,
+// the engine's included: they no longer mark a lookup as the helper's.
+func TestThreadsOfAnEndedHelperAreNotItsOwn(t *testing.T) {
+	h, err := Start(os.Args[0], t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var tid uint32
+	for tid = range h.tids {
+		break
+	}
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the killed helper was not seen ending")
+	}
+	if h.Owns(tid) {
+		t.Errorf("thread %d of a helper that ended still counts as the helper's", tid)
+	}
+}
