@@ -1,11 +1,16 @@
 package mount_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,4 +51,85 @@ func TestPassthroughSharedMappingRefusesRename(t *testing.T) {
 		t.Fatalf("rename once the mapping is gone: %v", err)
 	}
 	m.loadsBack(t, 1, m.region.Row(3), expectedRow(1))
+}
+
+// Loads racing stores that replace the same block with other bytes, and
+// unlinks of it: every load that succeeds returns one of the rows stored
+// whole, and a load that fails does so with ENOENT (the block went away
+// between its lookup and its open), never EIO (no stored block is taken
+// for a corrupt one).
+func TestLoadsRacingRepublishAndRemove(t *testing.T) {
+	m := newPassthroughMount(t, 8)
+	block, _ := m.paths(1)
+	versions := [][]byte{expectedRow(11), expectedRow(12)}
+	copy(m.region.Row(1), versions[0])
+	copy(m.region.Row(2), versions[1])
+	if err := os.MkdirAll(filepath.Dir(block), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tmp := fmt.Sprintf("%s_%d_%d.tmp", block, w, n)
+				fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+				if err != nil {
+					t.Errorf("create: %v", err)
+					return
+				}
+				_, err = unix.Write(fd, m.region.Row(1+n%2))
+				unix.Close(fd)
+				if err == nil {
+					err = os.Rename(tmp, block)
+				}
+				if err != nil {
+					os.Remove(tmp)
+					t.Errorf("store: %v", err)
+					return
+				}
+				if n%5 == 4 {
+					os.Remove(block)
+				}
+			}
+		})
+	}
+	var loads, absent atomic.Int64
+	for r := range 4 {
+		wg.Go(func() {
+			scratch := m.region.Row(3 + r)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				clear(scratch)
+				err := m.tier.LoadIgnoringClose(block, scratch)
+				switch {
+				case errors.Is(err, syscall.ENOENT):
+					absent.Add(1)
+				case err != nil:
+					t.Errorf("load: %v", err)
+				case !bytes.Equal(scratch, versions[0]) && !bytes.Equal(scratch, versions[1]):
+					t.Errorf("a load returned with success bytes no store wrote")
+				default:
+					loads.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	c := m.d.Stats().Counters
+	t.Logf("%d loads, %d absent, %d checksum failures, %d stores from a row", loads.Load(), absent.Load(), c.ChecksumFailures, c.StoresFromRow)
+	if c.ChecksumFailures != 0 {
+		t.Errorf("%d checksum failures", c.ChecksumFailures)
+	}
 }

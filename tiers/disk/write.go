@@ -781,6 +781,11 @@ func (w *Writer) Allocate(off, size int64, mode uint32) error {
 		t.size = off + size
 		t.sequential = false
 	}
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 {
+		// Bytes already written may be zeros now: the checksum taken as
+		// they arrived no longer holds, it is read from the file.
+		t.sequential = false
+	}
 	return nil
 }
 

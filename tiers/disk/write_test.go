@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -625,5 +627,38 @@ func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
 	}
 	if s.Contains(rel) {
 		t.Fatal("a tmp with a refused write was published")
+	}
+}
+
+// A fallocate that punches or zeroes bytes already written changes the file
+// behind the checksum taken as the writes arrived: the block published has
+// the file's own digest, and loads back as the file holds it.
+func TestPublishAfterPunchOrZeroRange(t *testing.T) {
+	for i, mode := range []uint32{unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE} {
+		s := openStore(t, Config{Capacity: 1 << 30})
+		rel := blockRel(testTier, 0, hashHex(20+i, 64))
+		data := pageData(20+i, 4)
+		mkdirFor(t, s, rel)
+		tmp := tmpRelFor(rel, 1)
+		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteAt(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Allocate(block.PageSize, block.PageSize, mode); err != nil {
+			t.Fatalf("fallocate mode %#x: %v", mode, err)
+		}
+		w.Close()
+		if err := s.Publish(tmp, rel); err != nil {
+			t.Fatal(err)
+		}
+		want := bytes.Clone(data)
+		clear(want[block.PageSize : 2*block.PageSize])
+		checkRecord(t, s.Path(rel), want)
+		if got := readBlock(t, s, rel); !bytes.Equal(got, want) {
+			t.Fatalf("mode %#x: wrong bytes", mode)
+		}
 	}
 }
