@@ -59,7 +59,7 @@ func TestPassthroughSharedMappingRefusesRename(t *testing.T) {
 // between its lookup and its open), never EIO (no stored block is taken
 // for a corrupt one).
 func TestLoadsRacingRepublishAndRemove(t *testing.T) {
-	m := newPassthroughMount(t, 8)
+	m := newPassthroughMount(t, 8, "--capacity", "64MiB")
 	block, _ := m.paths(1)
 	versions := [][]byte{expectedRow(11), expectedRow(12)}
 	copy(m.region.Row(1), versions[0])
@@ -131,5 +131,25 @@ func TestLoadsRacingRepublishAndRemove(t *testing.T) {
 	t.Logf("%d loads, %d absent, %d checksum failures, %d stores from a row", loads.Load(), absent.Load(), c.ChecksumFailures, c.StoresFromRow)
 	if c.ChecksumFailures != 0 {
 		t.Errorf("%d checksum failures", c.ChecksumFailures)
+	}
+	m.checkNothingLeftCounted(t, 1)
+}
+
+// checkNothingLeftCounted removes block i and every tmp beside it through
+// the mount, then checks that what the store counts against its capacity is
+// the blocks left (no reservation leaked by the stores raced).
+func (m *passthroughMount) checkNothingLeftCounted(t *testing.T, i int) {
+	t.Helper()
+	block, _ := m.paths(i)
+	os.Remove(block)
+	tmps, _ := filepath.Glob(block + "_*.tmp")
+	for _, tmp := range tmps {
+		if err := os.Remove(tmp); err != nil {
+			t.Error(err)
+		}
+	}
+	st := m.d.Stats().Disk
+	if used := st.CapacityBytes - st.FreeBytes; used != st.PhysicalBytes || st.InFlightTmp != 0 {
+		t.Errorf("%d bytes counted, %d tmp files, with %d bytes of blocks left and no tmp file", used, st.InFlightTmp, st.PhysicalBytes)
 	}
 }
