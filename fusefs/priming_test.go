@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 			var helper *prime.Helper
 			if primed {
 				var err error
-				if helper, err = prime.Start(os.Args[0], mnt); err != nil {
+				if helper, err = prime.Start(os.Args[0], mnt, slog.New(slog.DiscardHandler)); err != nil {
 					t.Fatal(err)
 				}
 				defer helper.Close() // before the unmount the cleanup does
