@@ -71,6 +71,9 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 					time.Sleep(10 * time.Millisecond)
 				}
 			}
+			if c := f.Stats().Counters; primed && (c.TiersPrimed != 1 || c.NamesPrimed != helper.Looked()) {
+				t.Errorf("stats: tiers primed %d, names primed %d; want 1 and the helper's %d", c.TiersPrimed, c.NamesPrimed, helper.Looked())
+			}
 			if missed := missedLookups(diag); len(missed) != 0 {
 				t.Fatalf("priming counted as the engine's missed lookups: %d, e.g. %s", len(missed), missed[0])
 			}
