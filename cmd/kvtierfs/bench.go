@@ -109,7 +109,7 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the page cache before each cold phase (root only)")
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
-	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in each store and load phase (default %d, at most --blocks)",
+	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks)",
 		diskbench.DefaultChainConfig().Rounds, diskbench.DefaultConfig().Rounds))
 	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
 	return b

@@ -51,9 +51,11 @@ type Config struct {
 	DropCaches bool
 	// StagingOff mounts with wave staging off (--staging-bytes 0).
 	StagingOff bool
-	// Rounds splits the blocks of the store and load phases into rounds that
-	// alternate the sides (mount, bare, mount, bare …), so that a drift of
-	// the disk's speed during a phase weighs on both sides alike.
+	// Rounds splits the blocks of the store phase into rounds that alternate
+	// the sides (mount, bare, mount, bare …), so that a drift of the disk's
+	// speed during the phase weighs on both sides alike. Load phases run in
+	// one pass: in rounds, staging would fetch a round's blocks during the
+	// round before, and the mount's loads would no longer be cold.
 	Rounds int
 	// Progress receives one line per phase; nil discards them.
 	Progress io.Writer
@@ -428,7 +430,7 @@ func (r *run) coldLoads(res *Result) error {
 	if !r.cfg.DropCaches {
 		phase = "load, first (O_DIRECT)"
 	}
-	return r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, rounds: r.cfg.Rounds, prepare: r.dropCaches,
+	return r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, prepare: r.dropCaches,
 		mount: r.loadAll(r.mount), direct: r.loadAll(r.store)})
 }
 
@@ -452,7 +454,7 @@ func (r *run) warmLoads(res *Result) error {
 				return nil
 			}
 		}
-		if err := r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, rounds: r.cfg.Rounds, prepare: prepare,
+		if err := r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, prepare: prepare,
 			mount: r.loadAll(mountTier), direct: r.loadAll(storeTier)}); err != nil {
 			return err
 		}
