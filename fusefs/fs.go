@@ -142,8 +142,9 @@ type FS struct {
 	shared      SharedLevel
 	primer      Primer
 	// primed is when each tier was last primed (priming.go).
-	primedMu sync.Mutex
-	primed   map[string]time.Time
+	primedMu    sync.Mutex
+	primed      map[string]time.Time
+	tiersPrimed atomic.Int64
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads

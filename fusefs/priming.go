@@ -13,6 +13,8 @@ type Primer interface {
 	Prime(names []string) bool
 	// Owns reports whether a request's caller thread is the primer's.
 	Owns(thread uint32) bool
+	// Looked is how many names the primer looked up.
+	Looked() int64
 }
 
 // primeInterval is the least time between two primings of one tier. The
@@ -59,6 +61,7 @@ func (f *FS) primeTier(ctx context.Context, tier string) {
 			f.logger.Debug("priming a tier's lookups skipped: the lookup helper is behind or gone", "tier", tier)
 			return
 		}
+		f.tiersPrimed.Add(1)
 		f.logger.Debug("priming a tier's lookups", "tier", tier, "names", len(names))
 	}()
 }

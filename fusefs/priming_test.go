@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 			var helper *prime.Helper
 			if primed {
 				var err error
-				if helper, err = prime.Start(os.Args[0], mnt); err != nil {
+				if helper, err = prime.Start(os.Args[0], mnt, slog.New(slog.DiscardHandler)); err != nil {
 					t.Fatal(err)
 				}
 				defer helper.Close() // before the unmount the cleanup does
@@ -69,6 +70,9 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
+			}
+			if c := f.Stats().Counters; primed && (c.TiersPrimed != 1 || c.NamesPrimed != helper.Looked()) {
+				t.Errorf("stats: tiers primed %d, names primed %d; want 1 and the helper's %d", c.TiersPrimed, c.NamesPrimed, helper.Looked())
 			}
 			if missed := missedLookups(diag); len(missed) != 0 {
 				t.Fatalf("priming counted as the engine's missed lookups: %d, e.g. %s", len(missed), missed[0])

@@ -45,6 +45,10 @@ func (f *FS) Stats() ctlabi.Stats {
 		Warnings: []ctlabi.Warning{},
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
+	st.Counters.TiersPrimed = f.tiersPrimed.Load()
+	if f.primer != nil {
+		st.Counters.NamesPrimed = f.primer.Looked()
+	}
 	st.Counters.Matches = f.matches.Load()
 	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
 	if f.stager != nil {

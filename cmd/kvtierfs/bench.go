@@ -109,14 +109,15 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the page cache before each cold phase (root only)")
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
-	fl.IntVar(&b.rounds, "rounds", diskbench.DefaultChainConfig().Rounds, "chain: rounds of the three load phases, each round in a rotated order")
+	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks)",
+		diskbench.DefaultChainConfig().Rounds, diskbench.DefaultConfig().Rounds))
 	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
 	return b
 }
 
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
-	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes"}
+	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds"}
 	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
 )
 
@@ -352,6 +353,10 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 		cfg.Dir = os.TempDir()
 	}
 	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
+	cfg.Rounds = min(cfg.Rounds, cfg.Blocks)
+	if b.fl.Changed("rounds") {
+		cfg.Rounds = b.rounds
+	}
 	switch b.stagings {
 	case "on":
 	case "off":
@@ -408,7 +413,9 @@ func (b *benchFlags) runChain(exe string) error {
 	if b.fl.Changed("lookups") {
 		cfg.MatchKeys = b.lookups
 	}
-	cfg.Rounds = b.rounds
+	if b.fl.Changed("rounds") {
+		cfg.Rounds = b.rounds
+	}
 	var err error
 	if cfg.StagingBytes, err = parseSize("staging-bytes", b.stagingBytes); err != nil {
 		return usageError{err}

@@ -263,7 +263,7 @@ func runMount(args []string) error {
 	var helper *prime.Helper
 	if sharedLevel == nil && c.primeLookups {
 		// The daemon's own binary, even if the file was replaced since.
-		if helper, err = prime.Start("/proc/self/exe", c.mountpoint); err != nil {
+		if helper, err = prime.Start("/proc/self/exe", c.mountpoint, logger); err != nil {
 			return err
 		}
 		defer helper.Close()

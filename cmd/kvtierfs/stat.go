@@ -121,6 +121,9 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 		hitRate = 100 * float64(c.LookupHits) / float64(c.Lookups)
 	}
 	fmt.Fprintf(t, "lookups\t%d (%d hits, %.1f%%)\n", c.Lookups, c.LookupHits, hitRate)
+	if c.TiersPrimed > 0 {
+		fmt.Fprintf(t, "  primed\t%d names looked up ahead of the engine, %d tiers primed\n", c.NamesPrimed, c.TiersPrimed)
+	}
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
 	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)

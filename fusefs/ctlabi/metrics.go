@@ -99,6 +99,10 @@ var Metrics = []Metric{
 		func(s *Stats) int64 { return s.Counters.ShmIgnored }),
 	counter("counters.shm_faults", "kvtierfs_shm_faults_total", "Engine regions dropped because they shrank under their mapping.",
 		func(s *Stats) int64 { return s.Counters.ShmFaults }),
+	counter("counters.tiers_primed", "kvtierfs_tiers_primed_total", "Times a tier's prefix names were looked up ahead of the engine.",
+		func(s *Stats) int64 { return s.Counters.TiersPrimed }),
+	counter("counters.names_primed", "kvtierfs_names_primed_total", "Names the lookup helper looked up ahead of the engine.",
+		func(s *Stats) int64 { return s.Counters.NamesPrimed }),
 
 	gauge("disk.blocks", "kvtierfs_disk_blocks", "Blocks in the store.",
 		func(s *Stats) int64 { return s.Disk.Blocks }),

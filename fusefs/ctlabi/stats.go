@@ -92,6 +92,11 @@ type Counters struct {
 	// full (both 0 without --kv-events-endpoint).
 	KVEventsPublished int64 `json:"kv_events_published"`
 	KVEventsDropped   int64 `json:"kv_events_dropped"`
+	// TiersPrimed counts the times the lookup helper was asked to look a
+	// tier's prefix names up ahead of the engine, NamesPrimed the names it
+	// looked up (both 0 without --prime-lookups or with --shared).
+	TiersPrimed int64 `json:"tiers_primed"`
+	NamesPrimed int64 `json:"names_primed"`
 }
 
 // Staging is the "staging" object of stats.json: wave staging's RAM cache.

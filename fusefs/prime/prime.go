@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -65,12 +66,13 @@ type Helper struct {
 	done    chan struct{}
 	closing sync.Once
 	err     error
+	logger  *slog.Logger
 }
 
 // Start runs exe (the daemon's own binary) as the helper of the mount at
 // mountpoint and waits until it reported its threads. The helper opens
 // mountpoint at its first batch, which only comes once the mount serves.
-func Start(exe, mountpoint string) (*Helper, error) {
+func Start(exe, mountpoint string, logger *slog.Logger) (*Helper, error) {
 	cmd := exec.Command(exe, HelperCommand, mountpoint)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
@@ -82,7 +84,7 @@ func Start(exe, mountpoint string) (*Helper, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Helper{cmd: cmd, stdin: stdin, batches: make(chan []string, queuedBatches),
+	h := &Helper{cmd: cmd, stdin: stdin, logger: logger, batches: make(chan []string, queuedBatches),
 		stop: make(chan struct{}), tids: make(map[uint32]bool), done: make(chan struct{})}
 	started := make(chan error)
 	go func() {
@@ -162,6 +164,12 @@ func (h *Helper) read(out *bufio.Scanner) {
 		}
 	}
 	h.err = h.cmd.Wait()
+	select {
+	case <-h.stop:
+	default:
+		h.logger.Warn("the lookup helper ended: an engine's first lookups of new keys are no longer primed",
+			"pid", h.cmd.Process.Pid, "err", h.err)
+	}
 	close(h.done)
 }
 

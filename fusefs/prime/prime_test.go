@@ -1,6 +1,7 @@
 package prime
 
 import (
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -38,7 +39,8 @@ func TestValidName(t *testing.T) {
 // The helper reports its threads, refuses what is not a FUSE mount at its
 // first batch and then ends: Prime says so instead of blocking.
 func TestHelperRefusesADirectoryThatIsNotAMount(t *testing.T) {
-	h, err := Start(os.Args[0], t.TempDir())
+	var logs strings.Builder
+	h, err := Start(os.Args[0], t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +70,9 @@ func TestHelperRefusesADirectoryThatIsNotAMount(t *testing.T) {
 	if h.Prime([]string{"tier/abc"}) {
 		t.Error("a batch was queued for a helper that ended")
 	}
+	if !strings.Contains(logs.String(), "the lookup helper ended") {
+		t.Errorf("a helper that ended by itself was not logged: %q", logs.String())
+	}
 	if err := h.Close(); err == nil || h.Looked() != 0 {
 		t.Errorf("Close = %v after the helper failed, looked up %d names; want its exit status and none", err, h.Looked())
 	}
@@ -75,7 +80,8 @@ func TestHelperRefusesADirectoryThatIsNotAMount(t *testing.T) {
 
 // A helper that is closed ends at once, with nothing to report.
 func TestHelperCloses(t *testing.T) {
-	h, err := Start(os.Args[0], t.TempDir())
+	var logs strings.Builder
+	h, err := Start(os.Args[0], t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +93,9 @@ func TestHelperCloses(t *testing.T) {
 	}
 	if h.Prime([]string{"tier/abc"}) {
 		t.Error("a batch was queued for a closed helper")
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a helper stopped by Close was logged: %q", logs.String())
 	}
 }
 

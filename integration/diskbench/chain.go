@@ -57,7 +57,7 @@ func DefaultChainConfig() ChainConfig {
 
 // Validate checks a configuration, naming the offending flag.
 func (c ChainConfig) Validate() error {
-	d := Config{Binary: c.Binary, Dir: c.Dir, RowBytes: c.RowBytes, Blocks: c.Blocks, Threads: c.Threads, LookupKeys: c.MatchKeys}
+	d := Config{Binary: c.Binary, Dir: c.Dir, RowBytes: c.RowBytes, Blocks: c.Blocks, Threads: c.Threads, LookupKeys: c.MatchKeys, Rounds: 1}
 	if err := d.Validate(); err != nil {
 		return err
 	}

@@ -51,13 +51,19 @@ type Config struct {
 	DropCaches bool
 	// StagingOff mounts with wave staging off (--staging-bytes 0).
 	StagingOff bool
+	// Rounds splits the blocks of the store phase into rounds that alternate
+	// the sides (mount, bare, mount, bare …), so that a drift of the disk's
+	// speed during the phase weighs on both sides alike. Load phases run in
+	// one pass: in rounds, staging would fetch a round's blocks during the
+	// round before, and the mount's loads would no longer be cold.
+	Rounds int
 	// Progress receives one line per phase; nil discards them.
 	Progress io.Writer
 }
 
 // DefaultConfig is the benchmark: 512 blocks of 8 MiB, 16 threads, 12,434 lookups.
 func DefaultConfig() Config {
-	return Config{RowBytes: 8 << 20, Blocks: 512, Threads: 16, LookupKeys: 12434, DropCaches: os.Geteuid() == 0}
+	return Config{RowBytes: 8 << 20, Blocks: 512, Threads: 16, LookupKeys: 12434, DropCaches: os.Geteuid() == 0, Rounds: 4}
 }
 
 // mountArgs are the mount's flags beyond the store, mountpoint and region.
@@ -77,6 +83,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--blocks %d: want at least 1", c.Blocks)
 	case c.Threads <= 0:
 		return fmt.Errorf("--threads %d: want at least 1", c.Threads)
+	case c.Rounds < 1 || c.Rounds > c.Blocks:
+		return fmt.Errorf("--rounds %d: want 1 to --blocks (%d)", c.Rounds, c.Blocks)
 	case c.LookupKeys < c.Blocks:
 		return fmt.Errorf("--lookups %d: want at least --blocks (%d)", c.LookupKeys, c.Blocks)
 	case c.Dir == "" || c.Binary == "":
@@ -236,11 +244,6 @@ func (r *run) loadRow(thread int) []byte {
 	return r.region.Row(sourceRows + thread)
 }
 
-// parallel runs fn(thread, i) for every block on cfg.Threads threads and returns the wall time.
-func (r *run) parallel(fn func(thread, i int) error) (time.Duration, error) {
-	return parallel(r.cfg.Threads, r.cfg.Blocks, fn)
-}
-
 // parallel runs fn(thread, i) for i in [0, n), in order, on threads workers
 // (signal-free threads, as the engine's are), and returns the wall time and
 // the first error.
@@ -305,32 +308,41 @@ func (r *run) perGB(cpu time.Duration, n int) float64 {
 }
 
 // sides is one phase run on both sides: the mount, then the bare directory
-// (or the store directory read straight), each preceded by prepare.
+// (or the store directory read straight), each preceded by prepare, in
+// rounds: blocks [lo, hi) of each round on the mount, then on the other side.
 type sides struct {
 	phase         string
 	blocks        int
+	rounds        int
 	prepare       func() error
-	mount, direct func() (time.Duration, error)
+	mount, direct func(lo, hi int) (time.Duration, error)
 }
 
 // compare runs a phase on both sides and reports GB/s of blocks rows each,
 // with the daemon's CPU time per GB on the mount side.
 func (r *run) compare(res *Result, p sides) error {
-	if err := p.prepare(); err != nil {
-		return err
-	}
-	cpu := r.daemonCPU()
-	mount, err := p.mount()
-	cpu = r.daemonCPU() - cpu
-	if err != nil {
-		return fmt.Errorf("%s through the mount: %w", p.phase, err)
-	}
-	if err := p.prepare(); err != nil {
-		return err
-	}
-	direct, err := p.direct()
-	if err != nil {
-		return fmt.Errorf("%s on the bare directory: %w", p.phase, err)
+	var mount, direct, cpu time.Duration
+	rounds := max(1, min(p.rounds, p.blocks))
+	for k := range rounds {
+		lo, hi := k*p.blocks/rounds, (k+1)*p.blocks/rounds
+		if err := p.prepare(); err != nil {
+			return err
+		}
+		before := r.daemonCPU()
+		took, err := p.mount(lo, hi)
+		cpu += r.daemonCPU() - before
+		mount += took
+		if err != nil {
+			return fmt.Errorf("%s through the mount: %w", p.phase, err)
+		}
+		if err := p.prepare(); err != nil {
+			return err
+		}
+		took, err = p.direct(lo, hi)
+		direct += took
+		if err != nil {
+			return fmt.Errorf("%s on the bare directory: %w", p.phase, err)
+		}
 	}
 	moved := float64(p.blocks) * float64(r.cfg.RowBytes)
 	m, d := moved/mount.Seconds()/1e9, moved/direct.Seconds()/1e9
@@ -341,10 +353,10 @@ func (r *run) compare(res *Result, p sides) error {
 // stores writes every block to the mount and to the bare directory, each
 // side starting with no dirty pages of the other.
 func (r *run) stores(res *Result) error {
-	storeAll := func(tier *engineio.Tier) func() (time.Duration, error) {
-		return func() (time.Duration, error) {
-			return r.parallel(func(thread, i int) error {
-				_, err := tier.Store(tier.BlockPath(tierDir, 0, key(i)), r.sourceRow(i))
+	storeAll := func(tier *engineio.Tier) func(lo, hi int) (time.Duration, error) {
+		return func(lo, hi int) (time.Duration, error) {
+			return parallel(r.cfg.Threads, hi-lo, func(thread, i int) error {
+				_, err := tier.Store(tier.BlockPath(tierDir, 0, key(lo+i)), r.sourceRow(lo+i))
 				return err
 			})
 		}
@@ -359,19 +371,19 @@ func (r *run) stores(res *Result) error {
 			return fmt.Errorf("the first store of the tier: %w", err)
 		}
 	}
-	return r.compare(res, sides{phase: "store (O_DIRECT write)", blocks: r.cfg.Blocks,
+	return r.compare(res, sides{phase: "store (O_DIRECT write)", blocks: r.cfg.Blocks, rounds: r.cfg.Rounds,
 		prepare: func() error { unix.Sync(); return nil }, mount: storeAll(r.mount), direct: storeAll(r.bare)})
 }
 
-// loadAll returns the loads of every block from a tier into the region's
-// rows (block i into row i mod rows) on native threads, as vLLM's C loader
-// does; the rows hold no block beforehand.
-func (r *run) loadAll(tier *engineio.Tier) func() (time.Duration, error) {
-	return func() (time.Duration, error) {
+// loadAll returns the loads of blocks [lo, hi) from a tier into the
+// region's rows (block lo+j into row j mod rows) on native threads, as vLLM's
+// C loader does; the rows hold no block beforehand.
+func (r *run) loadAll(tier *engineio.Tier) func(lo, hi int) (time.Duration, error) {
+	return func(lo, hi int) (time.Duration, error) {
 		r.scrambleRows()
-		paths := make([]string, r.cfg.Blocks)
-		for i := range paths {
-			paths[i] = tier.BlockPath(tierDir, 0, key(i))
+		paths := make([]string, hi-lo)
+		for j := range paths {
+			paths[j] = tier.BlockPath(tierDir, 0, key(lo+j))
 		}
 		return nativeLoads(paths, r.region.Bytes(), r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
 	}
@@ -382,15 +394,16 @@ func (r *run) loadAll(tier *engineio.Tier) func() (time.Duration, error) {
 // instead of reading the disk, the bare directory reads the disk.
 func (r *run) reloads(res *Result) error {
 	n := min(r.cfg.Blocks, sourceRows)
-	reload := func(tier *engineio.Tier) func() (time.Duration, error) {
-		return func() (time.Duration, error) {
-			paths := make([]string, n)
-			for i := range paths { // earlier phases loaded other blocks into these rows
+	reload := func(tier *engineio.Tier) func(lo, hi int) (time.Duration, error) {
+		return func(lo, hi int) (time.Duration, error) {
+			paths := make([]string, hi-lo)
+			for j := range paths { // earlier phases loaded other blocks into these rows
+				i := lo + j
 				engineio.FillPattern(r.region.Row(i), uint64(i))
 				r.sourceRow(i)
-				paths[i] = tier.BlockPath(tierDir, 0, key(i))
+				paths[j] = tier.BlockPath(tierDir, 0, key(i))
 			}
-			rows := r.region.Bytes()[:n*r.cfg.RowBytes]
+			rows := r.region.Bytes()[lo*r.cfg.RowBytes : hi*r.cfg.RowBytes]
 			return nativeLoads(paths, rows, r.cfg.RowBytes, r.cfg.Threads, tier.Direct)
 		}
 	}
@@ -435,7 +448,7 @@ func (r *run) warmLoads(res *Result) error {
 			// that neither side pays the disk for the other.
 			phase = "load, warm cache (buffered)"
 			prepare = func() error {
-				if _, err := r.loadAll(storeTier)(); err != nil {
+				if _, err := r.loadAll(storeTier)(0, r.cfg.Blocks); err != nil {
 					return fmt.Errorf("warming the page cache: %w", err)
 				}
 				return nil

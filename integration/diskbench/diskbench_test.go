@@ -11,11 +11,12 @@ import (
 
 func TestMain(m *testing.M) { mounttest.Main(m) }
 
-// TestRunSmall runs the benchmark at CI size: every phase reports both sides
-// and every block loaded back through the mount equals what was stored.
+// TestRunSmall runs the benchmark at CI size, in rounds of uneven sizes:
+// every phase reports both sides and every block loaded back through the
+// mount equals what was stored.
 func TestRunSmall(t *testing.T) {
 	cfg := diskbench.Config{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 48,
-		Threads: 4, LookupKeys: 96, Progress: os.Stderr}
+		Threads: 4, LookupKeys: 96, Rounds: 5, Progress: os.Stderr}
 	res, err := diskbench.Run(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -39,12 +40,13 @@ func TestRunSmall(t *testing.T) {
 
 // TestConfigErrorsNameTheFlag checks the messages of bad sizes.
 func TestConfigErrorsNameTheFlag(t *testing.T) {
-	base := diskbench.Config{Binary: "kvtierfs", Dir: "/tmp", RowBytes: 4096, Blocks: 1, Threads: 1, LookupKeys: 1}
+	base := diskbench.Config{Binary: "kvtierfs", Dir: "/tmp", RowBytes: 4096, Blocks: 1, Threads: 1, LookupKeys: 1, Rounds: 1}
 	for flag, mutate := range map[string]func(*diskbench.Config){
 		"--row-bytes": func(c *diskbench.Config) { c.RowBytes = 1000 },
 		"--blocks":    func(c *diskbench.Config) { c.Blocks = 0 },
 		"--threads":   func(c *diskbench.Config) { c.Threads = 0 },
 		"--lookups":   func(c *diskbench.Config) { c.LookupKeys = 0 },
+		"--rounds":    func(c *diskbench.Config) { c.Rounds = 2 },
 	} {
 		c := base
 		mutate(&c)

@@ -160,22 +160,8 @@ func TestDirectoryMadeInTheStore(t *testing.T) {
 func TestLookupHelperEndsWithTheDaemon(t *testing.T) {
 	for _, crash := range []bool{false, true} {
 		t.Run(map[bool]string{false: "SIGTERM", true: "SIGKILL"}[crash], func(t *testing.T) {
-			store := t.TempDir()
-			first := mounttest.Start(t, mounttest.Options{Store: store})
-			if err := os.Mkdir(first.Path(tierName), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			first.Stop()
-			// The new daemon's kernel has never seen the tier: its first
-			// lookup reaches the daemon, which primes the tier.
-			d := mounttest.Start(t, mounttest.Options{Store: store, Args: []string{"--debug"}})
+			d := primedDaemon(t)
 			helper := lookupHelperOf(t, d.Pid())
-			if _, err := os.Stat(d.Path(tierName, "abc")); !errors.Is(err, fs.ErrNotExist) {
-				t.Fatalf("lookup of an absent prefix: %v", err)
-			}
-			if !d.WaitLog("priming a tier's lookups") {
-				t.Fatalf("the daemon did not prime the tier it was asked for:\n%s", d.Log())
-			}
 			if crash {
 				d.Crash()
 			} else if err := d.Stop(); err != nil {
@@ -193,6 +179,26 @@ func TestLookupHelperEndsWithTheDaemon(t *testing.T) {
 			}
 		})
 	}
+}
+
+// primedDaemon mounts a store holding a tier the new daemon's kernel has
+// never seen, and looks a name of it up: the daemon primes the tier.
+func primedDaemon(t *testing.T, args ...string) *mounttest.Daemon {
+	t.Helper()
+	store := t.TempDir()
+	first := mounttest.Start(t, mounttest.Options{Store: store})
+	if err := os.Mkdir(first.Path(tierName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	first.Stop()
+	d := mounttest.Start(t, mounttest.Options{Store: store, Args: append([]string{"--debug"}, args...)})
+	if _, err := os.Stat(d.Path(tierName, "abc")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("lookup of an absent prefix: %v", err)
+	}
+	if !d.WaitLog("priming a tier's lookups") {
+		t.Fatalf("the daemon did not prime the tier it was asked for:\n%s", d.Log())
+	}
+	return d
 }
 
 // tierName is a tier directory's name as vLLM makes it.
@@ -232,19 +238,7 @@ func helperAlive(pid int) bool {
 // daemon). Not at start-up either (go-fuse's probe of a new mount opens and
 // polls a file of it), nor when its tiers are primed (the helper does that).
 func TestDaemonSendsNoRequestToItsOwnMount(t *testing.T) {
-	store := t.TempDir()
-	first := mounttest.Start(t, mounttest.Options{Store: store})
-	if err := os.Mkdir(first.Path(tierName), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	first.Stop()
-	d := mounttest.Start(t, mounttest.Options{Store: store, Args: []string{"--debug", "--debug-fuse"}})
-	if _, err := os.Stat(d.Path(tierName, "abc")); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("lookup of an absent prefix: %v", err)
-	}
-	if !d.WaitLog("priming a tier's lookups") {
-		t.Fatalf("the tier was not primed:\n%s", d.Log())
-	}
+	d := primedDaemon(t, "--debug-fuse")
 	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.Pid()))
 	if err != nil {
 		t.Fatal(err)
