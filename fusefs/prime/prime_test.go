@@ -110,7 +110,7 @@ func TestHelperUsage(t *testing.T) {
 // Once the helper ended, its thread ids can be reused by any other thread,
 // the engine's included: they no longer mark a lookup as the helper's.
 func TestThreadsOfAnEndedHelperAreNotItsOwn(t *testing.T) {
-	h, err := Start(os.Args[0], t.TempDir())
+	h, err := Start(os.Args[0], t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
