@@ -24,6 +24,9 @@ type Primer interface {
 // loop.
 const primeInterval = 100 * time.Millisecond
 
+// maxPrimedTiers bounds the tiers whose last priming is remembered.
+const maxPrimedTiers = 1 << 12
+
 // maxPrimedGroupDirs bounds the group directories primed in one tier.
 const maxPrimedGroupDirs = 1 << 16
 
@@ -50,6 +53,14 @@ func (f *FS) primeTier(ctx context.Context, tier string) {
 		return
 	}
 	f.primed[tier] = now
+	if len(f.primed) > maxPrimedTiers {
+		// Only the recent entries limit anything.
+		for t, at := range f.primed {
+			if now.Sub(at) >= primeInterval {
+				delete(f.primed, t)
+			}
+		}
+	}
 	f.primedMu.Unlock()
 	go func() {
 		names := make([]string, 0, prefixNames)

@@ -135,10 +135,10 @@ func TestPassthroughDigestFromRow(t *testing.T) {
 	}
 }
 
-// The kernel writes a passthrough store through the page cache (so the
-// rename samples pages from memory), but by the time the rename returns the
-// block is written back and none of its pages stay in the cache, as after
-// the engine's O_DIRECT write without the mount.
+// A passthrough store leaves none of the block's pages in the page cache, as
+// the engine's O_DIRECT write does without the mount: the kernel writes
+// through its own backing file, opened with the engine's flags, and the
+// rename reads the pages it samples O_DIRECT.
 func TestPassthroughLeavesNothingInThePageCache(t *testing.T) {
 	m := newPassthroughMount(t, 4)
 	for i := 1; i < 3; i++ {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,13 +58,6 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	rows := s.rows
 	s.mu.Unlock()
 	if w.file == nil || t.expect == 0 || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
-		return 0, false
-	}
-	// The kernel writes through the page cache, whatever the engine's open
-	// flags: the rename then reads the pages it samples from memory instead
-	// of a disk queue full of other stores, and waits for the writeback
-	// (sealPassthrough).
-	if err := setDirect(int(w.file.Fd()), false); err != nil {
 		return 0, false
 	}
 	if err := s.reserve(t.expect, w.rel); err != nil {
@@ -174,11 +168,6 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	if size == 0 || size%block.PageSize != 0 {
 		return w, nil // refused by the caller
 	}
-	fd := int(f.Fd())
-	// The row's writeback starts now and runs while the pages are compared.
-	if err := unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE); err != nil {
-		return w, err
-	}
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()
@@ -206,20 +195,10 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 			return w, err
 		}
 	}
-	// The block is on the disk before it has a name, as an O_DIRECT write
-	// would have left it; a failed write is never published.
-	if err := unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER); err != nil {
-		return w, err
-	}
 	for _, r := range row.ZeroRuns {
-		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 			return w, err
 		}
-	}
-	// Written back, the pages leave the cache, as they would not have
-	// entered it with O_DIRECT.
-	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
-		return w, err
 	}
 	offsets := block.ProbeOffsets(size)
 	w.crc, w.fromRow = row.CRC, found
@@ -248,16 +227,33 @@ func randomPages(size int64) []int64 {
 	return out
 }
 
-// readPages reads whole pages of f, from the page cache the kernel just
-// wrote them to.
+// readPages reads whole pages of f at once, O_DIRECT where the file allows it
+// so that no readahead pulls more of the file back from the disk.
 func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
+	buf, release, err := alignedBuffer(len(offsets) * block.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	fd := int(f.Fd())
+	if err := setDirect(fd, true); err == nil {
+		defer setDirect(fd, false)
+	}
+	errs := make([]error, len(offsets))
+	var wg sync.WaitGroup
+	for i, off := range offsets {
+		wg.Go(func() {
+			direct := true
+			_, errs[i] = readFullAt(f, buf[i*block.PageSize:(i+1)*block.PageSize], off, &direct)
+		})
+	}
+	wg.Wait()
 	out := make(map[int64][]byte, len(offsets))
-	for _, off := range offsets {
-		page := make([]byte, block.PageSize)
-		if err := readFullAt(f, page, off); err != nil {
-			return nil, err
+	for i, off := range offsets {
+		if errs[i] != nil {
+			return nil, errs[i]
 		}
-		out[off] = page
+		out[off] = append([]byte(nil), buf[i*block.PageSize:(i+1)*block.PageSize]...)
 	}
 	return out, nil
 }
@@ -268,13 +264,19 @@ const readBackChunk = 4 << 20
 // readBack reads a tmp file whose row was not found: its checksum, probe
 // windows and all-zero page runs.
 func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
-	buf := make([]byte, readBackChunk)
+	buf, release, err := alignedBuffer(readBackChunk)
+	if err != nil {
+		return shm.WrittenRow{}, err
+	}
+	defer release()
+	direct := setDirect(int(f.Fd()), true) == nil
+	defer setDirect(int(f.Fd()), false)
 	var w shm.WrittenRow
 	offsets := block.ProbeOffsets(size)
 	w.Probes = make([]uint64, len(offsets))
 	for at := int64(0); at < size; at += readBackChunk {
 		chunk := buf[:min(readBackChunk, size-at)]
-		if err := readFullAt(f, chunk, at); err != nil {
+		if _, err := readFullAt(f, chunk, at, &direct); err != nil {
 			return w, err
 		}
 		w.CRC = block.UpdateCRC32C(w.CRC, chunk)
@@ -300,12 +302,18 @@ func zeroRunsOfFile(f *os.File, runs [][2]int64) ([][2]int64, error) {
 	if len(runs) == 0 {
 		return nil, nil
 	}
-	buf := make([]byte, readBackChunk)
+	buf, release, err := alignedBuffer(readBackChunk)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	direct := setDirect(int(f.Fd()), true) == nil
+	defer setDirect(int(f.Fd()), false)
 	var out [][2]int64
 	for _, r := range runs {
 		for at := r[0]; at < r[1]; at += readBackChunk {
 			chunk := buf[:min(readBackChunk, r[1]-at)]
-			if err := readFullAt(f, chunk, at); err != nil {
+			if _, err := readFullAt(f, chunk, at, &direct); err != nil {
 				return nil, err
 			}
 			for _, z := range nonZeroComplement(chunk, at) {
@@ -337,20 +345,35 @@ func nonZeroComplement(p []byte, off int64) [][2]int64 {
 	return out
 }
 
-// readFullAt fills p from f at off.
-func readFullAt(f *os.File, p []byte, off int64) error {
-	for done := 0; done < len(p); {
+// readFullAt fills p from f at off, dropping O_DIRECT if the file refuses it.
+func readFullAt(f *os.File, p []byte, off int64, direct *bool) (int, error) {
+	done := 0
+	for done < len(p) {
 		n, err := unix.Pread(int(f.Fd()), p[done:], off+int64(done))
+		if *direct && errors.Is(err, syscall.EINVAL) {
+			*direct = false
+			setDirect(int(f.Fd()), false)
+			continue
+		}
 		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {
-			return err
+			return done, err
 		}
 		if n == 0 {
-			return errors.New("tmp file shorter than its size")
+			return done, errors.New("tmp file shorter than its size")
 		}
 		done += n
 	}
-	return nil
+	return done, nil
+}
+
+// alignedBuffer maps n bytes of page-aligned memory for O_DIRECT reads.
+func alignedBuffer(n int) ([]byte, func(), error) {
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, nil, err
+	}
+	return buf, func() { unix.Munmap(buf) }, nil
 }
