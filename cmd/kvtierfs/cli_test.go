@@ -47,26 +47,6 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	cases := map[string]string{
-		`/mnt/kvtier`:                "/mnt/kvtier",
-		`/mnt/a\040b`:                "/mnt/a b",
-		`/mnt/tab\011x`:              "/mnt/tab\tx",
-		`/mnt/nl\012`:                "/mnt/nl\n",
-		`/mnt/back\134slash`:         `/mnt/back\slash`,
-		`/mnt/trailing\`:             `/mnt/trailing\`,
-		`/mnt/short\04`:              `/mnt/short\04`,
-		`/mnt/not\999octal`:          `/mnt/not\999octal`,
-		`\040\040`:                   "  ",
-		`/mnt/utf8\303\251t\303\251`: "/mnt/utf8été",
-	}
-	for in, want := range cases {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestCheckDisjoint(t *testing.T) {
 	cases := []struct {
 		mountpoint, store string

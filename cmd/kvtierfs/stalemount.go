@@ -26,22 +26,22 @@ func clearStaleMount(mnt string) error {
 	if err != nil || entry == nil {
 		return err
 	}
-	if !strings.HasPrefix(entry.fstype, "fuse") {
-		return fmt.Errorf("mountpoint %s is busy: %s (%s) is mounted there; unmount it first", mnt, entry.source, entry.fstype)
+	if !strings.HasPrefix(entry.FSType, "fuse") {
+		return fmt.Errorf("mountpoint %s is busy: %s (%s) is mounted there; unmount it first", mnt, entry.Source, entry.FSType)
 	}
 	switch err := statfsWithin(mnt, liveMountTimeout); {
 	case errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED):
 		if err := detach(mnt); err != nil {
-			return fmt.Errorf("mountpoint %s holds the dead mount of a crashed daemon (%s) and detaching it failed: %w", mnt, entry.source, err)
+			return fmt.Errorf("mountpoint %s holds the dead mount of a crashed daemon (%s) and detaching it failed: %w", mnt, entry.Source, err)
 		}
-		slog.Warn("detached the stale mount of a daemon that died", "mountpoint", mnt, "source", entry.source)
+		slog.Warn("detached the stale mount of a daemon that died", "mountpoint", mnt, "source", entry.Source)
 		return nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return fmt.Errorf("mountpoint %s is busy: %s serves it and does not answer statfs within %s (a stopped or hung daemon): "+
-			"end that daemon, or 'kvtierfs umount %s', then mount again", mnt, entry.source, liveMountTimeout, mnt)
+			"end that daemon, or 'kvtierfs umount %s', then mount again", mnt, entry.Source, liveMountTimeout, mnt)
 	default:
 		return fmt.Errorf("mountpoint %s is busy: a live daemon serves it (%s, %s); stop it first ('kvtierfs umount %s' or SIGTERM to its process)",
-			mnt, entry.source, entry.fstype, mnt)
+			mnt, entry.Source, entry.FSType, mnt)
 	}
 }
 

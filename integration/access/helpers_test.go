@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -209,16 +210,13 @@ func vmRSS(t *testing.T, pid int) int64 {
 // from /proc/self/mountinfo.
 func mountOptions(t *testing.T, mnt string) string {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("self")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && fields[4] == mnt {
-			return fields[len(fields)-1]
-		}
+	at := mountinfo.At(mounts, mnt)
+	if len(at) == 0 {
+		t.Fatalf("%s is not in /proc/self/mountinfo", mnt)
 	}
-	t.Fatalf("%s is not in /proc/self/mountinfo", mnt)
-	return ""
+	return at[len(at)-1].SuperOptions
 }

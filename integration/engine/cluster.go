@@ -13,9 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 )
@@ -209,21 +209,11 @@ func (c *cluster) close() error {
 	return errors.Join(errs...)
 }
 
-// mountedUnder lists the mount points at or below dir, from /proc/self/mountinfo.
+// mountedUnder lists the mount points at or below dir.
 func mountedUnder(dir string) ([]string, error) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("self")
 	if err != nil {
 		return nil, err
 	}
-	var mounted []string
-	for _, line := range strings.Split(string(raw), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 {
-			mp := strings.ReplaceAll(fields[4], `\040`, " ")
-			if mp == dir || strings.HasPrefix(mp, dir+"/") {
-				mounted = append(mounted, mp)
-			}
-		}
-	}
-	return mounted, nil
+	return mountinfo.Under(mounts, dir), nil
 }

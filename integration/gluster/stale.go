@@ -1,7 +1,6 @@
 package gluster
 
 import (
-	"bufio"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
 
 // ClearStale removes what a harness process that died without Close left
@@ -69,38 +70,9 @@ func alive(pid int) bool {
 
 // mountsUnder lists mountpoints at or below dir, deepest first.
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("self")
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
-	var mounts []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mnt := unescapeMountinfo(fields[4])
-		if mnt == dir || strings.HasPrefix(mnt, dir+"/") {
-			mounts = append([]string{mnt}, mounts...)
-		}
-	}
-	return mounts
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mountinfo.Under(mounts, dir)
 }

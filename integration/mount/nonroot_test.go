@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -67,16 +68,11 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 	}
 	mounted := func() bool {
 		t.Helper()
-		raw, err := os.ReadFile("/proc/" + ns + "/mountinfo")
+		mounts, err := mountinfo.Read(ns)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if fields := strings.Fields(line); len(fields) > 4 && fields[4] == mnt {
-				return true
-			}
-		}
-		return false
+		return len(mountinfo.At(mounts, mnt)) > 0
 	}
 	mount := func() (*exec.Cmd, *lockedLog) {
 		t.Helper()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
@@ -283,17 +284,11 @@ func waitPeerUp(t *testing.T, head *node) {
 // mountsAt counts the mounts at mnt in this mount namespace.
 func mountsAt(t *testing.T, mnt string) int {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("self")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, line := range strings.Split(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == mnt {
-			n++
-		}
-	}
-	return n
+	return len(mountinfo.At(mounts, mnt))
 }
 
 // tmpFiles lists the *.tmp files under the store directory.
