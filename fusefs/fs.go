@@ -145,6 +145,7 @@ type FS struct {
 	primedMu    sync.Mutex
 	primed      map[string]time.Time
 	tiersPrimed atomic.Int64
+	primings    atomic.Int32
 
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads

@@ -27,6 +27,10 @@ const primeInterval = 100 * time.Millisecond
 // maxPrimedTiers bounds the tiers whose last priming is remembered.
 const maxPrimedTiers = 1 << 12
 
+// maxPrimings bounds the primings being prepared at once (each lists a
+// tier's names), whatever the lookups that ask for them.
+const maxPrimings = 2
+
 // maxPrimedGroupDirs bounds the group directories primed in one tier.
 const maxPrimedGroupDirs = 1 << 16
 
@@ -62,7 +66,12 @@ func (f *FS) primeTier(ctx context.Context, tier string) {
 		}
 	}
 	f.primedMu.Unlock()
+	if f.primings.Add(1) > maxPrimings {
+		f.primings.Add(-1)
+		return
+	}
 	go func() {
+		defer f.primings.Add(-1)
 		names := make([]string, 0, prefixNames)
 		for i := range prefixNames {
 			names = append(names, tier+"/"+prefixName(i))
