@@ -236,7 +236,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		OnAdd:       f.addControl,
 		MountOptions: fuse.MountOptions{
 			FsName:      "kvtierfs:" + opts.Store.Root(),
-			Name:        "kvtierfs",
+			Name:        ctlabi.FSName,
 			DirectMount: os.Geteuid() == 0,
 			AllowOther:  opts.AllowOther,
 			MaxWrite:    opts.MaxRequest,

@@ -7,6 +7,13 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
+// FSName is the name a mount gives FUSE; FSType is the filesystem type the
+// mount table (/proc/self/mountinfo) shows for it.
+const (
+	FSName = "kvtierfs"
+	FSType = "fuse." + FSName
+)
+
 // Names in the control directory.
 const (
 	// Dir is the control directory at the mount root.

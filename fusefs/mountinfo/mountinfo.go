@@ -14,6 +14,8 @@ import (
 type Mount struct {
 	// Mountpoint is where the filesystem is mounted (field 5).
 	Mountpoint string
+	// Device is the filesystem's "major:minor" (field 3), as stat's st_dev.
+	Device string
 	// FSType and Source follow the " - " separator; SuperOptions ends the line.
 	FSType, Source, SuperOptions string
 }
@@ -42,7 +44,7 @@ func ParseLine(line string) (m Mount, ok bool) {
 	if len(fields) < 5 {
 		return Mount{}, false
 	}
-	m.Mountpoint = unescape(fields[4])
+	m.Device, m.Mountpoint = fields[2], unescape(fields[4])
 	for i := 5; i+3 < len(fields); i++ {
 		if fields[i] == "-" {
 			m.FSType, m.Source, m.SuperOptions = fields[i+1], unescape(fields[i+2]), fields[i+3]

@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -40,6 +41,9 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
 
 // HelperCommand is the hidden subcommand that runs Main.
@@ -326,19 +330,41 @@ func lookUp(batch []string, names chan<- string, looked <-chan bool) int {
 	return n
 }
 
-// fuseSuperMagic is the f_type statfs reports for a FUSE mount.
-const fuseSuperMagic = 0x65735546
-
-// openMount opens the mountpoint's root, which must be a FUSE mount.
+// openMount opens the root of the kvtierfs mount at mountpoint. The path is
+// opened anew for each batch (a descriptor held would keep the mount busy),
+// so what it opens must be the filesystem the mount table has there: not a
+// link, nor another filesystem put in its place.
 func openMount(mountpoint string) (int, error) {
-	fd, err := unix.Open(mountpoint, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(mountpoint, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening the mount: %w", err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != fuseSuperMagic {
+	if err := isMountAt(fd, mountpoint); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("%s is not a FUSE mount (statfs type %#x, %v)", mountpoint, st.Type, err)
+		return -1, err
 	}
 	return fd, nil
+}
+
+// isMountAt checks that fd is the root of the topmost mount at mountpoint,
+// a kvtierfs one.
+func isMountAt(fd int, mountpoint string) error {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return err
+	}
+	mounts, err := mountinfo.Read("self")
+	if err != nil {
+		return err
+	}
+	at := mountinfo.At(mounts, abs)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if len(at) == 0 || at[len(at)-1].FSType != ctlabi.FSType || at[len(at)-1].Device != dev {
+		return fmt.Errorf("%s is not a kvtierfs mount (device %s; the mount table: %+v)", mountpoint, dev, at)
+	}
+	return nil
 }

@@ -131,3 +131,18 @@ func TestThreadsOfAnEndedHelperAreNotItsOwn(t *testing.T) {
 		t.Errorf("thread %d of a helper that ended still counts as the helper's", tid)
 	}
 }
+
+// The helper opens only the kvtierfs mount the mount table has at its
+// path: a plain directory, or a link to one, is refused.
+func TestOpenMountRefusesWhatIsNotTheMount(t *testing.T) {
+	dir := t.TempDir()
+	link := dir + "/link"
+	if err := os.Symlink("/", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{dir, link, "/"} {
+		if fd, err := openMount(path); err == nil {
+			t.Errorf("openMount(%s) = %d, want an error", path, fd)
+		}
+	}
+}
