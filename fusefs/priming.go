@@ -19,9 +19,8 @@ type Primer interface {
 
 // primeInterval is the least time between two primings of one tier. The
 // kernel looks a tier up again only after dropping its entry, so each lookup
-// is news; the interval only bounds the cost (4,096 lookups, some 35 ms of
-// sixteen threads on the accelerator machine) when caches are dropped in a
-// loop.
+// is news; the interval only bounds the cost (4,096 lookups from sixteen
+// threads) when caches are dropped in a loop.
 const primeInterval = 100 * time.Millisecond
 
 // maxPrimedTiers bounds the tiers whose last priming is remembered.
