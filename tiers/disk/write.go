@@ -53,7 +53,6 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
 	}
 	s.sweepTmps()
-	direct := flags&syscall.O_DIRECT != 0
 	// O_TRUNC waits until the file is known to be the tmp's own.
 	truncate := flags&syscall.O_TRUNC != 0
 	flags = flags&tmpOpenFlags | syscall.O_CREAT | syscall.O_RDWR
@@ -71,7 +70,7 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	// publish of the same tmp name meanwhile is refused.
 	s.creating[rel] = true
 	s.mu.Unlock()
-	f, direct, id, size, err := s.openTmp(rel, flags, mode, direct, truncate)
+	f, direct, id, size, err := s.openTmp(rel, flags, mode, truncate)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.creating, rel)
@@ -97,8 +96,10 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 }
 
 // openTmp opens (creating it) the tmp file rel and checks that it is a file
-// of its own, made private to the store.
-func (s *Store) openTmp(rel string, flags int, mode uint32, direct, truncate bool) (f *os.File, isDirect bool, id fileID, size int64, err error) {
+// of its own, made private to the store; direct is whether it is open
+// O_DIRECT.
+func (s *Store) openTmp(rel string, flags int, mode uint32, truncate bool) (f *os.File, direct bool, id fileID, size int64, err error) {
+	direct = flags&syscall.O_DIRECT != 0
 	f, err = s.openFile(rel, flags, mode&0o7777)
 	if direct && errors.Is(err, syscall.EINVAL) {
 		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
