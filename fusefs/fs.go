@@ -256,7 +256,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	server, err := fuse.NewServer(absentEntries{fs.NewNodeFS(f.root, fsOpts)}, mountpoint, &fsOpts.MountOptions)
+	server, err := fuse.NewServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
