@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 )
 
 // A passthrough tmp mapped MAP_SHARED through the mount can still be written
@@ -152,4 +154,103 @@ func (m *passthroughMount) checkNothingLeftCounted(t *testing.T, i int) {
 	if used := st.CapacityBytes - st.FreeBytes; used != st.PhysicalBytes || st.InFlightTmp != 0 {
 		t.Errorf("%d bytes counted, %d tmp files, with %d bytes of blocks left and no tmp file", used, st.InFlightTmp, st.PhysicalBytes)
 	}
+}
+
+// Two writers storing the same block through the same tmp name (O_CREAT|
+// O_TRUNC without O_EXCL, as no engine does) while the tmp name is looked up
+// (stat) and the block loaded. A lookup that revalidates the kernel's entry
+// of the tmp name runs beside the publish's rename: it must not leave the
+// published block's node filed under the tmp name, where the block's next
+// OPEN would open whatever the other writer is creating there (DESIGN.md
+// "Lookups and the kernel's caches"). A load either fails or returns a whole
+// row some writer stored, never a short read or other bytes with success;
+// afterwards the block's name is a whole row and nothing is left counted.
+func TestLoadsRacingWritersSharingATmpName(t *testing.T) {
+	m := newPassthroughMount(t, 8, "--capacity", "64MiB")
+	block, tmp := m.paths(1)
+	versions := [][]byte{expectedRow(21), expectedRow(22)}
+	copy(m.region.Row(1), versions[0])
+	copy(m.region.Row(2), versions[1])
+	if err := os.MkdirAll(filepath.Dir(block), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	var wg sync.WaitGroup
+	var stores, refused atomic.Int64
+	for w := range 2 {
+		wg.Go(func() {
+			for !stopped() {
+				fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				_, err = unix.Write(fd, m.region.Row(1+w))
+				unix.Close(fd)
+				if err == nil {
+					err = os.Rename(tmp, block)
+				}
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				stores.Add(1)
+			}
+		})
+	}
+	for range 2 {
+		wg.Go(func() {
+			var st unix.Stat_t
+			for !stopped() {
+				unix.Stat(tmp, &st)
+			}
+		})
+	}
+	var loads, failed atomic.Int64
+	wg.Go(func() {
+		scratch := m.region.Row(3)
+		for !stopped() {
+			clear(scratch)
+			err := m.tier.LoadIgnoringClose(block, scratch)
+			switch {
+			case errors.Is(err, engineio.ErrShortRead):
+				t.Errorf("a load returned with success fewer bytes than a row: %v", err)
+			case err != nil:
+				failed.Add(1)
+			case !bytes.Equal(scratch, versions[0]) && !bytes.Equal(scratch, versions[1]):
+				t.Errorf("a load returned with success bytes no store wrote")
+			default:
+				loads.Add(1)
+			}
+		}
+	})
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d stores, %d refused, %d loads, %d failed", stores.Load(), refused.Load(), loads.Load(), failed.Load())
+	if stores.Load() == 0 || loads.Load() == 0 {
+		t.Fatal("nothing stored or loaded: the race was not run")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(block, &st); err != nil {
+		t.Fatalf("stat of the block after the race: %v", err)
+	}
+	if st.Size != rowBytes {
+		t.Errorf("the block's size after the race is %d, want %d", st.Size, rowBytes)
+	}
+	scratch := m.region.Row(3)
+	if err := m.tier.LoadIgnoringClose(block, scratch); err != nil {
+		t.Errorf("load after the race: %v", err)
+	} else if !bytes.Equal(scratch, versions[0]) && !bytes.Equal(scratch, versions[1]) {
+		t.Error("load after the race returned bytes no store wrote")
+	}
+	m.checkNothingLeftCounted(t, 1)
 }
