@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -38,9 +37,18 @@ func (s *Store) UseRows(rows WrittenRows) {
 	s.mu.Unlock()
 }
 
-// verifyPages is how many pages, chosen at random at each rename, are read
-// back from a passthrough tmp file and must equal the row found.
+// verifyPages is how many pages of a passthrough tmp file a rename reads
+// back, as one run at a random place in one request, to find the row they
+// came from. Reads of a file among the writers' stream cost the disk per
+// request, not per byte: eight pages read apart kept stores at 0.88-0.93
+// of the bare directory, one run at 0.95-0.98 (BENCHMARKS.md).
 const verifyPages = 8
+
+// verifyRuns bounds the runs a rename reads while each one read is all
+// zero (a sparse row): zero pages tell no row apart. Run i lies in the i-th
+// of verifyRuns equal parts of the file, so a row with half its pages zero
+// (another node's slot) is always told by one of them.
+const verifyRuns = 3
 
 // releaseWait bounds how long a rename waits for the kernel to release the
 // tmp's passthrough descriptor after the writer closed it.
@@ -156,7 +164,7 @@ type written struct {
 }
 
 // sealPassthrough learns a passthrough tmp's checksum and probe windows from
-// the engine's row its bytes came from (verifyPages random pages of the file
+// the engine's row its bytes came from (a run of verifyPages pages of the file
 // must equal it), or else by reading the file back, and leaves its all-zero
 // pages as holes. The caller holds t.mu; the writer has released the file.
 func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
@@ -173,12 +181,15 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	s.mu.Unlock()
 	var row shm.WrittenRow
 	found := false
-	if rows != nil {
-		pages, err := readPages(f, randomPages(size))
+	for i := 0; rows != nil && i < verifyRuns; i++ {
+		pages, telling, err := readRun(f, size, i)
 		if err != nil {
 			return w, err
 		}
-		row, found = rows.ScanWritten(size, pages)
+		if telling {
+			row, found = rows.ScanWritten(size, pages)
+			break
+		}
 	}
 	s.counters.WriteBytes.Add(size)
 	if found {
@@ -213,49 +224,36 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	return w, nil
 }
 
-// randomPages picks up to verifyPages distinct page offsets of a size-byte file.
-func randomPages(size int64) []int64 {
-	n := size / block.PageSize
-	picked := make(map[int64]bool, verifyPages)
-	var out []int64
-	for len(out) < int(min(n, verifyPages)) {
-		if p := rand.Int64N(n) * block.PageSize; !picked[p] {
-			picked[p] = true
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// readPages reads whole pages of f at once, O_DIRECT where the file allows it
-// so that no readahead pulls more of the file back from the disk.
-func readPages(f *os.File, offsets []int64) (map[int64][]byte, error) {
-	buf, release, err := alignedBuffer(len(offsets) * block.PageSize)
+// readRun reads a run of up to verifyPages whole pages at a random place in
+// part i of verifyRuns of a size-byte file, in one request, O_DIRECT where
+// the file allows it so that no readahead pulls more of the file back from
+// the disk. telling is false when every page read is zero.
+func readRun(f *os.File, size int64, i int) (pages map[int64][]byte, telling bool, err error) {
+	total := size / block.PageSize
+	n := min(total, verifyPages)
+	first := min(total*int64(i)/verifyRuns, total-n)
+	last := max(first, total*int64(i+1)/verifyRuns-n)
+	start := (first + rand.Int64N(last-first+1)) * block.PageSize
+	buf, release, err := alignedBuffer(int(n) * block.PageSize)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer release()
 	fd := int(f.Fd())
 	if err := setDirect(fd, true); err == nil {
 		defer setDirect(fd, false)
 	}
-	errs := make([]error, len(offsets))
-	var wg sync.WaitGroup
-	for i, off := range offsets {
-		wg.Go(func() {
-			direct := true
-			_, errs[i] = readFullAt(f, buf[i*block.PageSize:(i+1)*block.PageSize], off, &direct)
-		})
+	direct := true
+	if _, err := readFullAt(f, buf, start, &direct); err != nil {
+		return nil, false, err
 	}
-	wg.Wait()
-	out := make(map[int64][]byte, len(offsets))
-	for i, off := range offsets {
-		if errs[i] != nil {
-			return nil, errs[i]
-		}
-		out[off] = append([]byte(nil), buf[i*block.PageSize:(i+1)*block.PageSize]...)
+	pages = make(map[int64][]byte, n)
+	for p := range n {
+		page := buf[p*block.PageSize : (p+1)*block.PageSize]
+		pages[start+p*block.PageSize] = append([]byte(nil), page...)
+		telling = telling || !block.IsZero(page)
 	}
-	return out, nil
+	return pages, telling, nil
 }
 
 // readBackChunk is how much of a tmp file readBack reads at once.
