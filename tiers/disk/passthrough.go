@@ -39,9 +39,8 @@ func (s *Store) UseRows(rows WrittenRows) {
 
 // verifyPages is how many pages of a passthrough tmp file a rename reads
 // back, as one run at a random place in one request, to find the row they
-// came from. Reads of a file among the writers' stream cost the disk per
-// request, not per byte: eight pages read apart kept stores at 0.88-0.93
-// of the bare directory, one run at 0.95-0.98 (BENCHMARKS.md).
+// came from. Reads among the writers' stream cost the disk per request, not
+// per byte (BENCHMARKS.md "Issues 10 and 14, third round").
 const verifyPages = 8
 
 // verifyRuns bounds the runs a rename reads while each one read is all
