@@ -231,7 +231,7 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 // that runs on in the background.
 func (l *Load) fill(ref block.Ref, fetched []byte) {
 	c, r := l.loads, l.r
-	d, _ := r.Digest()
+	d := r.Digest()
 	l.digest = d
 	canFind := c.cfg.Regions != nil && c.cfg.Regions.Fits(d.Size)
 	if canFind && c.mirrors() {

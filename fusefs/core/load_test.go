@@ -250,7 +250,7 @@ func (g *gatedRead) install(loads *Loads) *gatedRead {
 			copy(buf[off:end], g.data[off:end])
 			landed(end)
 		}
-		d, _ := r.Digest()
+		d := r.Digest()
 		if block.CRC32C(buf) != d.CRC {
 			return r.Corrupt("checksum mismatch")
 		}

@@ -123,13 +123,12 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 // it was being opened.
 const pinAttempts = 8
 
-// Digest returns the block's digest. Every indexed block has one (a block
-// found without a record is not indexed), so ok is always true; it is kept
-// for callers written when blocks could lack one.
-func (r *Reader) Digest() (block.Digest, bool) {
+// Digest returns the block's digest, recorded at publish: every indexed block
+// has one (a block found without a record is not indexed).
+func (r *Reader) Digest() block.Digest {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
-	return r.b.digest, true
+	return r.b.digest
 }
 
 // FileChecked reports whether the block file's bytes were checked against
@@ -217,7 +216,7 @@ const maxChunksInFlight = 8
 // file removes the block and returns EIO.
 func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
 	s := r.s
-	d, _ := r.Digest()
+	d := r.Digest()
 	size := int(r.b.size)
 	if len(buf) != size || cap(buf)%block.PageSize != 0 {
 		return fmt.Errorf("read %s: a buffer of %d bytes (capacity %d) for a block of %d", r.b.rel, len(buf), cap(buf), size)
