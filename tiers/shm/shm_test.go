@@ -163,6 +163,27 @@ func TestScanWrittenTwinRows(t *testing.T) {
 	}
 }
 
+// Rows alike at the pages sampled, more of them than maxCandidates, leave the
+// written row unknown (the store reads the file back) rather than each being
+// checksummed whole: a region of many rows holding the same bytes would make
+// every rename checksum all of it.
+func TestScanWrittenBoundsRowsChecksummed(t *testing.T) {
+	const n = maxCandidates + 2
+	set, data, path := regionFile(t, n)
+	written := append([]byte(nil), data[:testRow]...)
+	alike := make([]byte, 0, n*testRow)
+	for range n {
+		alike = append(alike, written...)
+	}
+	if err := os.WriteFile(path, alike, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[int64][]byte{0: written[:block.PageSize]}
+	if _, found := set.ScanWritten(testRow, pages); found {
+		t.Fatalf("%d rows alike at the pages sampled were all checksummed, the bound is %d", n, maxCandidates)
+	}
+}
+
 // BenchmarkScanWritten finds the row a passthrough store wrote among 64 rows
 // of 8 MiB, from 8 of its pages, and reads its checksum, probe windows and
 // zero pages: the CPU a store's rename spends on the engine's region.

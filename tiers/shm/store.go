@@ -24,8 +24,8 @@ type WrittenRow struct {
 // ScanWritten finds a row of size bytes that holds pages, each block.PageSize bytes
 // of the file a store wrote keyed by its offset, and returns the row's
 // CRC32C, probe windows and all-zero pages, read in one pass. ok is false when
-// no row holds every page, when rows holding them differ elsewhere (the
-// written one is unknown), when the pages are all zero (they tell no row
+// no row holds every page, when rows holding them differ elsewhere or more
+// than maxCandidates rows hold them (the written one is unknown), when the pages are all zero (they tell no row
 // apart), or when a region faulted while it was read.
 func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool) {
 	if size <= 0 || size%block.PageSize != 0 || len(pages) == 0 {
@@ -44,7 +44,7 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out WrittenRow
-	found, ambiguous := false, false
+	found, ambiguous, matched := false, false, 0
 	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
 		for off, p := range pages {
 			if !bytes.Equal(row[off:off+block.PageSize], p) {
@@ -52,7 +52,14 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 			}
 		}
 		// Every matching row is scanned: two rows that agree at the pages
-		// sampled but hold other bytes leave the written one unknown.
+		// sampled but hold other bytes leave the written one unknown. Rows
+		// past maxCandidates leave it unknown too: a region of many rows
+		// alike at those pages would otherwise be checksummed whole at each
+		// rename, costing more than reading the file back.
+		if matched++; matched > maxCandidates {
+			ambiguous = true
+			return false
+		}
 		w := scanRow(row)
 		if found && w.CRC != out.CRC {
 			ambiguous = true
