@@ -174,3 +174,35 @@ func TestPassthroughTinyRows(t *testing.T) {
 		})
 	}
 }
+
+// A rename refused after waiting for its tmp's release (the tmp still open
+// for writing) while lookups of the block and tmp names pile up: the lookups
+// end with the rename, and the block stores once the tmp is closed.
+func TestLookupsPileUpBehindAWaitingRename(t *testing.T) {
+	m := newPassthroughMount(t, 4)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	block, tmp := m.paths(1)
+	fd := m.openTmp(t, 1)
+	pwrite(t, fd, row, 0)
+	var wg sync.WaitGroup
+	var renameErr error
+	wg.Go(func() { renameErr = os.Rename(tmp, block) })
+	for range 64 {
+		wg.Go(func() {
+			var st unix.Stat_t
+			for range 20 {
+				unix.Stat(block, &st)
+				unix.Stat(tmp, &st)
+			}
+		})
+	}
+	wg.Wait()
+	unix.Close(fd)
+	if renameErr == nil {
+		t.Log("the rename went through (the kernel released the tmp first)")
+	} else if err := os.Rename(tmp, block); err != nil {
+		t.Fatalf("rename once the tmp is closed: %v (first: %v)", err, renameErr)
+	}
+	m.loadsBack(t, 1, m.region.Row(3), expectedRow(1))
+}
