@@ -137,7 +137,10 @@ func runBench(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A closed output (`kvtierfs bench … | head`) interrupts the run like
+	// Ctrl-C: unhandled, SIGPIPE would end the process before it unmounted
+	// and removed what it created.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	defer stop()
 	switch scenario {
 	case scenarioDisk:

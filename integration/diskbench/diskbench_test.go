@@ -1,10 +1,15 @@
 package diskbench_test
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/diskbench"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -80,4 +85,58 @@ func TestRunChainSmall(t *testing.T) {
 	if len(left) != 0 {
 		t.Fatalf("the benchmark left %d entries in its work directory", len(left))
 	}
+}
+
+// A bench whose output is closed (`kvtierfs bench disk … | head -c 1`) still
+// unmounts and removes everything it created before it exits.
+func TestBenchCleansUpWhenItsOutputCloses(t *testing.T) {
+	dir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(mounttest.Binary(), "bench", "disk", "--dir", dir, "--blocks", "16",
+		"--row-bytes", "64KiB", "--threads", "2", "--lookups", "32", "--drop-caches=false")
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeLeftovers(t, dir, cmd.Process.Pid) })
+	w.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	if _, err := r.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("no output from the bench: %v", err)
+	}
+	r.Close()
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("the bench did not end within 2 minutes of its output closing")
+	}
+	mounts, err := mountinfo.Read("self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := mountinfo.Under(mounts, dir); len(left) != 0 {
+		t.Fatalf("the bench left mounts after its output closed: %v", left)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("the bench left %d entries in its work directory after its output closed", len(left))
+	}
+}
+
+// removeLeftovers lazily unmounts what a failed bench (process pid) left
+// mounted under dir, its daemons ending with their connections, and removes
+// its shm region.
+func removeLeftovers(t *testing.T, dir string, pid int) {
+	mounts, err := mountinfo.Read("self")
+	if err != nil {
+		t.Error(err)
+	}
+	for _, m := range mountinfo.Under(mounts, dir) {
+		daemon.Detach(m)
+	}
+	os.Remove(fmt.Sprintf("/dev/shm/vllm_offload_kvtierbench_%d.mmap", pid))
 }
