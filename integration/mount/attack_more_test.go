@@ -34,15 +34,7 @@ func TestNameOrderAttackNoHang(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stop := make(chan struct{})
-	stopped := func() bool {
-		select {
-		case <-stop:
-			return true
-		default:
-			return false
-		}
-	}
+	stop, stopped := stopSignal()
 	var wg sync.WaitGroup
 	var ops atomic.Int64
 	for i := range names {

@@ -174,15 +174,7 @@ func TestLoadsRacingWritersSharingATmpName(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(block), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	stopped := func() bool {
-		select {
-		case <-stop:
-			return true
-		default:
-			return false
-		}
-	}
+	stop, stopped := stopSignal()
 	var wg sync.WaitGroup
 	var stores, refused atomic.Int64
 	for w := range 2 {
@@ -253,4 +245,18 @@ func TestLoadsRacingWritersSharingATmpName(t *testing.T) {
 		t.Error("load after the race returned bytes no store wrote")
 	}
 	m.checkNothingLeftCounted(t, 1)
+}
+
+// stopSignal returns a channel to close and a check of whether it was closed,
+// for loops that run until a test stops them.
+func stopSignal() (chan struct{}, func() bool) {
+	stop := make(chan struct{})
+	return stop, func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 }

@@ -101,28 +101,8 @@ func TestInfosWarnOnGeometry(t *testing.T) {
 // (the field's region): sampled windows over every row, then one CRC32C.
 func BenchmarkConfirm(b *testing.B) {
 	const rows, rowBytes = 498, 8601600
-	path := filepath.Join("/dev/shm", fmt.Sprintf("kvtier-test-bench-%d.mmap", os.Getpid()))
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.Remove(path)
+	set := benchRegion(b, rows, rowBytes)
 	row := make([]byte, rowBytes)
-	for r := 0; r < rows; r++ {
-		fill(row, r)
-		if _, err := f.WriteAt(row, int64(r)*rowBytes); err != nil {
-			b.Fatal(err)
-		}
-	}
-	f.Close()
-	set, err := NewSet(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := set.Refresh(); err != nil {
-		b.Fatal(err)
-	}
-	defer set.Close()
 	fill(row, rows/2)
 	d := block.DigestOf(row)
 	set.Confirm(d, nil) // map the region's pages, as a running daemon has
@@ -189,28 +169,8 @@ func TestScanWrittenBoundsRowsChecksummed(t *testing.T) {
 // zero pages: the CPU a store's rename spends on the engine's region.
 func BenchmarkScanWritten(b *testing.B) {
 	const rows, rowBytes = 64, 8 << 20
-	path := filepath.Join("/dev/shm", fmt.Sprintf("kvtier-test-bench-%d.mmap", os.Getpid()))
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.Remove(path)
+	set := benchRegion(b, rows, rowBytes)
 	row := make([]byte, rowBytes)
-	for r := 0; r < rows; r++ {
-		fill(row, r)
-		if _, err := f.WriteAt(row, int64(r)*rowBytes); err != nil {
-			b.Fatal(err)
-		}
-	}
-	f.Close()
-	set, err := NewSet(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := set.Refresh(); err != nil {
-		b.Fatal(err)
-	}
-	defer set.Close()
 	fill(row, rows/2)
 	pages := map[int64][]byte{}
 	for i := int64(0); i < 8; i++ {
@@ -225,4 +185,33 @@ func BenchmarkScanWritten(b *testing.B) {
 			b.Fatalf("scan: crc %08x ok %v, want %08x", w.CRC, ok, want)
 		}
 	}
+}
+
+// benchRegion maps a region of rows rows of rowBytes, row r holding block r
+// (fill), removed when the benchmark ends.
+func benchRegion(b *testing.B, rows, rowBytes int) *Set {
+	b.Helper()
+	path := filepath.Join("/dev/shm", fmt.Sprintf("kvtier-test-bench-%d.mmap", os.Getpid()))
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.Remove(path) })
+	row := make([]byte, rowBytes)
+	for r := 0; r < rows; r++ {
+		fill(row, r)
+		if _, err := f.WriteAt(row, int64(r)*int64(rowBytes)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f.Close()
+	set, err := NewSet(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { set.Close() })
+	if err := set.Refresh(); err != nil {
+		b.Fatal(err)
+	}
+	return set
 }
