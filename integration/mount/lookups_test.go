@@ -207,9 +207,16 @@ const tierName = "DeepSeek-V4-Flash_0123456789ab_r0"
 // lookupHelperOf finds the lookup helper among a daemon's children.
 func lookupHelperOf(t *testing.T, daemon int) int {
 	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", daemon, daemon))
-	if err != nil {
-		t.Fatal(err)
+	// A child is listed under the thread that started it, which for the
+	// helper (started from a locked thread) is seldom the main one.
+	lists, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", daemon))
+	if err != nil || len(lists) == 0 {
+		t.Fatalf("threads of daemon %d: %v", daemon, err)
+	}
+	var raw []byte
+	for _, l := range lists {
+		children, _ := os.ReadFile(l)
+		raw = append(raw, children...)
 	}
 	for _, f := range strings.Fields(string(raw)) {
 		pid, _ := strconv.Atoi(f)
