@@ -45,7 +45,9 @@ type Config struct {
 	Blocks int
 	// Threads is the engine's I/O thread count.
 	Threads int
-	// LookupKeys is how many keys the lookup phase checks; the stored blocks are present, the rest absent.
+	// LookupKeys is how many keys the lookup phase checks: the stored blocks
+	// (present), then absent keys, half in leaf directories that hold blocks
+	// and half in directories that do not exist (see lookupChain).
 	LookupKeys int
 	// DropCaches empties the page cache before each cold phase (root only).
 	DropCaches bool
@@ -279,7 +281,7 @@ func parallel(threads, n int, fn func(thread, i int) error) (time.Duration, erro
 
 func (r *run) report(res *Result, m Measurement) {
 	res.Measurements = append(res.Measurements, m)
-	fmt.Fprintf(r.cfg.Progress, "%-28s mount %10.3f %s   direct %10.3f %s   ratio %.2f   daemon %.3f CPU s/GB\n",
+	fmt.Fprintf(r.cfg.Progress, "%-40s mount %10.3f %s   direct %10.3f %s   ratio %.2f   daemon %.3f CPU s/GB\n",
 		m.Phase, m.Mount, m.Unit, m.Direct, m.Unit, m.Ratio, m.DaemonCPUPerGB)
 }
 
@@ -462,30 +464,91 @@ func (r *run) warmLoads(res *Result) error {
 	return nil
 }
 
-// lookups checks LookupKeys keys in prefix order on one thread, as the
-// engine's lookup thread does, twice: first touch and repeat.
+// Lookup classes, in the order the engine meets them in one batch: the
+// stored chain, then the rest of the prompt, whose blocks were never stored.
+const (
+	lookupPresent      = "present"
+	lookupAbsentInDir  = "absent, directory exists"
+	lookupAbsentNoDirs = "absent, directory absent"
+)
+
+// lookupKey is one key of the lookup phase and the class it measures.
+type lookupKey struct {
+	hash, class string
+}
+
+// lookupChain is the engine's lookup batch (vLLM's C batch lookup: one
+// faccessat per key, in prefix order): the stored blocks first, then the
+// absent rest of the prompt, half of it in leaf directories that stored
+// blocks made and half in directories nothing made. Most of a long prompt's
+// absent keys are of the first kind once the store holds many blocks.
+func (r *run) lookupChain() []lookupKey {
+	chain := make([]lookupKey, 0, r.cfg.LookupKeys)
+	leaves := make(map[string]bool, r.cfg.Blocks)
+	for i := 0; i < r.cfg.Blocks; i++ {
+		h := key(i)
+		leaves[h[:5]] = true
+		chain = append(chain, lookupKey{h, lookupPresent})
+	}
+	absent := r.cfg.LookupKeys - r.cfg.Blocks
+	for j := 0; j < absent/2; j++ {
+		// The leaf of stored block j%Blocks with another name in it.
+		chain = append(chain, lookupKey{key(j % r.cfg.Blocks)[:5] + key(-1 - j)[5:], lookupAbsentInDir})
+	}
+	for i := r.cfg.Blocks; len(chain) < r.cfg.LookupKeys; i++ {
+		if h := key(i); !leaves[h[:5]] {
+			chain = append(chain, lookupKey{h, lookupAbsentNoDirs})
+		}
+	}
+	return chain
+}
+
+// lookups replays the engine's lookup batch on one thread, twice: first touch,
+// after the kernel dropped its caches (each side after its own drop), and
+// repeat. Each class of key is timed apart, since they cost the mount and
+// the bare directory differently.
 func (r *run) lookups(res *Result) error {
-	lookupAll := func(tier *engineio.Tier) (time.Duration, error) {
-		start := time.Now()
-		for i := 0; i < r.cfg.LookupKeys; i++ {
-			if got, want := tier.Exists(tier.BlockPath(tierDir, 0, key(i))), i < r.cfg.Blocks; got != want {
-				return 0, fmt.Errorf("lookup of key %d on %s: present=%v, want %v", i, tier.Root, got, want)
+	chain := r.lookupChain()
+	lookupAll := func(tier *engineio.Tier) (map[string]time.Duration, error) {
+		took := make(map[string]time.Duration, 3)
+		for i, k := range chain {
+			start := time.Now()
+			got := tier.Exists(tier.BlockPath(tierDir, 0, k.hash))
+			took[k.class] += time.Since(start)
+			if want := k.class == lookupPresent; got != want {
+				return nil, fmt.Errorf("lookup of key %d (%s) on %s: present=%v, want %v", i, k.class, tier.Root, got, want)
 			}
 		}
-		return time.Since(start), nil
+		return took, nil
 	}
-	for _, phase := range []string{"lookup, first", "lookup, repeat"} {
-		mount, err := lookupAll(r.mount)
-		if err != nil {
-			return err
+	counts := make(map[string]int, 3)
+	for _, k := range chain {
+		counts[k.class]++
+	}
+	for _, pass := range []string{"first", "repeat"} {
+		prepare := func() error { return nil }
+		if pass == "first" {
+			prepare = r.dropCaches
 		}
-		direct, err := lookupAll(r.store)
-		if err != nil {
-			return err
+		var sides [2]map[string]time.Duration
+		for i, tier := range []*engineio.Tier{r.mount, r.store} {
+			if err := prepare(); err != nil {
+				return err
+			}
+			took, err := lookupAll(tier)
+			if err != nil {
+				return err
+			}
+			sides[i] = took
 		}
-		perKey := func(d time.Duration) float64 { return d.Seconds() * 1e6 / float64(r.cfg.LookupKeys) }
-		m, d := perKey(mount), perKey(direct)
-		r.report(res, Measurement{Phase: phase, Unit: "µs/key", Mount: m, Direct: d, Ratio: d / m})
+		for _, class := range []string{lookupPresent, lookupAbsentInDir, lookupAbsentNoDirs} {
+			if counts[class] == 0 {
+				continue
+			}
+			perKey := func(d time.Duration) float64 { return d.Seconds() * 1e6 / float64(counts[class]) }
+			m, d := perKey(sides[0][class]), perKey(sides[1][class])
+			r.report(res, Measurement{Phase: "lookup, " + pass + ", " + class, Unit: "µs/key", Mount: m, Direct: d, Ratio: d / m})
+		}
 	}
 	return nil
 }
