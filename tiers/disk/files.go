@@ -3,6 +3,7 @@ package disk
 import (
 	"os"
 	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -11,8 +12,9 @@ import (
 // leaves its root: anyone who can write through the mount can plant a link
 // where a block or tmp file is expected (DESIGN "The store"). Files are opened
 // relative to the root's descriptor with openat2's RESOLVE_BENEATH and
-// RESOLVE_NO_SYMLINKS; kernels without openat2 (before 5.6) get O_NOFOLLOW on
-// the last component only.
+// RESOLVE_NO_SYMLINKS; where openat2 answers ENOSYS (kernels before 5.6, some
+// sandboxes, qemu-user) the path is walked one component at a time from the
+// root, each opened with O_NOFOLLOW, so the rule holds there too.
 
 // openResolve is how the store resolves its paths.
 const openResolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
@@ -32,16 +34,49 @@ func (s *Store) openFile(rel string, flags int, mode uint32) (*os.File, error) {
 func (s *Store) openat(rel string, flags int, mode uint32) (int, error) {
 	how := unix.OpenHow{Flags: uint64(flags), Mode: uint64(mode), Resolve: openResolve}
 	for range 8 {
-		fd, err := unix.Openat2(s.rootFD, rel, &how)
+		fd, err := openat2(s.rootFD, rel, &how)
 		switch err {
 		case unix.EAGAIN, unix.EINTR:
 			continue
 		case unix.ENOSYS:
-			return unix.Open(s.Path(rel), flags, mode)
+			return s.walkOpen(rel, flags, mode)
 		}
 		return fd, err
 	}
 	return -1, unix.EAGAIN
+}
+
+// openat2 is the openat2 system call; tests replace it with one that
+// answers ENOSYS to exercise walkOpen on kernels that have it.
+var openat2 = unix.Openat2
+
+// walkOpen resolves rel beneath the root without openat2: every directory
+// on the way is opened from the previous one with O_NOFOLLOW|O_DIRECTORY
+// (a link there fails with ENOTDIR), the last component with O_NOFOLLOW,
+// and names leaving the root are refused with EXDEV as RESOLVE_BENEATH does.
+func (s *Store) walkOpen(rel string, flags int, mode uint32) (int, error) {
+	rel = path.Clean(rel)
+	if path.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") {
+		return -1, unix.EXDEV
+	}
+	dir := s.rootFD
+	defer func() {
+		if dir != s.rootFD {
+			unix.Close(dir)
+		}
+	}()
+	parts := strings.Split(rel, "/")
+	for _, name := range parts[:len(parts)-1] {
+		next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		if dir != s.rootFD {
+			unix.Close(dir)
+		}
+		dir = next
+	}
+	return unix.Openat(dir, parts[len(parts)-1], flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 }
 
 // openDir opens the directory holding rel, for the *at calls that publish a
