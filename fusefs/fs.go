@@ -223,7 +223,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		opts.Store.UseRows(opts.Regions)
 	}
 	loopRoot.RootNode = f.root
-	f.index = newLookupIndex(opts.Store.Root(), loopRoot)
+	f.index = newLookupIndex(opts.Store, loopRoot)
 	f.index.scan("")
 
 	if opts.MaxRequest == 0 {

@@ -32,6 +32,9 @@ func (s *Store) openFile(rel string, flags int, mode uint32) (*os.File, error) {
 // openat resolves rel beneath the root, retrying the races openat2 reports
 // (EAGAIN: a rename elsewhere in the store while resolving).
 func (s *Store) openat(rel string, flags int, mode uint32) (int, error) {
+	if rel == "" {
+		rel = "." // the root
+	}
 	how := unix.OpenHow{Flags: uint64(flags), Mode: uint64(mode), Resolve: openResolve}
 	for range 8 {
 		fd, err := openat2(s.rootFD, rel, &how)
@@ -77,6 +80,35 @@ func (s *Store) walkOpen(rel string, flags int, mode uint32) (int, error) {
 		dir = next
 	}
 	return unix.Openat(dir, parts[len(parts)-1], flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+}
+
+// OpenAt opens a store-relative path beneath the root (O_NOFOLLOW and
+// O_CLOEXEC added) without following a link in any component: the mount's
+// operations on names outside the block layout resolve them through it.
+func (s *Store) OpenAt(rel string, flags int, mode uint32) (int, error) {
+	return s.openat(rel, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+}
+
+// OpenParent opens the directory holding rel (O_PATH) beneath the root
+// without following links, and returns it with rel's last component: the
+// *at calls on that name then act inside the store whatever someone swapped
+// into its path. The caller closes dirfd.
+func (s *Store) OpenParent(rel string) (dirfd int, name string, err error) {
+	dirfd, err = s.openDir(rel)
+	return dirfd, path.Base(rel), err
+}
+
+// Lstat reads the attributes of a store-relative name without following a
+// link in any component.
+func (s *Store) Lstat(rel string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	fd, err := s.OpenAt(rel, unix.O_PATH, 0)
+	if err != nil {
+		return st, err
+	}
+	defer unix.Close(fd)
+	err = unix.Fstat(fd, &st)
+	return st, err
 }
 
 // openDir opens the directory holding rel, for the *at calls that publish a

@@ -702,7 +702,7 @@ func (s *Store) ForgetTmp(rel, renamedTo string) {
 	if s.tmps[rel] == t {
 		s.untrackLocked(rel, t)
 		t.closeIfRetired()
-		s.countOtherFileLocked(s.Path(renamedTo))
+		s.countOtherFileLocked(renamedTo)
 	}
 }
 
