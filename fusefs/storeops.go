@@ -139,12 +139,12 @@ func (n *node) renameStore(name string, dst *node, newName string, flags uint32)
 	})
 }
 
-// openStore opens this node's store file with the engine's flags, minus
-// those the daemon must not apply itself (append: the kernel sends offsets;
-// exec; creation: done by Create).
-func (n *node) openStore(flags uint32) (int, error) {
-	flags &^= syscall.O_APPEND | fuse.FMODE_EXEC | syscall.O_CREAT | syscall.O_EXCL
-	return n.fsys.store.OpenAt(n.self(), int(flags), 0)
+// storeOpenFlags are the engine's open flags the daemon applies to a store
+// file outside the block layout: not append (the kernel sends offsets), exec
+// (the kernel's own), O_DIRECT (such files are served buffered) nor creation
+// (Create asks for it).
+func storeOpenFlags(flags uint32) int {
+	return int(flags &^ (syscall.O_APPEND | fuse.FMODE_EXEC | syscall.O_DIRECT | syscall.O_CREAT | syscall.O_EXCL))
 }
 
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
