@@ -216,27 +216,57 @@ func (n *node) Statx(ctx context.Context, f fs.FileHandle, flags uint32, mask ui
 	})
 }
 
-// byInode runs op on this node's store file through an O_PATH descriptor:
-// fd itself for the calls that take one, and proc, the descriptor's
-// /proc/self/fd path, for those that take only a path (chmod, truncate,
-// xattrs), which the kernel resolves to that very inode. A link is refused
-// with ELOOP for those, which would follow it.
-func (n *node) byInode(op func(fd int, proc string, st *unix.Stat_t) error) syscall.Errno {
-	fd, err := n.fsys.store.OpenAt(n.self(), unix.O_PATH, 0)
-	if err != nil {
-		return fs.ToErrno(err)
+// storeFile is a store file held by an O_PATH descriptor for the calls
+// that act on it: fd itself for the calls that take one, and proc, the
+// descriptor's /proc/self/fd path, for those that take only a path (chmod,
+// truncate, times, xattrs), which the kernel resolves to that very inode,
+// never through the store's path again. Those would follow a link, so a
+// link is refused there (noLinks); dirfd and name, where it was found, serve
+// the calls with a no-follow form instead.
+type storeFile struct {
+	fd, dirfd  int
+	name, proc string
+	st         unix.Stat_t
+}
+
+// byInode runs op on this node's store file.
+func (n *node) byInode(op func(f *storeFile) error) syscall.Errno {
+	return n.inParent(n.self(), func(dirfd int, name string) error {
+		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		f := &storeFile{fd: fd, dirfd: dirfd, name: name, proc: "/proc/self/fd/" + strconv.Itoa(fd)}
+		if err := unix.Fstat(fd, &f.st); err != nil {
+			return err
+		}
+		return op(f)
+	})
+}
+
+// isLink reports whether the file is a symbolic link.
+func (f *storeFile) isLink() bool { return f.st.Mode&unix.S_IFMT == unix.S_IFLNK }
+
+// setTimes sets the file's times: through proc, or for a link in its
+// directory without following it, once the name is checked to be that link.
+func (f *storeFile) setTimes(times []unix.Timespec) error {
+	if !f.isLink() {
+		return unix.UtimesNanoAt(unix.AT_FDCWD, f.proc, times, 0)
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fs.ToErrno(err)
+	var now unix.Stat_t
+	if err := unix.Fstatat(f.dirfd, f.name, &now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
 	}
-	return fs.ToErrno(op(fd, "/proc/self/fd/"+strconv.Itoa(fd), &st))
+	if now.Dev != f.st.Dev || now.Ino != f.st.Ino {
+		return unix.ESTALE
+	}
+	return unix.UtimesNanoAt(f.dirfd, f.name, times, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // noLinks refuses a path call on a symbolic link, which it would follow.
-func noLinks(st *unix.Stat_t) error {
-	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+func (f *storeFile) noLinks() error {
+	if f.isLink() {
 		return unix.ELOOP
 	}
 	return nil
@@ -251,12 +281,12 @@ func (n *node) setattrStore(ctx context.Context, f fs.FileHandle, in *fuse.SetAt
 		}
 		return n.getattrStore(ctx, f, out)
 	}
-	return n.byInode(func(fd int, proc string, st *unix.Stat_t) error {
+	return n.byInode(func(f *storeFile) error {
 		if mode, ok := in.GetMode(); ok {
-			if err := noLinks(st); err != nil {
+			if err := f.noLinks(); err != nil {
 				return err
 			}
-			if err := unix.Chmod(proc, mode); err != nil {
+			if err := unix.Chmod(f.proc, mode); err != nil {
 				return err
 			}
 		}
@@ -270,29 +300,26 @@ func (n *node) setattrStore(ctx context.Context, f fs.FileHandle, in *fuse.SetAt
 			if gidSet {
 				newGID = int(gid)
 			}
-			if err := unix.Fchownat(fd, "", newUID, newGID, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err := unix.Fchownat(f.fd, "", newUID, newGID, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				return err
 			}
 		}
 		// Truncate before the times, so that an explicit mtime stays.
 		if size, ok := in.GetSize(); ok {
-			if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			if f.st.Mode&unix.S_IFMT != unix.S_IFREG {
 				return unix.EINVAL
 			}
-			if err := unix.Truncate(proc, int64(size)); err != nil {
+			if err := unix.Truncate(f.proc, int64(size)); err != nil {
 				return err
 			}
 		}
 		if times, ok := setTimes(in); ok {
-			if err := noLinks(st); err != nil {
-				return err
-			}
-			if err := unix.UtimesNanoAt(unix.AT_FDCWD, proc, times, 0); err != nil {
+			if err := f.setTimes(times); err != nil {
 				return err
 			}
 		}
 		var after syscall.Stat_t
-		if err := syscall.Fstat(fd, &after); err != nil {
+		if err := syscall.Fstat(f.fd, &after); err != nil {
 			return err
 		}
 		out.FromStat(&after)
@@ -317,11 +344,11 @@ func setTimes(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
 
 // getxattrStore reads an xattr of the store file.
 func (n *node) getxattrStore(attr string, dest []byte) (size uint32, errno syscall.Errno) {
-	errno = n.byInode(func(_ int, proc string, st *unix.Stat_t) error {
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+	errno = n.byInode(func(f *storeFile) error {
+		if f.isLink() {
 			return unix.ENODATA // user xattrs are never set on links
 		}
-		got, err := unix.Getxattr(proc, attr, dest)
+		got, err := unix.Getxattr(f.proc, attr, dest)
 		size = uint32(got)
 		return err
 	})
@@ -330,36 +357,36 @@ func (n *node) getxattrStore(attr string, dest []byte) (size uint32, errno sysca
 
 // setxattrStore sets an xattr of the store file.
 func (n *node) setxattrStore(attr string, data []byte, flags uint32) syscall.Errno {
-	return n.byInode(func(_ int, proc string, st *unix.Stat_t) error {
-		if err := noLinks(st); err != nil {
+	return n.byInode(func(f *storeFile) error {
+		if f.isLink() {
 			return unix.EPERM
 		}
-		return unix.Setxattr(proc, attr, data, int(flags))
+		return unix.Setxattr(f.proc, attr, data, int(flags))
 	})
 }
 
 // removexattrStore removes an xattr of the store file.
 func (n *node) removexattrStore(attr string) syscall.Errno {
-	return n.byInode(func(_ int, proc string, st *unix.Stat_t) error {
-		if err := noLinks(st); err != nil {
+	return n.byInode(func(f *storeFile) error {
+		if f.isLink() {
 			return unix.ENODATA
 		}
-		return unix.Removexattr(proc, attr)
+		return unix.Removexattr(f.proc, attr)
 	})
 }
 
 // listxattrStore lists the store file's xattr names.
 func (n *node) listxattrStore() (names []byte, errno syscall.Errno) {
-	errno = n.byInode(func(_ int, proc string, st *unix.Stat_t) error {
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+	errno = n.byInode(func(f *storeFile) error {
+		if f.isLink() {
 			return nil
 		}
-		size, err := unix.Listxattr(proc, nil)
+		size, err := unix.Listxattr(f.proc, nil)
 		if err != nil {
 			return err
 		}
 		names = make([]byte, size)
-		size, err = unix.Listxattr(proc, names)
+		size, err = unix.Listxattr(f.proc, names)
 		names = names[:max(size, 0)]
 		return err
 	})
