@@ -286,6 +286,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
+	case srcKind == block.TmpFile && n.fsys.store.TmpOpen(srcRel):
+		n.fsys.logger.Warn("refused rename of a block tmp file still open for writing", "path", srcRel, "to", dstRel)
+		return syscall.EBUSY
 	case n.fsys.store.HasBlocksUnder(srcRel):
 		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)
 		return syscall.EBUSY
