@@ -30,7 +30,7 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 		fd, err = n.fsys.store.OpenAt(rel, storeOpenFlags(flags), 0)
 	}
 	if err != nil {
-		return nil, nil, 0, fs.ToErrno(err)
+		return nil, nil, 0, disk.Errno(err)
 	}
 	if created {
 		err = n.fsys.privatize(fd, mode&0o7777, &out.Attr)
@@ -59,7 +59,7 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fd, err := n.fsys.store.OpenAt(n.self(), storeOpenFlags(flags), 0)
 	if err != nil {
-		return nil, 0, fs.ToErrno(err)
+		return nil, 0, disk.Errno(err)
 	}
 	f := n.fsys.newOtherFile(n.self(), fs.NewLoopbackFile(fd))
 	if flags&syscall.O_TRUNC != 0 {

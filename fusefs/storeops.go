@@ -8,6 +8,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 // The store tree belongs to the engine's uid, which can swap any of its
@@ -23,17 +25,17 @@ import (
 func (n *node) inParent(rel string, op func(dirfd int, name string) error) syscall.Errno {
 	dirfd, name, err := n.fsys.store.OpenParent(rel)
 	if err != nil {
-		return fs.ToErrno(err)
+		return disk.Errno(err)
 	}
 	defer unix.Close(dirfd)
-	return fs.ToErrno(op(dirfd, name))
+	return disk.Errno(op(dirfd, name))
 }
 
 // lookupStore looks name up in the store.
 func (n *node) lookupStore(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	e, err := n.fsys.index.statEntry(n.rel(name))
 	if err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	return n.indexedChild(ctx, e, out), 0
 }
@@ -46,12 +48,12 @@ func (n *node) lookupStore(ctx context.Context, name string, out *fuse.EntryOut)
 func (n *node) createdChild(ctx context.Context, dirfd int, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	if st.Mode&unix.S_IFMT != mode&unix.S_IFMT || int(st.Uid) != unix.Geteuid() || st.Nlink != 1 {
 		n.fsys.logger.Warn("a name the mount just created was replaced in the store", "path", n.rel(name))
@@ -59,11 +61,11 @@ func (n *node) createdChild(ctx context.Context, dirfd int, name string, mode ui
 	}
 	owner := n.fsys.store.Owner()
 	if err := unix.Fchownat(fd, "", owner.UID, owner.GID, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	e, err := n.fsys.index.entryAt(fd, "")
 	if err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	return n.indexedChild(ctx, e, out), 0
 }
@@ -108,7 +110,7 @@ func (n *node) linkStore(ctx context.Context, target *node, name string, out *fu
 		return nil, syscall.EXDEV // no name to link from
 	}
 	errno = target.inParent(target.self(), func(srcDir int, srcName string) error {
-		return fs.ToErrno(n.inParent(n.rel(name), func(dirfd int, base string) error {
+		return disk.Errno(n.inParent(n.rel(name), func(dirfd int, base string) error {
 			if err := unix.Linkat(srcDir, srcName, dirfd, base, 0); err != nil {
 				return err
 			}
@@ -133,7 +135,7 @@ func (n *node) removeStore(name string, flags int) syscall.Errno {
 // renameStore moves name to dst's newName with renameat2's flags.
 func (n *node) renameStore(name string, dst *node, newName string, flags uint32) syscall.Errno {
 	return n.inParent(n.rel(name), func(srcDir int, srcName string) error {
-		return fs.ToErrno(dst.inParent(dst.rel(newName), func(dstDir int, dstName string) error {
+		return disk.Errno(dst.inParent(dst.rel(newName), func(dstDir int, dstName string) error {
 			return unix.Renameat2(srcDir, srcName, dstDir, dstName, uint(flags))
 		}))
 	})
@@ -161,7 +163,7 @@ var _ = (fs.NodeReaddirer)((*node)(nil))
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	fd, err := n.fsys.store.OpenAt(n.self(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return nil, fs.ToErrno(err)
+		return nil, disk.Errno(err)
 	}
 	return fs.NewLoopbackDirStreamFd(fd)
 }
@@ -193,7 +195,7 @@ func (n *node) getattrStore(ctx context.Context, f fs.FileHandle, out *fuse.Attr
 	}
 	e, err := n.fsys.index.statEntry(n.self())
 	if err != nil {
-		return fs.ToErrno(err)
+		return disk.Errno(err)
 	}
 	out.Attr = e.attr
 	return 0
@@ -397,12 +399,12 @@ func (n *node) listxattrStore() (names []byte, errno syscall.Errno) {
 func (n *node) statfsStore(out *fuse.StatfsOut) syscall.Errno {
 	fd, err := n.fsys.store.OpenAt(".", unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return fs.ToErrno(err)
+		return disk.Errno(err)
 	}
 	defer unix.Close(fd)
 	var st syscall.Statfs_t
 	if err := syscall.Fstatfs(fd, &st); err != nil {
-		return fs.ToErrno(err)
+		return disk.Errno(err)
 	}
 	out.FromStatfsT(&st)
 	return 0
