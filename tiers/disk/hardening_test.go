@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -505,4 +506,47 @@ func TestWalkWithoutOpenat2(t *testing.T) {
 		}
 		wantErrno(t, err, c.want, c.rel)
 	}
+}
+
+// What the mount resolves its operations with (OpenAt, OpenParent, Lstat)
+// refuses a linked directory anywhere in a path, with openat2 and without,
+// and still resolves the names beneath the root.
+func TestMountResolutionRefusesLinks(t *testing.T) {
+	eachResolver(t, func(t *testing.T) {
+		s := openStore(t, Config{Capacity: 1 << 30})
+		outside := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(outside, "d"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(s.Root(), "T", "d"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(outside, filepath.Join(s.Root(), "L")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Lstat("T/d"); err != nil {
+			t.Fatalf("Lstat T/d: %v", err)
+		}
+		dirfd, name, err := s.OpenParent("T/d/x")
+		if err != nil || name != "x" {
+			t.Fatalf("OpenParent T/d/x: %q, %v", name, err)
+		}
+		unix.Close(dirfd)
+		if st, err := s.Lstat("L"); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			t.Fatalf("Lstat of the link itself: mode %o, %v", st.Mode, err)
+		}
+		for _, rel := range []string{"L/d", "L/d/x"} {
+			if _, err := s.Lstat(rel); !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+				t.Errorf("Lstat %s: %v, want ENOTDIR or ELOOP", rel, err)
+			}
+			if fd, _, err := s.OpenParent(rel + "/y"); err == nil {
+				unix.Close(fd)
+				t.Errorf("OpenParent %s/y opened a directory through the link", rel)
+			}
+			if fd, err := s.OpenAt(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+				unix.Close(fd)
+				t.Errorf("OpenAt %s opened a directory through the link", rel)
+			}
+		}
+	})
 }
