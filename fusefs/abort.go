@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -57,21 +58,60 @@ func connectionOf(mountpoint string) (string, error) {
 
 // Abort ends the mount's FUSE connection: every request of every copy of the
 // mount, in any namespace, fails from now on, and the serve loop returns, so
-// Wait does. It mounts fusectl where the system has not.
+// Wait does. Where the system has no fusectl mounted, the daemon mounts one
+// in a mount namespace of one thread's own, which ends with the thread: the
+// system's mounts stay as they were.
 func (f *FS) Abort() error {
 	if f.connection == "" {
 		return errors.New("the mount's FUSE connection is unknown")
 	}
-	mounts, err := mountinfo.Read("self")
+	mounted, err := fusectlMounted()
 	if err != nil {
 		return err
 	}
-	if at := mountinfo.At(mounts, connectionsDir); len(at) == 0 || at[len(at)-1].FSType != "fusectl" {
-		if err := unix.Mount("fusectl", connectionsDir, "fusectl", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-			return fmt.Errorf("mounting fusectl at %s to abort the FUSE connection: %w", connectionsDir, err)
-		}
+	if mounted {
+		return writeAbort(f.connection)
 	}
-	err = os.WriteFile(filepath.Join(connectionsDir, f.connection, "abort"), []byte("1"), 0)
+	done := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, and the namespace it enters, end
+		// with this goroutine.
+		runtime.LockOSThread()
+		done <- abortInOwnNamespace(f.connection)
+	}()
+	return <-done
+}
+
+// fusectlMounted reports whether fusectl is mounted at connectionsDir in the
+// daemon's mount namespace.
+func fusectlMounted() (bool, error) {
+	mounts, err := mountinfo.Read("self")
+	if err != nil {
+		return false, err
+	}
+	at := mountinfo.At(mounts, connectionsDir)
+	return len(at) > 0 && at[len(at)-1].FSType == "fusectl", nil
+}
+
+// abortInOwnNamespace aborts the connection through a fusectl mounted in a
+// private mount namespace of the calling thread, which is locked to it.
+func abortInOwnNamespace(connection string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("a mount namespace for fusectl: %w", err)
+	}
+	// Nothing mounted here may propagate back to the system's namespace.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the fusectl namespace private: %w", err)
+	}
+	if err := unix.Mount("fusectl", connectionsDir, "fusectl", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting fusectl at %s: %w", connectionsDir, err)
+	}
+	return writeAbort(connection)
+}
+
+// writeAbort writes the abort file of a connection; one gone already is done.
+func writeAbort(connection string) error {
+	err := os.WriteFile(filepath.Join(connectionsDir, connection, "abort"), []byte("1"), 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // the connection ended meanwhile
 	}
