@@ -17,11 +17,24 @@ import (
 // in the store moves T away and puts a link to a root-owned directory in its
 // place. Through the mount's cached T it then tries every operation the root
 // daemon runs for it (chmod 04777, truncate, create, write, unlink, rename,
-// mkdir, mknod, symlink, link, xattrs, listing): none may reach the root's
-// directory, whose files keep their modes, sizes and names.
+// mkdir, mknod, symlink, link, listing): none may reach the root's
+// directory, whose files keep their modes, sizes and names. Also with a
+// daemon whose kernel answers openat2 with ENOSYS (a seccomp filter, as in
+// some sandboxes), where the store walks its paths itself.
 func TestSwappedStoreDirectoryLeadsNowhere(t *testing.T) {
+	t.Run("openat2", func(t *testing.T) { swapAttack(t, false) })
+	t.Run("without-openat2", func(t *testing.T) { swapAttack(t, true) })
+}
+
+// swapAttack is TestSwappedStoreDirectoryLeadsNowhere against one daemon.
+func swapAttack(t *testing.T, withoutOpenat2 bool) {
 	engine := newUser(t, "swp")
 	dir := sharedDir(t)
+	var wrapper []string
+	if withoutOpenat2 {
+		helper, _ := binaries(t, dir)
+		wrapper = []string{"env", helperEnv + "=1", helper, "without-openat2"}
+	}
 	store := filepath.Join(dir, "store")
 	if err := os.Mkdir(store, 0o755); err != nil {
 		t.Fatal(err)
@@ -40,7 +53,7 @@ func TestSwappedStoreDirectoryLeadsNowhere(t *testing.T) {
 	}
 	before := snapshot(t, victim)
 
-	d := mounttest.Start(t, mounttest.Options{Store: store, Mountpoint: filepath.Join(dir, "mnt"),
+	d := mounttest.Start(t, mounttest.Options{Store: store, Mountpoint: filepath.Join(dir, "mnt"), Wrapper: wrapper,
 		Args: []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid)}})
 	// One directory per attack, so that each reaches the daemon through a
 	// directory the kernel still holds as the engine's.
