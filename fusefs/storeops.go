@@ -31,6 +31,14 @@ func (n *node) inParent(rel string, op func(dirfd int, name string) error) sysca
 	return disk.Errno(op(dirfd, name))
 }
 
+// asError is errno as an error: nil for 0.
+func asError(errno syscall.Errno) error {
+	if errno == 0 {
+		return nil
+	}
+	return errno
+}
+
 // lookupStore looks name up in the store.
 func (n *node) lookupStore(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	e, err := n.fsys.index.statEntry(n.rel(name))
@@ -44,64 +52,58 @@ func (n *node) lookupStore(ctx context.Context, name string, out *fuse.EntryOut)
 // engine's uid and returns its inode. It acts on an O_PATH descriptor of
 // what is there now, and only if that is what the daemon made (its type,
 // owned by the daemon, one link): a name swapped in the meantime is left
-// alone.
-func (n *node) createdChild(ctx context.Context, dirfd int, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// alone. A name it cannot give is removed.
+func (n *node) createdChild(ctx context.Context, dirfd int, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, error) {
+	e, err := n.giveToEngine(dirfd, name, mode)
+	if err != nil {
+		unix.Unlinkat(dirfd, name, 0)
+		return nil, err
+	}
+	return n.indexedChild(ctx, e, out), nil
+}
+
+// giveToEngine is createdChild's check and chown.
+func (n *node) giveToEngine(dirfd int, name string, mode uint32) (storeEntry, error) {
 	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, disk.Errno(err)
+		return storeEntry{}, err
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, disk.Errno(err)
+		return storeEntry{}, err
 	}
 	if st.Mode&unix.S_IFMT != mode&unix.S_IFMT || int(st.Uid) != unix.Geteuid() || st.Nlink != 1 {
 		n.fsys.logger.Warn("a name the mount just created was replaced in the store", "path", n.rel(name))
-		return nil, syscall.EIO
+		return storeEntry{}, syscall.EIO
 	}
 	owner := n.fsys.store.Owner()
 	if err := unix.Fchownat(fd, "", owner.UID, owner.GID, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, disk.Errno(err)
+		return storeEntry{}, err
 	}
-	e, err := n.fsys.index.entryAt(fd, "")
-	if err != nil {
-		return nil, disk.Errno(err)
-	}
-	return n.indexedChild(ctx, e, out), 0
+	return n.fsys.index.entryAt(fd, "")
 }
 
 // mknodStore makes a special file, owned by the engine's uid.
 func (n *node) mknodStore(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (child *fs.Inode, errno syscall.Errno) {
-	errno = n.inParent(n.rel(name), func(dirfd int, base string) error {
-		if err := unix.Mknodat(dirfd, base, mode, int(rdev)); err != nil {
-			return err
+	errno = n.inParent(n.rel(name), func(dirfd int, base string) (err error) {
+		if err = unix.Mknodat(dirfd, base, mode, int(rdev)); err == nil {
+			child, err = n.createdChild(ctx, dirfd, base, mode, out)
 		}
-		return n.giveCreated(ctx, dirfd, base, mode, out, &child)
+		return err
 	})
 	return child, errno
 }
 
 // symlinkStore makes a symbolic link, owned by the engine's uid.
 func (n *node) symlinkStore(ctx context.Context, target, name string, out *fuse.EntryOut) (child *fs.Inode, errno syscall.Errno) {
-	errno = n.inParent(n.rel(name), func(dirfd int, base string) error {
-		if err := unix.Symlinkat(target, dirfd, base); err != nil {
-			return err
+	errno = n.inParent(n.rel(name), func(dirfd int, base string) (err error) {
+		if err = unix.Symlinkat(target, dirfd, base); err == nil {
+			child, err = n.createdChild(ctx, dirfd, base, unix.S_IFLNK, out)
 		}
-		return n.giveCreated(ctx, dirfd, base, unix.S_IFLNK, out, &child)
+		return err
 	})
 	return child, errno
-}
-
-// giveCreated is createdChild for mknodStore and symlinkStore: it sets
-// *child, or removes the name it could not give and returns why.
-func (n *node) giveCreated(ctx context.Context, dirfd int, name string, mode uint32, out *fuse.EntryOut, child **fs.Inode) error {
-	c, errno := n.createdChild(ctx, dirfd, name, mode, out)
-	if errno != 0 {
-		unix.Unlinkat(dirfd, name, 0)
-		return errno
-	}
-	*child = c
-	return nil
 }
 
 // linkStore makes name a hard link to the store file of target.
@@ -110,7 +112,7 @@ func (n *node) linkStore(ctx context.Context, target *node, name string, out *fu
 		return nil, syscall.EXDEV // no name to link from
 	}
 	errno = target.inParent(target.self(), func(srcDir int, srcName string) error {
-		return disk.Errno(n.inParent(n.rel(name), func(dirfd int, base string) error {
+		return asError(n.inParent(n.rel(name), func(dirfd int, base string) error {
 			if err := unix.Linkat(srcDir, srcName, dirfd, base, 0); err != nil {
 				return err
 			}
@@ -135,7 +137,7 @@ func (n *node) removeStore(name string, flags int) syscall.Errno {
 // renameStore moves name to dst's newName with renameat2's flags.
 func (n *node) renameStore(name string, dst *node, newName string, flags uint32) syscall.Errno {
 	return n.inParent(n.rel(name), func(srcDir int, srcName string) error {
-		return disk.Errno(dst.inParent(dst.rel(newName), func(dstDir int, dstName string) error {
+		return asError(dst.inParent(dst.rel(newName), func(dstDir int, dstName string) error {
 			return unix.Renameat2(srcDir, srcName, dstDir, dstName, uint(flags))
 		}))
 	})
