@@ -130,3 +130,35 @@ func snapshot(t *testing.T, dir string) string {
 	}
 	return b.String()
 }
+
+// Every kind of name the engine's uid makes through the mount (file,
+// directory, FIFO, link, hard link) is its own in the store, as the
+// store's defences assume.
+func TestEveryNameMadeBelongsToEngine(t *testing.T) {
+	engine := newUser(t, "own")
+	dir := sharedDir(t)
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{Store: store, Mountpoint: filepath.Join(dir, "mnt"),
+		Args: []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid)}})
+	mnt := d.Path("T")
+	script := "mkdir " + mnt + " && echo x > " + mnt + "/file && mkfifo " + mnt + "/fifo && ln -s file " + mnt +
+		"/link && ln " + mnt + "/file " + mnt + "/hard && mkdir " + mnt + "/sub"
+	if out, ok := as(engine, nil, "sh", "-c", script); !ok {
+		t.Fatalf("the engine's uid making names through its mount: %s", out)
+	}
+	for _, name := range []string{"T", "T/file", "T/fifo", "T/link", "T/hard", "T/sub"} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(store, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if int(st.Uid) != engine.uid || int(st.Gid) != engine.gid {
+			t.Errorf("store/%s: owner %d:%d, want the engine's %d:%d", name, st.Uid, st.Gid, engine.uid, engine.gid)
+		}
+	}
+	if target, err := os.Readlink(d.Path("T", "link")); err != nil || target != "file" {
+		t.Errorf("readlink through the mount: %q, %v", target, err)
+	}
+}
