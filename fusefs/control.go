@@ -8,6 +8,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/match"
@@ -263,7 +264,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.isRoot() && name == ctlabi.Dir {
 		return syscall.EPERM
 	}
-	errno := n.LoopbackNode.Rmdir(ctx, name)
+	errno := n.removeStore(name, unix.AT_REMOVEDIR)
 	if errno == 0 {
 		n.fsys.namespaceChanged(n.rel(name))
 	}

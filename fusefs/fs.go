@@ -129,9 +129,11 @@ type FS struct {
 	// them on each answer (absentTimeout).
 	negativeTimeout, layoutNegativeTimeout time.Duration
 	// index answers lookups of the layout's names without the store.
-	index       *lookupIndex
-	root        *node
-	server      *fuse.Server
+	index  *lookupIndex
+	root   *node
+	server *fuse.Server
+	// connection names the mount's FUSE connection in fusectl (Abort).
+	connection  string
 	control     *fs.Inode
 	done        chan struct{}
 	sync        *rowsync.Node
@@ -223,7 +225,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		opts.Store.UseRows(opts.Regions)
 	}
 	loopRoot.RootNode = f.root
-	f.index = newLookupIndex(opts.Store.Root(), loopRoot)
+	f.index = newLookupIndex(opts.Store, loopRoot)
 	f.index.scan("")
 
 	if opts.MaxRequest == 0 {
@@ -270,6 +272,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	// calls FS.ProbePoll first.
 	go server.Serve()
 	f.server = server
+	if f.connection, err = connectionOf(mountpoint); err != nil {
+		f.logger.Warn("the mount's FUSE connection cannot be aborted at shutdown", "err", err)
+	}
 	opts.Store.OnRemove(f.forget)
 	opts.Store.OnImport(f.imported)
 	if f.regions != nil {

@@ -76,8 +76,8 @@ type storeEntry struct {
 // whether a block is present. Attributes are those of the name's last
 // refresh (a directory's times and link count age until the next one).
 type lookupIndex struct {
-	storeRoot string
-	loopRoot  *fs.LoopbackRoot
+	store    storeTree
+	loopRoot *fs.LoopbackRoot
 
 	mu sync.RWMutex
 	// layout holds every name at the two directory levels.
@@ -92,8 +92,15 @@ type lookupIndex struct {
 	tiers map[string]int
 }
 
-func newLookupIndex(storeRoot string, loopRoot *fs.LoopbackRoot) *lookupIndex {
-	return &lookupIndex{storeRoot: storeRoot, loopRoot: loopRoot, layout: map[string]storeEntry{},
+// storeTree resolves store-relative names beneath the store's root without
+// following a link (disk.Store).
+type storeTree interface {
+	OpenAt(rel string, flags int, mode uint32) (int, error)
+	OpenParent(rel string) (dirfd int, name string, err error)
+}
+
+func newLookupIndex(store storeTree, loopRoot *fs.LoopbackRoot) *lookupIndex {
+	return &lookupIndex{store: store, loopRoot: loopRoot, layout: map[string]storeEntry{},
 		uncertain: map[string]bool{}, blocks: map[string]storeEntry{}, tiers: map[string]int{}}
 }
 
@@ -128,12 +135,26 @@ func (x *lookupIndex) block(rel string) (storeEntry, bool) {
 	return e, ok
 }
 
-// statEntry reads a store name's entry without following a final symlink, as
-// the loopback's lookup does.
+// statEntry reads a store name's entry without following a link in any
+// component (the last one included).
 func (x *lookupIndex) statEntry(rel string) (storeEntry, error) {
+	dirfd, name, err := x.store.OpenParent(rel)
+	if err != nil {
+		return storeEntry{}, err
+	}
+	defer unix.Close(dirfd)
+	return x.entryAt(dirfd, name)
+}
+
+// entryAt reads the entry of name in the directory dirfd without following
+// a link; name "" is dirfd's own file.
+func (x *lookupIndex) entryAt(dirfd int, name string) (storeEntry, error) {
+	flags := unix.AT_SYMLINK_NOFOLLOW
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
 	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path.Join(x.storeRoot, rel), unix.AT_SYMLINK_NOFOLLOW,
-		unix.STATX_BASIC_STATS|unix.STATX_BTIME, &stx); err != nil {
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &stx); err != nil {
 		return storeEntry{}, err
 	}
 	st := statFromStatx(&stx)
@@ -210,8 +231,8 @@ func (x *lookupIndex) changed(rel string) {
 	if strings.Contains(rel, "/") {
 		return
 	}
-	var st unix.Stat_t
-	isDir := unix.Lstat(path.Join(x.storeRoot, rel), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	e, err := x.statEntry(rel)
+	isDir := err == nil && e.attr.Mode&unix.S_IFMT == unix.S_IFDIR
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if _, known := x.tiers[rel]; isDir && !known {
@@ -288,7 +309,7 @@ func (x *lookupIndex) scan(rel string) {
 
 // readDir lists a store directory, never through a symbolic link.
 func (x *lookupIndex) readDir(rel string) ([]os.DirEntry, error) {
-	fd, err := unix.Open(path.Join(x.storeRoot, rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := x.store.OpenAt(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}

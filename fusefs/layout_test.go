@@ -9,6 +9,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 func TestLayoutLevel(t *testing.T) {
@@ -92,7 +94,7 @@ func TestLookupIndexFollowsTheStore(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(root, "Link")); err != nil {
 		t.Fatal(err)
 	}
-	x := newLookupIndex(root, &fs.LoopbackRoot{Path: root})
+	x := newLookupIndex(openStoreAt(t, root), &fs.LoopbackRoot{Path: root})
 	x.scan("")
 	layout, blocks := layoutNames(x)
 	equalNames(t, "layout", layout, []string{"T/0aa", "T/abc", "T/abc/de_g0", "T/fff"})
@@ -160,7 +162,7 @@ func TestLookupIndexUnreadableTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Chmod(filepath.Join(root, "T"), 0o700)
-	x := newLookupIndex(root, &fs.LoopbackRoot{Path: root})
+	x := newLookupIndex(openStoreAt(t, root), &fs.LoopbackRoot{Path: root})
 	x.scan("")
 	if _, _, known := x.layoutAnswer("T/abc"); known {
 		t.Fatal("a name under an unreadable tier was answered from the index")
@@ -193,4 +195,15 @@ func TestAbsentEntries(t *testing.T) {
 			t.Errorf("absent for %v: status %v, node %d, timeout %v; want OK, node 0, %v", timeout, status, out.NodeId, out.EntryTimeout(), timeout)
 		}
 	}
+}
+
+// openStoreAt opens a block store at root for the test's length.
+func openStoreAt(t *testing.T, root string) *disk.Store {
+	t.Helper()
+	store, err := disk.Open(disk.Config{Dir: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return store
 }

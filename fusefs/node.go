@@ -78,7 +78,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case block.File:
 		return n.blockEntry(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
 	case block.TmpFile:
-		return n.LoopbackNode.Lookup(ctx, name, out)
+		return n.lookupStore(ctx, name, out)
 	}
 	level := layoutLevel(rel)
 	if level == prefixLevel {
@@ -101,10 +101,10 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 			n.fsys.namespaceChanged(rel)
 		}
 	}
-	child, errno := n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	child, errno := n.cached(out)(n.lookupStore(ctx, name, out))
 	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
 		n.fsys.namespaceChanged(rel)
-		child, errno = n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+		child, errno = n.cached(out)(n.lookupStore(ctx, name, out))
 	}
 	if errno == syscall.ENOENT {
 		n.fsys.noteMissedDir(ctx, rel)
@@ -139,7 +139,7 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 	if e, ok := n.fsys.index.block(ref.Rel); ok {
 		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
 	}
-	return n.cached(out)(n.LoopbackNode.Lookup(ctx, name, out))
+	return n.cached(out)(n.lookupStore(ctx, name, out))
 }
 
 // indexedChild is the child inode of an entry answered from the lookup
@@ -150,7 +150,7 @@ func (n *node) indexedChild(ctx context.Context, e storeEntry, out *fuse.EntryOu
 }
 
 // cached sets the kernel's entry timeout on a successful entry reply:
-// `return n.cached(out)(n.LoopbackNode.Mkdir(…, out))`.
+// `return n.cached(out)(n.mkdirStore(…, out))`.
 func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
 	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
 		switch {
@@ -169,7 +169,7 @@ func (n *node) cached(out *fuse.EntryOut) func(*fs.Inode, syscall.Errno) (*fs.In
 }
 
 // created records a name the mount created in the lookup index:
-// `return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(…)))`.
+// `return n.created(name)(n.cached(out)(n.mknodStore(…)))`.
 func (n *node) created(name string) func(*fs.Inode, syscall.Errno) (*fs.Inode, syscall.Errno) {
 	return func(child *fs.Inode, errno syscall.Errno) (*fs.Inode, syscall.Errno) {
 		if errno == 0 {
@@ -213,7 +213,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
 	}
-	child, errno := n.LoopbackNode.Lookup(ctx, name, out)
+	child, errno := n.lookupStore(ctx, name, out)
 	if errno != 0 {
 		w.Close()
 		return nil, nil, 0, errno
@@ -286,6 +286,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
+	case srcKind == block.TmpFile && n.fsys.store.TmpOpen(srcRel):
+		n.fsys.logger.Warn("refused rename of a block tmp file still open for writing", "path", srcRel, "to", dstRel)
+		return syscall.EBUSY
 	case n.fsys.store.HasBlocksUnder(srcRel):
 		n.fsys.logger.Warn("refused rename of a directory holding blocks", "path", srcRel)
 		return syscall.EBUSY
@@ -294,7 +297,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if flags&unix.RENAME_EXCHANGE == 0 {
 		replaced = n.fsys.store.RemovingOther(dstRel)
 	}
-	if errno := n.LoopbackNode.Rename(ctx, name, dst.LoopbackNode, newName, flags); errno != 0 {
+	if errno := n.renameStore(name, dst, newName, flags); errno != 0 {
 		return errno
 	}
 	replaced()
@@ -321,7 +324,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return n.errno(n.fsys.store.RemoveTmp(rel))
 	}
 	gone := n.fsys.store.RemovingOther(rel)
-	errno := n.LoopbackNode.Unlink(ctx, name)
+	errno := n.removeStore(name, 0)
 	if errno == 0 {
 		gone()
 		n.fsys.namespaceChanged(rel)
@@ -345,7 +348,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.isRoot() && name == ctlabi.Dir {
 		return nil, syscall.EEXIST
 	}
-	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode&0o700, out)
+	child, errno := n.mkdirStore(ctx, name, mode&0o700, out)
 	if errno == syscall.EEXIST && layoutLevel(n.rel(name)) != notLayout {
 		// Made in the store, not through the mount: index it and drop the
 		// kernel's cached absence (after this request, which holds the
@@ -356,18 +359,34 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if errno != 0 {
 		return nil, errno
 	}
-	fd, err := unix.Open(n.fsys.store.Path(n.rel(name)), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err == nil {
-		defer unix.Close(fd)
-		err = n.fsys.privatize(fd, mode&0o700, &out.Attr)
-	}
-	if err != nil {
-		n.fsys.logger.Warn("could not give a new directory to the engine's uid", "path", n.rel(name), "err", err)
-		unix.Rmdir(n.fsys.store.Path(n.rel(name)))
-		return nil, syscall.EIO
-	}
 	n.fsys.namespaceChanged(n.rel(name))
 	return n.cached(out)(child, 0)
+}
+
+// mkdirStore makes a directory owned by the engine's uid, private to it.
+func (n *node) mkdirStore(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (child *fs.Inode, errno syscall.Errno) {
+	errno = n.inParent(n.rel(name), func(dirfd int, base string) error {
+		if err := unix.Mkdirat(dirfd, base, mode); err != nil {
+			return err
+		}
+		fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			defer unix.Close(fd)
+			err = n.fsys.privatize(fd, mode, &out.Attr)
+		}
+		var e storeEntry
+		if err == nil {
+			e, err = n.fsys.index.entryAt(fd, "")
+		}
+		if err != nil {
+			n.fsys.logger.Warn("could not give a new directory to the engine's uid", "path", n.rel(name), "err", err)
+			unix.Unlinkat(dirfd, base, unix.AT_REMOVEDIR)
+			return syscall.EIO
+		}
+		child = n.indexedChild(ctx, e, out)
+		return nil
+	})
+	return child, errno
 }
 
 var _ = (fs.NodeMknoder)((*node)(nil))
@@ -377,7 +396,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.created(name)(n.cached(out)(n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)))
+	return n.created(name)(n.cached(out)(n.mknodStore(ctx, name, mode, rdev, out)))
 }
 
 var _ = (fs.NodeSymlinker)((*node)(nil))
@@ -387,7 +406,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	return n.created(name)(n.cached(out)(n.LoopbackNode.Symlink(ctx, target, name, out)))
+	return n.created(name)(n.cached(out)(n.symlinkStore(ctx, target, name, out)))
 }
 
 var _ = (fs.NodeLinker)((*node)(nil))
@@ -399,13 +418,15 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if errno := n.refuseLayoutName(name); errno != 0 {
 		return nil, errno
 	}
-	if t, ok := target.(*node); ok {
-		if kind, _ := block.Parse(t.self()); kind == block.File || kind == block.TmpFile {
-			n.fsys.logger.Warn("refused a hard link to a block or block tmp file", "path", t.self(), "link", n.rel(name))
-			return nil, syscall.EPERM
-		}
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
 	}
-	return n.created(name)(n.cached(out)(n.LoopbackNode.Link(ctx, target, name, out)))
+	if kind, _ := block.Parse(t.self()); kind == block.File || kind == block.TmpFile {
+		n.fsys.logger.Warn("refused a hard link to a block or block tmp file", "path", t.self(), "link", n.rel(name))
+		return nil, syscall.EPERM
+	}
+	return n.created(name)(n.cached(out)(n.linkStore(ctx, t, name, out)))
 }
 
 // refuseLayoutName rejects block and tmp names for anything but the tmp → rename path.
@@ -438,7 +459,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 			return syscall.EPERM
 		}
 	}
-	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
+	errno := n.setattrStore(ctx, f, in, out)
 	if _, sizeChange := in.GetSize(); sizeChange && f == nil && errno == 0 {
 		n.fsys.settlePath(n.self())
 	}
@@ -449,7 +470,7 @@ var _ = (fs.NodeStatfser)((*node)(nil))
 
 // Statfs reports the store's capacity and free space, so df shows the tier's real limits.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if errno := n.LoopbackNode.Statfs(ctx, out); errno != 0 {
+	if errno := n.statfsStore(out); errno != 0 {
 		return errno
 	}
 	capacity, free := n.fsys.store.Space()

@@ -20,36 +20,52 @@ import (
 
 // createOther creates a file outside the block layout, owned by the
 // engine's uid. It keeps the mode asked (POSIX): the mount root keeps other
-// users out.
+// users out. Only a file the daemon made is given away: a name that exists
+// in the store by now (made beside the mount) is opened as it is.
 func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	child, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags&^syscall.O_DIRECT, mode, out)
-	if errno != 0 {
-		return nil, nil, 0, errno
+	rel := n.rel(name)
+	fd, err := n.fsys.store.OpenAt(rel, storeOpenFlags(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
+	created := err == nil
+	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
+		fd, err = n.fsys.store.OpenAt(rel, storeOpenFlags(flags), 0)
 	}
-	f := n.fsys.newOtherFile(n.rel(name), fh)
-	if err := n.fsys.privatize(f.fd, mode&0o7777, &out.Attr); err != nil {
-		n.fsys.logger.Warn("could not give a new file to the engine's uid", "path", n.rel(name), "err", err)
-		fh.(fs.FileReleaser).Release(ctx)
-		unix.Unlink(n.fsys.store.Path(n.rel(name)))
+	if err != nil {
+		return nil, nil, 0, disk.Errno(err)
+	}
+	if created {
+		err = n.fsys.privatize(fd, mode&0o7777, &out.Attr)
+	}
+	var e storeEntry
+	if err == nil {
+		e, err = n.fsys.index.entryAt(fd, "")
+	}
+	if err != nil {
+		n.fsys.logger.Warn("could not give a new file to the engine's uid", "path", rel, "err", err)
+		unix.Close(fd)
+		if created {
+			n.removeStore(name, 0)
+		}
 		return nil, nil, 0, syscall.EIO
 	}
+	f := n.fsys.newOtherFile(rel, fs.NewLoopbackFile(fd))
 	f.settle(0)
-	n.fsys.namespaceChanged(n.rel(name))
+	n.fsys.namespaceChanged(rel)
+	child := n.indexedChild(ctx, e, out)
 	out.SetEntryTimeout(n.fsys.entryTimeout)
-	return child, f, fuseFlags, 0
+	return child, f, 0, 0
 }
 
 // openOther opens a file outside the block layout through the daemon.
 func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags&^syscall.O_DIRECT)
-	if errno != 0 {
-		return nil, 0, errno
+	fd, err := n.fsys.store.OpenAt(n.self(), storeOpenFlags(flags), 0)
+	if err != nil {
+		return nil, 0, disk.Errno(err)
 	}
-	f := n.fsys.newOtherFile(n.self(), fh)
+	f := n.fsys.newOtherFile(n.self(), fs.NewLoopbackFile(fd))
 	if flags&syscall.O_TRUNC != 0 {
 		f.settle(0)
 	}
-	return f, fuseFlags, 0
+	return f, 0, 0
 }
 
 // privatize gives the file or directory open at fd to the engine's uid with
@@ -154,8 +170,7 @@ func (o *otherFile) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []b
 // settlePath records what the file at rel outside the block layout
 // allocates, after a change made without an open handle.
 func (f *FS) settlePath(rel string) {
-	var st unix.Stat_t
-	if err := unix.Lstat(f.store.Path(rel), &st); err == nil {
+	if st, err := f.store.Lstat(rel); err == nil {
 		f.store.SettleOther(&st, 0)
 	}
 }

@@ -103,7 +103,7 @@ var _ = (fs.NodeGetattrer)((*node)(nil))
 // Getattr answers for a block known only in the shared store until it is
 // fetched; everything else as the loopback does.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	errno := n.getattrStore(ctx, f, out)
 	if errno != syscall.ENOENT || n.fsys.shared == nil {
 		return errno
 	}

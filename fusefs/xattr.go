@@ -7,10 +7,8 @@ import (
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 // The store keeps block checksums in xattrs of its own namespace; the mount
@@ -29,7 +27,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if reservedXattr(attr) {
 		return 0, syscall.ENODATA
 	}
-	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+	return n.getxattrStore(attr, dest)
 }
 
 var _ = (fs.NodeSetxattrer)((*node)(nil))
@@ -39,7 +37,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+	return n.setxattrStore(attr, data, flags)
 }
 
 var _ = (fs.NodeRemovexattrer)((*node)(nil))
@@ -49,25 +47,19 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Removexattr(ctx, attr)
+	return n.removexattrStore(attr)
 }
 
 var _ = (fs.NodeListxattrer)((*node)(nil))
 
 // Listxattr lists the store file's xattrs without the store's own.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	p := n.fsys.store.Path(n.self())
-	size, err := unix.Llistxattr(p, nil)
-	if err != nil {
-		return 0, disk.Errno(err)
-	}
-	buf := make([]byte, size)
-	size, err = unix.Llistxattr(p, buf)
-	if err != nil {
-		return 0, disk.Errno(err)
+	names, errno := n.listxattrStore()
+	if errno != 0 {
+		return 0, errno
 	}
 	var out []byte
-	for _, name := range bytes.Split(buf[:size], []byte{0}) {
+	for _, name := range bytes.Split(names, []byte{0}) {
 		if len(name) > 0 && !reservedXattr(string(name)) {
 			out = append(append(out, name...), 0)
 		}

@@ -304,6 +304,7 @@ func runMount(args []string) error {
 		if helper != nil {
 			helper.Close() // its lookups would keep the mount busy
 		}
+		go abortAfterGrace(fsys, logger)
 		unmountOnSignal(fsys, c.mountpoint, logger)
 	}()
 	fsys.Wait()
@@ -322,6 +323,31 @@ func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
 	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", mountpoint)
 	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
 		logger.Error("lazy unmount failed", "err", err)
+	}
+}
+
+// abortGrace is how long the daemon keeps serving after SIGTERM while its
+// mount is still held: files still open may close meanwhile (the unmount
+// retries, then detaches lazily).
+const abortGrace = 10 * time.Second
+
+// abortAfterGrace ends the FUSE connection once the grace has passed with
+// the mount still held: by files still open, or by a copy of it in another
+// mount namespace, which no unmount of the daemon's reaches (and which keeps
+// a successful unmount waiting for the serve loop).
+func abortAfterGrace(fsys *fusefs.FS, logger *slog.Logger) {
+	select {
+	case <-fsys.Done():
+		return
+	case <-time.After(abortGrace):
+	}
+	logger.Warn("the mount is still held (open files, or a copy in another mount namespace): aborting its FUSE connection",
+		"grace", abortGrace)
+	if err := fsys.Abort(); err != nil {
+		// Exiting closes the daemon's /dev/fuse descriptor, which ends
+		// the connection too, without the orderly shutdown.
+		logger.Error("cannot abort the FUSE connection: exiting, which ends it", "err", err)
+		os.Exit(1)
 	}
 }
 

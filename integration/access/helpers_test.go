@@ -53,6 +53,7 @@ func hashOf(i int) string {
 //	read FILE                   read a file
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
+//	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
 func runHelper(args []string) int {
 	var err error
 	var out string
@@ -70,6 +71,8 @@ func runHelper(args []string) int {
 	case "store":
 		err = storeOne(args[1], args[2])
 		out = "stored"
+	case "without-openat2":
+		err = execWithoutOpenat2(args[1:])
 	default:
 		err = fmt.Errorf("unknown helper operation %q", args[0])
 	}

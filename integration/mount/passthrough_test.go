@@ -431,3 +431,67 @@ func TestPassthroughRowChangedBeforeRenameNotServedFromIt(t *testing.T) {
 		}
 	}
 }
+
+// The kernel writes a passthrough tmp without the daemon, so nothing stops
+// a writer going past its row: such a tmp can never become a block, and is
+// removed at its release, leaving the store within its capacity. Renaming
+// the tmp elsewhere while it is open, to write on past the store's
+// accounting, is refused.
+func TestPassthroughTmpBoundedByCapacity(t *testing.T) {
+	const capacity = 4 << 20
+	m := newPassthroughMount(t, 2, "--capacity", "4MiB")
+	fd := m.openTmp(t, 1)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	for r := range 8 * capacity / rowBytes {
+		pwrite(t, fd, row, int64(r)*rowBytes)
+	}
+	block1, tmp := m.paths(1)
+	if err := os.Rename(tmp, filepath.Join(filepath.Dir(tmp), "elsewhere")); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("renaming a tmp file still open for writing to another name: %v, want EBUSY", err)
+	}
+	if err := unix.Close(fd); err != nil {
+		t.Fatal(err)
+	}
+	storeTmp := filepath.Join(m.store, strings.TrimPrefix(tmp, m.d.Mountpoint))
+	for i := 0; exists(storeTmp); i++ { // the kernel releases the file after close returns
+		if i == 1000 {
+			t.Fatalf("the tmp file written to %d bytes, past its row, is still in the store", 8*capacity)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if used := storeBytes(t, m.store); used > capacity {
+		t.Fatalf("the store holds %d bytes after the release, capacity %d", used, capacity)
+	}
+	if !strings.Contains(m.d.Log(), "written past its tier's row size") {
+		t.Errorf("the removal is not logged:\n%s", m.d.Log())
+	}
+	if err := os.Rename(tmp, block1); err == nil || m.tier.Exists(block1) {
+		t.Fatalf("the overgrown tmp was published: %v", err)
+	}
+}
+
+// exists reports whether a name exists, without following a link.
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+// storeBytes is what the files under dir allocate.
+func storeBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			total += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
+}

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -351,7 +352,12 @@ func TestCreateTmpRefusesHardLink(t *testing.T) {
 
 // A directory of the layout replaced by a symbolic link leading out of the
 // store is not followed by CreateTmp.
+// Both with openat2 and with the walk used where it is missing.
 func TestCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
+	eachResolver(t, testCreateTmpDoesNotFollowDirectoryLinks)
+}
+
+func testCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	outside := t.TempDir()
 	rel := evName(0)
@@ -374,6 +380,10 @@ func TestCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
 // A removal never follows a directory of the layout replaced by a link out
 // of the store.
 func TestRemoveDoesNotFollowDirectoryLinks(t *testing.T) {
+	eachResolver(t, testRemoveDoesNotFollowDirectoryLinks)
+}
+
+func testRemoveDoesNotFollowDirectoryLinks(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	rel := evName(0)
 	putBlock(t, s, rel, pageData(0, 1))
@@ -429,4 +439,114 @@ func TestPublishBeforeCloseAccounting(t *testing.T) {
 	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 2)) {
 		t.Fatal("wrong bytes")
 	}
+}
+
+// eachResolver runs a test with openat2 and again as on a kernel without it
+// (openat2 answering ENOSYS), where the store walks paths itself.
+func eachResolver(t *testing.T, test func(t *testing.T)) {
+	t.Run("openat2", test)
+	t.Run("walk", func(t *testing.T) {
+		withoutOpenat2(t)
+		test(t)
+	})
+}
+
+// withoutOpenat2 makes the store see openat2 answer ENOSYS until the test ends.
+func withoutOpenat2(t *testing.T) {
+	t.Helper()
+	calls := 0
+	openat2 = func(int, string, *unix.OpenHow) (int, error) {
+		calls++
+		return -1, unix.ENOSYS
+	}
+	t.Cleanup(func() {
+		openat2 = unix.Openat2
+		if calls == 0 {
+			t.Error("the store never asked for openat2: the walk was not exercised")
+		}
+	})
+}
+
+// Without openat2 the walk still resolves the layout (a block stores and
+// loads), refuses a link in any directory of a path and a final link, and
+// never leaves the root.
+func TestWalkWithoutOpenat2(t *testing.T) {
+	withoutOpenat2(t)
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 1))
+	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 1)) {
+		t.Fatal("wrong bytes through the walk")
+	}
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "f"), []byte("outside"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tier := filepath.Join(s.Root(), "linked")
+	if err := os.Symlink(outside, tier); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "f"), filepath.Join(s.Root(), "final")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rel  string
+		want syscall.Errno
+	}{
+		{"linked/f", syscall.ENOTDIR},
+		{"final", syscall.ELOOP},
+		{"../" + filepath.Base(outside) + "/f", syscall.EXDEV},
+		{"/etc/passwd", syscall.EXDEV},
+	} {
+		f, err := s.openFile(c.rel, os.O_RDONLY, 0)
+		if err == nil {
+			f.Close()
+			t.Errorf("%s opened through the walk", c.rel)
+			continue
+		}
+		wantErrno(t, err, c.want, c.rel)
+	}
+}
+
+// What the mount resolves its operations with (OpenAt, OpenParent, Lstat)
+// refuses a linked directory anywhere in a path, with openat2 and without,
+// and still resolves the names beneath the root.
+func TestMountResolutionRefusesLinks(t *testing.T) {
+	eachResolver(t, func(t *testing.T) {
+		s := openStore(t, Config{Capacity: 1 << 30})
+		outside := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(outside, "d"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(s.Root(), "T", "d"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(outside, filepath.Join(s.Root(), "L")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Lstat("T/d"); err != nil {
+			t.Fatalf("Lstat T/d: %v", err)
+		}
+		dirfd, name, err := s.OpenParent("T/d/x")
+		if err != nil || name != "x" {
+			t.Fatalf("OpenParent T/d/x: %q, %v", name, err)
+		}
+		unix.Close(dirfd)
+		if st, err := s.Lstat("L"); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			t.Fatalf("Lstat of the link itself: mode %o, %v", st.Mode, err)
+		}
+		for _, rel := range []string{"L/d", "L/d/x"} {
+			if _, err := s.Lstat(rel); !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+				t.Errorf("Lstat %s: %v, want ENOTDIR or ELOOP", rel, err)
+			}
+			if fd, _, err := s.OpenParent(rel + "/y"); err == nil {
+				unix.Close(fd)
+				t.Errorf("OpenParent %s/y opened a directory through the link", rel)
+			}
+			if fd, err := s.OpenAt(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+				unix.Close(fd)
+				t.Errorf("OpenAt %s opened a directory through the link", rel)
+			}
+		}
+	})
 }

@@ -49,8 +49,8 @@ func (s *Store) countOtherLocked(st *unix.Stat_t) {
 // unlinked or renamed over; the returned function, called once that
 // succeeded, stops counting the file if rel was its last name.
 func (s *Store) RemovingOther(rel string) (gone func()) {
-	var st unix.Stat_t
-	if err := unix.Lstat(s.Path(rel), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink > 1 {
+	st, err := s.Lstat(rel)
+	if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink > 1 {
 		return func() {}
 	}
 	return func() {
@@ -64,16 +64,15 @@ func (s *Store) RemovingOther(rel string) (gone func()) {
 
 // countOtherFile counts a regular file found outside the block layout when
 // the store is indexed.
-func (s *Store) countOtherFile(path string) {
+func (s *Store) countOtherFile(rel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.countOtherFileLocked(path)
+	s.countOtherFileLocked(rel)
 }
 
-// countOtherFileLocked counts the regular file at path outside the block layout.
-func (s *Store) countOtherFileLocked(path string) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+// countOtherFileLocked counts the regular file rel outside the block layout.
+func (s *Store) countOtherFileLocked(rel string) {
+	if st, err := s.Lstat(rel); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 		s.countOtherLocked(&st)
 	}
 }

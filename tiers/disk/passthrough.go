@@ -153,6 +153,26 @@ func (s *Store) settlePassthroughLocked(t *tmpFile) {
 	}
 }
 
+// dropOvergrownLocked removes a released passthrough tmp that the kernel
+// wrote past its tier's row size: it can never become a block, and the bytes
+// written past its reservation leave the capacity at the release instead of
+// when the tmp expires. The caller holds t.mu and s.mu.
+func (s *Store) dropOvergrownLocked(rel string, t *tmpFile) {
+	if s.tmps[rel] != t || t.file == nil {
+		return
+	}
+	size, _, err := fileSize(t.file)
+	if err != nil || size <= t.expect {
+		return
+	}
+	if err := s.unlinkTmpLocked(rel, t); err != nil {
+		s.cfg.Logger.Warn("removing a tmp file written past its row size", "path", s.Path(rel), "err", err)
+	}
+	s.untrackLocked(rel, t)
+	s.cfg.Logger.Warn("removed a tmp file written past its tier's row size: it cannot become a block",
+		"path", s.Path(rel), "bytes", size, "row_bytes", t.expect)
+}
+
 // written is what a rename learns about a passthrough tmp's bytes.
 type written struct {
 	size  int64

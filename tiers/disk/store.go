@@ -338,14 +338,14 @@ func (s *Store) rebuild() error {
 		rel, _ := filepath.Rel(s.root, p)
 		kind, name := block.Parse(rel)
 		if kind == block.TmpFile || isProbeLeftover(d.Name()) {
-			if err := os.Remove(p); err != nil {
+			if err := s.unlink(rel); err != nil {
 				return err
 			}
 			tmpsRemoved++
 			return nil
 		}
 		if kind != block.File || !d.Type().IsRegular() {
-			s.countOtherFile(p)
+			s.countOtherFile(rel)
 			return nil
 		}
 		b, err := s.readBlockMeta(rel, name)
@@ -354,13 +354,13 @@ func (s *Store) rebuild() error {
 		case errors.As(err, &unproven):
 			s.counters.UnprovenBlocks.Add(1)
 			s.cfg.Logger.Warn("block not indexed: nothing proves its bytes are this block's", "path", p, "reason", unproven.reason)
-			s.countOtherFile(p)
+			s.countOtherFile(rel)
 			refused++
 			return nil
 		case err != nil:
 			s.cfg.Logger.Warn("dropping block whose size disagrees with its checksum record (torn by a crash)", "path", p, "err", err)
 			dropped++
-			return os.Remove(p)
+			return s.unlink(rel)
 		}
 		found = append(found, b)
 		return nil
@@ -418,7 +418,7 @@ func (s *Store) consistentSizes(found []*entry) ([]*entry, int) {
 		if b.size != row[b.name.Tier] {
 			s.cfg.Logger.Warn("ignoring block file whose size is not its tier's row size", "path", s.Path(b.rel),
 				"size", b.size, "row_bytes", row[b.name.Tier])
-			s.countOtherFile(s.Path(b.rel))
+			s.countOtherFile(b.rel)
 			skipped++
 			continue
 		}

@@ -342,6 +342,9 @@ func (w *Writer) Close() error {
 	if w.tmp.orphaned {
 		w.s.used -= w.tmp.allocated
 	}
+	if w.tmp.passthrough {
+		w.s.dropOvergrownLocked(w.rel, w.tmp)
+	}
 	w.tmp.closeIfRetired()
 	w.s.mu.Unlock()
 	return err
@@ -702,8 +705,19 @@ func (s *Store) ForgetTmp(rel, renamedTo string) {
 	if s.tmps[rel] == t {
 		s.untrackLocked(rel, t)
 		t.closeIfRetired()
-		s.countOtherFileLocked(s.Path(renamedTo))
+		s.countOtherFileLocked(renamedTo)
 	}
+}
+
+// TmpOpen reports whether rel is a tracked tmp file its writer still holds
+// open: the kernel may write it until the release, so only a publication,
+// which awaits that, may move it (a tmp renamed elsewhere would be written
+// on past the store's accounting).
+func (s *Store) TmpOpen(rel string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tmps[rel]
+	return t != nil && t.open
 }
 
 // IsTracked reports whether rel is a tmp file being written through the store.
