@@ -28,6 +28,9 @@ func runGCRegions(args []string) error {
 // gcRegions removes (or with dryRun lists) the orphaned regions of scan.
 func gcRegions(w io.Writer, scan regionScan, dryRun bool) error {
 	if len(scan.unreadable) > 0 {
+		for _, r := range scan.orphans {
+			fmt.Fprintf(w, "not proven orphaned %s (%s)\n", r.path, formatBytes(r.size))
+		}
 		return fmt.Errorf("cannot read the mappings of processes %s, so no region is proven orphaned: nothing removed (run as root, in the host's PID namespace)",
 			describeProcesses(scan.unreadable))
 	}

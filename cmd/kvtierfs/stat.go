@@ -22,8 +22,12 @@ func runStat(args []string) error {
 	watch := fl.Bool("watch", false, "redraw a live view (occupancy, rates, peers, warnings) until Ctrl-C; one line per snapshot when stdout is not a terminal")
 	interval := fl.Duration("interval", 2*time.Second, "time between snapshots with --watch")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions, for the orphaned ones")
+	timeout := addTimeoutFlag(fl)
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
+		return err
+	}
+	if err := checkTimeout(*timeout); err != nil {
 		return err
 	}
 	if *watch {
@@ -33,20 +37,20 @@ func runStat(args []string) error {
 		if *interval < 100*time.Millisecond {
 			return usageError{fmt.Errorf("--interval %s: want at least 100ms", *interval)}
 		}
-		return watchStats(os.Stdout, mnt, *interval, isTerminal(os.Stdout))
+		return watchStats(os.Stdout, mnt, *interval, *timeout, isTerminal(os.Stdout))
 	}
 	if fl.Changed("interval") {
 		return usageError{fmt.Errorf("--interval applies only with --watch")}
 	}
 	if *asJSON {
-		raw, err := readStatsFile(mnt)
+		raw, err := readStatsFile(mnt, *timeout)
 		if err != nil {
 			return err
 		}
 		_, err = os.Stdout.Write(raw)
 		return err
 	}
-	st, err := readStats(mnt)
+	st, err := readStats(mnt, *timeout)
 	if err != nil {
 		return err
 	}
@@ -59,9 +63,11 @@ func runStat(args []string) error {
 	return nil
 }
 
-// readStatsFile reads the stats file of a mount.
-func readStatsFile(mnt string) ([]byte, error) {
-	raw, err := os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
+// readStatsFile reads the stats file of a mount, within timeout.
+func readStatsFile(mnt string, timeout time.Duration) ([]byte, error) {
+	raw, err := onMount(mnt, timeout, func() ([]byte, error) {
+		return os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, ctlabi.Dir, ctlabi.StatsFile)
 	}
@@ -71,10 +77,10 @@ func readStatsFile(mnt string) ([]byte, error) {
 	return raw, err
 }
 
-// readStats reads and decodes the stats snapshot of a mount.
-func readStats(mnt string) (ctlabi.Stats, error) {
+// readStats reads and decodes the stats snapshot of a mount, within timeout.
+func readStats(mnt string, timeout time.Duration) (ctlabi.Stats, error) {
 	var st ctlabi.Stats
-	raw, err := readStatsFile(mnt)
+	raw, err := readStatsFile(mnt, timeout)
 	if err != nil {
 		return st, err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,7 +20,7 @@ const barWidth = 30
 // watchStats prints a live view of a mount every interval until SIGINT or
 // SIGTERM: a screen redrawn in place on a terminal, one line per snapshot
 // otherwise (for logs and pipes).
-func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) error {
+func watchStats(w io.Writer, mnt string, interval, timeout time.Duration, terminal bool) error {
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(signals)
@@ -28,7 +29,10 @@ func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) 
 	var prev *ctlabi.Stats
 	var prevAt time.Time
 	for {
-		cur, err := readStats(mnt)
+		cur, err := readStats(mnt, timeout)
+		if errors.As(err, new(interruptedError)) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}

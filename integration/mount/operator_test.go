@@ -1,0 +1,143 @@
+package mount_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// outerLimit ends a command under test that failed to honour its own bound,
+// so that a regression fails the test instead of hanging it.
+const outerLimit = 2 * time.Minute
+
+// stopDaemon stops d with SIGSTOP until the test ends.
+func stopDaemon(t *testing.T, d *mounttest.Daemon) {
+	t.Helper()
+	if err := syscall.Kill(d.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(d.Pid(), syscall.SIGCONT) })
+}
+
+// TestStatGivesUpOnStoppedDaemon runs stat on the mount of a stopped daemon:
+// it exits at its --timeout with a message naming a stopped or hung daemon.
+func TestStatGivesUpOnStoppedDaemon(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	stopDaemon(t, d)
+	for _, args := range [][]string{{"stat"}, {"stat", "--json"}, {"stat", "--watch"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), outerLimit)
+		out, err := exec.CommandContext(ctx, mounttest.Binary(), append(args, d.Mountpoint, "--timeout", "1s")...).CombinedOutput()
+		overran := ctx.Err() != nil
+		cancel()
+		if overran {
+			t.Fatalf("kvtierfs %v on a stopped daemon ran past %s despite --timeout 1s", args, outerLimit)
+		}
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("kvtierfs %v on a stopped daemon: %v, want exit status 1\n%s", args, err, out)
+		}
+		if !strings.Contains(string(out), "does not answer within 1s: the daemon serving it is stopped or hung") {
+			t.Errorf("kvtierfs %v on a stopped daemon does not name the cause:\n%s", args, out)
+		}
+	}
+}
+
+// TestStatHonoursSIGTERMOnStoppedDaemon sends SIGTERM to a stat that waits on
+// a stopped daemon with a long --timeout: it ends, as its signal says.
+func TestStatHonoursSIGTERMOnStoppedDaemon(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	stopDaemon(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), outerLimit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, mounttest.Binary(), "stat", d.Mountpoint, "--timeout", "1h")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Waits until stat is blocked on the mount: its thread sleeps in a
+	// FUSE request the stopped daemon never answers.
+	for !blockedInFUSE(cmd.Process.Pid) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("stat ignored SIGTERM while the daemon was stopped:\n%s", out.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 128+int(syscall.SIGTERM) {
+		t.Errorf("stat after SIGTERM: %v, want exit status %d\n%s", err, 128+int(syscall.SIGTERM), out.String())
+	}
+	if !strings.Contains(out.String(), "interrupted by terminated") {
+		t.Errorf("stat after SIGTERM does not say it was interrupted:\n%s", out.String())
+	}
+}
+
+// blockedInFUSE reports whether a thread of pid waits in a FUSE request.
+func blockedInFUSE(pid int) bool {
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "wchan"))
+	for _, task := range tasks {
+		wchan, err := os.ReadFile(task)
+		if err == nil && strings.Contains(string(wchan), "request_wait_answer") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestUmountOnlyKvtierfs bind-mounts a directory: `kvtierfs umount` refuses
+// it, naming what is mounted, and leaves it mounted; a kvtierfs mount it
+// unmounts at once, without calling it busy.
+func TestUmountOnlyKvtierfs(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
+	out, err := mounttest.Run("umount", dst)
+	if err == nil || !strings.Contains(out, "is not a kvtierfs mount") {
+		t.Fatalf("kvtierfs umount of a bind mount: %v\n%s", err, out)
+	}
+	if !isMounted(t, dst) {
+		t.Fatal("kvtierfs umount unmounted a bind mount")
+	}
+
+	d := mounttest.Start(t, mounttest.Options{})
+	openTier(t, d) // the engine's first lookups start the lookup helper's priming
+	out, err = mounttest.Run("umount", d.Mountpoint)
+	if err != nil || strings.Contains(out, "busy") {
+		t.Fatalf("kvtierfs umount of an idle kvtierfs mount: %v\n%s", err, out)
+	}
+	if isMounted(t, d.Mountpoint) {
+		t.Fatal("the kvtierfs mount is still there after kvtierfs umount")
+	}
+}
+
+// isMounted reports whether the mount table has a mount at dir.
+func isMounted(t *testing.T, dir string) bool {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
