@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,6 +65,7 @@ type mountConfig struct {
 	diagMinBytes  int64
 	maxRequest    int64
 	allowOther    bool
+	nonempty      bool
 	primeLookups  bool
 	engineUID     int
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
@@ -99,6 +98,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
+	fl.BoolVar(&c.nonempty, "nonempty", false, "mount over a mountpoint that holds files (the mount hides them; by default a non-empty mountpoint is refused)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
 	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
@@ -188,9 +188,11 @@ func runMount(args []string) error {
 	if err := checkSharedDisjoint(c.shared.Dir, c.mountpoint, c.store); err != nil {
 		return usageError{err}
 	}
-	if err := prepareMountpoint(c.mountpoint); err != nil {
+	mnt, err := prepareMountpoint(c.mountpoint, c.nonempty)
+	if err != nil {
 		return err
 	}
+	defer mnt.close()
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
 		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
@@ -271,9 +273,15 @@ func runMount(args []string) error {
 	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	if err := mnt.guard(logger); err != nil {
+		return err
+	}
 	fsys, err := fusefs.Mount(c.mountpoint, opts)
 	if err != nil {
 		return err
+	}
+	if err := mnt.seal(); err != nil {
+		logger.Warn("the mountpoint stays writable by its owner while no daemon serves it", "err", err)
 	}
 	if metricsListener != nil {
 		mux := http.NewServeMux()
@@ -323,25 +331,6 @@ func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
 	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
 		logger.Error("lazy unmount failed", "err", err)
 	}
-}
-
-// prepareMountpoint creates a missing mountpoint, detaches the mount of a
-// crashed daemon and refuses one that is live.
-func prepareMountpoint(mnt string) error {
-	if err := clearStaleMount(mnt); err != nil {
-		return err
-	}
-	st, err := os.Stat(mnt)
-	if errors.Is(err, fs.ErrNotExist) {
-		return os.MkdirAll(mnt, 0o755)
-	}
-	if err != nil {
-		return fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("mountpoint %s is not a directory", mnt)
-	}
-	return nil
 }
 
 // startSync starts row mirroring when peers are configured; nil on a single node.

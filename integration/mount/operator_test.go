@@ -141,3 +141,21 @@ func isMounted(t *testing.T, dir string) bool {
 	}
 	return false
 }
+
+// TestMountRefusesNonEmptyMountpoint leaves a file in a bare mountpoint, as
+// an engine writing while no daemon served would: mount refuses it naming
+// the file and --nonempty; with --nonempty it mounts.
+func TestMountRefusesNonEmptyMountpoint(t *testing.T) {
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.MkdirAll(filepath.Join(mnt, "TestModel_r0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := mounttest.Run("mount", mnt, "--store", t.TempDir(), "--metrics-addr", "")
+	if err == nil || !strings.Contains(out, "is not empty (TestModel_r0)") || !strings.Contains(out, "--nonempty") {
+		t.Fatalf("mount over a non-empty mountpoint: %v\n%s", err, out)
+	}
+	if isMounted(t, mnt) {
+		t.Fatal("the refused mount is mounted")
+	}
+	mounttest.Start(t, mounttest.Options{Mountpoint: mnt, Args: []string{"--nonempty"}})
+}
