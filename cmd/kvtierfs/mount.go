@@ -94,7 +94,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	stagingBytes := fl.String("staging-bytes", "", fmt.Sprintf("RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10%% of RAM, at most %dGiB)", staging.MaxDefaultBudget>>30))
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
-	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", diagnose.MaxReadGrace))
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting); a warning on checksum failures, refused stores or store I/O errors clears after a window without one", diagnose.MaxReadGrace))
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
@@ -211,7 +211,7 @@ func runMount(args []string) error {
 
 	syncRegions := fusefs.NewSyncRegions(regions)
 	defer syncRegions.Close()
-	node, err := startSync(c, syncRegions, logger)
+	node, err := startSync(c, syncRegions, store, logger)
 	if err != nil {
 		return err
 	}
@@ -256,7 +256,7 @@ func runMount(args []string) error {
 	// Caught from before the mount on (a stop request as soon as the mount
 	// is visible still unmounts); until then a signal ends the process.
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics, WarningWindow: c.diagWindow,
 		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
 	if sharedLevel != nil {
 		opts.Shared = sharedLevel
@@ -334,7 +334,7 @@ func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
 }
 
 // startSync starts row mirroring when peers are configured; nil on a single node.
-func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) (*rowsync.Node, error) {
+func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, logger *slog.Logger) (*rowsync.Node, error) {
 	if c.listen == "" && len(c.peers) == 0 {
 		return nil, nil
 	}
@@ -343,7 +343,7 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) 
 		return nil, fmt.Errorf("--secret-file: %w", err)
 	}
 	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
-		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local,
+		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes,
 		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
 	if err != nil {
 		return nil, fmt.Errorf("starting row mirroring: %w", err)

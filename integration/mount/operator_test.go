@@ -159,3 +159,38 @@ func TestMountRefusesNonEmptyMountpoint(t *testing.T) {
 	}
 	mounttest.Start(t, mounttest.Options{Mountpoint: mnt, Args: []string{"--nonempty"}})
 }
+
+// TestWarningClearsOnceCauseIsGone corrupts a block: its load raises
+// checksum_failures, which clears after a window without another failure
+// while the counter keeps its total.
+func TestWarningClearsOnceCauseIsGone(t *testing.T) {
+	region := newRegion(t, 1)
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--diagnostics-window", "1s"}})
+	tier := openTier(t, d)
+	bad := storeBlock(t, tier, region.Row(0), 1)
+	flipByte(t, filepath.Join(d.Store, strings.TrimPrefix(bad, d.Mountpoint)), 12345)
+	if err := tier.Load(bad, region.Row(0)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("load of a corrupt block: %v, want EIO", err)
+	}
+	hasWarning := func() bool {
+		for _, w := range d.Stats().Warnings {
+			if w.Code == "checksum_failures" {
+				return true
+			}
+		}
+		return false
+	}
+	if !hasWarning() {
+		t.Fatalf("no checksum_failures warning after a checksum failure: %+v", d.Stats().Warnings)
+	}
+	deadline := time.Now().Add(outerLimit)
+	for hasWarning() {
+		if time.Now().After(deadline) {
+			t.Fatalf("checksum_failures still raised %s after the only failure, with --diagnostics-window 1s", outerLimit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if c := d.Stats().Counters.ChecksumFailures; c != 1 {
+		t.Errorf("checksum failures counter %d after the warning cleared, want 1", c)
+	}
+}
