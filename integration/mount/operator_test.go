@@ -172,19 +172,12 @@ func TestWarningClearsOnceCauseIsGone(t *testing.T) {
 	if err := tier.Load(bad, region.Row(0)); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("load of a corrupt block: %v, want EIO", err)
 	}
-	hasWarning := func() bool {
-		for _, w := range d.Stats().Warnings {
-			if w.Code == "checksum_failures" {
-				return true
-			}
-		}
-		return false
-	}
-	if !hasWarning() {
+	raised := func() bool { return hasWarning(d.Stats().Warnings, "checksum_failures") }
+	if !raised() {
 		t.Fatalf("no checksum_failures warning after a checksum failure: %+v", d.Stats().Warnings)
 	}
 	deadline := time.Now().Add(outerLimit)
-	for hasWarning() {
+	for raised() {
 		if time.Now().After(deadline) {
 			t.Fatalf("checksum_failures still raised %s after the only failure, with --diagnostics-window 1s", outerLimit)
 		}
@@ -192,5 +185,50 @@ func TestWarningClearsOnceCauseIsGone(t *testing.T) {
 	}
 	if c := d.Stats().Counters.ChecksumFailures; c != 1 {
 		t.Errorf("checksum failures counter %d after the warning cleared, want 1", c)
+	}
+}
+
+// TestDfShowsTheTier fills half of a small store filesystem with another
+// user's file: df of an empty tier shows nothing used and what is left as
+// its size, and a --capacity beyond the filesystem is clamped, saying so.
+func TestDfShowsTheTier(t *testing.T) {
+	fsDir, _ := smallFilesystem(t, 64)
+	other := make([]byte, 32<<20)
+	if err := os.WriteFile(filepath.Join(fsDir, "other-user"), other, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(fsDir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{Store: store, Args: []string{"--capacity", "1GiB", "--staging-bytes", "0"}})
+	if !strings.Contains(d.Log(), "capacity larger than the store filesystem: clamped") {
+		t.Errorf("--capacity 1GiB on a 64 MiB filesystem was not reported clamped:\n%s", d.Log())
+	}
+	if c := d.Stats().Disk.CapacityBytes; c > 64<<20 {
+		t.Errorf("capacity %d bytes on a 64 MiB filesystem", c)
+	}
+	var fsStat, tierStat unix.Statfs_t
+	if err := unix.Statfs(fsDir, &fsStat); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(d.Mountpoint, &tierStat); err != nil {
+		t.Fatal(err)
+	}
+	size, free := int64(tierStat.Blocks)*tierStat.Bsize, int64(tierStat.Bavail)*tierStat.Bsize
+	if used := size - free; used != 0 {
+		t.Errorf("df of an empty tier: %d bytes used (the filesystem's other file counts), want 0", used)
+	}
+	if fsAvail := int64(fsStat.Bavail) * fsStat.Bsize; size <= 0 || size > fsAvail {
+		t.Errorf("df of an empty tier: size %d, want what the filesystem has left (%d) at most", size, fsAvail)
+	}
+
+	tier := openTier(t, d)
+	storeBlock(t, tier, newRegion(t, 1).Row(0), 1)
+	if err := unix.Statfs(d.Mountpoint, &tierStat); err != nil {
+		t.Fatal(err)
+	}
+	if used := int64(tierStat.Blocks-tierStat.Bavail) * tierStat.Bsize; used < rowBytes || used > 2*rowBytes {
+		t.Errorf("df after one block of %d bytes: %d bytes used", rowBytes, used)
 	}
 }

@@ -114,11 +114,15 @@ func (t *blockTotals) add(b *entry, sign int64) {
 	t.groups[b.name.Group] = g
 }
 
-// Space returns the store's capacity and the bytes it may still use.
-func (s *Store) Space() (capacity, free int64) {
+// Reach returns the bytes the tier can hold now, used plus free: its
+// capacity, bounded by what the store filesystem has left (the disk's
+// other users take their share); and the bytes it may still use. df shows
+// these, so that an empty tier shows empty however full the disk is.
+func (s *Store) Reach() (size, free int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.spaceLocked()
+	_, free = s.spaceLocked()
+	return s.used + free, free
 }
 
 func (s *Store) spaceLocked() (capacity, free int64) {
