@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -222,7 +223,8 @@ func runMount(args []string) error {
 	reg := prometheus.NewRegistry()
 	// The daemon's own health beside the tier's: goroutines, memory, open
 	// descriptors (go_* and process_* metrics).
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := thisBuild()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric(build))
 	var metricsListener net.Listener
 	if c.metricsAddr != "" {
 		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {
@@ -280,12 +282,15 @@ func runMount(args []string) error {
 	if err != nil {
 		return err
 	}
+	var serving atomic.Bool
+	serving.Store(true)
 	if err := mnt.seal(); err != nil {
 		logger.Warn("the mountpoint stays writable by its owner while no daemon serves it", "err", err)
 	}
 	if metricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/healthz", newHealth(serving.Load, store.Check))
 		if c.debug {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -298,7 +303,7 @@ func runMount(args []string) error {
 		metricsAt = "http://" + metricsListener.Addr().String() + "/metrics"
 	}
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
-		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt)
+		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt, "version", build.version, "commit", build.revision)
 	stopEventLog := startEventLog(fsys.Stats, logger)
 	defer stopEventLog()
 	if err := sdNotify("READY=1\nSTATUS=serving " + c.mountpoint); err != nil {
@@ -307,6 +312,7 @@ func runMount(args []string) error {
 
 	go func() {
 		sig := <-signals
+		serving.Store(false)
 		logger.Info("unmounting", "signal", sig.String())
 		sdNotify("STOPPING=1")
 		if helper != nil {

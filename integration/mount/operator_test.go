@@ -3,9 +3,12 @@ package mount_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -230,5 +233,33 @@ func TestDfShowsTheTier(t *testing.T) {
 	}
 	if used := int64(tierStat.Blocks-tierStat.Bavail) * tierStat.Bsize; used < rowBytes || used > 2*rowBytes {
 		t.Errorf("df after one block of %d bytes: %d bytes used", rowBytes, used)
+	}
+}
+
+// TestHealthAndBuildInfo scrapes a mount's endpoint: /healthz answers ok,
+// /metrics has kvtierfs_build_info, and the start-up log names the version.
+func TestHealthAndBuildInfo(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--metrics-addr", "127.0.0.1:0"}})
+	m := regexp.MustCompile(`metrics=http://(\S+)/metrics`).FindStringSubmatch(d.Log())
+	if m == nil {
+		t.Fatalf("the daemon did not log its metrics address:\n%s", d.Log())
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + m[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz of a serving mount: %d %q", code, body)
+	}
+	if _, body := get("/metrics"); !regexp.MustCompile(`kvtierfs_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1`).MatchString(body) {
+		t.Errorf("metrics lack kvtierfs_build_info with its labels")
+	}
+	if !regexp.MustCompile(`msg=mounted .*version=\S+ commit=\S+`).MatchString(d.Log()) {
+		t.Errorf("the start-up log does not name the version:\n%s", d.Log())
 	}
 }

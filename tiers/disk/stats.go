@@ -1,8 +1,11 @@
 package disk
 
 import (
+	"fmt"
 	"strconv"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 )
 
 // Counters are the store's monotonic event counts.
@@ -127,4 +130,14 @@ func (s *Store) Reach() (size, free int64) {
 
 func (s *Store) spaceLocked() (capacity, free int64) {
 	return s.capacity, max(0, s.limitLocked()-s.used)
+}
+
+// Check asks the store filesystem for its usage through the store root's
+// descriptor: an error, or no answer, means the store cannot serve.
+func (s *Store) Check() error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(s.rootFD, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", s.root, err)
+	}
+	return nil
 }
