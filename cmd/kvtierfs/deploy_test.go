@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -324,4 +325,25 @@ func readEnvFile(t *testing.T, path string) map[string][]string {
 		env[key] = append(env[key], strings.Trim(value, `"`))
 	}
 	return env
+}
+
+// TestPrometheusAlertRules checks deploy/prometheus with promtool (Debian's
+// prometheus package, installed by make deps): the rules load, and their
+// unit tests (alerts that fire, and resolve once their cause is gone) pass.
+func TestPrometheusAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("KVTIERFS_UNIT") != "" {
+			t.Skip("promtool is missing (make deps installs the prometheus package)")
+		}
+		t.Fatal("promtool is missing: make deps installs the prometheus package")
+	}
+	dir := filepath.Join(deployDir, "prometheus")
+	for _, args := range [][]string{{"check", "rules", "kvtierfs-alerts.yaml"}, {"test", "rules", "kvtierfs-alerts.test.yaml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 }
