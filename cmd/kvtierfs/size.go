@@ -49,3 +49,12 @@ func formatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// plural is n and the noun, singular for 1: plural(1, "block") is "1
+// block", plural(2, "block") "2 blocks".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

@@ -100,16 +100,16 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	fmt.Fprintf(t, "mount\t%s\n", st.Mountpoint)
 	fmt.Fprintf(t, "store\t%s\n", d.Store)
-	fmt.Fprintf(t, "disk\t%d blocks, %s logical, %s on disk of %s capacity (%.1f%%), %s free, %d evictions\n",
-		d.Blocks, formatBytes(d.LogicalBytes), formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), used,
-		formatBytes(d.FreeBytes), d.Evictions)
+	fmt.Fprintf(t, "disk\t%s, %s logical, %s on disk of %s capacity (%.1f%%), %s free, %s\n",
+		plural(d.Blocks, "block"), formatBytes(d.LogicalBytes), formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), used,
+		formatBytes(d.FreeBytes), plural(d.Evictions, "eviction"))
 	groups := make([]string, 0, len(st.Groups))
 	for g := range st.Groups {
 		groups = append(groups, g)
 	}
 	sort.Strings(groups)
 	for _, g := range groups {
-		fmt.Fprintf(t, "  group %s\t%d blocks, %s\n", g, st.Groups[g].Blocks, formatBytes(st.Groups[g].Bytes))
+		fmt.Fprintf(t, "  group %s\t%s, %s\n", g, plural(st.Groups[g].Blocks, "block"), formatBytes(st.Groups[g].Bytes))
 	}
 	if len(st.Primary.Regions) == 0 {
 		fmt.Fprintf(t, "primary\tno shm region found\n")
@@ -128,7 +128,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	fmt.Fprintf(t, "lookups\t%d (%d hits, %.1f%%)\n", c.Lookups, c.LookupHits, hitRate)
 	if c.TiersPrimed > 0 {
-		fmt.Fprintf(t, "  primed\t%d names looked up ahead of the engine, %d tiers primed\n", c.NamesPrimed, c.TiersPrimed)
+		fmt.Fprintf(t, "  primed\t%s looked up ahead of the engine, %s primed\n", plural(c.NamesPrimed, "name"), plural(c.TiersPrimed, "tier"))
 	}
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
@@ -136,8 +136,8 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	fmt.Fprintf(t, "loads verified\t%d read from the store, %d staged, %d from a row that still held the block; %d refused, %d failed mirroring\n",
 		c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, c.LoadsUnmirrored)
 	if sg := st.Staging; sg != nil {
-		fmt.Fprintf(t, "staging\t%s staged of %s, %d chains streaming, %d waves, %d loads served from memory, %d not staged, %s wasted\n",
-			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), sg.Chains, sg.Waves, sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
+		fmt.Fprintf(t, "staging\t%s staged of %s, %s streaming, %s, %d loads served from memory, %d not staged, %s wasted\n",
+			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), plural(int64(sg.Chains), "chain"), plural(sg.Waves, "wave"), sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
 	}
 	if c.Matches > 0 {
 		fmt.Fprintf(t, "matches\t%d batched match requests\n", c.Matches)
