@@ -280,7 +280,7 @@ func runMount(args []string) error {
 	}
 	fsys, err := fusefs.Mount(c.mountpoint, opts)
 	if err != nil {
-		return err
+		return explainMountError(err, c.allowOther)
 	}
 	var serving atomic.Bool
 	serving.Store(true)

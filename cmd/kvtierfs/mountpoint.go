@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -111,3 +112,26 @@ func (m *mountpoint) seal() error {
 }
 
 func (m *mountpoint) close() { m.dir.Close() }
+
+// explainMountError adds to a failed FUSE mount the cause a user other than
+// root usually meets, which go-fuse reports only as fusermount's exit code:
+// no fusermount3, a /dev/fuse the user cannot open, or --allow-other
+// without user_allow_other in /etc/fuse.conf.
+func explainMountError(err error, allowOther bool) error {
+	if os.Geteuid() == 0 {
+		return err
+	}
+	// go-fuse's message of a failed fusermount ends with a newline.
+	failed := strings.TrimSpace(err.Error())
+	if _, lookErr := exec.LookPath("fusermount3"); lookErr != nil {
+		return fmt.Errorf("%s: fusermount3 is missing, which mounts for users other than root (make deps, or install fuse3)", failed)
+	}
+	if accessErr := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); accessErr != nil {
+		return fmt.Errorf("%s: /dev/fuse: %v: uid %d cannot open it for reading and writing (give it mode 0666, as distributions ship it, or mount as root)",
+			failed, accessErr, os.Getuid())
+	}
+	if allowOther {
+		return fmt.Errorf("%s: --allow-other as a user other than root needs user_allow_other in /etc/fuse.conf", failed)
+	}
+	return err
+}
