@@ -273,18 +273,21 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if b.asJSON {
 		return writeJSON(os.Stdout, results)
 	}
+	engine.WriteLegend(os.Stdout, results)
 	if err := engine.WriteTable(os.Stdout, results); err != nil {
 		return err
 	}
 	engine.WriteStagingRatios(os.Stdout, results)
-	for _, res := range results {
-		var st ctlabi.Stats
-		if err := json.Unmarshal(res.Stats, &st); err != nil {
-			return fmt.Errorf("decoding the mount's stats: %w", err)
-		}
-		fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s, sync %s run:\n", res.Engine, res.Sync)
-		printStats(os.Stdout, st)
+	// The last run's mount only: the others' are columns of the table.
+	last := results[len(results)-1]
+	var st ctlabi.Stats
+	if err := json.Unmarshal(last.Stats, &st); err != nil {
+		return fmt.Errorf("decoding the mount's stats: %w", err)
 	}
+	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, sync %s run:\n", last.Engine, last.Sync)
+	printStats(os.Stdout, st)
+	fmt.Println()
+	engine.WriteVerdict(os.Stdout, results)
 	return nil
 }
 
