@@ -120,7 +120,11 @@ func TestUmountOnlyKvtierfs(t *testing.T) {
 	}
 
 	d := mounttest.Start(t, mounttest.Options{})
-	openTier(t, d) // the engine's first lookups start the lookup helper's priming
+	// The engine's first lookup of a tier starts the lookup helper's batch.
+	tier := openTier(t, d)
+	if tier.Exists(tier.BlockPath(tierDir, 0, hashOf(1))) {
+		t.Fatal("a block never stored answers present")
+	}
 	out, err = mounttest.Run("umount", d.Mountpoint)
 	if err != nil || strings.Contains(out, "busy") {
 		t.Fatalf("kvtierfs umount of an idle kvtierfs mount: %v\n%s", err, out)
