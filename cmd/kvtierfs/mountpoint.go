@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -37,7 +36,7 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 	if err := clearStaleMount(mnt); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(mnt, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
 	}
 	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -75,19 +74,19 @@ func (m *mountpoint) guard(logger *slog.Logger) error {
 		return nil
 	}
 	// An immutable directory takes no chown or chmod, root's included: the
-	// flag is lifted for them (the guard of an earlier daemon).
+	// flag is lifted for them (the guard of an earlier daemon). The guard
+	// is kept as far as the filesystem allows (one that squashes root, or
+	// knows no inode flags, refuses part of it): what is missing is logged.
 	flags, flagsErr := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
 	if flagsErr == nil && flags&fsImmutableFlag != 0 {
 		flags &^= fsImmutableFlag
-		if err := unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags)); err != nil {
-			return fmt.Errorf("mountpoint %s: lifting its immutable flag: %w", m.path, err)
-		}
+		flagsErr = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags))
 	}
 	if err := unix.Fchown(fd, 0, 0); err != nil {
-		return fmt.Errorf("mountpoint %s: %w", m.path, err)
+		logger.Warn("the mountpoint cannot be given to root: its owner could write into it while no daemon serves it", "mountpoint", m.path, "err", err)
 	}
 	if err := unix.Fchmod(fd, guardedMode); err != nil {
-		return fmt.Errorf("mountpoint %s: %w", m.path, err)
+		logger.Warn("the mountpoint cannot be made read-only: the engine could write into it while no daemon serves it", "mountpoint", m.path, "err", err)
 	}
 	if flagsErr == nil {
 		flagsErr = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsImmutableFlag))
