@@ -89,8 +89,8 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	if st.Counters.UnprovenBlocks > 0 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnUnprovenBlocks, Message: fmt.Sprintf(
-			"%d block files found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
-			st.Counters.UnprovenBlocks)})
+			"%s found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
+			plural(st.Counters.UnprovenBlocks, "block file"))})
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
