@@ -39,6 +39,16 @@ func (e interruptedError) Error() string { return "interrupted by " + e.sig.Stri
 // left behind: the process exits (exit ends the kernel's wait), so callers
 // return the error to main rather than carrying on.
 func onMount[T any](mnt string, timeout time.Duration, access func() (T, error)) (T, error) {
+	return bounded(timeout, func() error {
+		return fmt.Errorf("%s does not answer within %s: the daemon serving it is stopped or hung "+
+			"(see its state with 'ps -o pid,stat,cmd -C kvtierfs'; SIGCONT resumes a stopped one, 'kvtierfs umount %s' detaches it)",
+			mnt, timeout, mnt)
+	}, access)
+}
+
+// bounded runs work and returns its result, or gives up after timeout with
+// the error hung returns, or at SIGINT or SIGTERM with an interruptedError.
+func bounded[T any](timeout time.Duration, hung func() error, work func() (T, error)) (T, error) {
 	type result struct {
 		value T
 		err   error
@@ -48,7 +58,7 @@ func onMount[T any](mnt string, timeout time.Duration, access func() (T, error))
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(signals)
 	go func() {
-		v, err := access()
+		v, err := work()
 		done <- result{v, err}
 	}()
 	timer := time.NewTimer(timeout)
@@ -58,10 +68,17 @@ func onMount[T any](mnt string, timeout time.Duration, access func() (T, error))
 	case r := <-done:
 		return r.value, r.err
 	case <-timer.C:
-		return zero, fmt.Errorf("%s does not answer within %s: the daemon serving it is stopped or hung "+
-			"(see its state with 'ps -o pid,stat,cmd -C kvtierfs'; SIGCONT resumes a stopped one, 'kvtierfs umount %s' detaches it)",
-			mnt, timeout, mnt)
+		return zero, hung()
 	case sig := <-signals:
 		return zero, interruptedError{sig}
 	}
+}
+
+// scanRegionsWithin is scanRegions bounded by timeout: reading a process's
+// mappings waits while that process is stuck in the kernel holding them
+// (a page fault on a hung FUSE mount).
+func scanRegionsWithin(glob string, timeout time.Duration) (regionScan, error) {
+	return bounded(timeout, func() error {
+		return fmt.Errorf("reading the processes' mappings (/proc/*/maps) did not finish within %s: a process is stuck in the kernel, often on a hung FUSE mount it maps", timeout)
+	}, func() (regionScan, error) { return scanRegions(glob) })
 }

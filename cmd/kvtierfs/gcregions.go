@@ -12,13 +12,17 @@ func runGCRegions(args []string) error {
 	fl := newFlagSet("gc-regions")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	dryRun := fl.Bool("dry-run", false, "list the orphaned regions without removing them")
+	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when reading the processes' mappings takes longer (a process stuck in the kernel)")
 	if err := parseFlags(fl, args); err != nil {
+		return err
+	}
+	if err := checkTimeout(*timeout); err != nil {
 		return err
 	}
 	if fl.NArg() != 0 {
 		return usageError{fmt.Errorf("expected no arguments, got %q (run 'kvtierfs gc-regions --help')", fl.Args())}
 	}
-	scan, err := scanRegions(*glob)
+	scan, err := scanRegionsWithin(*glob, *timeout)
 	if err != nil {
 		return err
 	}

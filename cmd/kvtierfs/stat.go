@@ -55,7 +55,7 @@ func runStat(args []string) error {
 		return err
 	}
 	printStats(os.Stdout, st)
-	scan, err := scanRegions(*glob)
+	scan, err := scanRegionsWithin(*glob, *timeout)
 	if err != nil {
 		return err
 	}
