@@ -12,14 +12,22 @@ import (
 )
 
 // TestUnservedMountpointRefusesEngine stops a daemon and stores a block as
-// the engine does into the bare mountpoint, as root and as the engine's
-// user: both fail and nothing lands on the mountpoint's disk; a new daemon
-// then mounts there again.
+// the engine does into the bare mountpoint (a directory of the engine's
+// user), as root and as that user: both fail and nothing lands on the
+// mountpoint's disk; a new daemon then mounts there again.
 func TestUnservedMountpointRefusesEngine(t *testing.T) {
 	engine := newUser(t, "eng")
 	dir := sharedDir(t)
 	helper, _ := binaries(t, dir)
+	// The engine's own directory, as an operator might prepare it for the
+	// engine: without the daemon's guard, the engine could write into it.
 	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(mnt, engine.uid, engine.gid); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid)}
 	d := mounttest.Start(t, mounttest.Options{Mountpoint: mnt, Args: args})
 	if out, ok := helperAs(engine, helper, "store", mnt, hashOf(1)); !ok {
