@@ -5,7 +5,7 @@ BIN := bin/kvtierfs
 # running concurrently on small machines.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
-.PHONY: build demo test unit cover deps vet lint race clean
+.PHONY: build demo test unit cover deps demo-deps vet lint race clean
 
 # COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
 # revision itself (git worktrees, GOFLAGS=-buildvcs=false).
@@ -19,26 +19,32 @@ TAGS ?=
 build:
 	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "$(TAGS)" -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
 
-# deps installs what a fresh machine lacks: fuse3 (fusermount3, for mounts by
-# non-root users; root mounts directly), iproute2 and util-linux (ip,
-# nsenter: network namespaces in the multi-node tests; prlimit: short writes
-# in the fault tests), passwd (useradd: the access tests create users) and
-# e2fsprogs (mkfs.ext4: the fault tests' loop-device store that fills up and
-# fails), glusterfs-server and glusterfs-client (glusterd and mount.glusterfs:
-# the shared-store tests' real distributed filesystem, integration/gluster).
-deps:
+# demo-deps installs what the demo needs: /dev/fuse, and fuse3 (fusermount3,
+# for mounts by non-root users; root mounts directly).
+demo-deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
+	@command -v fusermount3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3; }
+
+# deps installs what `make test` needs beyond the demo: iproute2 and
+# util-linux (ip, nsenter: network namespaces in the multi-node tests;
+# prlimit: short writes in the fault tests), passwd (useradd: the access
+# tests create users), e2fsprogs (mkfs.ext4: the fault tests' loop-device
+# store that fills up and fails), glusterfs-server and glusterfs-client
+# (glusterd and mount.glusterfs: the shared-store tests' real distributed
+# filesystem, integration/gluster) and prometheus (promtool: the alert rules
+# of deploy/prometheus are checked and unit-tested).
+deps: demo-deps
 	@pkgs=""; \
-	command -v fusermount3 >/dev/null || pkgs="$$pkgs fuse3"; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	command -v nsenter >/dev/null && command -v prlimit >/dev/null || pkgs="$$pkgs util-linux"; \
 	command -v useradd >/dev/null || pkgs="$$pkgs passwd"; \
 	command -v mkfs.ext4 >/dev/null || pkgs="$$pkgs e2fsprogs"; \
 	command -v glusterd >/dev/null || pkgs="$$pkgs glusterfs-server"; \
 	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
+	command -v promtool >/dev/null || pkgs="$$pkgs prometheus"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
-demo: deps build
+demo: demo-deps build
 	./$(BIN) bench --scenario agent
 
 vet:

@@ -100,6 +100,10 @@ type Options struct {
 	Stager *staging.Stager
 	// Diagnostics names the field failures in stat; nil means the defaults.
 	Diagnostics Diagnoser
+	// WarningWindow is how long a warning raised by a counter (checksum
+	// failures, refused stores, store I/O errors) stays after the counter
+	// last grew; default diagnose.DefaultWindow.
+	WarningWindow time.Duration
 	// AllowOther lets users other than the one who mounts reach the mount
 	// (the allow_other mount option), which an engine running as another
 	// user than the daemon needs. Access is still limited to the store
@@ -140,9 +144,11 @@ type FS struct {
 	syncRegions *SyncRegions
 	stager      *staging.Stager
 	diagnostics Diagnoser
-	kvEvents    *kvevents.Publisher
-	shared      SharedLevel
-	primer      Primer
+	// recent clears the counters' warnings once they stop growing.
+	recent   *diagnose.Recent
+	kvEvents *kvevents.Publisher
+	shared   SharedLevel
+	primer   Primer
 	// primed is when each tier was last primed (priming.go).
 	primedMu    sync.Mutex
 	primed      map[string]time.Time
@@ -197,7 +203,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
-		primed: make(map[string]time.Time)}
+		primed: make(map[string]time.Time), recent: diagnose.NewRecent(opts.WarningWindow, nil)}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
 	}

@@ -468,12 +468,13 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 
 var _ = (fs.NodeStatfser)((*node)(nil))
 
-// Statfs reports the store's capacity and free space, so df shows the tier's real limits.
+// Statfs reports the tier, not its filesystem: what it can hold now and
+// may still use (disk.Store.Reach), so df's used is the tier's own bytes.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	if errno := n.statfsStore(out); errno != 0 {
 		return errno
 	}
-	capacity, free := n.fsys.store.Space()
+	capacity, free := n.fsys.store.Reach()
 	bsize := int64(out.Bsize)
 	if bsize == 0 {
 		bsize = block.PageSize

@@ -89,8 +89,8 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	if st.Counters.UnprovenBlocks > 0 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnUnprovenBlocks, Message: fmt.Sprintf(
-			"%d block files found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
-			st.Counters.UnprovenBlocks)})
+			"%s found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
+			plural(st.Counters.UnprovenBlocks, "block file"))})
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
@@ -102,18 +102,19 @@ func (f *FS) Stats() ctlabi.Stats {
 		primaryRows = max(primaryRows, int(r.Rows))
 	}
 	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(diagnose.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
-	if st.Counters.ChecksumFailures > 0 {
+	quiet := f.recent.Window()
+	if n, recent := f.recent.Grew(ctlabi.WarnChecksumFailures, st.Counters.ChecksumFailures); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
-			"%d blocks failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl)",
-			st.Counters.ChecksumFailures)})
+			"%s failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl); clears after %s without one",
+			plural(n, "block"), quiet)})
 	}
-	if st.Counters.NoSpace > 0 {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(st.Counters.NoSpace, d)})
+	if n, recent := f.recent.Grew(ctlabi.WarnNoSpace, st.Counters.NoSpace); recent {
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(n, d) + fmt.Sprintf("; clears after %s without one", quiet)})
 	}
-	if st.Counters.StoreIOErrors > 0 {
+	if n, recent := f.recent.Grew(ctlabi.WarnStoreIOErrors, st.Counters.StoreIOErrors); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(
-			"%d reads or writes failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl",
-			st.Counters.StoreIOErrors)})
+			"%s failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl; clears after %s without one",
+			plural(n, "read or write", "reads or writes"), quiet)})
 	}
 	return st
 }
@@ -122,10 +123,10 @@ func (f *FS) Stats() ctlabi.Stats {
 // (killed writers leave them until they expire) or by protected blocks.
 func noSpaceMessage(refused int64, d disk.Stats) string {
 	if d.InFlightTmp > 0 {
-		return fmt.Sprintf("%d writes failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
-			refused, d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
+		return fmt.Sprintf("%s failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
+			plural(refused, "write"), d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
 	}
-	return fmt.Sprintf("%d writes failed with ENOSPC because the store filesystem is full or every block was protected: free space there (df), raise --capacity or lower --lookup-protect", refused)
+	return fmt.Sprintf("%s failed with ENOSPC because the store filesystem is full or every block was protected: free space there (df), raise --capacity or lower --lookup-protect", plural(refused, "write"))
 }
 
 // syncWarnings names what keeps rows from being mirrored.
@@ -138,7 +139,8 @@ func syncWarnings(snap rowsync.Snapshot) []ctlabi.Warning {
 				p.Addr, p.State, p.LastError)})
 		}
 	}
-	if r := snap.Replication; len(snap.Peers) > 0 && !r.Allowed {
+	// A fresh pair has no store samples yet: undecided, not off.
+	if r := snap.Replication; len(snap.Peers) > 0 && !r.Allowed && (r.Mismatches > 0 || r.Mode == rowsync.ModeOff.String()) {
 		out = append(out, ctlabi.Warning{Code: ctlabi.WarnMirroringOff, Message: fmt.Sprintf(
 			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
 			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})
@@ -158,4 +160,16 @@ func rowSizes(byTier map[string]int64) []int64 {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// plural is n and the noun, singular for 1: plural(1, "block") is "1
+// block", plural(2, "block") "2 blocks"; an irregular plural comes third.
+func plural(n int64, singular string, pluralForm ...string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", singular)
+	}
+	if len(pluralForm) > 0 {
+		return fmt.Sprintf("%d %s", n, pluralForm[0])
+	}
+	return fmt.Sprintf("%d %ss", n, singular)
 }

@@ -27,7 +27,7 @@ func newStatsFS(t *testing.T) *FS {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
+	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}), recent: diagnose.NewRecent(0, nil),
 		loads: core.NewLoads(core.Config{Store: store})}
 }
 

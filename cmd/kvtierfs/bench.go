@@ -106,7 +106,7 @@ func newBenchFlags() *benchFlags {
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
 	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side; chain: the chain's length (default 222)")
 	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent); chain: keys matched")
-	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the page cache before each cold phase (root only)")
+	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the whole machine's page cache before each cold phase, for cold loads that read the disk (root only; off by default, as it slows every other process of the machine)")
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
 	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks)",
@@ -273,18 +273,21 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if b.asJSON {
 		return writeJSON(os.Stdout, results)
 	}
+	engine.WriteLegend(os.Stdout, results)
 	if err := engine.WriteTable(os.Stdout, results); err != nil {
 		return err
 	}
 	engine.WriteStagingRatios(os.Stdout, results)
-	for _, res := range results {
-		var st ctlabi.Stats
-		if err := json.Unmarshal(res.Stats, &st); err != nil {
-			return fmt.Errorf("decoding the mount's stats: %w", err)
-		}
-		fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s, sync %s run:\n", res.Engine, res.Sync)
-		printStats(os.Stdout, st)
+	// The last run's mount only: the others' are columns of the table.
+	last := results[len(results)-1]
+	var st ctlabi.Stats
+	if err := json.Unmarshal(last.Stats, &st); err != nil {
+		return fmt.Errorf("decoding the mount's stats: %w", err)
 	}
+	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, sync %s run:\n", last.Engine, last.Sync)
+	printStats(os.Stdout, st)
+	fmt.Println()
+	engine.WriteVerdict(os.Stdout, results)
 	return nil
 }
 

@@ -28,6 +28,9 @@ func TestParseSize(t *testing.T) {
 		{"400GiB", 400 << 30},
 		{" 2 MiB ", 2 << 20},
 		{"1T", 1 << 40},
+		{"400Gi", 400 << 30},
+		{"512Mi", 512 << 20},
+		{"2ki", 2 << 10},
 	}
 	for _, c := range cases {
 		got, err := parseSize("capacity", c.in)

@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
@@ -70,11 +74,14 @@ type container struct {
 	Name           string   `yaml:"name"`
 	Command        []string `yaml:"command"`
 	Args           []string `yaml:"args"`
-	ReadinessProbe *struct {
-		Exec struct {
-			Command []string `yaml:"command"`
-		} `yaml:"exec"`
-	} `yaml:"readinessProbe"`
+	ReadinessProbe *probe   `yaml:"readinessProbe"`
+	StartupProbe   *probe   `yaml:"startupProbe"`
+	LivenessProbe  *probe   `yaml:"livenessProbe"`
+	Resources      struct {
+		Requests struct {
+			Memory string `yaml:"memory"`
+		} `yaml:"requests"`
+	} `yaml:"resources"`
 	Ports []struct {
 		Name          string `yaml:"name"`
 		ContainerPort int    `yaml:"containerPort"`
@@ -92,6 +99,18 @@ type container struct {
 	} `yaml:"volumeMounts"`
 }
 
+// probe is a container's readiness, startup or liveness probe.
+type probe struct {
+	Exec struct {
+		Command []string `yaml:"command"`
+	} `yaml:"exec"`
+	HTTPGet *struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+	TimeoutSeconds int `yaml:"timeoutSeconds"`
+}
+
 // workload is a Kubernetes object with a pod template.
 type workload struct {
 	Kind     string `yaml:"kind"`
@@ -99,14 +118,26 @@ type workload struct {
 		Name string `yaml:"name"`
 	} `yaml:"metadata"`
 	Spec struct {
+		UpdateStrategy struct {
+			Type          string `yaml:"type"`
+			RollingUpdate *struct {
+				MaxUnavailable any `yaml:"maxUnavailable"`
+				MaxSurge       any `yaml:"maxSurge"`
+			} `yaml:"rollingUpdate"`
+		} `yaml:"updateStrategy"`
 		Template struct {
 			Metadata struct {
 				Annotations map[string]string `yaml:"annotations"`
 			} `yaml:"metadata"`
 			Spec struct {
-				InitContainers []container `yaml:"initContainers"`
-				Containers     []container `yaml:"containers"`
-				Volumes        []struct {
+				Tolerations []struct {
+					Key      string `yaml:"key"`
+					Operator string `yaml:"operator"`
+				} `yaml:"tolerations"`
+				PriorityClassName string      `yaml:"priorityClassName"`
+				InitContainers    []container `yaml:"initContainers"`
+				Containers        []container `yaml:"containers"`
+				Volumes           []struct {
 					Name     string `yaml:"name"`
 					HostPath *struct {
 						Path string `yaml:"path"`
@@ -324,4 +355,96 @@ func readEnvFile(t *testing.T, path string) map[string][]string {
 		env[key] = append(env[key], strings.Trim(value, `"`))
 	}
 	return env
+}
+
+// TestPrometheusAlertRules checks deploy/prometheus with promtool (Debian's
+// prometheus package, installed by make deps): the rules load, and their
+// unit tests (alerts that fire, and resolve once their cause is gone) pass.
+func TestPrometheusAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("KVTIERFS_UNIT") != "" {
+			t.Skip("promtool is missing (make deps installs the prometheus package)")
+		}
+		t.Fatal("promtool is missing: make deps installs the prometheus package")
+	}
+	dir := filepath.Join(deployDir, "prometheus")
+	for _, args := range [][]string{{"check", "rules", "kvtierfs-alerts.yaml"}, {"test", "rules", "kvtierfs-alerts.test.yaml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// TestDaemonSetIsANodeAgent checks the DaemonSet against node-exporter's
+// norms: it tolerates every taint, has the node-critical priority, a
+// liveness probe on /healthz of the metrics port (behind a startup probe), a
+// readiness probe whose stat gives up before the probe does, a memory
+// request covering --staging-bytes plus the daemon's overhead, and a rolling
+// update that never runs two daemons on one node.
+func TestDaemonSetIsANodeAgent(t *testing.T) {
+	ds := readWorkloads(t)["DaemonSet/kvtierfs"]
+	spec := ds.Spec.Template.Spec
+	tolerated := false
+	for _, tol := range spec.Tolerations {
+		tolerated = tolerated || tol.Operator == "Exists" && tol.Key == ""
+	}
+	if !tolerated {
+		t.Errorf("tolerations %+v: want operator Exists without a key (every taint, as node-exporter)", spec.Tolerations)
+	}
+	if spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q, want system-node-critical", spec.PriorityClassName)
+	}
+	if len(spec.Containers) == 0 {
+		t.Fatal("the DaemonSet has no container")
+	}
+	daemon := spec.Containers[0]
+	var metricsPort string
+	for _, p := range daemon.Ports {
+		if strings.HasSuffix(flagValue(daemon.Args, "--metrics-addr"), fmt.Sprintf(":%d", p.ContainerPort)) {
+			metricsPort = p.Name
+		}
+	}
+	for name, p := range map[string]*probe{"liveness": daemon.LivenessProbe, "startup": daemon.StartupProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || metricsPort == "" || p.HTTPGet.Port != metricsPort {
+			t.Errorf("the %s probe is not an HTTP GET of /healthz on the metrics port %q", name, metricsPort)
+		}
+	}
+	if r := daemon.ReadinessProbe; r != nil {
+		timeout, err := time.ParseDuration(flagValue(r.Exec.Command, "--timeout"))
+		if err != nil || timeout <= 0 || timeout >= time.Duration(r.TimeoutSeconds)*time.Second {
+			t.Errorf("the readiness probe's stat --timeout %q is not shorter than the probe's %ds: a hung daemon would fail the probe without a cause",
+				flagValue(r.Exec.Command, "--timeout"), r.TimeoutSeconds)
+		}
+	}
+	staging, err := parseSize("staging-bytes", flagValue(daemon.Args, "--staging-bytes"))
+	if err != nil {
+		t.Fatalf("the DaemonSet sets no --staging-bytes, so its memory depends on the node's RAM: %v", err)
+	}
+	request, err := parseQuantity(daemon.Resources.Requests.Memory)
+	if err != nil {
+		t.Fatalf("memory request: %v", err)
+	}
+	if need := staging + memoryOverhead; request < need {
+		t.Errorf("memory request %s (%d bytes) is below --staging-bytes plus the overhead, %d bytes", daemon.Resources.Requests.Memory, request, need)
+	}
+	u := ds.Spec.UpdateStrategy
+	if u.Type != "RollingUpdate" || u.RollingUpdate == nil || fmt.Sprint(u.RollingUpdate.MaxSurge) != "0" || fmt.Sprint(u.RollingUpdate.MaxUnavailable) != "1" {
+		t.Errorf("update strategy %+v: want RollingUpdate, one node at a time, no surge (two daemons cannot serve one mountpoint)", u)
+	}
+}
+
+// parseQuantity parses a Kubernetes memory quantity in bytes (Ki, Mi, Gi, Ti
+// or none).
+func parseQuantity(q string) (int64, error) {
+	units := map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+	for suffix, unit := range units {
+		if n, ok := strings.CutSuffix(q, suffix); ok {
+			v, err := strconv.ParseInt(n, 10, 64)
+			return v * unit, err
+		}
+	}
+	return strconv.ParseInt(q, 10, 64)
 }

@@ -12,13 +12,17 @@ func runGCRegions(args []string) error {
 	fl := newFlagSet("gc-regions")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	dryRun := fl.Bool("dry-run", false, "list the orphaned regions without removing them")
+	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when reading the processes' mappings takes longer (a process stuck in the kernel)")
 	if err := parseFlags(fl, args); err != nil {
+		return err
+	}
+	if err := checkTimeout(*timeout); err != nil {
 		return err
 	}
 	if fl.NArg() != 0 {
 		return usageError{fmt.Errorf("expected no arguments, got %q (run 'kvtierfs gc-regions --help')", fl.Args())}
 	}
-	scan, err := scanRegions(*glob)
+	scan, err := scanRegionsWithin(*glob, *timeout)
 	if err != nil {
 		return err
 	}
@@ -28,6 +32,9 @@ func runGCRegions(args []string) error {
 // gcRegions removes (or with dryRun lists) the orphaned regions of scan.
 func gcRegions(w io.Writer, scan regionScan, dryRun bool) error {
 	if len(scan.unreadable) > 0 {
+		for _, r := range scan.orphans {
+			fmt.Fprintf(w, "not proven orphaned %s (%s)\n", r.path, formatBytes(r.size))
+		}
 		return fmt.Errorf("cannot read the mappings of processes %s, so no region is proven orphaned: nothing removed (run as root, in the host's PID namespace)",
 			describeProcesses(scan.unreadable))
 	}

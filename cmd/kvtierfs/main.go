@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	"github.com/spf13/pflag"
 
@@ -110,10 +111,18 @@ func commandNames() string {
 // usageError is a problem with the command line; it exits with status 2.
 type usageError struct{ error }
 
+// exitCode is 2 for a usage error, 128+N for signal N that interrupted the
+// command (as a shell reports it), else 1.
 func exitCode(err error) int {
 	var u usageError
 	if errors.As(err, &u) {
 		return 2
+	}
+	var i interruptedError
+	if errors.As(err, &i) {
+		if sig, ok := i.sig.(syscall.Signal); ok {
+			return 128 + int(sig)
+		}
 	}
 	return 1
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -67,6 +66,7 @@ type mountConfig struct {
 	diagMinBytes  int64
 	maxRequest    int64
 	allowOther    bool
+	nonempty      bool
 	primeLookups  bool
 	engineUID     int
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
@@ -95,10 +95,11 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
 	stagingBytes := fl.String("staging-bytes", "", fmt.Sprintf("RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10%% of RAM, at most %dGiB)", staging.MaxDefaultBudget>>30))
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
-	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting)", diagnose.MaxReadGrace))
+	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting); a warning on checksum failures, refused stores or store I/O errors clears after a window without one", diagnose.MaxReadGrace))
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
 	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
+	fl.BoolVar(&c.nonempty, "nonempty", false, "mount over a mountpoint that holds files (the mount hides them; by default a non-empty mountpoint is refused)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
 	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
@@ -188,9 +189,11 @@ func runMount(args []string) error {
 	if err := checkSharedDisjoint(c.shared.Dir, c.mountpoint, c.store); err != nil {
 		return usageError{err}
 	}
-	if err := prepareMountpoint(c.mountpoint); err != nil {
+	mnt, err := prepareMountpoint(c.mountpoint, c.nonempty)
+	if err != nil {
 		return err
 	}
+	defer mnt.close()
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
 		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
@@ -209,7 +212,7 @@ func runMount(args []string) error {
 
 	syncRegions := fusefs.NewSyncRegions(regions)
 	defer syncRegions.Close()
-	node, err := startSync(c, syncRegions, logger)
+	node, err := startSync(c, syncRegions, store, logger)
 	if err != nil {
 		return err
 	}
@@ -220,7 +223,8 @@ func runMount(args []string) error {
 	reg := prometheus.NewRegistry()
 	// The daemon's own health beside the tier's: goroutines, memory, open
 	// descriptors (go_* and process_* metrics).
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := thisBuild()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric(build))
 	var metricsListener net.Listener
 	if c.metricsAddr != "" {
 		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {
@@ -254,7 +258,7 @@ func runMount(args []string) error {
 	// Caught from before the mount on (a stop request as soon as the mount
 	// is visible still unmounts); until then a signal ends the process.
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
-		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics,
+		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics, WarningWindow: c.diagWindow,
 		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
 	if sharedLevel != nil {
 		opts.Shared = sharedLevel
@@ -271,13 +275,22 @@ func runMount(args []string) error {
 	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	if err := mnt.guard(logger); err != nil {
+		return err
+	}
 	fsys, err := fusefs.Mount(c.mountpoint, opts)
 	if err != nil {
-		return err
+		return explainMountError(err, c.allowOther)
+	}
+	var serving atomic.Bool
+	serving.Store(true)
+	if err := mnt.seal(); err != nil {
+		logger.Warn("the mountpoint stays writable by its owner while no daemon serves it", "err", err)
 	}
 	if metricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/healthz", newHealth(serving.Load, store.Check))
 		if c.debug {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -290,7 +303,7 @@ func runMount(args []string) error {
 		metricsAt = "http://" + metricsListener.Addr().String() + "/metrics"
 	}
 	logger.Info("mounted", "mountpoint", c.mountpoint, "store", store.Root(), "blocks", st.Blocks,
-		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt)
+		"capacity", formatBytes(st.CapacityBytes), "metrics", metricsAt, "version", build.version, "commit", build.revision)
 	stopEventLog := startEventLog(fsys.Stats, logger)
 	defer stopEventLog()
 	if err := sdNotify("READY=1\nSTATUS=serving " + c.mountpoint); err != nil {
@@ -299,6 +312,7 @@ func runMount(args []string) error {
 
 	go func() {
 		sig := <-signals
+		serving.Store(false)
 		logger.Info("unmounting", "signal", sig.String())
 		sdNotify("STOPPING=1")
 		if helper != nil {
@@ -351,27 +365,8 @@ func abortAfterGrace(fsys *fusefs.FS, logger *slog.Logger) {
 	}
 }
 
-// prepareMountpoint creates a missing mountpoint, detaches the mount of a
-// crashed daemon and refuses one that is live.
-func prepareMountpoint(mnt string) error {
-	if err := clearStaleMount(mnt); err != nil {
-		return err
-	}
-	st, err := os.Stat(mnt)
-	if errors.Is(err, fs.ErrNotExist) {
-		return os.MkdirAll(mnt, 0o755)
-	}
-	if err != nil {
-		return fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("mountpoint %s is not a directory", mnt)
-	}
-	return nil
-}
-
 // startSync starts row mirroring when peers are configured; nil on a single node.
-func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) (*rowsync.Node, error) {
+func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, logger *slog.Logger) (*rowsync.Node, error) {
 	if c.listen == "" && len(c.peers) == 0 {
 		return nil, nil
 	}
@@ -380,7 +375,7 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, logger *slog.Logger) 
 		return nil, fmt.Errorf("--secret-file: %w", err)
 	}
 	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
-		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local,
+		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes,
 		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
 	if err != nil {
 		return nil, fmt.Errorf("starting row mirroring: %w", err)

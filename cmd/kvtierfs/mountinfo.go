@@ -23,9 +23,3 @@ func findMount(dir string) (*mountinfo.Mount, error) {
 	}
 	return &at[len(at)-1], nil
 }
-
-// isMountpoint reports whether something is mounted at dir.
-func isMountpoint(dir string) (bool, error) {
-	e, err := findMount(dir)
-	return e != nil, err
-}

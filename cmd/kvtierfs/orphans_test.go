@@ -152,6 +152,11 @@ func TestOrphanedRegions(t *testing.T) {
 	if unix.Lstat(orphan, &st) != nil {
 		t.Fatal("gc-regions removed a region while a process was unreadable")
 	}
+	// --dry-run still lists what stat calls orphaned, as not proven.
+	out.Reset()
+	if err := gcRegions(&out, unproven, true); err == nil || !strings.Contains(out.String(), "not proven orphaned "+orphan) {
+		t.Fatalf("gc-regions --dry-run with an unreadable process: %v\n%s", err, out.String())
+	}
 	if len(scan.unreadable) > 0 {
 		// A sandbox's PID 1 may be out of even root's reach; it is no engine.
 		t.Logf("processes %v unreadable here; going on with the readable ones", scan.unreadable)

@@ -22,8 +22,12 @@ func runStat(args []string) error {
 	watch := fl.Bool("watch", false, "redraw a live view (occupancy, rates, peers, warnings) until Ctrl-C; one line per snapshot when stdout is not a terminal")
 	interval := fl.Duration("interval", 2*time.Second, "time between snapshots with --watch")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions, for the orphaned ones")
+	timeout := addTimeoutFlag(fl)
 	mnt, err := parseArgs(fl, args)
 	if err != nil {
+		return err
+	}
+	if err := checkTimeout(*timeout); err != nil {
 		return err
 	}
 	if *watch {
@@ -33,25 +37,25 @@ func runStat(args []string) error {
 		if *interval < 100*time.Millisecond {
 			return usageError{fmt.Errorf("--interval %s: want at least 100ms", *interval)}
 		}
-		return watchStats(os.Stdout, mnt, *interval, isTerminal(os.Stdout))
+		return watchStats(os.Stdout, mnt, *interval, *timeout, isTerminal(os.Stdout))
 	}
 	if fl.Changed("interval") {
 		return usageError{fmt.Errorf("--interval applies only with --watch")}
 	}
 	if *asJSON {
-		raw, err := readStatsFile(mnt)
+		raw, err := readStatsFile(mnt, *timeout)
 		if err != nil {
 			return err
 		}
 		_, err = os.Stdout.Write(raw)
 		return err
 	}
-	st, err := readStats(mnt)
+	st, err := readStats(mnt, *timeout)
 	if err != nil {
 		return err
 	}
 	printStats(os.Stdout, st)
-	scan, err := scanRegions(*glob)
+	scan, err := scanRegionsWithin(*glob, *timeout)
 	if err != nil {
 		return err
 	}
@@ -59,9 +63,11 @@ func runStat(args []string) error {
 	return nil
 }
 
-// readStatsFile reads the stats file of a mount.
-func readStatsFile(mnt string) ([]byte, error) {
-	raw, err := os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
+// readStatsFile reads the stats file of a mount, within timeout.
+func readStatsFile(mnt string, timeout time.Duration) ([]byte, error) {
+	raw, err := onMount(mnt, timeout, func() ([]byte, error) {
+		return os.ReadFile(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile))
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s is not a kvtierfs mount (no %s/%s)", mnt, ctlabi.Dir, ctlabi.StatsFile)
 	}
@@ -71,10 +77,10 @@ func readStatsFile(mnt string) ([]byte, error) {
 	return raw, err
 }
 
-// readStats reads and decodes the stats snapshot of a mount.
-func readStats(mnt string) (ctlabi.Stats, error) {
+// readStats reads and decodes the stats snapshot of a mount, within timeout.
+func readStats(mnt string, timeout time.Duration) (ctlabi.Stats, error) {
 	var st ctlabi.Stats
-	raw, err := readStatsFile(mnt)
+	raw, err := readStatsFile(mnt, timeout)
 	if err != nil {
 		return st, err
 	}
@@ -94,16 +100,16 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	fmt.Fprintf(t, "mount\t%s\n", st.Mountpoint)
 	fmt.Fprintf(t, "store\t%s\n", d.Store)
-	fmt.Fprintf(t, "disk\t%d blocks, %s logical, %s on disk of %s capacity (%.1f%%), %s free, %d evictions\n",
-		d.Blocks, formatBytes(d.LogicalBytes), formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), used,
-		formatBytes(d.FreeBytes), d.Evictions)
+	fmt.Fprintf(t, "disk\t%s, %s logical, %s on disk of %s capacity (%.1f%%), %s free, %s\n",
+		plural(d.Blocks, "block"), formatBytes(d.LogicalBytes), formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), used,
+		formatBytes(d.FreeBytes), plural(d.Evictions, "eviction"))
 	groups := make([]string, 0, len(st.Groups))
 	for g := range st.Groups {
 		groups = append(groups, g)
 	}
 	sort.Strings(groups)
 	for _, g := range groups {
-		fmt.Fprintf(t, "  group %s\t%d blocks, %s\n", g, st.Groups[g].Blocks, formatBytes(st.Groups[g].Bytes))
+		fmt.Fprintf(t, "  group %s\t%s, %s\n", g, plural(st.Groups[g].Blocks, "block"), formatBytes(st.Groups[g].Bytes))
 	}
 	if len(st.Primary.Regions) == 0 {
 		fmt.Fprintf(t, "primary\tno shm region found\n")
@@ -122,7 +128,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	fmt.Fprintf(t, "lookups\t%d (%d hits, %.1f%%)\n", c.Lookups, c.LookupHits, hitRate)
 	if c.TiersPrimed > 0 {
-		fmt.Fprintf(t, "  primed\t%d names looked up ahead of the engine, %d tiers primed\n", c.NamesPrimed, c.TiersPrimed)
+		fmt.Fprintf(t, "  primed\t%s looked up ahead of the engine, %s primed\n", plural(c.NamesPrimed, "name"), plural(c.TiersPrimed, "tier"))
 	}
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
@@ -130,8 +136,8 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	fmt.Fprintf(t, "loads verified\t%d read from the store, %d staged, %d from a row that still held the block; %d refused, %d failed mirroring\n",
 		c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, c.LoadsUnmirrored)
 	if sg := st.Staging; sg != nil {
-		fmt.Fprintf(t, "staging\t%s staged of %s, %d chains streaming, %d waves, %d loads served from memory, %d not staged, %s wasted\n",
-			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), sg.Chains, sg.Waves, sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
+		fmt.Fprintf(t, "staging\t%s staged of %s, %s streaming, %s, %d loads served from memory, %d not staged, %s wasted\n",
+			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), plural(int64(sg.Chains), "chain"), plural(sg.Waves, "wave"), sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
 	}
 	if c.Matches > 0 {
 		fmt.Fprintf(t, "matches\t%d batched match requests\n", c.Matches)

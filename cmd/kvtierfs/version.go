@@ -6,6 +6,8 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // commit is the source revision, set by `make build` through -ldflags where
@@ -28,24 +30,49 @@ func runVersion(args []string) error {
 // writeVersion prints the module version, the commit (with "+dirty" when
 // built from a modified tree) and the Go version of this binary.
 func writeVersion(w io.Writer, info *debug.BuildInfo) {
-	version, revision, dirty := "(unknown)", commit, false
-	goVersion := runtime.Version()
+	b := buildOf(info)
+	fmt.Fprintf(w, "kvtierfs %s commit %s %s %s/%s\n", b.version, b.revision, b.goVersion, runtime.GOOS, runtime.GOARCH)
+}
+
+// build is what the binary knows of its own build.
+type build struct{ version, revision, goVersion string }
+
+// buildOf reads the build from info (nil: unknown), with commit where the
+// toolchain stamped no revision.
+func buildOf(info *debug.BuildInfo) build {
+	b := build{version: "(unknown)", revision: commit, goVersion: runtime.Version()}
+	dirty := false
 	if info != nil {
-		version, goVersion = info.Main.Version, info.GoVersion
+		b.version, b.goVersion = info.Main.Version, info.GoVersion
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				revision = s.Value
+				b.revision = s.Value
 			case "vcs.modified":
 				dirty = s.Value == "true"
 			}
 		}
 	}
-	if revision == "" {
-		revision = "unknown"
+	if b.revision == "" {
+		b.revision = "unknown"
 	}
 	if dirty {
-		revision += "+dirty"
+		b.revision += "+dirty"
 	}
-	fmt.Fprintf(w, "kvtierfs %s commit %s %s %s/%s\n", version, revision, goVersion, runtime.GOOS, runtime.GOARCH)
+	return b
+}
+
+// thisBuild is the build of the running binary.
+func thisBuild() build {
+	info, _ := debug.ReadBuildInfo()
+	return buildOf(info)
+}
+
+// buildInfoMetric is kvtierfs_build_info: 1, labelled with the build, so
+// that a fleet's versions show in one query.
+func buildInfoMetric(b build) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvtierfs_build_info",
+		Help:        "Always 1; the labels name the daemon's version, commit and Go version.",
+		ConstLabels: prometheus.Labels{"version": b.version, "revision": b.revision, "goversion": b.goVersion}},
+		func() float64 { return 1 })
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,12 +15,16 @@ import (
 )
 
 // barWidth is the width of an occupancy bar in characters.
-const barWidth = 30
+const barWidth = 20
+
+// historyRows is how many past snapshots the terminal view lists.
+const historyRows = 10
 
 // watchStats prints a live view of a mount every interval until SIGINT or
-// SIGTERM: a screen redrawn in place on a terminal, one line per snapshot
-// otherwise (for logs and pipes).
-func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) error {
+// SIGTERM: a screen redrawn in place on a terminal, with the rates of the
+// last historyRows snapshots, or one logfmt line per snapshot otherwise (for
+// logs and pipes). Each snapshot is read within timeout.
+func watchStats(w io.Writer, mnt string, interval, timeout time.Duration, terminal bool) error {
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(signals)
@@ -27,16 +32,26 @@ func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) 
 	defer ticker.Stop()
 	var prev *ctlabi.Stats
 	var prevAt time.Time
+	var history []historyRow
 	for {
-		cur, err := readStats(mnt)
+		cur, err := readStats(mnt, timeout)
+		if errors.As(err, new(interruptedError)) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		now := time.Now()
 		rates := snapshotRates(prev, &cur, now.Sub(prevAt))
 		if terminal {
-			fmt.Fprint(w, "\x1b[H\x1b[2J") // home and clear the screen
-			renderWatch(w, cur, rates, now, interval)
+			if rates != nil {
+				history = append(history, historyRow{at: now, rates: *rates})
+				history = history[max(0, len(history)-historyRows):]
+			}
+			var view strings.Builder
+			renderWatch(&view, cur, rates, now, interval)
+			renderHistory(&view, history)
+			fmt.Fprint(w, "\x1b[H\x1b[2J", fitWidth(view.String(), terminalWidth(os.Stdout))) // home and clear the screen
 		} else {
 			renderWatchLine(w, cur, rates, now)
 		}
@@ -47,6 +62,53 @@ func watchStats(w io.Writer, mnt string, interval time.Duration, terminal bool) 
 		case <-ticker.C:
 		}
 	}
+}
+
+// historyRow is the rates of one past snapshot.
+type historyRow struct {
+	at    time.Time
+	rates rates
+}
+
+// renderHistory lists the rates of the recent snapshots, oldest first, as
+// JuiceFS's stats scrolls.
+func renderHistory(w io.Writer, history []historyRow) {
+	if len(history) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%-8s  %9s %6s %9s %11s %9s %11s\n", "time", "lookups/s", "hits", "loads/s", "load B/s", "stores/s", "store B/s")
+	for _, h := range history {
+		hits := "-"
+		if h.rates.lookups > 0 {
+			hits = fmt.Sprintf("%.1f%%", 100*h.rates.lookupHits/h.rates.lookups)
+		}
+		fmt.Fprintf(w, "%-8s  %9.1f %6s %9.1f %11s %9.1f %11s\n", h.at.Format("15:04:05"), h.rates.lookups, hits,
+			h.rates.loads, formatBytes(int64(h.rates.loadBytes)), h.rates.stores, formatBytes(int64(h.rates.storeBytes)))
+	}
+}
+
+// defaultWidth is the terminal width assumed when it cannot be read.
+const defaultWidth = 80
+
+// terminalWidth is the width of the terminal f, or defaultWidth.
+func terminalWidth(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil || ws.Col == 0 {
+		return defaultWidth
+	}
+	return int(ws.Col)
+}
+
+// fitWidth cuts every line of text to width characters, marking a cut
+// line with "…", so that no line wraps and the redrawn screen stays put.
+func fitWidth(text string, width int) string {
+	lines := strings.Split(text, "\n")
+	for i, line := range lines {
+		if r := []rune(line); len(r) > width {
+			lines[i] = string(r[:width-1]) + "…"
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // isTerminal reports whether f is a terminal (the TCGETS ioctl succeeds).
@@ -123,11 +185,11 @@ func byteRate(r *rates, value func(*rates) float64) string {
 func renderWatch(w io.Writer, st ctlabi.Stats, r *rates, at time.Time, interval time.Duration) {
 	d := st.Disk
 	fmt.Fprintf(w, "kvtierfs %s   %s   every %s, Ctrl-C to stop\n\n", st.Mountpoint, at.Format("15:04:05"), interval)
-	fmt.Fprintf(w, "disk     %s  %s of %s, %d blocks, %s free\n", bar(d.PhysicalBytes, d.CapacityBytes),
-		formatBytes(d.PhysicalBytes), formatBytes(d.CapacityBytes), d.Blocks, formatBytes(d.FreeBytes))
+	fmt.Fprintf(w, "disk     %s  %s used, %s free, %s\n", bar(d.PhysicalBytes, d.PhysicalBytes+d.FreeBytes),
+		formatBytes(d.PhysicalBytes), formatBytes(d.FreeBytes), plural(d.Blocks, "block"))
 	if sg := st.Staging; sg != nil {
-		fmt.Fprintf(w, "staging  %s  %s of %s, %d chains streaming\n", bar(sg.Bytes, sg.BudgetBytes),
-			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), sg.Chains)
+		fmt.Fprintf(w, "staging  %s  %s of %s, %s streaming\n", bar(sg.Bytes, sg.BudgetBytes),
+			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), plural(int64(sg.Chains), "chain"))
 	} else {
 		fmt.Fprintf(w, "staging  off\n")
 	}
@@ -185,10 +247,12 @@ func renderWatch(w io.Writer, st ctlabi.Stats, r *rates, at time.Time, interval 
 	}
 }
 
-// renderWatchLine prints one snapshot as one line of key=value fields.
+// renderWatchLine prints one snapshot as one logfmt line: key=value
+// fields, values without spaces, rates per second ("-" before there are two
+// snapshots) and byte rates in bytes.
 func renderWatchLine(w io.Writer, st ctlabi.Stats, r *rates, at time.Time) {
 	d := st.Disk
-	fields := []string{at.Format(time.RFC3339), "disk=" + pct(d.PhysicalBytes, d.CapacityBytes), fmt.Sprintf("blocks=%d", d.Blocks)}
+	fields := []string{"time=" + at.Format(time.RFC3339), "disk=" + pct(d.PhysicalBytes, d.PhysicalBytes+d.FreeBytes), fmt.Sprintf("blocks=%d", d.Blocks)}
 	if sg := st.Staging; sg != nil {
 		fields = append(fields, "staging="+pct(sg.Bytes, sg.BudgetBytes))
 	}
@@ -196,14 +260,26 @@ func renderWatchLine(w io.Writer, st ctlabi.Stats, r *rates, at time.Time) {
 	for _, reg := range st.Primary.Regions {
 		rows += reg.Rows
 	}
+	perSecond := func(value func(*rates) float64) string {
+		if r == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", value(r))
+	}
+	bytesPerSecond := func(value func(*rates) float64) string {
+		if r == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d", int64(value(r)))
+	}
 	fields = append(fields, fmt.Sprintf("primary_rows=%d", rows),
-		"lookups="+rate(r, func(r *rates) float64 { return r.lookups }),
-		"loads="+rate(r, func(r *rates) float64 { return r.loads }),
-		"load_bytes="+byteRate(r, func(r *rates) float64 { return r.loadBytes }),
-		"stores="+rate(r, func(r *rates) float64 { return r.stores }),
-		"store_bytes="+byteRate(r, func(r *rates) float64 { return r.storeBytes }))
+		"lookups_per_s="+perSecond(func(r *rates) float64 { return r.lookups }),
+		"loads_per_s="+perSecond(func(r *rates) float64 { return r.loads }),
+		"load_bytes_per_s="+bytesPerSecond(func(r *rates) float64 { return r.loadBytes }),
+		"stores_per_s="+perSecond(func(r *rates) float64 { return r.stores }),
+		"store_bytes_per_s="+bytesPerSecond(func(r *rates) float64 { return r.storeBytes }))
 	if st.Replication != nil || len(st.Peers) > 0 {
-		fields = append(fields, "mirrored="+rate(r, func(r *rates) float64 { return r.mirrored }))
+		fields = append(fields, "mirrored_per_s="+perSecond(func(r *rates) float64 { return r.mirrored }))
 	}
 	up := 0
 	for _, p := range st.Peers {

@@ -49,7 +49,7 @@ func TestPrivateToEngineUID(t *testing.T) {
 	if out, ok := helperAs(engine, helper, "match", d.Mountpoint, hash); !ok || !strings.Contains(out, `"hit_chunks":1`) {
 		t.Errorf("the engine's uid: match: %s", out)
 	}
-	if out, ok := as(engine, nil, kvtierfs, "stat", d.Mountpoint); !ok || !strings.Contains(out, "1 blocks") {
+	if out, ok := as(engine, nil, kvtierfs, "stat", d.Mountpoint); !ok || !strings.Contains(out, "1 block,") {
 		t.Errorf("the engine's uid: kvtierfs stat: %s", out)
 	}
 

@@ -192,12 +192,32 @@ func (d *Daemon) Crash() {
 }
 
 // Detach lazily unmounts a mountpoint while anything is mounted there.
+// Detach then lifts the guard a daemon leaves on its bare mountpoint, so
+// that the test's temporary directories can be removed.
 func Detach(mnt string) {
 	for range 50 {
 		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			return
+			break
 		}
 	}
+	Unguard(mnt)
+}
+
+// fsImmutableFlag is FS_IMMUTABLE_FL of linux/fs.h.
+const fsImmutableFlag = 0x10
+
+// Unguard makes a bare mountpoint an ordinary directory again: not
+// immutable, mode 0755. It does nothing to a path that is no directory.
+func Unguard(mnt string) {
+	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS); err == nil && flags&fsImmutableFlag != 0 {
+		unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags&^fsImmutableFlag))
+	}
+	unix.Fchmod(fd, 0o755)
 }
 
 // LogBuffer collects a daemon's output; it is safe for the writing process

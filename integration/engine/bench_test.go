@@ -67,7 +67,9 @@ func TestBenchJSON(t *testing.T) {
 	}
 }
 
-// TestBenchTable checks the human output: the table and the mount's stat.
+// TestBenchTable checks the human output: the legend, the table, the
+// mount's stat and the verdict, which fails a run whose rows differ at the
+// GPUs (multinode without sync).
 func TestBenchTable(t *testing.T) {
 	dir := t.TempDir()
 	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--sync", "off", "--gpu", "host")
@@ -75,7 +77,8 @@ func TestBenchTable(t *testing.T) {
 		t.Fatalf("bench: %v\n%s", err, stderr)
 	}
 	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
-	for _, want := range []string{"scenario multinode", "rows identical at the GPUs", "0/8", "kvtierfs stat of the head node's mount", "warnings:"} {
+	for _, want := range []string{"scenario multinode", "rows identical at the GPUs", "0/8", "kvtierfs stat of the head node's mount", "warnings:",
+		"engine fixed: with the fixes", "verdict, fixed engine, sync off, staging on: coverage", "FAIL: 8 of 8 rows at the GPUs differ across ranks"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}

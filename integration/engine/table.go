@@ -100,3 +100,47 @@ func WriteStagingRatios(w io.Writer, results []Result) {
 		}
 	}
 }
+
+// WriteLegend says what the columns' engines are, before the table.
+func WriteLegend(w io.Writer, results []Result) {
+	seen := map[string]bool{}
+	for _, r := range results {
+		if seen[r.Engine] {
+			continue
+		}
+		seen[r.Engine] = true
+		switch r.Engine {
+		case EngineStock:
+			fmt.Fprintln(w, "engine stock: vLLM as the field runs it (the old EAGLE store filter, a lookup that promotes every key it confirms)")
+		case EngineFixed:
+			fmt.Fprintln(w, "engine fixed: with the fixes (EAGLE segment head kept, whole-prompt match without staging, hits staged in waves)")
+		}
+	}
+	fmt.Fprintln(w, "sync: row mirroring between the nodes' daemons (--peer); coverage: prompt tokens served from the tiers instead of prefilled")
+}
+
+// WriteVerdict sums the runs up in one line each for the fixed engine: its
+// coverage beside the stock engine's with the same sync, and whether every
+// row that reached the GPUs was right and every load and store succeeded.
+func WriteVerdict(w io.Writer, results []Result) {
+	for _, fixed := range results {
+		if fixed.Engine != EngineFixed {
+			continue
+		}
+		against := ""
+		for _, stock := range results {
+			if stock.Engine == EngineStock && stock.Sync == fixed.Sync && stock.Staging == fixed.Staging {
+				against = fmt.Sprintf(" (stock engine %.1f%%)", 100*stock.Coverage)
+			}
+		}
+		verdict := "PASS: every row at the GPUs right, no load or store failed"
+		switch {
+		case fixed.RowsIdentical != fixed.RowsChecked:
+			verdict = fmt.Sprintf("FAIL: %d of %d rows at the GPUs differ across ranks", fixed.RowsChecked-fixed.RowsIdentical, fixed.RowsChecked)
+		case fixed.LoadErrors+fixed.StoreErrors > 0:
+			verdict = fmt.Sprintf("FAIL: %d loads and %d stores failed", fixed.LoadErrors, fixed.StoreErrors)
+		}
+		fmt.Fprintf(w, "verdict, fixed engine, sync %s, staging %s: coverage %.1f%%%s; %s\n",
+			fixed.Sync, fixed.Staging, 100*fixed.Coverage, against, verdict)
+	}
+}

@@ -195,7 +195,7 @@ func TestCommands(t *testing.T) {
 	storeBlock(t, tier, region.Row(0), 1)
 
 	out, err := mounttest.Run("stat", d.Mountpoint)
-	if err != nil || !strings.Contains(out, "1 blocks") || !strings.Contains(out, "warnings: none") {
+	if err != nil || !strings.Contains(out, "1 block,") || !strings.Contains(out, "warnings: none") {
 		t.Fatalf("stat: %v\n%s", err, out)
 	}
 	out, err = mounttest.Run("stat", "--json", d.Mountpoint)

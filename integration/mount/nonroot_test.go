@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -170,4 +172,54 @@ func privateFuseNamespace(t *testing.T, dir string) string {
 		t.Fatalf("mount namespace with a 0666 /dev/fuse: %q", line)
 	}
 	return strconv.Itoa(holder.Process.Pid)
+}
+
+// TestOrdinaryUserMountNamesDevFuse mounts as a user the test creates, with
+// the host's /dev/fuse that only root may open (as in many containers):
+// the mount fails, naming /dev/fuse and what to do.
+func TestOrdinaryUserMountNamesDevFuse(t *testing.T) {
+	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err == nil {
+		// Checked as root: is the device open to others?
+		var st unix.Stat_t
+		if unix.Stat("/dev/fuse", &st) != nil || st.Mode&0o006 == 0o006 {
+			t.Skip("SKIP: /dev/fuse is open to every user here; the failure this test provokes cannot happen")
+		}
+	}
+	name := fmt.Sprintf("kvtf%d", os.Getpid())
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", name).Run() })
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.MkdirTemp("", "kvtierfs-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	binary := filepath.Join(base, "kvtierfs")
+	mounttest.CopyExecutable(t, mounttest.Binary(), binary)
+	store, mnt := filepath.Join(base, "store"), filepath.Join(base, "mnt")
+	for _, dir := range []string{store, mnt} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chown", "-R", u.Uid+":"+u.Gid, store, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v: %s", err, out)
+	}
+	out, err := exec.Command("setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups", binary,
+		"mount", mnt, "--store", store, "--metrics-addr", "", "--shm-glob", filepath.Join(base, "none-*.mmap")).CombinedOutput()
+	if err == nil {
+		exec.Command("fusermount3", "-u", "-z", mnt).Run()
+		t.Fatalf("a user mounted without access to /dev/fuse:\n%s", out)
+	}
+	if !strings.Contains(string(out), "/dev/fuse: permission denied: uid "+u.Uid+" cannot open it") {
+		t.Errorf("the failed mount does not name /dev/fuse:\n%s", out)
+	}
 }

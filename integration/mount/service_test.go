@@ -94,8 +94,8 @@ func TestStatWatchIntoPipe(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	last := lines[len(lines)-1]
-	if len(lines) < 2 || !strings.Contains(lines[0], "lookups=-") || !strings.Contains(last, "blocks=1 ") ||
-		!strings.Contains(last, "lookups=") || strings.Contains(last, "lookups=-") || strings.Contains(out.String(), "\x1b[") {
+	if len(lines) < 2 || !strings.Contains(lines[0], "lookups_per_s=-") || !strings.Contains(last, "blocks=1 ") ||
+		!strings.Contains(last, "lookups_per_s=") || strings.Contains(last, "lookups_per_s=-") || strings.Contains(out.String(), "\x1b[") {
 		t.Fatalf("stat --watch into a pipe printed:\n%s", out.String())
 	}
 }

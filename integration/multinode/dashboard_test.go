@@ -13,7 +13,7 @@ import (
 // TestGrafanaDashboardMetricsExported scrapes the /metrics of a head node
 // mirroring to a peer after a few promotions, and checks that every metric
 // deploy/grafana/kvtierfs.json queries is exported, and that it has the
-// panels an operator looks for.
+// panels an operator looks for; so is every metric of the alert rules.
 func TestGrafanaDashboardMetricsExported(t *testing.T) {
 	head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 	secret, listen, metrics := secretFile(t), freeAddr(t), freeAddr(t)
@@ -67,6 +67,15 @@ func TestGrafanaDashboardMetricsExported(t *testing.T) {
 	}
 	if referenced < 30 {
 		t.Errorf("the dashboard references only %d metrics", referenced)
+	}
+	rules, err := os.ReadFile("../../deploy/prometheus/kvtierfs-alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range metricName.FindAllString(string(rules), -1) {
+		if !exported[name] {
+			t.Errorf("the alert rules use %s, which the daemon does not export", name)
+		}
 	}
 	for _, title := range []string{"Store occupancy", "Lookup hit rate", "Throughput", "Load latency", "Store latency", "Peer links", "Warnings raised"} {
 		if !titles[title] {

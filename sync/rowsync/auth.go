@@ -181,6 +181,9 @@ func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*c
 		return nil, NodeID{}, err
 	}
 	if msg, err = readHandshake(conn); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, NodeID{}, fmt.Errorf("the peer accepted the connection but did not answer the handshake within %s: a stopped or hung daemon (or something else listening on its port)", handshakeTimeout)
+		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
 			err = fmt.Errorf("%w: the peer ended the handshake: it refused this node (a wrong shared secret, another protocol version or a relayed connection; its log says which)", ErrAuth)
 		}

@@ -195,3 +195,30 @@ func TestReadSecretFile(t *testing.T) {
 		}
 	}
 }
+
+// TestHandshakeWithSilentPeer dials a listener whose process accepts and
+// never answers, as a stopped daemon's kernel does: the handshake fails at
+// its timeout as a hung peer, not as an authentication failure.
+func TestHandshakeWithSilentPeer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	conn, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _, err = clientHandshake(conn, presharedKey(testSecret), newNodeID(), 7)
+	if err == nil || errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "did not answer the handshake") {
+		t.Fatalf("handshake with a silent peer: %v, want a hung peer, not an authentication failure", err)
+	}
+	(<-accepted).Close()
+}

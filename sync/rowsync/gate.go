@@ -1,6 +1,7 @@
 package rowsync
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,9 @@ type Gate struct {
 	logf   func(format string, args ...any)
 	stores atomic.Uint64
 
+	// notes keeps the samples across restarts; nil keeps them in memory.
+	notes Notes
+
 	mu            sync.Mutex // guards the fields below
 	samples       uint64
 	mismatches    uint64
@@ -108,6 +112,64 @@ func NewGate(mode Mode, logf func(format string, args ...any)) *Gate {
 	return g
 }
 
+// Notes keeps small records across restarts of the daemon (the store's
+// tiers/disk.Store.ReadNote and WriteNote); ReadNote's error wraps
+// fs.ErrNotExist for a note never written.
+type Notes interface {
+	ReadNote(name string) ([]byte, error)
+	WriteNote(name string, value []byte) error
+}
+
+// evidenceNote is the note that holds the gate's store samples.
+const evidenceNote = "replication"
+
+// evidence is the gate's record in its note.
+type evidence struct {
+	Samples       uint64 `json:"samples"`
+	Mismatches    uint64 `json:"mismatches"`
+	FirstMismatch string `json:"first_mismatch,omitempty"`
+}
+
+// Remember makes the gate keep its samples in notes and takes up those of
+// an earlier run: after a restart on a full store, where the engine stores
+// nothing new to sample, auto mirrors (or not) as it did before. A note
+// that cannot be read or decoded is reported and counts as none.
+func (g *Gate) Remember(notes Notes) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.notes = notes
+	raw, err := notes.ReadNote(evidenceNote)
+	if err != nil {
+		return err
+	}
+	var e evidence
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return fmt.Errorf("decoding the replication note %q: %w", raw, err)
+	}
+	g.samples, g.mismatches, g.firstMismatch = e.Samples, e.Mismatches, e.FirstMismatch
+	if g.mode != ModeAuto {
+		return nil
+	}
+	switch {
+	case g.mismatches > 0:
+		g.decidedBy = g.firstMismatch + " (before a restart)"
+	case g.samples > 0:
+		g.decidedBy = fmt.Sprintf("%d identical store samples (%d before a restart)", g.samples, g.samples)
+	}
+	return nil
+}
+
+// saveLocked writes the samples to the notes; g.mu is held.
+func (g *Gate) saveLocked() {
+	if g.notes == nil {
+		return
+	}
+	raw, _ := json.Marshal(evidence{Samples: g.samples, Mismatches: g.mismatches, FirstMismatch: g.firstMismatch})
+	if err := g.notes.WriteNote(evidenceNote, raw); err != nil {
+		g.logf("rowsync: keeping the store samples for a restart: %v", err)
+	}
+}
+
 // Allowed reports whether rows may be mirrored now.
 func (g *Gate) Allowed() bool {
 	switch g.mode {
@@ -136,6 +198,7 @@ func (g *Gate) WantSample() bool {
 func (g *Gate) NoteSample(key string, here, there uint32, peer string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	defer g.saveLocked()
 	if here != there {
 		g.mismatches++
 		if g.mismatches == 1 {

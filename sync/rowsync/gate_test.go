@@ -1,6 +1,8 @@
 package rowsync
 
 import (
+	"errors"
+	"io/fs"
 	"strings"
 	"testing"
 )
@@ -77,5 +79,59 @@ func TestGateSampling(t *testing.T) {
 	}
 	if want := firstSamples + 10; taken != want {
 		t.Errorf("sampled %d of %d stores, want %d", taken, 10*sampleEvery, want)
+	}
+}
+
+// memoryNotes is Notes in memory, as the store's root xattrs across a restart.
+type memoryNotes map[string][]byte
+
+func (m memoryNotes) ReadNote(name string) ([]byte, error) {
+	v, ok := m[name]
+	if !ok {
+		return nil, fs.ErrNotExist
+	}
+	return v, nil
+}
+
+func (m memoryNotes) WriteNote(name string, value []byte) error {
+	m[name] = append([]byte(nil), value...)
+	return nil
+}
+
+// TestGateRemembersAcrossRestart samples on one gate, then starts another
+// on the same notes, as a restarted daemon: auto allows mirroring at once,
+// and a mismatch seen before a restart still forbids it.
+func TestGateRemembersAcrossRestart(t *testing.T) {
+	notes := memoryNotes{}
+	first := NewGate(ModeAuto, nil)
+	if err := first.Remember(notes); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("remembering from empty notes: %v, want fs.ErrNotExist", err)
+	}
+	first.NoteSample("k1", 7, 7, "peer")
+	first.NoteSample("k2", 8, 8, "peer")
+
+	restarted := NewGate(ModeAuto, nil)
+	if restarted.Allowed() {
+		t.Fatal("a fresh gate allows mirroring before any sample")
+	}
+	if err := restarted.Remember(notes); err != nil {
+		t.Fatal(err)
+	}
+	if snap := restarted.Snapshot(); !snap.Allowed || snap.Samples != 2 || !strings.Contains(snap.DecidedBy, "before a restart") {
+		t.Fatalf("after a restart on 2 identical samples: %+v, want mirroring allowed on them", snap)
+	}
+
+	restarted.NoteSample("k3", 1, 2, "peer")
+	again := NewGate(ModeAuto, nil)
+	if err := again.Remember(notes); err != nil {
+		t.Fatal(err)
+	}
+	if snap := again.Snapshot(); snap.Allowed || snap.Mismatches != 1 || !strings.Contains(snap.DecidedBy, "k3") {
+		t.Fatalf("after a restart on a mismatch: %+v, want mirroring off naming it", snap)
+	}
+
+	notes[evidenceNote] = []byte("not json")
+	if err := NewGate(ModeAuto, nil).Remember(notes); err == nil || !strings.Contains(err.Error(), "decoding") {
+		t.Fatalf("a garbled note: %v", err)
 	}
 }

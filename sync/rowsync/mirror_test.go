@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -276,5 +277,52 @@ func TestMirrorSlowPeer(t *testing.T) {
 	}
 	if m.Healthy() {
 		t.Error("a silent peer is still healthy")
+	}
+}
+
+// TestPeerUpDownLoggedOnce connects a Mirror of four lanes to a server, then
+// stops the server: the peer's coming up and going down are logged once
+// each, not once per lane.
+func TestPeerUpDownLoggedOnce(t *testing.T) {
+	s := startServer(t, "127.0.0.1:0", testSecret, shmRegion(t, testRows, testRowBytes))
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	count := func(part string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, line := range logged {
+			if strings.Contains(line, part) {
+				n++
+			}
+		}
+		return n
+	}
+	m, err := NewMirror(MirrorConfig{Peers: []string{s.Addr().String()}, Secret: testSecret, Lanes: 4, Logf: logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "peer up", m.Healthy)
+	if n := count(" up"); n != 1 {
+		t.Errorf("the peer coming up over 4 lanes was logged %d times: %q", n, logged)
+	}
+	s.Close()
+	waitFor(t, "peer down", func() bool { return !m.Healthy() })
+	waitFor(t, "every lane down", func() bool {
+		for _, p := range m.peers[0].lanes {
+			if p.snapshot().State != StateDown {
+				return false
+			}
+		}
+		return true
+	})
+	if n := count(" down"); n != 1 {
+		t.Errorf("the peer going down over 4 lanes was logged %d times: %q", n, logged)
 	}
 }

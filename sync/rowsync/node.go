@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log"
 	"maps"
 	"net"
@@ -21,6 +22,7 @@ type Config struct {
 	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
 	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen); see rowGeometry
 	Logf       func(format string, args ...any) // nil: log.Printf
+	Notes      Notes                            // keeps the replication samples across restarts; nil: none
 }
 
 // ErrNotReplicated is MirrorLoadedRow's error while the Gate disallows mirroring.
@@ -55,6 +57,11 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Logf = log.Printf
 	}
 	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
+	if cfg.Notes != nil {
+		if err := n.gate.Remember(cfg.Notes); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			cfg.Logf("rowsync: the store samples of an earlier run are lost: %v", err)
+		}
+	}
 	self := newNodeID() // shared by the Server and the Mirror, see auth.go
 	if cfg.Listen != "" {
 		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})

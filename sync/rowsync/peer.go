@@ -108,11 +108,11 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 			cancel()
 			return nil, fmt.Errorf("rowsync: peer %q: %w", addr, err)
 		}
-		pl := &peerLanes{}
+		pl := &peerLanes{logf: cfg.Logf}
 		for range cfg.Lanes {
 			// Each lane is a session of its own (see Hello), so the peer's
 			// Server keeps them side by side.
-			p := &peer{addr: addr, psk: psk, node: cfg.Node, session: rand.Uint64(), dial: cfg.Dial, logf: cfg.Logf, state: StateConnecting}
+			p := &peer{addr: addr, psk: psk, node: cfg.Node, session: rand.Uint64(), dial: cfg.Dial, changed: pl.logChange, state: StateConnecting}
 			pl.lanes = append(pl.lanes, p)
 			m.wg.Go(func() { p.run(ctx) })
 		}
@@ -125,6 +125,29 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 type peerLanes struct {
 	lanes []*peer
 	next  atomic.Uint32
+	logf  func(format string, args ...any)
+
+	mu     sync.Mutex // guards logged
+	logged string     // the state last logged
+}
+
+// logChange logs the peer going up or down, once for all its lanes (the
+// peer is up when every lane is) and once per change of state: stat shows
+// its latest error.
+func (pl *peerLanes) logChange() {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	s := pl.snapshot()
+	if s.State == pl.logged {
+		return
+	}
+	switch s.State {
+	case StateUp:
+		pl.logf("rowsync: peer %s up", s.Addr)
+	case StateDown:
+		pl.logf("rowsync: peer %s down: %s", s.Addr, s.LastError)
+	}
+	pl.logged = s.State
 }
 
 // pick returns the lane for the next request, round robin, or the
@@ -291,7 +314,8 @@ type peer struct {
 	node    NodeID
 	session uint64
 	dial    func(ctx context.Context, addr string) (net.Conn, error)
-	logf    func(format string, args ...any)
+	// changed is called, without mu held, after the state changed.
+	changed func()
 
 	rowsSent, bytesSent, verified, authFailures atomic.Uint64
 
@@ -400,8 +424,8 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 // setLink makes l the peer's connection, unless the Mirror closed meanwhile.
 func (p *peer) setLink(ctx context.Context, l *link) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if ctx.Err() != nil {
+		p.mu.Unlock()
 		l.fail(ctx.Err())
 		return
 	}
@@ -409,7 +433,8 @@ func (p *peer) setLink(ctx context.Context, l *link) {
 	if a, ok := l.conn.RemoteAddr().(*net.TCPAddr); ok {
 		p.remoteIP = a.IP.String()
 	}
-	p.logf("rowsync: peer %s up", p.addr)
+	p.mu.Unlock()
+	p.changed()
 }
 
 // dropLink forgets the failed link l.
@@ -422,15 +447,12 @@ func (p *peer) dropLink(l *link) {
 	p.setDown(l.failure())
 }
 
-// setDown records a failure, logging it when it is news.
+// setDown records a failure.
 func (p *peer) setDown(err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	msg := err.Error()
-	if p.state != StateDown || p.lastErr != msg {
-		p.logf("rowsync: peer %s down: %s", p.addr, msg)
-	}
-	p.state, p.lastErr = StateDown, msg
+	p.state, p.lastErr = StateDown, err.Error()
+	p.mu.Unlock()
+	p.changed()
 }
 
 // closeLink fails the current link, for Mirror.Close.

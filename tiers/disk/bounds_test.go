@@ -73,14 +73,14 @@ func TestOtherFilesCounted(t *testing.T) {
 	}
 	first.SettleOther(&st, 64<<10)
 	allocated := st.Blocks * 512
-	if _, free := first.Space(); free != capacity-allocated {
+	if _, free := first.Reach(); free != capacity-allocated {
 		t.Fatalf("free %d with a file of %d bytes allocated in a %d-byte store", free, allocated, capacity)
 	}
 	wantErrno(t, first.ReserveOther(capacity, "config.json"), syscall.ENOSPC, "a whole capacity more")
 	first.Close()
 
 	s := openStore(t, Config{Dir: dir, Capacity: capacity})
-	if _, free := s.Space(); free != capacity-allocated {
+	if _, free := s.Reach(); free != capacity-allocated {
 		t.Fatalf("after a restart: free %d, want %d", free, capacity-allocated)
 	}
 	gone := s.RemovingOther("config.json")
@@ -88,7 +88,7 @@ func TestOtherFilesCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone()
-	if _, free := s.Space(); free != capacity {
+	if _, free := s.Reach(); free != capacity {
 		t.Fatalf("free %d after removing the only file, want %d", free, capacity)
 	}
 }

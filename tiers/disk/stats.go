@@ -1,8 +1,11 @@
 package disk
 
 import (
+	"fmt"
 	"strconv"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 )
 
 // Counters are the store's monotonic event counts.
@@ -114,13 +117,27 @@ func (t *blockTotals) add(b *entry, sign int64) {
 	t.groups[b.name.Group] = g
 }
 
-// Space returns the store's capacity and the bytes it may still use.
-func (s *Store) Space() (capacity, free int64) {
+// Reach returns the bytes the tier can hold now, used plus free: its
+// capacity, bounded by what the store filesystem has left (the disk's
+// other users take their share); and the bytes it may still use. df shows
+// these, so that an empty tier shows empty however full the disk is.
+func (s *Store) Reach() (size, free int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.spaceLocked()
+	_, free = s.spaceLocked()
+	return s.used + free, free
 }
 
 func (s *Store) spaceLocked() (capacity, free int64) {
 	return s.capacity, max(0, s.limitLocked()-s.used)
+}
+
+// Check asks the store filesystem for its usage through the store root's
+// descriptor: an error, or no answer, means the store cannot serve.
+func (s *Store) Check() error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(s.rootFD, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", s.root, err)
+	}
+	return nil
 }

@@ -306,6 +306,11 @@ func (s *Store) setCapacity(capacity int64) error {
 	if capacity == 0 {
 		capacity = int64(float64(total) * DefaultCapacityFraction)
 	}
+	if capacity > total {
+		s.cfg.Logger.Warn("capacity larger than the store filesystem: clamped to the filesystem's size",
+			"capacity", capacity, "filesystem_bytes", total, "store", s.root)
+		capacity = total
+	}
 	s.capacity = capacity
 	s.fsReserve = min(1<<30, total/20)
 	return nil

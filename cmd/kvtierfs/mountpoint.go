@@ -1,0 +1,136 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// fsImmutableFlag is FS_IMMUTABLE_FL of linux/fs.h, an inode flag of
+// FS_IOC_GETFLAGS/FS_IOC_SETFLAGS: nobody, root included, creates, removes
+// or renames an entry of an immutable directory.
+const fsImmutableFlag = 0x10
+
+// guardedMode is the mountpoint's mode while no daemon serves it: nobody
+// but root may write into it (and root neither once it is immutable).
+const guardedMode = 0o555
+
+// mountpoint is the bare directory a daemon mounts over, opened before the
+// mount so that it is guarded itself, not whatever the path reaches later.
+type mountpoint struct {
+	dir  *os.File
+	path string
+}
+
+// prepareMountpoint creates a missing mountpoint, detaches the mount of a
+// crashed daemon, refuses one that is live, and refuses a non-empty one
+// unless nonempty: files there were written while no daemon served it (the
+// mount would hide them).
+func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
+	if err := clearStaleMount(mnt); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
+	}
+	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("mountpoint %s is not a directory", mnt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
+	}
+	m := &mountpoint{dir: os.NewFile(uintptr(fd), mnt), path: mnt}
+	names, err := m.dir.Readdirnames(4)
+	if err != nil && err != io.EOF {
+		m.close()
+		return nil, fmt.Errorf("listing mountpoint %s: %w", mnt, err)
+	}
+	if len(names) > 0 && !nonempty {
+		m.close()
+		return nil, fmt.Errorf("mountpoint %s is not empty (%s): the engine wrote there while no daemon served it, and the mount would hide those files; "+
+			"move them away, or add --nonempty to mount over them", mnt, strings.Join(names, ", "))
+	}
+	return m, nil
+}
+
+// guard makes the bare mountpoint one the engine cannot write into while no
+// daemon serves it; it stays so after the daemon ends. As root: owned by
+// root, mode 0555 and immutable. Otherwise (fusermount3 needs the
+// mountpoint writable by the user mounting) writable by its owner only
+// until seal.
+func (m *mountpoint) guard(logger *slog.Logger) error {
+	fd := int(m.dir.Fd())
+	if os.Geteuid() != 0 {
+		if err := unix.Fchmod(fd, 0o700); err != nil {
+			return fmt.Errorf("mountpoint %s: making it writable for fusermount3: %w (a mountpoint guarded by a root daemon needs 'chattr -i' and chown by root)", m.path, err)
+		}
+		return nil
+	}
+	// An immutable directory takes no chown or chmod, root's included: the
+	// flag is lifted for them (the guard of an earlier daemon). The guard
+	// is kept as far as the filesystem allows (one that squashes root, or
+	// knows no inode flags, refuses part of it): what is missing is logged.
+	flags, flagsErr := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if flagsErr == nil && flags&fsImmutableFlag != 0 {
+		flags &^= fsImmutableFlag
+		flagsErr = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags))
+	}
+	if err := unix.Fchown(fd, 0, 0); err != nil {
+		logger.Warn("the mountpoint cannot be given to root: its owner could write into it while no daemon serves it", "mountpoint", m.path, "err", err)
+	}
+	if err := unix.Fchmod(fd, guardedMode); err != nil {
+		logger.Warn("the mountpoint cannot be made read-only: the engine could write into it while no daemon serves it", "mountpoint", m.path, "err", err)
+	}
+	if flagsErr == nil {
+		flagsErr = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsImmutableFlag))
+	}
+	if flagsErr != nil {
+		logger.Warn("the mountpoint's filesystem cannot make it immutable: an engine running as root could still write into it while no daemon serves it",
+			"mountpoint", m.path, "err", flagsErr)
+	}
+	return nil
+}
+
+// seal closes the mountpoint, after the mount; as another user than root it
+// first takes the owner's write permission back.
+func (m *mountpoint) seal() error {
+	defer m.close()
+	if os.Geteuid() != 0 {
+		if err := unix.Fchmod(int(m.dir.Fd()), guardedMode); err != nil {
+			return fmt.Errorf("mountpoint %s: %w", m.path, err)
+		}
+	}
+	return nil
+}
+
+func (m *mountpoint) close() { m.dir.Close() }
+
+// explainMountError adds to a failed FUSE mount the cause a user other than
+// root usually meets, which go-fuse reports only as fusermount's exit code:
+// no fusermount3, a /dev/fuse the user cannot open, or --allow-other
+// without user_allow_other in /etc/fuse.conf.
+func explainMountError(err error, allowOther bool) error {
+	if os.Geteuid() == 0 {
+		return err
+	}
+	// go-fuse's message of a failed fusermount ends with a newline.
+	failed := strings.TrimSpace(err.Error())
+	if _, lookErr := exec.LookPath("fusermount3"); lookErr != nil {
+		return fmt.Errorf("%s: fusermount3 is missing, which mounts for users other than root (make deps, or install fuse3)", failed)
+	}
+	if accessErr := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); accessErr != nil {
+		return fmt.Errorf("%s: /dev/fuse: %v: uid %d cannot open it for reading and writing (give it mode 0666, as distributions ship it, or mount as root)",
+			failed, accessErr, os.Getuid())
+	}
+	if allowOther {
+		return fmt.Errorf("%s: --allow-other as a user other than root needs user_allow_other in /etc/fuse.conf", failed)
+	}
+	return err
+}

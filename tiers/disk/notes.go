@@ -1,0 +1,51 @@
+package disk
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxNoteBytes bounds a note's value.
+const MaxNoteBytes = 1024
+
+// noteXattr is the xattr of the store root that holds note name: in the
+// trusted namespace as root, which the engine's uid (owner of the store
+// tree) can neither read nor forge; in the user namespace otherwise.
+func noteXattr(name string) string {
+	if os.Geteuid() == 0 {
+		return "trusted.kvtierfs." + name
+	}
+	return "user.kvtierfs." + name
+}
+
+// ReadNote returns the daemon's note name, kept on the store root across
+// restarts; an error wrapping fs.ErrNotExist when there is none.
+func (s *Store) ReadNote(name string) ([]byte, error) {
+	buf := make([]byte, MaxNoteBytes)
+	n, err := unix.Fgetxattr(s.rootFD, noteXattr(name), buf)
+	if errors.Is(err, unix.ENODATA) {
+		return nil, fmt.Errorf("note %s of store %s: %w", name, s.root, fs.ErrNotExist)
+	}
+	if errors.Is(err, unix.ERANGE) {
+		return nil, fmt.Errorf("note %s of store %s is larger than %d bytes", name, s.root, MaxNoteBytes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading note %s of store %s: %w", name, s.root, err)
+	}
+	return buf[:n], nil
+}
+
+// WriteNote replaces the daemon's note name with value.
+func (s *Store) WriteNote(name string, value []byte) error {
+	if len(value) > MaxNoteBytes {
+		return fmt.Errorf("note %s: %d bytes, at most %d", name, len(value), MaxNoteBytes)
+	}
+	if err := unix.Fsetxattr(s.rootFD, noteXattr(name), value, 0); err != nil {
+		return fmt.Errorf("writing note %s of store %s: %w", name, s.root, err)
+	}
+	return nil
+}
