@@ -15,7 +15,7 @@ import (
 
 // The store keeps block checksums in xattrs of its own namespace; the mount
 // hides them and refuses changes, while every other user.* xattr (the engine's
-// user.vllm.kv_crc32) is stored as it comes.
+// user.vllm.kv_crc32c) is stored as it comes.
 
 // reservedXattr reports whether an xattr name belongs to the store.
 func reservedXattr(name string) bool {

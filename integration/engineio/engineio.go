@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -73,6 +74,51 @@ type Tier struct {
 	Root string
 	// Direct is whether the O_DIRECT probe succeeded, so stores and loads use O_DIRECT.
 	Direct bool
+	// Checksum is vLLM PR #57912's opt-in CRC32C (io.py, checksum=True): Store
+	// sets ChecksumXattr on the tmp before the rename, Load checks it.
+	Checksum bool
+}
+
+// ChecksumXattr holds a block's CRC32C as four big-endian bytes (vLLM PR
+// #57912, io.py _CHECKSUM_XATTR).
+const ChecksumXattr = "user.vllm.kv_crc32c"
+
+// castagnoli is the CRC32C table of vLLM's crc32c (polynomial 0x82F63B78).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ChecksumValue is ChecksumXattr's value for data, as io.py writes it:
+// crc32c(data).to_bytes(4, "big").
+func ChecksumValue(data []byte) []byte {
+	return binary.BigEndian.AppendUint32(nil, crc32.Checksum(data, castagnoli))
+}
+
+// ErrChecksum is a load whose bytes fail ChecksumXattr (io.py raises EBADMSG).
+var ErrChecksum = unix.EBADMSG
+
+// ProbeXattr is io.py probe_xattr: `.xattr_probe_<random>.tmp` in the root,
+// four zero bytes set as ChecksumXattr on its descriptor and read back, the
+// file removed. vLLM refuses checksums on a root where it fails.
+func (t *Tier) ProbeXattr() error {
+	probe := filepath.Join(t.Root, ".xattr_probe_"+randomSuffix()+".tmp")
+	defer os.Remove(probe)
+	fd, err := unix.Open(probe, unix.O_CREAT|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	value := make([]byte, 4)
+	if err := unix.Fsetxattr(fd, ChecksumXattr, value, 0); err != nil {
+		return fmt.Errorf("fsetxattr %s: %w", ChecksumXattr, err)
+	}
+	got := make([]byte, 8)
+	n, err := unix.Fgetxattr(fd, ChecksumXattr, got)
+	if err != nil {
+		return fmt.Errorf("fgetxattr %s: %w", ChecksumXattr, err)
+	}
+	if string(got[:n]) != string(value) {
+		return fmt.Errorf("%s read back as %x, set %x", ChecksumXattr, got[:n], value)
+	}
+	return nil
 }
 
 // OpenTier probes O_DIRECT once in the root, as newer engine versions do:
@@ -150,6 +196,10 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 	if err == nil && n != len(row) {
 		err = fmt.Errorf("short write: %d of %d bytes", n, len(row))
 	}
+	if err == nil && t.Checksum {
+		// Before the rename, so a published block never lacks it.
+		err = unix.Fsetxattr(fd, ChecksumXattr, ChecksumValue(row), 0)
+	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
@@ -178,12 +228,32 @@ func (t *Tier) Load(path string, row []byte) error {
 	if err == nil && n != len(row) {
 		err = fmt.Errorf("%w: %d of %d bytes", ErrShortRead, n, len(row))
 	}
+	if err == nil && t.Checksum {
+		err = verifyChecksum(fd, row)
+	}
 	if cerr := unix.Close(fd); err == nil && cerr != nil {
 		err = fmt.Errorf("close: %w", cerr)
 	}
 	if err != nil {
 		os.Remove(path)
 		return fmt.Errorf("load %s: %w", path, err)
+	}
+	return nil
+}
+
+// verifyChecksum is io.py _verify_checksum on the load's descriptor: no
+// ChecksumXattr passes, a value that is not the four big-endian bytes of the
+// row's CRC32C is ErrChecksum.
+func verifyChecksum(fd int, row []byte) error {
+	got := make([]byte, 64)
+	n, err := unix.Fgetxattr(fd, ChecksumXattr, got)
+	switch {
+	case err == unix.ENODATA:
+		return nil
+	case err != nil:
+		return fmt.Errorf("fgetxattr %s: %w", ChecksumXattr, err)
+	case string(got[:n]) != string(ChecksumValue(row)):
+		return fmt.Errorf("%s %x: %w", ChecksumXattr, got[:n], ErrChecksum)
 	}
 	return nil
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 )
 
 // RecordXattr is the xattr that holds a block's digest record beside its
@@ -127,22 +125,13 @@ func (d *Digest) decodeV1(rec []byte) error {
 	return nil
 }
 
-// ParseVLLMChecksum decodes a VLLMChecksumXattr value; ok is false when it is
-// not a CRC32C. The value is parsed as the text of a number (decimal, or
-// hexadecimal with or without 0x) or as 4 bytes, little endian.
-func ParseVLLMChecksum(b []byte) (crc uint32, ok bool) {
-	text := strings.TrimSpace(strings.TrimRight(string(b), "\x00"))
-	if v, err := strconv.ParseUint(text, 10, 32); err == nil {
-		return uint32(v), true
+// ParseVLLMChecksum decodes a VLLMChecksumXattr value: the CRC32C of the
+// block as four big-endian bytes, as vLLM PR #57912 writes it (io.py
+// _store_block: crc32c(view).to_bytes(4, "big")) and checks it at a load
+// (io.py _verify_checksum: a value of any other length is a mismatch).
+func ParseVLLMChecksum(b []byte) (uint32, error) {
+	if len(b) != 4 {
+		return 0, fmt.Errorf("%s holds %d bytes; vLLM writes the CRC32C as 4 big-endian bytes", VLLMChecksumXattr, len(b))
 	}
-	hexText := strings.TrimPrefix(strings.ToLower(text), "0x")
-	if len(hexText) == 8 {
-		if v, err := strconv.ParseUint(hexText, 16, 32); err == nil {
-			return uint32(v), true
-		}
-	}
-	if len(b) == 4 {
-		return binary.LittleEndian.Uint32(b), true
-	}
-	return 0, false
+	return binary.BigEndian.Uint32(b), nil
 }

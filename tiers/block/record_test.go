@@ -100,18 +100,18 @@ func TestRecordRejectsMalformed(t *testing.T) {
 }
 
 func TestParseVLLMChecksum(t *testing.T) {
-	for in, want := range map[string]uint32{
-		"3735928559":       0xdeadbeef,
-		"deadbeef":         0xdeadbeef,
-		"0xDEADBEEF\n":     0xdeadbeef,
-		"\xef\xbe\xad\xde": 0xdeadbeef,
-	} {
-		if got, ok := ParseVLLMChecksum([]byte(in)); !ok || got != want {
-			t.Errorf("ParseVLLMChecksum(%q) = %08x, %v; want %08x", in, got, ok, want)
-		}
+	// vLLM's io.py: crc32c(data).to_bytes(4, "big"), so 0xdeadbeef is de ad be ef.
+	if got, err := ParseVLLMChecksum([]byte{0xde, 0xad, 0xbe, 0xef}); err != nil || got != 0xdeadbeef {
+		t.Errorf("ParseVLLMChecksum(de ad be ef) = %08x, %v; want deadbeef", got, err)
 	}
-	for _, in := range []string{"", "12345678901", "xyz", "bee", "deadbeef0"} {
-		if got, ok := ParseVLLMChecksum([]byte(in)); ok {
+	// CRC32C("123456789") is e3069283, the standard check value.
+	if got, err := ParseVLLMChecksum([]byte{0xe3, 0x06, 0x92, 0x83}); err != nil || got != CRC32C([]byte("123456789")) {
+		t.Errorf("ParseVLLMChecksum(e3 06 92 83) = %08x, %v; want the CRC32C of 123456789", got, err)
+	}
+	// vLLM's loader refuses any other length, so do we: text and
+	// little-endian guesses of earlier releases included.
+	for _, in := range []string{"", "3735928559", "deadbeef", "\xef\xbe\xad", "\xde\xad\xbe\xef\x00"} {
+		if got, err := ParseVLLMChecksum([]byte(in)); err == nil {
 			t.Errorf("ParseVLLMChecksum(%q) = %08x, accepted", in, got)
 		}
 	}

@@ -48,17 +48,21 @@ func writeDigest(f *os.File, name block.Name, d block.Digest) error {
 	return unix.Fsetxattr(int(f.Fd()), block.RecordXattr, b, 0)
 }
 
-// vllmChecksum reads the CRC32C vLLM recorded on a file (block.VLLMChecksumXattr);
-// ok is false when there is none or it is not a CRC32C. The value is parsed
-// as the text of a number (decimal, or hexadecimal with or without 0x) or as
-// 4 bytes, little endian.
-func vllmChecksum(f *os.File) (crc uint32, ok bool) {
-	buf := make([]byte, 32)
-	n, err := unix.Fgetxattr(int(f.Fd()), block.VLLMChecksumXattr, buf)
-	if err != nil {
-		return 0, false
+// vllmChecksum reads the CRC32C vLLM recorded on a file
+// (block.VLLMChecksumXattr); present is false when there is none, err is set
+// when there is one that is not four bytes.
+func vllmChecksum(f *os.File) (crc uint32, present bool, err error) {
+	var buf [8]byte
+	n, err := unix.Fgetxattr(int(f.Fd()), block.VLLMChecksumXattr, buf[:])
+	switch err {
+	case nil:
+	case unix.ERANGE:
+		return 0, true, fmt.Errorf("%s is longer than the 4 bytes vLLM writes", block.VLLMChecksumXattr)
+	default:
+		return 0, false, nil
 	}
-	return block.ParseVLLMChecksum(buf[:n])
+	crc, err = block.ParseVLLMChecksum(buf[:n])
+	return crc, true, err
 }
 
 // digestFile samples an open file whose size and CRC32C are known.

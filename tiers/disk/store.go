@@ -460,6 +460,11 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 			return nil, err
 		}
 		upgrade = true
+	} else if want, present, err := vllmChecksum(f); err != nil {
+		// vLLM's loader would drop the block at its first load.
+		return nil, &unprovenError{reason: err.Error()}
+	} else if present && want != d.CRC {
+		return nil, &unprovenError{reason: fmt.Sprintf("its %s %08x disagrees with its digest record (crc32c %08x)", block.VLLMChecksumXattr, want, d.CRC)}
 	}
 	if d.Size != st.Size {
 		return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
@@ -479,8 +484,11 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the
 // file's bytes must match it.
 func (s *Store) adoptVLLM(f *os.File, size int64) (block.Digest, error) {
-	want, ok := vllmChecksum(f)
-	if !ok {
+	want, present, err := vllmChecksum(f)
+	if err != nil {
+		return block.Digest{}, &unprovenError{reason: "no digest record, and " + err.Error()}
+	}
+	if !present {
 		return block.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
 	}
 	crc, err := fileCRC(f, size)

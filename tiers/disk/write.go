@@ -563,7 +563,11 @@ func (s *Store) publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
-	if want, ok := vllmChecksum(f); ok && want != crc {
+	switch want, present, err := vllmChecksum(f); {
+	case err != nil:
+		t.refused = true
+		return newError("rename", tmpRel, syscall.EIO, "%v: not published (vLLM's loader would refuse it)", err)
+	case present && want != crc:
 		s.counters.ChecksumFailures.Add(1)
 		t.refused = true
 		return newError("rename", tmpRel, syscall.EIO,
