@@ -1,8 +1,8 @@
 package disk
 
 import (
-	"encoding/binary"
 	"bytes"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"sort"
