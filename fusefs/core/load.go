@@ -212,6 +212,9 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 		c.cfg.Logger.Error("load refused: open loads hold too many bytes; close loaded blocks", "path", rel, "limit_bytes", c.cfg.MaxBytes)
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
 	}
+	if err := r.Accessed(); err != nil {
+		c.cfg.Logger.Warn("could not move a loaded block's access time", "path", rel, "err", err)
+	}
 	l := &Load{loads: c, r: r, changed: make(chan struct{})}
 	l.fill(ref, fetched)
 	switch l.Source {

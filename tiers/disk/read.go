@@ -87,7 +87,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		if b == nil {
 			return nil, newError("open", rel, syscall.ENOENT, "no such block")
 		}
-		f, err := s.openFile(rel, unix.O_RDONLY, 0)
+		f, err := s.openForReading(rel)
 		s.mu.Lock()
 		if s.blocks[rel] != b {
 			// Published again, removed or evicted while opening: look again.

@@ -88,6 +88,8 @@ type entry struct {
 	// row, and a record found at mount may have been taken so. A row is
 	// not trusted to stand for such a file (Reader.FileChecked).
 	unchecked bool
+	// times are the file's, as last read or set (times.go).
+	times Times
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
@@ -439,7 +441,7 @@ func (e *unprovenError) Error() string { return e.reason }
 // no proof of its bytes: it is indexed only when vLLM's own CRC32C xattr is
 // on it and matches its bytes, and refused (left on disk, unindexed) otherwise.
 func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
-	f, err := s.openFile(rel, unix.O_RDONLY, 0)
+	f, err := s.openForReading(rel)
 	if err != nil {
 		return nil, &unprovenError{reason: err.Error()}
 	}
@@ -478,7 +480,7 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 		}
 	}
 	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
-		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true}, nil
+		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true, times: timesOf(&st)}, nil
 }
 
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the

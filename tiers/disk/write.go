@@ -526,6 +526,11 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if f == nil {
 		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed")
 	}
+	// What publication reads leaves the access time as the write left it,
+	// not later than the modification time, so the block's first load moves
+	// it (times.go). The daemon owns the file or runs as root, so the flag
+	// is granted.
+	setFlag(int(f.Fd()), unix.O_NOATIME, true)
 	var sealed written
 	if t.passthrough {
 		var err error
@@ -640,6 +645,10 @@ func (s *Store) publish(tmpRel, destRel string) error {
 		return newError("rename", tmpRel, syscall.EPERM,
 			"the tmp name was replaced during the rename: not published, and the block is gone")
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		s.cfg.Logger.Warn("reading a published block's times", "path", s.Path(destRel), "err", err)
+	}
 	// Sealed, the tmp takes no more bytes: what it held is the block's now,
 	// even if its writer has not closed it yet.
 	t.sealed = true
@@ -647,7 +656,7 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	t.untracked = true
 	s.used -= t.allocated
 	t.closeIfRetired()
-	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
+	b := &entry{rel: destRel, name: name, size: t.size, physical: physical, times: timesOf(&st),
 		digest: digest, lastUse: s.nowNano(), present: true, unchecked: t.passthrough && sealed.fromRow}
 	if old != nil {
 		b.lastLookup, b.prefix = old.lastLookup, old.prefix
