@@ -126,7 +126,7 @@ type tmpFile struct {
 	// allocated is what the tmp counts against the capacity: the bytes
 	// written, without the zero pages left as holes.
 	allocated  int64
-	crc        uint32
+	sum        block.Sum
 	sequential bool
 	open       bool
 	orphaned   bool
@@ -493,14 +493,14 @@ func (s *Store) adoptVLLM(f *os.File, size int64) (block.Digest, error) {
 	if !present {
 		return block.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
 	}
-	crc, err := fileCRC(f, size)
+	sum, err := fileSum(f, size)
 	if err != nil {
 		return block.Digest{}, &unprovenError{reason: err.Error()}
 	}
-	if crc != want {
+	if crc := sum.CRC(); crc != want {
 		return block.Digest{}, &unprovenError{reason: fmt.Sprintf("no digest record, and its bytes (crc32c %08x) do not match %s %08x", crc, block.VLLMChecksumXattr, want)}
 	}
-	return digestFile(f, size, crc)
+	return digestFile(f, sum)
 }
 
 // insertLocked adds a block to the index at the front of the LRU list.

@@ -177,7 +177,7 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.s.used -= data - written // reserved for bytes that never landed
 	w.s.mu.Unlock()
 	if w.tmp.sequential {
-		w.tmp.crc = block.UpdateCRC32C(w.tmp.crc, p[:n])
+		w.tmp.sum.Write(p[:n])
 		w.tmp.captureProbes(p[:n], off)
 	}
 	w.tmp.size = max(w.tmp.size, off+int64(n))
@@ -558,16 +558,17 @@ func (s *Store) publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
-	crc := t.crc
+	sum := &t.sum
 	switch {
 	case t.passthrough:
-		crc = sealed.crc
-	case !t.sequential:
+		sum = sealed.sum
+	case !t.sequential || sum.Len() != t.size:
 		var err error
-		if crc, err = fileCRC(f, t.size); err != nil {
+		if sum, err = fileSum(f, t.size); err != nil {
 			return err
 		}
 	}
+	crc := sum.CRC()
 	switch want, present, err := vllmChecksum(f); {
 	case err != nil:
 		t.refused = true
@@ -581,9 +582,9 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	var digest block.Digest
 	var err error
 	if t.passthrough {
-		digest, err = block.NewDigest(t.size, crc, sealed.probe)
+		digest, err = block.NewDigest(sum, sealed.probe)
 	} else {
-		digest, err = t.digest(f, crc)
+		digest, err = t.digest(f, sum)
 	}
 	if err != nil {
 		return err
@@ -670,12 +671,12 @@ func (s *Store) publish(tmpRel, destRel string) error {
 
 // digest builds the published block's digest from the probe windows captured
 // while it was written, or by reading them from the file.
-func (t *tmpFile) digest(f *os.File, crc uint32) (block.Digest, error) {
+func (t *tmpFile) digest(f *os.File, sum *block.Sum) (block.Digest, error) {
 	offsets := block.ProbeOffsets(t.size)
 	if t.expect != t.size || !t.sequential || len(t.probes) != len(offsets) {
-		return digestFile(f, t.size, crc)
+		return digestFile(f, sum)
 	}
-	return block.NewDigest(t.size, crc, func(off int64) (uint64, error) { return t.probes[off], nil })
+	return block.NewDigest(sum, func(off int64) (uint64, error) { return t.probes[off], nil })
 }
 
 // RemoveTmp unlinks a tmp file and returns its bytes to the capacity.
