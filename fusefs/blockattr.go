@@ -40,8 +40,12 @@ func (f *FS) blockAttr(rel string) (storeEntry, bool) {
 // store; a block's size, mode and owner are the store's and never change.
 func (n *node) setBlockAttr(in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	rel := n.self()
-	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE) != 0 {
-		n.fsys.logger.Warn("refused a change of a block's size, mode or owner: blocks are the store's", "path", rel)
+	if in.Valid&fuse.FATTR_SIZE != 0 {
+		n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
+		return syscall.EPERM
+	}
+	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+		n.fsys.logger.Warn("refused a change of a block's mode or owner: blocks are the store's", "path", rel)
 		return syscall.EPERM
 	}
 	if in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) != 0 {
