@@ -29,8 +29,8 @@ func TestRunSmall(t *testing.T) {
 	if res.VerifiedLoads != cfg.Blocks {
 		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
 	}
-	if len(res.Measurements) != 7 {
-		t.Fatalf("%d measurements, want 7: %+v", len(res.Measurements), res.Measurements)
+	if len(res.Measurements) != 11 {
+		t.Fatalf("%d measurements, want 11: %+v", len(res.Measurements), res.Measurements)
 	}
 	for _, m := range res.Measurements {
 		if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {

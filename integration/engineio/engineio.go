@@ -9,10 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,6 +81,42 @@ type Tier struct {
 	// Checksum is vLLM PR #57912's opt-in CRC32C (io.py, checksum=True): Store
 	// sets ChecksumXattr on the tmp before the rename, Load checks it.
 	Checksum bool
+	// Ops, when set, records how long each store's open and rename took.
+	Ops *OpTimes
+}
+
+// OpTimes are the durations of the stores' open (the tmp's O_EXCL create)
+// and rename calls, as the engine's thread waits for them.
+type OpTimes struct {
+	mu           sync.Mutex
+	open, rename []time.Duration
+}
+
+// add records one store's open and rename.
+func (o *OpTimes) add(open, rename time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.open = append(o.open, open)
+	o.rename = append(o.rename, rename)
+}
+
+// Percentiles returns the p-th percentile (0 < p ≤ 100) of the opens and
+// of the renames recorded, zero when none were.
+func (o *OpTimes) Percentiles(p float64) (open, rename time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return percentile(o.open, p), percentile(o.rename, p)
+}
+
+// percentile is the nearest-rank p-th percentile of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	return sorted[min(max(rank, 1), len(sorted))-1]
 }
 
 // ChecksumXattr holds a block's CRC32C as four big-endian bytes (vLLM PR
@@ -188,7 +228,9 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 		return false, err
 	}
 	tmp := path + "_" + randomSuffix() + ".tmp"
+	opened := time.Now()
 	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC|t.directFlag(), 0o644)
+	openTook := time.Since(opened)
 	if err != nil {
 		return false, fmt.Errorf("create %s: %w", tmp, err)
 	}
@@ -204,7 +246,11 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 		err = cerr
 	}
 	if err == nil {
+		renamed := time.Now()
 		err = os.Rename(tmp, path)
+		if t.Ops != nil && err == nil {
+			t.Ops.add(openTook, time.Since(renamed))
+		}
 	}
 	if err != nil {
 		os.Remove(tmp)
