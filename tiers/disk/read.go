@@ -262,7 +262,36 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
 	}
 	r.checked()
+	if in.want == nil && n <= block.MaxChunks {
+		r.addChunks(d, in.crcs)
+	}
 	return nil
+}
+
+// addChunks rewrites the record of a block whose digest had no chunk CRCs
+// (an older record), now that a read proved the whole block and summed its
+// chunks, so that its later loads are proven chunk by chunk. A failure only
+// leaves the old record.
+func (r *Reader) addChunks(d block.Digest, chunks []uint32) {
+	s, b := r.s, r.b
+	d.Chunks = chunks
+	if err := writeDigest(r.file, b.name, d); err != nil {
+		s.cfg.Logger.Warn("adding chunk CRCs to a block's digest record", "path", s.Path(b.rel), "err", err)
+		return
+	}
+	_, physical, err := fileSize(r.file)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blocks[b.rel] != b {
+		return
+	}
+	b.digest = d
+	if err == nil && physical != b.physical {
+		s.totals.add(b, -1)
+		s.used += physical - b.physical
+		b.physical = physical
+		s.totals.add(b, 1)
+	}
 }
 
 // inFlight is the state of one ReadInto: which chunks landed and their
