@@ -22,12 +22,39 @@ func reservedXattr(name string) bool {
 	return strings.HasPrefix(name, block.ReservedXattrPrefix)
 }
 
+// onStoreFile runs fn on the store's descriptor of this node's file when it
+// is a published block or a block tmp file written through the mount
+// (disk.Store.OnFile); handled is false for every other file, which the
+// loopback serves by path. A block the store does not hold is ENOENT.
+func (n *node) onStoreFile(fn func(fd int) error) (handled bool, errno syscall.Errno) {
+	rel := n.self()
+	kind, _ := block.Parse(rel)
+	if kind != block.File && kind != block.TmpFile {
+		return false, 0
+	}
+	ok, err := n.fsys.store.OnFile(rel, fn)
+	switch {
+	case ok:
+		return true, disk.Errno(err)
+	case kind == block.File:
+		return true, syscall.ENOENT
+	}
+	return false, 0
+}
+
 var _ = (fs.NodeGetxattrer)((*node)(nil))
 
 // Getxattr reads an xattr of the store file.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if reservedXattr(attr) {
 		return 0, syscall.ENODATA
+	}
+	var size int
+	if handled, errno := n.onStoreFile(func(fd int) (err error) {
+		size, err = unix.Fgetxattr(fd, attr, dest)
+		return err
+	}); handled {
+		return uint32(max(size, 0)), errno
 	}
 	return n.LoopbackNode.Getxattr(ctx, attr, dest)
 }
@@ -39,6 +66,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
+	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fsetxattr(fd, attr, data, int(flags)) }); handled {
+		return errno
+	}
 	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
 }
 
@@ -49,6 +79,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
+	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fremovexattr(fd, attr) }); handled {
+		return errno
+	}
 	return n.LoopbackNode.Removexattr(ctx, attr)
 }
 
@@ -56,18 +89,31 @@ var _ = (fs.NodeListxattrer)((*node)(nil))
 
 // Listxattr lists the store file's xattrs without the store's own.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	p := n.fsys.store.Path(n.self())
-	size, err := unix.Llistxattr(p, nil)
-	if err != nil {
-		return 0, disk.Errno(err)
+	var names []byte
+	list := func(size func([]byte) (int, error)) error {
+		k, err := size(nil)
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, k)
+		if k, err = size(buf); err != nil {
+			return err
+		}
+		names = buf[:k]
+		return nil
 	}
-	buf := make([]byte, size)
-	size, err = unix.Llistxattr(p, buf)
-	if err != nil {
-		return 0, disk.Errno(err)
+	handled, errno := n.onStoreFile(func(fd int) error {
+		return list(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+	})
+	if !handled {
+		p := n.fsys.store.Path(n.self())
+		errno = disk.Errno(list(func(b []byte) (int, error) { return unix.Llistxattr(p, b) }))
+	}
+	if errno != 0 {
+		return 0, errno
 	}
 	var out []byte
-	for _, name := range bytes.Split(buf[:size], []byte{0}) {
+	for _, name := range bytes.Split(names, []byte{0}) {
 		if len(name) > 0 && !reservedXattr(string(name)) {
 			out = append(append(out, name...), 0)
 		}
