@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"context"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -38,7 +39,7 @@ func (f *FS) blockAttr(rel string) (storeEntry, bool) {
 
 // setBlockAttr changes a published block's times, on its file through the
 // store; a block's size, mode and owner are the store's and never change.
-func (n *node) setBlockAttr(in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+func (n *node) setBlockAttr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	rel := n.self()
 	if in.Valid&fuse.FATTR_SIZE != 0 {
 		n.fsys.logger.Warn("refused truncate of a block or block tmp file", "path", rel)
@@ -55,12 +56,7 @@ func (n *node) setBlockAttr(in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno
 			return n.errno(err)
 		}
 	}
-	e, ok := n.fsys.blockAttr(rel)
-	if !ok {
-		return syscall.ENOENT
-	}
-	out.Attr = e.attr
-	return 0
+	return n.Getattr(ctx, nil, out)
 }
 
 // setTime is the utimensat time a SETATTR asks for one of a file's times.

@@ -427,7 +427,7 @@ var _ = (fs.NodeSetattrer)((*node)(nil))
 // writer's descriptor (ftruncate to the row size).
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if kind, _ := block.Parse(n.self()); kind == block.File {
-		return n.setBlockAttr(in, out)
+		return n.setBlockAttr(ctx, in, out)
 	}
 	if size, sizeChange := in.GetSize(); sizeChange {
 		rel := n.self()
