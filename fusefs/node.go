@@ -136,7 +136,7 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 	if inShared {
 		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}
-	if e, ok := n.fsys.index.block(ref.Rel); ok {
+	if e, ok := n.fsys.blockAttr(ref.Rel); ok {
 		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
 	}
 	return n.cached(out)(n.lookupStore(ctx, name, out))
@@ -443,9 +443,13 @@ func (n *node) refuseLayoutName(name string) syscall.Errno {
 
 var _ = (fs.NodeSetattrer)((*node)(nil))
 
-// Setattr refuses size changes of blocks, and of tmp files being written
-// except through their writer's descriptor (ftruncate to the row size).
+// Setattr changes only the times of a published block (setBlockAttr), and
+// refuses size changes of tmp files being written except through their
+// writer's descriptor (ftruncate to the row size).
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if kind, _ := block.Parse(n.self()); kind == block.File {
+		return n.setBlockAttr(ctx, in, out)
+	}
 	if size, sizeChange := in.GetSize(); sizeChange {
 		rel := n.self()
 		kind, _ := block.Parse(rel)

@@ -100,9 +100,14 @@ func (f *FS) lookupSharedDir(rel string) bool {
 
 var _ = (fs.NodeGetattrer)((*node)(nil))
 
-// Getattr answers for a block known only in the shared store until it is
-// fetched; everything else as the loopback does.
+// Getattr answers a published block from memory (FS.blockAttr), and for a
+// block known only in the shared store until it is fetched; everything else
+// as the loopback does.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if e, ok := n.fsys.blockAttr(n.self()); ok {
+		out.Attr = e.attr
+		return 0
+	}
 	errno := n.getattrStore(ctx, f, out)
 	if errno != syscall.ENOENT || n.fsys.shared == nil {
 		return errno

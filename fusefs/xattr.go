@@ -7,17 +7,39 @@ import (
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 // The store keeps block checksums in xattrs of its own namespace; the mount
 // hides them and refuses changes, while every other user.* xattr (the engine's
-// user.vllm.kv_crc32) is stored as it comes.
+// user.vllm.kv_crc32c) is stored as it comes.
 
 // reservedXattr reports whether an xattr name belongs to the store.
 func reservedXattr(name string) bool {
 	return strings.HasPrefix(name, block.ReservedXattrPrefix)
+}
+
+// onStoreFile runs fn on the store's descriptor of this node's file when it
+// is a published block or a block tmp file written through the mount
+// (disk.Store.OnFile); handled is false for every other file, which the
+// loopback serves by path. A block the store does not hold is ENOENT.
+func (n *node) onStoreFile(fn func(fd int) error) (handled bool, errno syscall.Errno) {
+	rel := n.self()
+	kind, _ := block.Parse(rel)
+	if kind != block.File && kind != block.TmpFile {
+		return false, 0
+	}
+	ok, err := n.fsys.store.OnFile(rel, fn)
+	switch {
+	case ok:
+		return true, disk.Errno(err)
+	case kind == block.File:
+		return true, syscall.ENOENT
+	}
+	return false, 0
 }
 
 var _ = (fs.NodeGetxattrer)((*node)(nil))
@@ -26,6 +48,13 @@ var _ = (fs.NodeGetxattrer)((*node)(nil))
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if reservedXattr(attr) {
 		return 0, syscall.ENODATA
+	}
+	var size int
+	if handled, errno := n.onStoreFile(func(fd int) (err error) {
+		size, err = unix.Fgetxattr(fd, attr, dest)
+		return err
+	}); handled {
+		return uint32(max(size, 0)), errno
 	}
 	return n.getxattrStore(attr, dest)
 }
@@ -37,6 +66,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
+	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fsetxattr(fd, attr, data, int(flags)) }); handled {
+		return errno
+	}
 	return n.setxattrStore(attr, data, flags)
 }
 
@@ -47,6 +79,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
+	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fremovexattr(fd, attr) }); handled {
+		return errno
+	}
 	return n.removexattrStore(attr)
 }
 
@@ -54,7 +89,22 @@ var _ = (fs.NodeListxattrer)((*node)(nil))
 
 // Listxattr lists the store file's xattrs without the store's own.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	names, errno := n.listxattrStore()
+	var names []byte
+	handled, errno := n.onStoreFile(func(fd int) error {
+		k, err := unix.Flistxattr(fd, nil)
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, k)
+		if k, err = unix.Flistxattr(fd, buf); err != nil {
+			return err
+		}
+		names = buf[:k]
+		return nil
+	})
+	if !handled {
+		names, errno = n.listxattrStore()
+	}
 	if errno != 0 {
 		return 0, errno
 	}

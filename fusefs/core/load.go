@@ -156,8 +156,9 @@ type Load struct {
 	background sync.WaitGroup
 
 	mu sync.Mutex
-	// landed is how many of the block's first bytes are in buf; proven is
-	// set once the whole of buf matched the block's digest.
+	// landed is how many of the block's first bytes are in buf and matched
+	// their chunk CRCs; proven is set once the whole of buf matched the
+	// block's digest.
 	landed int64
 	proven bool
 	// served are the ranges Read handed out for replies; delivered those
@@ -211,6 +212,9 @@ func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 		}
 		c.cfg.Logger.Error("load refused: open loads hold too many bytes; close loaded blocks", "path", rel, "limit_bytes", c.cfg.MaxBytes)
 		return nil, fmt.Errorf("load %s: open loads hold more than %d bytes: %w", rel, c.cfg.MaxBytes, syscall.EBUSY)
+	}
+	if err := r.Accessed(); err != nil {
+		c.cfg.Logger.Warn("could not move a loaded block's access time", "path", rel, "err", err)
 	}
 	l := &Load{loads: c, r: r, changed: make(chan struct{})}
 	l.fill(ref, fetched)
@@ -290,6 +294,7 @@ func (l *Load) readStore() {
 		defer c.cfg.Stager.StoreLoadDone()
 	}
 	err := c.readInto(l.r, l.buf, func(prefix int) {
+		// The first prefix bytes matched their chunk CRCs.
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.landed = int64(prefix)
@@ -332,10 +337,12 @@ func (l *Load) Path() string { return l.r.Path() }
 
 // Read returns the bytes of [off, off+n) (fewer at the end of the block) for
 // the reply to one read request; call Delivered with the same range once the
-// reply was sent. It waits until those bytes were read from the store; the
-// read that reaches the end of the block waits until the whole block matched
-// its digest, and fails (EIO) when it did not, so the engine's read of a
-// corrupt block fails while the bytes served before it never count. On a
+// reply was sent. It waits until those bytes were read from the store and
+// matched their chunk CRCs (a block whose digest has none: until the whole
+// block matched), and the read that reaches the end of the block until the
+// whole block matched its digest; a mismatch fails the read (EIO) and drops
+// the block, so no reply ever carries a byte that was not proven, whatever
+// the order and extent of the reads. On a
 // multi-node group that read also waits until the row the earlier replies
 // filled reached every peer; it fails (EIO) instead of returning when it
 // cannot, so no rank counts the load as done while another holds stale bytes.
@@ -362,8 +369,8 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 	return l.buf[off:end], nil
 }
 
-// waitLanded waits until the block's first end bytes are in buf, and the
-// whole block proven when end is its size.
+// waitLanded waits until the block's first end bytes are in buf and proven
+// chunk by chunk, and the whole block proven when end is its size.
 func (l *Load) waitLanded(end int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -679,3 +679,43 @@ func TestLoadFromSharedFetch(t *testing.T) {
 		})
 	}
 }
+
+// TestReadsBeforeTheEndCarryOnlyProvenChunks reads the real store: a read
+// that stops before the block's end, in any chunk, fails (EIO) and drops the
+// block when a chunk it needs was damaged on disk, and is never answered
+// with bytes that did not match their chunk CRC.
+func TestReadsBeforeTheEndCarryOnlyProvenChunks(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		damageAt int64
+		readAt   int64
+		mayPass  bool
+	}{
+		{"damage in the chunk read", 1<<20 + 100, 1 << 20, false},
+		{"damage in an earlier chunk, read out of order", 100, 1 << 20, false},
+		{"damage in a later chunk", 1<<20 + 100, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			rel, data := f.put(t, 1)
+			f.corrupt(t, rel, c.damageAt)
+			_, l := f.open(t, Config{}, rel)
+			got, err := l.Read(context.Background(), c.readAt, 1<<20)
+			switch {
+			case err == nil && c.mayPass:
+				// The intact chunk was proven before the damage was read.
+				if !bytes.Equal(got, data[c.readAt:c.readAt+1<<20]) {
+					t.Fatal("a read returned bytes that are not the block's")
+				}
+			case disk.Errno(err) != syscall.EIO:
+				t.Fatalf("read at %d: %v, want EIO", c.readAt, err)
+			}
+			if _, err := l.Read(context.Background(), int64(rowBytes)-4096, 4096); disk.Errno(err) != syscall.EIO {
+				t.Fatalf("the read that reaches the end: %v, want EIO", err)
+			}
+			if f.store.Lookup(rel, 0) {
+				t.Fatal("the damaged block is still in the store")
+			}
+		})
+	}
+}

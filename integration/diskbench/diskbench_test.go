@@ -29,9 +29,10 @@ func TestRunSmall(t *testing.T) {
 	if res.VerifiedLoads != cfg.Blocks {
 		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
 	}
-	// Five store and load phases, then each lookup class first and repeated.
-	if len(res.Measurements) != 11 {
-		t.Fatalf("%d measurements, want 11: %+v", len(res.Measurements), res.Measurements)
+	// Five store and load phases, the store's open and rename at p50 and
+	// p99, then each lookup class first and repeated.
+	if len(res.Measurements) != 15 {
+		t.Fatalf("%d measurements, want 15: %+v", len(res.Measurements), res.Measurements)
 	}
 	for _, m := range res.Measurements {
 		if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {

@@ -8,10 +8,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -73,6 +78,87 @@ type Tier struct {
 	Root string
 	// Direct is whether the O_DIRECT probe succeeded, so stores and loads use O_DIRECT.
 	Direct bool
+	// Checksum is vLLM PR #57912's opt-in CRC32C (io.py, checksum=True): Store
+	// sets ChecksumXattr on the tmp before the rename, Load checks it.
+	Checksum bool
+	// Ops, when set, records how long each store's open and rename took.
+	Ops *OpTimes
+}
+
+// OpTimes are the durations of the stores' open (the tmp's O_EXCL create)
+// and rename calls, as the engine's thread waits for them.
+type OpTimes struct {
+	mu           sync.Mutex
+	open, rename []time.Duration
+}
+
+// add records one store's open and rename.
+func (o *OpTimes) add(open, rename time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.open = append(o.open, open)
+	o.rename = append(o.rename, rename)
+}
+
+// Percentiles returns the p-th percentile (0 < p ≤ 100) of the opens and
+// of the renames recorded, zero when none were.
+func (o *OpTimes) Percentiles(p float64) (open, rename time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return percentile(o.open, p), percentile(o.rename, p)
+}
+
+// percentile is the nearest-rank p-th percentile of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	return sorted[min(max(rank, 1), len(sorted))-1]
+}
+
+// ChecksumXattr holds a block's CRC32C as four big-endian bytes (vLLM PR
+// #57912, io.py _CHECKSUM_XATTR).
+const ChecksumXattr = "user.vllm.kv_crc32c"
+
+// castagnoli is the CRC32C table of vLLM's crc32c (polynomial 0x82F63B78).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ChecksumValue is ChecksumXattr's value for data, as io.py writes it:
+// crc32c(data).to_bytes(4, "big").
+func ChecksumValue(data []byte) []byte {
+	return binary.BigEndian.AppendUint32(nil, crc32.Checksum(data, castagnoli))
+}
+
+// ErrChecksum is a load whose bytes fail ChecksumXattr (io.py raises EBADMSG).
+var ErrChecksum = unix.EBADMSG
+
+// ProbeXattr is io.py probe_xattr: `.xattr_probe_<random>.tmp` in the root,
+// four zero bytes set as ChecksumXattr on its descriptor and read back, the
+// file removed. vLLM refuses checksums on a root where it fails.
+func (t *Tier) ProbeXattr() error {
+	probe := filepath.Join(t.Root, ".xattr_probe_"+randomSuffix()+".tmp")
+	defer os.Remove(probe)
+	fd, err := unix.Open(probe, unix.O_CREAT|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	value := make([]byte, 4)
+	if err := unix.Fsetxattr(fd, ChecksumXattr, value, 0); err != nil {
+		return fmt.Errorf("fsetxattr %s: %w", ChecksumXattr, err)
+	}
+	got := make([]byte, 8)
+	n, err := unix.Fgetxattr(fd, ChecksumXattr, got)
+	if err != nil {
+		return fmt.Errorf("fgetxattr %s: %w", ChecksumXattr, err)
+	}
+	if string(got[:n]) != string(value) {
+		return fmt.Errorf("%s read back as %x, set %x", ChecksumXattr, got[:n], value)
+	}
+	return nil
 }
 
 // OpenTier probes O_DIRECT once in the root, as newer engine versions do:
@@ -142,7 +228,9 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 		return false, err
 	}
 	tmp := path + "_" + randomSuffix() + ".tmp"
+	opened := time.Now()
 	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC|t.directFlag(), 0o644)
+	openTook := time.Since(opened)
 	if err != nil {
 		return false, fmt.Errorf("create %s: %w", tmp, err)
 	}
@@ -150,11 +238,19 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 	if err == nil && n != len(row) {
 		err = fmt.Errorf("short write: %d of %d bytes", n, len(row))
 	}
+	if err == nil && t.Checksum {
+		// Before the rename, so a published block never lacks it.
+		err = unix.Fsetxattr(fd, ChecksumXattr, ChecksumValue(row), 0)
+	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
 	if err == nil {
+		renamed := time.Now()
 		err = os.Rename(tmp, path)
+		if t.Ops != nil && err == nil {
+			t.Ops.add(openTook, time.Since(renamed))
+		}
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -178,12 +274,32 @@ func (t *Tier) Load(path string, row []byte) error {
 	if err == nil && n != len(row) {
 		err = fmt.Errorf("%w: %d of %d bytes", ErrShortRead, n, len(row))
 	}
+	if err == nil && t.Checksum {
+		err = verifyChecksum(fd, row)
+	}
 	if cerr := unix.Close(fd); err == nil && cerr != nil {
 		err = fmt.Errorf("close: %w", cerr)
 	}
 	if err != nil {
 		os.Remove(path)
 		return fmt.Errorf("load %s: %w", path, err)
+	}
+	return nil
+}
+
+// verifyChecksum is io.py _verify_checksum on the load's descriptor: no
+// ChecksumXattr passes, a value that is not the four big-endian bytes of the
+// row's CRC32C is ErrChecksum.
+func verifyChecksum(fd int, row []byte) error {
+	got := make([]byte, 64)
+	n, err := unix.Fgetxattr(fd, ChecksumXattr, got)
+	switch {
+	case err == unix.ENODATA:
+		return nil
+	case err != nil:
+		return fmt.Errorf("fgetxattr %s: %w", ChecksumXattr, err)
+	case string(got[:n]) != string(ChecksumValue(row)):
+		return fmt.Errorf("%s %x: %w", ChecksumXattr, got[:n], ErrChecksum)
 	}
 	return nil
 }

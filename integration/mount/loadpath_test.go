@@ -3,7 +3,6 @@ package mount_test
 import (
 	"bytes"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
@@ -217,62 +214,6 @@ func TestReloadIntoItsRowReadsNoDisk(t *testing.T) {
 	c := d.Stats().Counters
 	if c.LoadsFromRow != 1 || c.LoadsFromStore != 0 || c.ChecksumFailures != 0 {
 		t.Fatalf("loads from a row %d, from the store %d, checksum failures %d; want 1, 0, 0", c.LoadsFromRow, c.LoadsFromStore, c.ChecksumFailures)
-	}
-}
-
-// TestEngineChecksumXattr replays vLLM's opt-in CRC32C (PR #57912): the
-// engine sets user.vllm.kv_crc32c on the tmp file before the rename. A
-// matching checksum is kept and read back from the block; a wrong one fails
-// the rename, so the block is never published.
-func TestEngineChecksumXattr(t *testing.T) {
-	region := newRegion(t, 2)
-	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path})
-	tier := openTier(t, d)
-	store := func(i int, crc uint32) error {
-		row := region.Row(0)
-		fillRow(row, i)
-		path := tier.BlockPath(tierDir, 0, hashOf(i))
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
-		}
-		tmp := path + "_engine.tmp"
-		fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_DIRECT, 0o644)
-		if err != nil {
-			return err
-		}
-		if _, err := unix.Write(fd, row); err != nil {
-			unix.Close(fd)
-			return err
-		}
-		if err := unix.Fsetxattr(fd, "user.vllm.kv_crc32c", []byte(strconv.FormatUint(uint64(crc), 10)), 0); err != nil {
-			unix.Close(fd)
-			return err
-		}
-		unix.Close(fd)
-		if err := os.Rename(tmp, path); err != nil {
-			os.Remove(tmp)
-			return err
-		}
-		return nil
-	}
-	good := crc32.Checksum(expectedRow(1), crc32.MakeTable(crc32.Castagnoli))
-	if err := store(1, good); err != nil {
-		t.Fatalf("store with the right engine checksum: %v", err)
-	}
-	path := tier.BlockPath(tierDir, 0, hashOf(1))
-	buf := make([]byte, 32)
-	n, err := unix.Getxattr(path, "user.vllm.kv_crc32c", buf)
-	if err != nil || string(buf[:n]) != strconv.FormatUint(uint64(good), 10) {
-		t.Fatalf("the engine's checksum read back from the block: %q, %v", buf[:max(n, 0)], err)
-	}
-	if err := tier.LoadIgnoringClose(path, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(1)) {
-		t.Fatalf("load of a block with the engine's checksum: %v", err)
-	}
-	if err := store(2, good); err == nil {
-		t.Fatal("a tmp whose engine checksum does not match its bytes was published")
-	}
-	if tier.Exists(tier.BlockPath(tierDir, 0, hashOf(2))) {
-		t.Fatal("the block with a wrong engine checksum is present")
 	}
 }
 

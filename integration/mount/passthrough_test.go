@@ -2,6 +2,7 @@ package mount_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -291,7 +292,7 @@ func TestPassthroughVLLMChecksum(t *testing.T) {
 		fd := m.openTmp(t, i)
 		pwrite(t, fd, row, 0)
 		_, tmp := m.paths(i)
-		if err := unix.Setxattr(tmp, "user.vllm.kv_crc32c", []byte(hex32(crc)), 0); err != nil {
+		if err := unix.Setxattr(tmp, engineio.ChecksumXattr, binary.BigEndian.AppendUint32(nil, crc), 0); err != nil {
 			t.Fatal(err)
 		}
 		err := m.publish(t, fd, i)
@@ -303,17 +304,6 @@ func TestPassthroughVLLMChecksum(t *testing.T) {
 			t.Fatalf("the right user.vllm.kv_crc32c: %v", err)
 		}
 	}
-}
-
-// hex32 is a CRC as vLLM writes it: eight hex digits.
-func hex32(v uint32) string {
-	const digits = "0123456789abcdef"
-	out := make([]byte, 8)
-	for i := 7; i >= 0; i-- {
-		out[i] = digits[v&15]
-		v >>= 4
-	}
-	return string(out)
 }
 
 // The row of a passthrough tmp is counted against the capacity when the

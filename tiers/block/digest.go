@@ -3,11 +3,14 @@ package block
 import "encoding/binary"
 
 // Digest identifies a block's bytes without holding them: its size, its
-// CRC32C and a few sampled 8-byte windows. The samples find the rows of a
-// region that may hold the block; the CRC proves it.
+// CRC32C, the CRC32C of each of its chunks (chunks.go) and a few sampled
+// 8-byte windows. The samples find the rows of a region that may hold the
+// block; the CRCs prove it, chunk by chunk. Chunks is nil for a block whose
+// record predates them or that has more than MaxChunks: it is proven whole.
 type Digest struct {
 	Size    int64
 	CRC     uint32
+	Chunks  []uint32
 	Samples []Sample
 }
 
@@ -24,11 +27,12 @@ const (
 	maxSamples = 8
 )
 
-// NewDigest samples a block of size bytes with checksum crc, reading windows
-// through readAt. Samples favour non-zero windows, so that they tell rows
-// apart even when most of a row is zero (the slots of other nodes).
-func NewDigest(size int64, crc uint32, readAt func(off int64) (uint64, error)) (Digest, error) {
-	d := Digest{Size: size, CRC: crc}
+// NewDigest samples a block of size bytes whose CRCs sum summed, reading
+// windows through readAt. Samples favour non-zero windows, so that they tell
+// rows apart even when most of a row is zero (the slots of other nodes).
+func NewDigest(sum *Sum, readAt func(off int64) (uint64, error)) (Digest, error) {
+	size := sum.Len()
+	d := Digest{Size: size, CRC: sum.CRC(), Chunks: sum.Chunks()}
 	if size < 8 {
 		return d, nil
 	}
@@ -73,7 +77,9 @@ func ProbeOffsets(size int64) []int64 {
 
 // DigestOf computes the digest of bytes in memory.
 func DigestOf(p []byte) Digest {
-	d, _ := NewDigest(int64(len(p)), CRC32C(p), func(off int64) (uint64, error) {
+	var sum Sum
+	sum.Write(p)
+	d, _ := NewDigest(&sum, func(off int64) (uint64, error) {
 		return binary.LittleEndian.Uint64(p[off:]), nil
 	})
 	return d

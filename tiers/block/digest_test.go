@@ -40,7 +40,7 @@ func TestDigestSamplesNonZeroWindows(t *testing.T) {
 	if d.SamplesMatch(other) || d.SamplesMatch(row[:size-PageSize]) {
 		t.Fatal("a row differing at a sample, or of another size, matches the samples")
 	}
-	b := Binding{Group: 1, Hash: "00112233445566778899aabbccddeeff"}
+	b := Binding{Tier: "m_0123456789ab_r0", Group: 1, Hash: "00112233445566778899aabbccddeeff"}
 	rec, err := d.MarshalRecord(b)
 	if err != nil {
 		t.Fatal(err)

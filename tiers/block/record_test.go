@@ -2,6 +2,7 @@ package block
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"testing"
 )
@@ -9,19 +10,35 @@ import (
 // goldenDigest is the digest behind the golden records below.
 var goldenDigest = Digest{Size: 8192, CRC: 0xdeadbeef, Samples: []Sample{{Off: 16, Value: 0x0102030405060708}, {Off: 8184, Value: 0xff}}}
 
-var goldenBinding = Binding{Group: 3, Hash: "0123456789abcdef"}
+var goldenBinding = Binding{Tier: "m_0123456789ab_r1", Group: 3, Hash: "0123456789abcdef"}
 
 // Every record format shipped, as its writer laid it out (git history of
 // tiers/disk/checksum.go and tiers/shm/digest.go): v0 by the first release
 // (e93459c, crc then size), v1 from a82d37c until records were bound to their
-// block, v2 since 3542a0e. Stores may hold all three.
+// block, v2 from 3542a0e until records were bound to their tier, v3 since.
+// Stores may hold all four.
 const (
 	goldenV0 = "deadbeef" + "0000000000002000"
 	goldenV1 = "0000000000002000" + "deadbeef" + "02" +
 		"00000010" + "0102030405060708" +
 		"00001ff8" + "00000000000000ff"
 	goldenV2 = "02" + "0000000000000003" + "10" + "30313233343536373839616263646566" + goldenV1
+	// goldenV3's one chunk CRC is the block's CRC (8192 bytes, one chunk).
+	goldenV3 = "03" + "0000000000000003" + "10" + "30313233343536373839616263646566" +
+		"11" + "6d5f303132333435363738396162" + "5f7231" + goldenV1 + "0001" + "deadbeef"
 )
+
+// goldenChunked is goldenDigest with its chunk CRC.
+var goldenChunked = Digest{Size: goldenDigest.Size, CRC: goldenDigest.CRC, Chunks: []uint32{0xdeadbeef}, Samples: goldenDigest.Samples}
+
+// marshalV2 is the v2 encoding, which only earlier releases wrote.
+func marshalV2(d Digest, b Binding) []byte {
+	rec := []byte{recordV2}
+	rec = binary.BigEndian.AppendUint64(rec, b.Group)
+	rec = append(rec, byte(len(b.Hash)))
+	rec = append(rec, b.Hash...)
+	return d.appendV1(rec)
+}
 
 func TestRecordGoldenV0Refused(t *testing.T) {
 	// A v0 record carries no samples: the block cannot be found in a row by
@@ -53,26 +70,52 @@ func TestRecordGoldenV1(t *testing.T) {
 }
 
 func TestRecordGoldenV2(t *testing.T) {
-	b, err := goldenDigest.MarshalRecord(goldenBinding)
+	// A v2 record names its block's group and hash but no tier.
+	b, _ := hex.DecodeString(goldenV2)
+	d, binding, bound, err := UnmarshalRecord(b)
+	if err != nil || !bound || binding != (Binding{Group: 3, Hash: "0123456789abcdef"}) || !equalDigest(d, goldenDigest) {
+		t.Fatalf("v2 record: %v, %+v, binding %+v, bound %v", err, d, binding, bound)
+	}
+	if got := hex.EncodeToString(marshalV2(goldenDigest, goldenBinding)); got != goldenV2 {
+		t.Fatalf("v2 encoding changed:\ngot  %s\nwant %s", got, goldenV2)
+	}
+	if !binding.Fits(Name{Tier: "any_tier", Group: 3, Hash: "0123456789abcdef"}) {
+		t.Error("a v2 record does not fit its block under any tier")
+	}
+}
+
+func TestRecordGoldenV3(t *testing.T) {
+	b, err := goldenChunked.MarshalRecord(goldenBinding)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := hex.EncodeToString(b); got != goldenV2 {
-		t.Fatalf("v2 encoding changed:\ngot  %s\nwant %s", got, goldenV2)
+	if got := hex.EncodeToString(b); got != goldenV3 {
+		t.Fatalf("v3 encoding changed:\ngot  %s\nwant %s", got, goldenV3)
 	}
 	d, binding, bound, err := UnmarshalRecord(b)
-	if err != nil || !bound || binding != goldenBinding || !equalDigest(d, goldenDigest) {
-		t.Fatalf("v2 record: %v, %+v, binding %+v, bound %v", err, d, binding, bound)
+	if err != nil || !bound || binding != goldenBinding || !equalDigest(d, goldenChunked) {
+		t.Fatalf("v3 record: %v, %+v, binding %+v, bound %v", err, d, binding, bound)
 	}
-	name := Name{Tier: "t", Group: 3, Hash: "0123456789abcdef"}
-	if name.Binding() != goldenBinding {
+	name := Name{Tier: "m_0123456789ab_r1", Group: 3, Hash: "0123456789abcdef"}
+	if name.Binding() != goldenBinding || !binding.Fits(name) {
 		t.Fatalf("%+v binds its record to %+v, want %+v", name, name.Binding(), goldenBinding)
+	}
+	// The same block under another rank's tier: refused.
+	for _, other := range []Name{
+		{Tier: "m_0123456789ab_r0", Group: 3, Hash: "0123456789abcdef"},
+		{Tier: name.Tier, Group: 4, Hash: name.Hash},
+		{Tier: name.Tier, Group: 3, Hash: "0123456789abcdee"},
+	} {
+		if binding.Fits(other) {
+			t.Errorf("a record bound to %+v fits %+v", binding, other)
+		}
 	}
 }
 
 func TestRecordRejectsMalformed(t *testing.T) {
 	v1, _ := hex.DecodeString(goldenV1)
 	v2, _ := hex.DecodeString(goldenV2)
+	v3, _ := hex.DecodeString(goldenV3)
 	bad := map[string][]byte{
 		"empty":             nil,
 		"v1 truncated":      v1[:len(v1)-1],
@@ -84,14 +127,25 @@ func TestRecordRejectsMalformed(t *testing.T) {
 		"v2 hash past end":  func() []byte { c := bytes.Clone(v2); c[9] = 200; return c }(),
 		"v2 key only":       v2[:10+16],
 		"v2 short":          v2[:5],
+		"v3 no tier":        func() []byte { c := bytes.Clone(v3); c[26] = 0; return c }(),
+		"v3 chunk count":    func() []byte { c := bytes.Clone(v3); c[len(c)-5] = 2; return c }(),
+		"v3 chunk crc":      func() []byte { c := bytes.Clone(v3); c[len(c)-1] ^= 1; return c }(),
+		"v3 truncated":      v3[:len(v3)-1],
+		"v3 extra byte":     append(bytes.Clone(v3), 0),
 	}
 	for name, b := range bad {
 		if _, _, _, err := UnmarshalRecord(b); err == nil {
 			t.Errorf("%s: record %x accepted", name, b)
 		}
 	}
-	if _, err := goldenDigest.MarshalRecord(Binding{}); err == nil {
+	if _, err := goldenDigest.MarshalRecord(Binding{Tier: "t"}); err == nil {
 		t.Error("record bound to an empty hash encoded")
+	}
+	if _, err := goldenDigest.MarshalRecord(Binding{Hash: "ab"}); err == nil {
+		t.Error("record bound to an empty tier encoded")
+	}
+	if _, err := (Digest{Size: 8192, CRC: 1, Chunks: []uint32{2}}).MarshalRecord(goldenBinding); err == nil {
+		t.Error("record whose chunk CRCs disagree with its CRC encoded")
 	}
 	tooMany := Digest{Size: 1 << 20, Samples: make([]Sample, maxSamples+1)}
 	if _, err := tooMany.MarshalRecord(goldenBinding); err == nil {
@@ -100,26 +154,31 @@ func TestRecordRejectsMalformed(t *testing.T) {
 }
 
 func TestParseVLLMChecksum(t *testing.T) {
-	for in, want := range map[string]uint32{
-		"3735928559":       0xdeadbeef,
-		"deadbeef":         0xdeadbeef,
-		"0xDEADBEEF\n":     0xdeadbeef,
-		"\xef\xbe\xad\xde": 0xdeadbeef,
-	} {
-		if got, ok := ParseVLLMChecksum([]byte(in)); !ok || got != want {
-			t.Errorf("ParseVLLMChecksum(%q) = %08x, %v; want %08x", in, got, ok, want)
-		}
+	// vLLM's io.py: crc32c(data).to_bytes(4, "big"), so 0xdeadbeef is de ad be ef.
+	if got, err := ParseVLLMChecksum([]byte{0xde, 0xad, 0xbe, 0xef}); err != nil || got != 0xdeadbeef {
+		t.Errorf("ParseVLLMChecksum(de ad be ef) = %08x, %v; want deadbeef", got, err)
 	}
-	for _, in := range []string{"", "12345678901", "xyz", "bee", "deadbeef0"} {
-		if got, ok := ParseVLLMChecksum([]byte(in)); ok {
+	// CRC32C("123456789") is e3069283, the standard check value.
+	if got, err := ParseVLLMChecksum([]byte{0xe3, 0x06, 0x92, 0x83}); err != nil || got != CRC32C([]byte("123456789")) {
+		t.Errorf("ParseVLLMChecksum(e3 06 92 83) = %08x, %v; want the CRC32C of 123456789", got, err)
+	}
+	// vLLM's loader refuses any other length, so do we: text and
+	// little-endian guesses of earlier releases included.
+	for _, in := range []string{"", "3735928559", "deadbeef", "\xef\xbe\xad", "\xde\xad\xbe\xef\x00"} {
+		if got, err := ParseVLLMChecksum([]byte(in)); err == nil {
 			t.Errorf("ParseVLLMChecksum(%q) = %08x, accepted", in, got)
 		}
 	}
 }
 
 func equalDigest(a, b Digest) bool {
-	if a.Size != b.Size || a.CRC != b.CRC || len(a.Samples) != len(b.Samples) {
+	if a.Size != b.Size || a.CRC != b.CRC || len(a.Samples) != len(b.Samples) || len(a.Chunks) != len(b.Chunks) {
 		return false
+	}
+	for i := range a.Chunks {
+		if a.Chunks[i] != b.Chunks[i] {
+			return false
+		}
 	}
 	for i := range a.Samples {
 		if a.Samples[i] != b.Samples[i] {
@@ -132,7 +191,7 @@ func equalDigest(a, b Digest) bool {
 // FuzzUnmarshalRecord checks that any xattr value either is refused or
 // decodes to a record that encodes back to exactly the same bytes.
 func FuzzUnmarshalRecord(f *testing.F) {
-	for _, h := range []string{goldenV0, goldenV1, goldenV2} {
+	for _, h := range []string{goldenV0, goldenV1, goldenV2, goldenV3} {
 		b, _ := hex.DecodeString(h)
 		f.Add(b)
 	}
@@ -142,11 +201,14 @@ func FuzzUnmarshalRecord(f *testing.F) {
 			return
 		}
 		var again []byte
-		if bound {
+		switch {
+		case bound && binding.Tier == "":
+			again = marshalV2(d, binding)
+		case bound:
 			if again, err = d.MarshalRecord(binding); err != nil {
 				t.Fatalf("decoded record %x does not encode: %v", b, err)
 			}
-		} else {
+		default:
 			again = d.appendV1(nil)
 		}
 		if !bytes.Equal(again, b) {

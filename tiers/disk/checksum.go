@@ -15,8 +15,10 @@ import (
 
 // readRecord reads the digest record of an open block file; ok is false when
 // it has none. A record bound to another name than the block's is an error, so
-// a block file replaced by another block's bytes and record is refused; an
-// unbound (v1) record sets upgrade, so that the caller binds it.
+// a block file replaced by another block's bytes and record, or copied with
+// its record from another tier, is refused; a record bound to less than the
+// whole name (v1: nothing, v2: no tier) sets upgrade, so that the caller binds
+// it to the name it was found under.
 func readRecord(f *os.File, name block.Name) (d block.Digest, ok, upgrade bool, err error) {
 	buf := make([]byte, block.MaxRecordBytes+1)
 	n, err := unix.Fgetxattr(int(f.Fd()), block.RecordXattr, buf)
@@ -33,10 +35,10 @@ func readRecord(f *os.File, name block.Name) (d block.Digest, ok, upgrade bool, 
 	if err != nil {
 		return block.Digest{}, false, false, err
 	}
-	if bound && key != name.Binding() {
-		return block.Digest{}, false, false, fmt.Errorf("digest record belongs to block %s of group %d, not to this one", key.Hash, key.Group)
+	if bound && !key.Fits(name) {
+		return block.Digest{}, false, false, fmt.Errorf("digest record belongs to block %s of group %d in tier %q, not to this one", key.Hash, key.Group, key.Tier)
 	}
-	return d, true, !bound, nil
+	return d, true, key.Tier == "", nil
 }
 
 // writeDigest stores a digest record bound to the block's name on an open file.
@@ -48,23 +50,27 @@ func writeDigest(f *os.File, name block.Name, d block.Digest) error {
 	return unix.Fsetxattr(int(f.Fd()), block.RecordXattr, b, 0)
 }
 
-// vllmChecksum reads the CRC32C vLLM recorded on a file (block.VLLMChecksumXattr);
-// ok is false when there is none or it is not a CRC32C. The value is parsed
-// as the text of a number (decimal, or hexadecimal with or without 0x) or as
-// 4 bytes, little endian.
-func vllmChecksum(f *os.File) (crc uint32, ok bool) {
-	buf := make([]byte, 32)
-	n, err := unix.Fgetxattr(int(f.Fd()), block.VLLMChecksumXattr, buf)
-	if err != nil {
-		return 0, false
+// vllmChecksum reads the CRC32C vLLM recorded on a file
+// (block.VLLMChecksumXattr); present is false when there is none, err is set
+// when there is one that is not four bytes.
+func vllmChecksum(f *os.File) (crc uint32, present bool, err error) {
+	var buf [8]byte
+	n, err := unix.Fgetxattr(int(f.Fd()), block.VLLMChecksumXattr, buf[:])
+	switch err {
+	case nil:
+	case unix.ERANGE:
+		return 0, true, fmt.Errorf("%s is longer than the 4 bytes vLLM writes", block.VLLMChecksumXattr)
+	default:
+		return 0, false, nil
 	}
-	return block.ParseVLLMChecksum(buf[:n])
+	crc, err = block.ParseVLLMChecksum(buf[:n])
+	return crc, true, err
 }
 
-// digestFile samples an open file whose size and CRC32C are known.
-func digestFile(f *os.File, size int64, crc uint32) (block.Digest, error) {
+// digestFile samples an open file whose CRCs sum summed.
+func digestFile(f *os.File, sum *block.Sum) (block.Digest, error) {
 	var buf [8]byte
-	return block.NewDigest(size, crc, func(off int64) (uint64, error) {
+	return block.NewDigest(sum, func(off int64) (uint64, error) {
 		if _, err := f.ReadAt(buf[:], off); err != nil {
 			return 0, err
 		}
@@ -72,16 +78,17 @@ func digestFile(f *os.File, size int64, crc uint32) (block.Digest, error) {
 	})
 }
 
-// fileCRC computes the CRC32C of the first size bytes of an open file through a
+// fileSum sums the CRCs of the first size bytes of an open file through a
 // read-only mapping, so no copy of the data is made. A file truncated under the
 // mapping yields an error, not a crash.
-func fileCRC(f *os.File, size int64) (crc uint32, err error) {
+func fileSum(f *os.File, size int64) (sum *block.Sum, err error) {
+	sum = new(block.Sum)
 	if size == 0 {
-		return 0, nil
+		return sum, nil
 	}
 	data, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
-		return 0, fmt.Errorf("mmap for checksum: %w", err)
+		return nil, fmt.Errorf("mmap for checksum: %w", err)
 	}
 	defer unix.Munmap(data)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -90,7 +97,8 @@ func fileCRC(f *os.File, size int64) (crc uint32, err error) {
 			err = fmt.Errorf("file changed size while being checksummed: %v", r)
 		}
 	}()
-	return block.CRC32C(data), nil
+	sum.Write(data)
+	return sum, nil
 }
 
 // fileSize returns the size of an open file.

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -58,7 +59,7 @@ func TestShortPwrite(t *testing.T) {
 		}
 		pwriteAt = unix.Pwrite
 		w.tmp.mu.Lock()
-		size, crc, allocated := w.tmp.size, w.tmp.crc, w.tmp.allocated
+		size, crc, allocated := w.tmp.size, w.tmp.sum.CRC(), w.tmp.allocated
 		w.tmp.mu.Unlock()
 		if size != int64(landed) || crc != crcOf(data[:landed]) || allocated != int64(landed) {
 			t.Fatalf("tmp size %d crc %08x allocated %d; want %d, %08x, %d", size, crc, allocated, landed, crcOf(data[:landed]), landed)
@@ -256,38 +257,104 @@ func TestStrippedRecordRefused(t *testing.T) {
 	}
 }
 
-// A record in the format written before records named their block (v1) is
-// read, and bound to the block's name at Open.
-func TestV1RecordUpgraded(t *testing.T) {
+// Records in the formats written before records were bound to their whole
+// name (v1: nothing, v2: no tier) are read, and bound to the block's name at
+// Open; they carry no chunk CRCs, so the block is proven whole, and its first
+// read adds them.
+func TestOlderRecordsUpgraded(t *testing.T) {
+	for _, version := range []string{"v1", "v2"} {
+		t.Run(version, func(t *testing.T) {
+			dir := t.TempDir()
+			s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel := evName(0)
+			_, name := block.Parse(rel)
+			putBlock(t, s, rel, pageData(0, 2))
+			s.Close()
+			p := filepath.Join(dir, rel)
+			rec, _ := storeRecord(t, p)
+			d, _, _, err := block.UnmarshalRecord(rec)
+			if err != nil || len(d.Chunks) != 1 {
+				t.Fatalf("published record %x: %v, %d chunk CRCs", rec, err, len(d.Chunks))
+			}
+			old := binary.BigEndian.AppendUint64(nil, uint64(d.Size))
+			old = binary.BigEndian.AppendUint32(old, d.CRC)
+			old = append(old, byte(len(d.Samples)))
+			for _, smp := range d.Samples {
+				old = binary.BigEndian.AppendUint32(old, smp.Off)
+				old = binary.BigEndian.AppendUint64(old, smp.Value)
+			}
+			if version == "v2" {
+				key := append([]byte{0x02}, binary.BigEndian.AppendUint64(nil, uint64(name.Group))...)
+				key = append(append(key, byte(len(name.Hash))), name.Hash...)
+				old = append(key, old...)
+			}
+			if err := unix.Setxattr(p, block.RecordXattr, old, 0); err != nil {
+				t.Fatal(err)
+			}
+			s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+			if !s.Contains(rel) {
+				t.Fatalf("block with a %s record not indexed", version)
+			}
+			now, _ := storeRecord(t, p)
+			back, binding, bound, err := block.UnmarshalRecord(now)
+			if err != nil || !bound || binding != name.Binding() || back.CRC != d.CRC || back.Chunks != nil {
+				t.Fatalf("record after Open %x: %v, bound to %+v (%v), %d chunk CRCs; want bound to %+v", now, err, binding, bound, len(back.Chunks), name.Binding())
+			}
+			got, err := s.ReadBlock(rel)
+			if err != nil || !bytes.Equal(got, pageData(0, 2)) {
+				t.Fatalf("ReadBlock: %v, or wrong bytes", err)
+			}
+			s.RecycleBlock(got)
+			if now, _ := storeRecord(t, p); !bytes.Equal(now, rec) {
+				t.Fatalf("record after the first read %x, want the record a store writes %x", now, rec)
+			}
+			checkAccounting(t, s)
+		})
+	}
+}
+
+// A block copied with its xattrs from another rank's tier (`…_r1` into
+// `…_r0`) carries a record bound to that tier: it is left unindexed, while
+// the original is served.
+func TestBlockCopiedFromAnotherTierRefused(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel := evName(0)
-	putBlock(t, s, rel, pageData(0, 2))
+	h := hashHex(1, 64)
+	r1 := blockRel("model_0123456789ab_r1", 0, h)
+	r0 := blockRel("model_0123456789ab_r0", 0, h)
+	putBlock(t, s, r1, pageData(1, 2))
 	s.Close()
-	p := filepath.Join(dir, rel)
-	rec, _ := storeRecord(t, p)
-	d, _, bound, err := block.UnmarshalRecord(rec)
-	if err != nil || !bound {
-		t.Fatalf("published record %x: %v, bound %v", rec, err, bound)
+	data, err := os.ReadFile(filepath.Join(dir, r1))
+	if err != nil {
+		t.Fatal(err)
 	}
-	v1 := rec[len(rec)-(13+12*len(d.Samples)):]
-	if err := unix.Setxattr(p, block.RecordXattr, v1, 0); err != nil {
+	rec, _ := storeRecord(t, filepath.Join(dir, r1))
+	copyTo := filepath.Join(dir, r0)
+	if err := os.MkdirAll(filepath.Dir(copyTo), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copyTo, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(copyTo, block.RecordXattr, rec, 0); err != nil {
 		t.Fatal(err)
 	}
 	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
-	if !s.Contains(rel) {
-		t.Fatal("block with a v1 record not indexed")
+	if s.Contains(r0) {
+		t.Fatal("a block copied with its record from tier _r1 into _r0 is indexed")
 	}
-	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 2)) {
-		t.Fatal("wrong bytes")
+	if !s.Contains(r1) {
+		t.Fatal("the original block is not indexed")
 	}
-	if now, _ := storeRecord(t, p); !bytes.Equal(now, rec) {
-		t.Fatalf("record after Open %x, want the bound record %x", now, rec)
+	if got := s.Counters().UnprovenBlocks.Load(); got != 1 {
+		t.Errorf("UnprovenBlocks = %d, want 1", got)
 	}
-	checkAccounting(t, s)
 }
 
 // A tmp swapped for a symbolic link (to a root-only file) before its rename

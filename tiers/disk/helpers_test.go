@@ -66,6 +66,11 @@ func pageData(seed, pages int) []byte {
 
 func crcOf(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
 
+// vllmXattr is the value vLLM PR #57912 sets as user.vllm.kv_crc32c: the
+// CRC32C in four big-endian bytes (io.py _store_block:
+// crc32c(view_slice).to_bytes(4, "big")).
+func vllmXattr(crc uint32) []byte { return binary.BigEndian.AppendUint32(nil, crc) }
+
 // openStore opens a store in a fresh temporary directory (unless cfg.Dir is set)
 // and closes it when the test ends.
 func openStore(t *testing.T, cfg Config) *Store {

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bytes"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"sort"
@@ -182,13 +183,17 @@ func TestOpenDropsBlockWhoseSizeDisagreesWithRecord(t *testing.T) {
 
 // A block found without a digest record (copied or restored without xattrs,
 // or written by an engine pointed straight at the store) proves nothing: it is
-// not indexed, and counted. vLLM's own CRC32C, when it matches, adopts it.
+// not indexed, and counted. vLLM's own CRC32C, when it matches, adopts it; one
+// in another format than vLLM's four big-endian bytes (the decimal text earlier
+// releases read) is refused, as vLLM's loader would refuse it.
 func TestOpenRefusesBlockWithoutRecord(t *testing.T) {
 	dir := t.TempDir()
 	bare := blockRel(testTier, 0, hashHex(1, 32))
 	vouched := blockRel(testTier, 0, hashHex(2, 32))
 	lying := blockRel(testTier, 0, hashHex(3, 32))
-	for i, rel := range []string{bare, vouched, lying} {
+	asText := blockRel(testTier, 0, hashHex(4, 32))
+	littleEndian := blockRel(testTier, 0, hashHex(5, 32))
+	for i, rel := range []string{bare, vouched, lying, asText, littleEndian} {
 		data := pageData(i+1, 3)
 		p := filepath.Join(dir, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -197,22 +202,26 @@ func TestOpenRefusesBlockWithoutRecord(t *testing.T) {
 		if err := os.WriteFile(p, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		crc := crcOf(data)
-		if rel == lying {
-			crc ^= 1
-		}
-		if rel != bare {
-			if err := unix.Setxattr(p, block.VLLMChecksumXattr, []byte(strconv.FormatUint(uint64(crc), 10)), 0); err != nil {
+		value := map[string][]byte{
+			vouched:      vllmXattr(crcOf(data)),
+			lying:        vllmXattr(crcOf(data) ^ 1),
+			asText:       []byte(strconv.FormatUint(uint64(crcOf(data)), 10)),
+			littleEndian: binary.LittleEndian.AppendUint32(nil, crcOf(data)),
+		}[rel]
+		if value != nil {
+			if err := unix.Setxattr(p, block.VLLMChecksumXattr, value, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
-	if s.Contains(bare) || s.Contains(lying) {
-		t.Fatalf("unproven blocks indexed: bare %v, wrong vLLM crc %v", s.Contains(bare), s.Contains(lying))
+	for _, rel := range []string{bare, lying, asText, littleEndian} {
+		if s.Contains(rel) {
+			t.Errorf("unproven block %s indexed", rel)
+		}
 	}
-	if got := s.Counters().UnprovenBlocks.Load(); got != 2 {
-		t.Errorf("UnprovenBlocks = %d, want 2", got)
+	if got := s.Counters().UnprovenBlocks.Load(); got != 4 {
+		t.Errorf("UnprovenBlocks = %d, want 4", got)
 	}
 	if !exists(t, filepath.Join(dir, bare)) {
 		t.Error("unproven block removed from disk: it is only left unindexed")
@@ -226,6 +235,29 @@ func TestOpenRefusesBlockWithoutRecord(t *testing.T) {
 	}
 	if st := s.Stats(); st.Blocks != 1 || st.PhysicalBytes != physicalOf(t, filepath.Join(dir, vouched)) {
 		t.Errorf("Stats = %+v", st)
+	}
+}
+
+// A block whose record holds but whose vLLM CRC32C disagrees with it would be
+// dropped by vLLM's loader at its first load: it is refused at mount.
+func TestOpenRefusesVLLMChecksumDisagreeingWithRecord(t *testing.T) {
+	dir := t.TempDir()
+	rel := blockRel(testTier, 0, hashHex(1, 32))
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putBlock(t, s, rel, pageData(1, 3))
+	s.Close()
+	if err := unix.Setxattr(filepath.Join(dir, rel), block.VLLMChecksumXattr, vllmXattr(crcOf(pageData(1, 3))+1), 0); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if s.Contains(rel) {
+		t.Fatal("block whose vLLM CRC32C disagrees with its record indexed")
+	}
+	if got := s.Counters().UnprovenBlocks.Load(); got != 1 {
+		t.Errorf("UnprovenBlocks = %d, want 1", got)
 	}
 }
 
@@ -295,7 +327,7 @@ func TestOpenReadOnlyDirectory(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	os.MkdirAll(filepath.Dir(filepath.Join(dir, rel)), 0o755)
 	os.WriteFile(filepath.Join(dir, rel), pageData(1, 1), 0o644)
-	unix.Setxattr(filepath.Join(dir, rel), block.VLLMChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(1, 1))), 10)), 0)
+	unix.Setxattr(filepath.Join(dir, rel), block.VLLMChecksumXattr, vllmXattr(crcOf(pageData(1, 1))), 0)
 	os.WriteFile(filepath.Join(dir, ".o_direct_probe_1.tmp"), pageData(1, 1), 0o644)
 	ro := dir
 	if os.Geteuid() == 0 {

@@ -176,7 +176,7 @@ func (s *Store) dropOvergrownLocked(rel string, t *tmpFile) {
 // written is what a rename learns about a passthrough tmp's bytes.
 type written struct {
 	size  int64
-	crc   uint32
+	sum   *block.Sum
 	probe func(off int64) (uint64, error)
 	// fromRow is set when the digest is the row's, not read from the file.
 	fromRow bool
@@ -231,7 +231,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		}
 	}
 	offsets := block.ProbeOffsets(size)
-	w.crc, w.fromRow = row.CRC, found
+	w.sum, w.fromRow = &row.Sum, found
 	w.probe = func(off int64) (uint64, error) {
 		for i, o := range offsets {
 			if o == off {
@@ -296,7 +296,7 @@ func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
 		if _, err := readFullAt(f, chunk, at, &direct); err != nil {
 			return w, err
 		}
-		w.CRC = block.UpdateCRC32C(w.CRC, chunk)
+		w.Sum.Write(chunk)
 		for _, r := range nonZeroComplement(chunk, at) {
 			if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == r[0] {
 				w.ZeroRuns[n-1][1] = r[1]

@@ -87,7 +87,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		if b == nil {
 			return nil, newError("open", rel, syscall.ENOENT, "no such block")
 		}
-		f, err := s.openFile(rel, unix.O_RDONLY, 0)
+		f, err := s.openForReading(rel)
 		s.mu.Lock()
 		if s.blocks[rel] != b {
 			// Published again, removed or evicted while opening: look again.
@@ -158,10 +158,11 @@ func (r *Reader) Verify() error {
 	if size != b.size {
 		return s.corrupt(b, "file has %d bytes, the block was published with %d", size, b.size)
 	}
-	crc, err := fileCRC(f, size)
+	sum, err := fileSum(f, size)
 	if err != nil {
 		return s.corrupt(b, "%v", err)
 	}
+	crc := sum.CRC()
 	s.mu.Lock()
 	want := b.digest.CRC
 	s.mu.Unlock()
@@ -197,9 +198,10 @@ func (r *Reader) ReadAll() ([]byte, error) {
 	return buf, nil
 }
 
-// ReadChunk is the unit ReadInto reads the block in: a load may serve the
-// block's first bytes while the rest is still on its way from the disk.
-const ReadChunk = 1 << 20
+// ReadChunk is the unit ReadInto reads and proves the block in (the
+// digest's chunks): a load may serve the block's first chunks once they
+// matched while the rest is still on its way from the disk.
+const ReadChunk = block.ChunkSize
 
 // maxChunksInFlight bounds the chunk reads of one block in flight at once:
 // enough to keep as many requests at the disk as one read of the whole row.
@@ -209,12 +211,12 @@ const maxChunksInFlight = 8
 // checks it against its checksum. It reads O_DIRECT where the store
 // filesystem allows, so the block moves straight from the disk into buf and
 // leaves the page cache alone, in chunks of ReadChunk bytes, several in
-// flight at once. The CRC32C is computed as the chunks land, in order; each
-// time the run of landed bytes from the block's start grows, landed (when not
-// nil) is called with its length, one call at a time. Those bytes are not
-// proven yet: only a nil return proves the whole block. A mismatch or a short
-// file removes the block and returns EIO.
-func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
+// flight at once, each checked against its chunk CRC as it lands. Each time
+// the run of proven chunks from the block's start grows, proven (when not
+// nil) is called with its length in bytes, one call at a time; a block whose
+// digest has no chunk CRCs (an older record) is proven only whole, by a nil
+// return. A mismatch or a short file removes the block and returns EIO.
+func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 	s := r.s
 	d := r.Digest()
 	size := int(r.b.size)
@@ -222,26 +224,35 @@ func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
 		return fmt.Errorf("read %s: a buffer of %d bytes (capacity %d) for a block of %d", r.b.rel, len(buf), cap(buf), size)
 	}
 	fd := int(r.file.Fd())
-	in := &inFlight{direct: setDirect(fd, true) == nil, landed: landed, done: make([]bool, (size+ReadChunk-1)/ReadChunk)}
-	workers := min(len(in.done), maxChunksInFlight)
+	n := block.ChunkCount(int64(size))
+	in := &inFlight{direct: setDirect(fd, true) == nil, size: size, crcs: make([]uint32, n), done: make([]bool, n)}
+	if len(d.Chunks) == n {
+		in.want, in.proven = d.Chunks, proven
+	}
+	workers := min(n, maxChunksInFlight)
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			for c := w; c < len(in.done); c += workers {
+			for c := w; c < n; c += workers {
 				if errs[w] = r.readChunk(fd, buf, c, in); errs[w] != nil {
 					return
 				}
-				in.land(buf, c)
+				if errs[w] = in.land(buf, c); errs[w] != nil {
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
 	for _, err := range errs {
 		var short *shortBlock
+		var mismatch *chunkMismatch
 		switch {
 		case errors.As(err, &short):
 			return s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", short.at, size)
+		case errors.As(err, &mismatch):
+			return s.corrupt(r.b, "%v", err)
 		case err != nil:
 			s.counters.IOErrors.Add(1)
 			return s.corrupt(r.b, "%v", err)
@@ -251,37 +262,87 @@ func (r *Reader) ReadInto(buf []byte, landed func(prefix int)) error {
 		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
 	}
 	r.checked()
+	if in.want == nil && n <= block.MaxChunks {
+		r.addChunks(d, in.crcs)
+	}
 	return nil
 }
 
-// inFlight is the state of one ReadInto: which chunks landed, the CRC32C of
-// the run of landed chunks from the block's start, and whether reads still go
-// O_DIRECT.
+// addChunks rewrites the record of a block whose digest had no chunk CRCs
+// (an older record), now that a read proved the whole block and summed its
+// chunks, so that its later loads are proven chunk by chunk. A failure only
+// leaves the old record.
+func (r *Reader) addChunks(d block.Digest, chunks []uint32) {
+	s, b := r.s, r.b
+	d.Chunks = chunks
+	if err := writeDigest(r.file, b.name, d); err != nil {
+		s.cfg.Logger.Warn("adding chunk CRCs to a block's digest record", "path", s.Path(b.rel), "err", err)
+		return
+	}
+	_, physical, err := fileSize(r.file)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blocks[b.rel] != b {
+		return
+	}
+	b.digest = d
+	if err == nil && physical != b.physical {
+		s.totals.add(b, -1)
+		s.used += physical - b.physical
+		b.physical = physical
+		s.totals.add(b, 1)
+	}
+}
+
+// inFlight is the state of one ReadInto: which chunks landed and their
+// CRCs, the CRC32C of the run of landed chunks from the block's start, and
+// whether reads still go O_DIRECT.
 type inFlight struct {
 	mu     sync.Mutex
 	direct bool
+	size   int
+	crcs   []uint32
 	done   []bool
 	next   int // first chunk not yet in the checksum
 	crc    uint32
-	landed func(prefix int)
+	// want are the digest's chunk CRCs, nil when it has none; proven is
+	// then never called.
+	want   []uint32
+	proven func(prefix int)
 }
 
-// land records that chunk c is in buf and extends the checksum over the
-// chunks from next on that all landed.
-func (in *inFlight) land(buf []byte, c int) {
+// chunkMismatch is a chunk whose bytes fail its chunk CRC.
+type chunkMismatch struct {
+	chunk     int
+	got, want uint32
+}
+
+func (e *chunkMismatch) Error() string {
+	return fmt.Sprintf("chunk %d: crc32c %08x, recorded %08x", e.chunk, e.got, e.want)
+}
+
+// land checks chunk c, just read into buf, against its chunk CRC and extends
+// the checksum over the chunks from next on that all landed.
+func (in *inFlight) land(buf []byte, c int) error {
+	start := c * ReadChunk
+	chunkLen := min(ReadChunk, in.size-start)
+	crc := block.CRC32C(buf[start : start+chunkLen])
+	if in.want != nil && crc != in.want[c] {
+		return &chunkMismatch{chunk: c, got: crc, want: in.want[c]}
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.done[c] = true
+	in.crcs[c], in.done[c] = crc, true
 	grew := false
 	for in.next < len(in.done) && in.done[in.next] {
-		start := in.next * ReadChunk
-		in.crc = block.UpdateCRC32C(in.crc, buf[start:min(start+ReadChunk, len(buf))])
+		in.crc = block.CombineCRC32C(in.crc, in.crcs[in.next], int64(min(ReadChunk, in.size-in.next*ReadChunk)))
 		in.next++
 		grew = true
 	}
-	if grew && in.landed != nil {
-		in.landed(min(in.next*ReadChunk, len(buf)))
+	if grew && in.proven != nil {
+		in.proven(min(in.next*ReadChunk, in.size))
 	}
+	return nil
 }
 
 // readChunk reads chunk c of the block into buf. An O_DIRECT read reads

@@ -6,7 +6,6 @@ package disk
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -37,7 +36,7 @@ func TestRegressionAdoptionLeavesPhysicalStale(t *testing.T) {
 	p := filepath.Join(dir, rel)
 	os.MkdirAll(filepath.Dir(p), 0o755)
 	os.WriteFile(p, pageData(0, 1), 0o644)
-	unix.Setxattr(p, block.VLLMChecksumXattr, []byte(strconv.FormatUint(uint64(crcOf(pageData(0, 1))), 10)), 0)
+	unix.Setxattr(p, block.VLLMChecksumXattr, vllmXattr(crcOf(pageData(0, 1))), 0)
 	s := openStore(t, Config{Dir: dir, Capacity: 1 << 30})
 	readBlock(t, s, rel)
 	if got, want := s.Stats().PhysicalBytes, physicalOf(t, p); got != want {

@@ -88,6 +88,8 @@ type entry struct {
 	// row, and a record found at mount may have been taken so. A row is
 	// not trusted to stand for such a file (Reader.FileChecked).
 	unchecked bool
+	// times are the file's, as last read or set (times.go).
+	times Times
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
@@ -124,7 +126,7 @@ type tmpFile struct {
 	// allocated is what the tmp counts against the capacity: the bytes
 	// written, without the zero pages left as holes.
 	allocated  int64
-	crc        uint32
+	sum        block.Sum
 	sequential bool
 	open       bool
 	orphaned   bool
@@ -444,7 +446,7 @@ func (e *unprovenError) Error() string { return e.reason }
 // no proof of its bytes: it is indexed only when vLLM's own CRC32C xattr is
 // on it and matches its bytes, and refused (left on disk, unindexed) otherwise.
 func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
-	f, err := s.openFile(rel, unix.O_RDONLY, 0)
+	f, err := s.openForReading(rel)
 	if err != nil {
 		return nil, &unprovenError{reason: err.Error()}
 	}
@@ -465,6 +467,11 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 			return nil, err
 		}
 		upgrade = true
+	} else if want, present, err := vllmChecksum(f); err != nil {
+		// vLLM's loader would drop the block at its first load.
+		return nil, &unprovenError{reason: err.Error()}
+	} else if present && want != d.CRC {
+		return nil, &unprovenError{reason: fmt.Sprintf("its %s %08x disagrees with its digest record (crc32c %08x)", block.VLLMChecksumXattr, want, d.CRC)}
 	}
 	if d.Size != st.Size {
 		return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
@@ -478,24 +485,27 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 		}
 	}
 	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
-		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true}, nil
+		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true, times: timesOf(&st)}, nil
 }
 
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the
 // file's bytes must match it.
 func (s *Store) adoptVLLM(f *os.File, size int64) (block.Digest, error) {
-	want, ok := vllmChecksum(f)
-	if !ok {
+	want, present, err := vllmChecksum(f)
+	if err != nil {
+		return block.Digest{}, &unprovenError{reason: "no digest record, and " + err.Error()}
+	}
+	if !present {
 		return block.Digest{}, &unprovenError{reason: "no digest record (copied or restored without xattrs?)"}
 	}
-	crc, err := fileCRC(f, size)
+	sum, err := fileSum(f, size)
 	if err != nil {
 		return block.Digest{}, &unprovenError{reason: err.Error()}
 	}
-	if crc != want {
+	if crc := sum.CRC(); crc != want {
 		return block.Digest{}, &unprovenError{reason: fmt.Sprintf("no digest record, and its bytes (crc32c %08x) do not match %s %08x", crc, block.VLLMChecksumXattr, want)}
 	}
-	return digestFile(f, size, crc)
+	return digestFile(f, sum)
 }
 
 // insertLocked adds a block to the index at the front of the LRU list.

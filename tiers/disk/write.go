@@ -177,7 +177,7 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.s.used -= data - written // reserved for bytes that never landed
 	w.s.mu.Unlock()
 	if w.tmp.sequential {
-		w.tmp.crc = block.UpdateCRC32C(w.tmp.crc, p[:n])
+		w.tmp.sum.Write(p[:n])
 		w.tmp.captureProbes(p[:n], off)
 	}
 	w.tmp.size = max(w.tmp.size, off+int64(n))
@@ -529,6 +529,11 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if f == nil {
 		return newError("rename", tmpRel, syscall.ENOENT, "tmp file was removed")
 	}
+	// What publication reads leaves the access time as the write left it,
+	// not later than the modification time, so the block's first load moves
+	// it (times.go). The daemon owns the file or runs as root, so the flag
+	// is granted.
+	setFlag(int(f.Fd()), unix.O_NOATIME, true)
 	var sealed written
 	if t.passthrough {
 		var err error
@@ -556,17 +561,22 @@ func (s *Store) publish(tmpRel, destRel string) error {
 			return err
 		}
 	}
-	crc := t.crc
+	sum := &t.sum
 	switch {
 	case t.passthrough:
-		crc = sealed.crc
-	case !t.sequential:
+		sum = sealed.sum
+	case !t.sequential || sum.Len() != t.size:
 		var err error
-		if crc, err = fileCRC(f, t.size); err != nil {
+		if sum, err = fileSum(f, t.size); err != nil {
 			return err
 		}
 	}
-	if want, ok := vllmChecksum(f); ok && want != crc {
+	crc := sum.CRC()
+	switch want, present, err := vllmChecksum(f); {
+	case err != nil:
+		t.refused = true
+		return newError("rename", tmpRel, syscall.EIO, "%v: not published (vLLM's loader would refuse it)", err)
+	case present && want != crc:
 		s.counters.ChecksumFailures.Add(1)
 		t.refused = true
 		return newError("rename", tmpRel, syscall.EIO,
@@ -575,9 +585,9 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	var digest block.Digest
 	var err error
 	if t.passthrough {
-		digest, err = block.NewDigest(t.size, crc, sealed.probe)
+		digest, err = block.NewDigest(sum, sealed.probe)
 	} else {
-		digest, err = t.digest(f, crc)
+		digest, err = t.digest(f, sum)
 	}
 	if err != nil {
 		return err
@@ -639,6 +649,10 @@ func (s *Store) publish(tmpRel, destRel string) error {
 		return newError("rename", tmpRel, syscall.EPERM,
 			"the tmp name was replaced during the rename: not published, and the block is gone")
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		s.cfg.Logger.Warn("reading a published block's times", "path", s.Path(destRel), "err", err)
+	}
 	// Sealed, the tmp takes no more bytes: what it held is the block's now,
 	// even if its writer has not closed it yet.
 	t.sealed = true
@@ -646,7 +660,7 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	t.untracked = true
 	s.used -= t.allocated
 	t.closeIfRetired()
-	b := &entry{rel: destRel, name: name, size: t.size, physical: physical,
+	b := &entry{rel: destRel, name: name, size: t.size, physical: physical, times: timesOf(&st),
 		digest: digest, lastUse: s.nowNano(), present: true, unchecked: t.passthrough && sealed.fromRow}
 	if old != nil {
 		b.lastLookup, b.prefix = old.lastLookup, old.prefix
@@ -660,12 +674,12 @@ func (s *Store) publish(tmpRel, destRel string) error {
 
 // digest builds the published block's digest from the probe windows captured
 // while it was written, or by reading them from the file.
-func (t *tmpFile) digest(f *os.File, crc uint32) (block.Digest, error) {
+func (t *tmpFile) digest(f *os.File, sum *block.Sum) (block.Digest, error) {
 	offsets := block.ProbeOffsets(t.size)
 	if t.expect != t.size || !t.sequential || len(t.probes) != len(offsets) {
-		return digestFile(f, t.size, crc)
+		return digestFile(f, sum)
 	}
-	return block.NewDigest(t.size, crc, func(off int64) (uint64, error) { return t.probes[off], nil })
+	return block.NewDigest(sum, func(off int64) (uint64, error) { return t.probes[off], nil })
 }
 
 // RemoveTmp unlinks a tmp file and returns its bytes to the capacity.

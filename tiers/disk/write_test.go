@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io/fs"
 	"os"
@@ -660,5 +661,44 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 		if got := readBlock(t, s, rel); !bytes.Equal(got, want) {
 			t.Fatalf("mode %#x: wrong bytes", mode)
 		}
+	}
+}
+
+// vLLM PR #57912 sets its CRC32C on the tmp before the rename, as four
+// big-endian bytes: a matching one publishes, a disagreeing one or one in
+// another format (which vLLM's loader would refuse) is refused at the rename
+// and nothing is published.
+func TestPublishChecksVLLMChecksum(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	data := pageData(7, 3)
+	for i, c := range []struct {
+		what      string
+		value     []byte
+		published bool
+	}{
+		{"vLLM's bytes", vllmXattr(crcOf(data)), true},
+		{"a disagreeing CRC32C", vllmXattr(crcOf(data) ^ 0x80), false},
+		{"the CRC32C little endian", binary.LittleEndian.AppendUint32(nil, crcOf(data)), false},
+		{"the CRC32C as decimal text", []byte(strconv.FormatUint(uint64(crcOf(data)), 10)), false},
+	} {
+		rel := blockRel(testTier, 0, hashHex(100+i, 64))
+		tmp := writeTmp(t, s, rel, data)
+		if err := unix.Setxattr(s.Path(tmp), block.VLLMChecksumXattr, c.value, 0); err != nil {
+			t.Fatal(err)
+		}
+		err := s.Publish(tmp, rel)
+		if c.published {
+			if err != nil || !s.Contains(rel) {
+				t.Errorf("%s: Publish = %v, indexed %v; want published", c.what, err, s.Contains(rel))
+			}
+			continue
+		}
+		wantErrno(t, err, syscall.EIO, c.what)
+		if s.Contains(rel) || exists(t, s.Path(rel)) {
+			t.Errorf("%s: block published", c.what)
+		}
+	}
+	if got := s.Counters().ChecksumFailures.Load(); got != 2 {
+		t.Errorf("ChecksumFailures = %d, want 2 (a CRC32C of another format is no checksum failure)", got)
 	}
 }

@@ -99,7 +99,7 @@ func verify(name block.Name, size int64, crc uint32, rec []byte) error {
 	if err != nil {
 		return err
 	}
-	if !bound || key != name.Binding() {
+	if !bound || !key.Fits(name) {
 		return fmt.Errorf("digest record is bound to %+v, not to this block", key)
 	}
 	if size != d.Size {

@@ -131,15 +131,15 @@ func TestScanWrittenTwinRows(t *testing.T) {
 	for _, p := range []int64{0, 1, 2, 3, 4, 6} {
 		pages[p*block.PageSize] = written[p*block.PageSize : (p+1)*block.PageSize]
 	}
-	if row, found := set.ScanWritten(testRow, pages); found && row.CRC != block.CRC32C(written) {
-		t.Fatalf("found the twin row's checksum %08x, the written row's is %08x", row.CRC, block.CRC32C(written))
+	if row, found := set.ScanWritten(testRow, pages); found && row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("found the twin row's checksum %08x, the written row's is %08x", row.Sum.CRC(), block.CRC32C(written))
 	}
 	copy(twin, written)
 	if err := os.WriteFile(path, append(twin, data[testRow:]...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if row, found := set.ScanWritten(testRow, pages); !found || row.CRC != block.CRC32C(written) {
-		t.Fatalf("two rows holding the same block: found %v, crc %08x", found, row.CRC)
+	if row, found := set.ScanWritten(testRow, pages); !found || row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("two rows holding the same block: found %v, crc %08x", found, row.Sum.CRC())
 	}
 }
 
@@ -181,8 +181,8 @@ func BenchmarkScanWritten(b *testing.B) {
 	b.SetBytes(rowBytes)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if w, ok := set.ScanWritten(rowBytes, pages); !ok || w.CRC != want {
-			b.Fatalf("scan: crc %08x ok %v, want %08x", w.CRC, ok, want)
+		if w, ok := set.ScanWritten(rowBytes, pages); !ok || w.Sum.CRC() != want {
+			b.Fatalf("scan: crc %08x ok %v, want %08x", w.Sum.CRC(), ok, want)
 		}
 	}
 }

@@ -13,8 +13,8 @@ import (
 
 // WrittenRow is what the daemon learns from the row a block was written from.
 type WrittenRow struct {
-	// CRC is the row's CRC32C.
-	CRC uint32
+	// Sum holds the row's CRC32C and chunk CRCs.
+	Sum block.Sum
 	// Probes are the row's windows at block.ProbeOffsets(size), in that order.
 	Probes []uint64
 	// ZeroRuns are the row's all-zero page runs, [start, end) byte offsets.
@@ -61,7 +61,7 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 			return false
 		}
 		w := scanRow(row)
-		if found && w.CRC != out.CRC {
+		if found && w.Sum.CRC() != out.Sum.CRC() {
 			ambiguous = true
 			return false
 		}
@@ -76,7 +76,7 @@ func scanRow(row []byte) WrittenRow {
 	var w WrittenRow
 	for start := 0; start < len(row); start += block.PageSize {
 		page := row[start : start+block.PageSize]
-		w.CRC = block.UpdateCRC32C(w.CRC, page)
+		w.Sum.Write(page)
 		if !block.IsZero(page) {
 			continue
 		}
