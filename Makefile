@@ -25,7 +25,8 @@ build:
 # in the fault tests), passwd (useradd: the access tests create users) and
 # e2fsprogs (mkfs.ext4: the fault tests' loop-device store that fills up and
 # fails), glusterfs-server and glusterfs-client (glusterd and mount.glusterfs:
-# the shared-store tests' real distributed filesystem, integration/gluster).
+# the shared-store tests' real distributed filesystem, integration/gluster),
+# python3-zmq (libzmq's SUB socket, the KV events tests' router).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
@@ -36,6 +37,7 @@ deps:
 	command -v mkfs.ext4 >/dev/null || pkgs="$$pkgs e2fsprogs"; \
 	command -v glusterd >/dev/null || pkgs="$$pkgs glusterfs-server"; \
 	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
+	/usr/bin/python3 -c 'import zmq' 2>/dev/null || pkgs="$$pkgs python3-zmq"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
 demo: deps build
