@@ -284,7 +284,7 @@ func runMount(args []string) error {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		}
-		go http.Serve(metricsListener, mux)
+		defer serveMetrics(metricsListener, mux).Close()
 	}
 	st := store.Stats()
 	metricsAt := "disabled"
