@@ -14,19 +14,21 @@ import (
 
 // TestLogEvents checks the one line per event logged between snapshots, in
 // the json format: regions found and lost, eviction starting (once while it
-// goes on) and stopping, warnings raised and cleared, and nothing when
-// nothing changed.
+// goes on) and stopping, warnings raised and cleared (one line per code,
+// however many warnings share it), and nothing when nothing changed.
 func TestLogEvents(t *testing.T) {
 	var buf bytes.Buffer
 	defer slog.SetDefault(slog.Default())
 	logger := newLogger(&buf, "json", slog.LevelInfo)
 	prev := ctlabi.Stats{
 		Primary:  ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_old.mmap"}}},
-		Warnings: []ctlabi.Warning{{Code: "peer_down", Message: "peer b is down"}},
+		Warnings: []ctlabi.Warning{{Code: "peer_down", Message: "peer b is down"},
+			{Code: "shm_ignored", Message: "a"}, {Code: "shm_ignored", Message: "b"}},
 	}
 	cur := ctlabi.Stats{
 		Primary:  ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_new.mmap", Size: 1 << 20, Rows: 4}}},
-		Warnings: []ctlabi.Warning{{Code: "no_space", Message: "raise --capacity"}},
+		Warnings: []ctlabi.Warning{{Code: "no_space", Message: "raise --capacity"}, {Code: "no_space", Message: "again"},
+			{Code: "shm_ignored", Message: "a"}, {Code: "shm_ignored", Message: "b"}},
 	}
 	cur.Disk.Evictions = 3
 	events := &eventLog{logger: logger, prev: prev}

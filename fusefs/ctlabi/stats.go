@@ -5,6 +5,9 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"strconv"
+	"unicode"
+	"unicode/utf8"
 )
 
 // FSName is the name a mount gives FUSE; FSType is the filesystem type the
@@ -46,8 +49,10 @@ type Stats struct {
 type Primary struct {
 	Regions []shm.Info `json:"regions"`
 	// Ignored lists files matching --shm-glob that are not mapped (links,
-	// other users' files), and why.
+	// other users' files), and why: the first shm.MaxIgnoredListed by name.
 	Ignored []shm.Ignored `json:"ignored"`
+	// IgnoredCount counts them all.
+	IgnoredCount int `json:"ignored_count"`
 }
 
 // Counters are the event counts since the mount.
@@ -183,4 +188,18 @@ var WarningCodes = []string{
 type Warning struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+}
+
+// Printable is name as human output shows it: as it is when every rune is
+// printable and none is a space, quote or backslash, otherwise quoted with
+// escapes (strconv.Quote), so that a name someone else chose (a file in
+// /dev/shm) can neither carry terminal escape sequences to the reader nor
+// pass for two names.
+func Printable(name string) string {
+	for _, r := range name {
+		if !unicode.IsPrint(r) || r == ' ' || r == '"' || r == '\\' || r == utf8.RuneError {
+			return strconv.Quote(name)
+		}
+	}
+	return name
 }

@@ -17,15 +17,29 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // DefaultGlob matches vLLM's shared offload regions.
 const DefaultGlob = "/dev/shm/vllm_offload_*.mmap"
+
+// Any local user can create files under the glob, as many as /dev/shm holds:
+// what the Set reports and logs about the ones it ignores is bounded.
+const (
+	// MaxIgnoredListed bounds the ignored files Ignored lists (the first
+	// by name); IgnoredNow counts them all.
+	MaxIgnoredListed = 64
+	// ignoredLogBurst lines about ignored files are logged per
+	// ignoredLogPeriod; the rest are counted in one line per period.
+	ignoredLogBurst  = 8
+	ignoredLogPeriod = time.Minute
+)
 
 // FileID is a file's identity: a name recreated by the engine gets a new one.
 type FileID struct {
@@ -87,6 +101,39 @@ type Set struct {
 	// faults counts regions dropped because a read of them faulted.
 	ignoredTotal atomic.Int64
 	faults       atomic.Int64
+
+	// ignoredLog limits the lines about newly ignored files; Refresh
+	// alone uses it.
+	ignoredLog logLimit
+}
+
+// logLimit allows ignoredLogBurst lines per ignoredLogPeriod and counts the
+// lines it refused.
+type logLimit struct {
+	start      time.Time
+	used       int
+	suppressed int
+}
+
+// roll starts a new period once the current one is over and returns how
+// many lines the one that ended refused.
+func (l *logLimit) roll(now time.Time) int {
+	if now.Sub(l.start) < ignoredLogPeriod {
+		return 0
+	}
+	n := l.suppressed
+	l.start, l.used, l.suppressed = now, 0, 0
+	return n
+}
+
+// allow tells whether one more line may be logged in this period.
+func (l *logLimit) allow() bool {
+	if l.used < ignoredLogBurst {
+		l.used++
+		return true
+	}
+	l.suppressed++
+	return false
 }
 
 // NewSet returns a Set for the glob with default Options; call Refresh to map the regions.
@@ -187,6 +234,9 @@ func (s *Set) Refresh() error {
 			current[p] = c
 		}
 	}
+	if n := s.ignoredLog.roll(time.Now()); n > 0 {
+		s.logger.Warn("more shm files matching the glob ignored, not logged one by one", "files", n, "ignored_now", len(s.ignored))
+	}
 	if !s.changed(current) {
 		return nil
 	}
@@ -231,7 +281,9 @@ func (s *Set) Refresh() error {
 		ignored[p] = Ignored{Path: p, Reason: c.reason}
 		if old, seen := s.ignored[p]; !seen || old.Reason != c.reason {
 			s.ignoredTotal.Add(1)
-			s.logger.Warn("shm file matching the glob ignored", "path", p, "reason", c.reason)
+			if s.ignoredLog.allow() {
+				s.logger.Warn("shm file matching the glob ignored", "path", p, "reason", c.reason)
+			}
 		}
 	}
 	s.ignored = ignored
@@ -381,7 +433,8 @@ func (s *Set) FileOf(path string) (FileID, bool) {
 	return r.id, true
 }
 
-// Ignored lists the files matching the glob that are not mapped now, and why.
+// Ignored lists the files matching the glob that are not mapped now, and
+// why: the first MaxIgnoredListed by name.
 func (s *Set) Ignored() []Ignored {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -390,7 +443,14 @@ func (s *Set) Ignored() []Ignored {
 		out = append(out, ig)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out
+	return slices.Clone(out[:min(len(out), MaxIgnoredListed)])
+}
+
+// IgnoredNow counts the files matching the glob that are not mapped now.
+func (s *Set) IgnoredNow() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.ignored)
 }
 
 // IgnoredTotal counts the files refused since the Set was made (a file is
