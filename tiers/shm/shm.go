@@ -19,6 +19,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,55 @@ type Set struct {
 	// ignoredLog limits the lines about newly ignored files; Refresh
 	// alone uses it.
 	ignoredLog logLimit
+	// scanned is the glob directory's state at the last full scan, and
+	// when it was taken (Refresh alone uses them).
+	scanned     dirStamp
+	scannedTime time.Time
+}
+
+// fullScanEvery bounds how long Refresh trusts an unchanged glob directory
+// and looks at its mapped regions only.
+const fullScanEvery = 30 * time.Second
+
+// dirStamp is what changes in a directory's status when a name in it is
+// created, removed or renamed.
+type dirStamp struct {
+	ino          uint64
+	mtime, ctime unix.Timespec
+}
+
+// globDirStamp is the state of the glob's directory; ok is false when the
+// directory part of the glob has wildcards or cannot be read.
+func (s *Set) globDirStamp() (dirStamp, bool) {
+	dir := filepath.Dir(s.glob)
+	if strings.ContainsAny(dir, `*?[\`) {
+		return dirStamp{}, false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return dirStamp{}, false
+	}
+	return dirStamp{ino: st.Ino, mtime: st.Mtim, ctime: st.Ctim}, true
+}
+
+// unchanged tells whether a full scan would find nothing new: no name in
+// the glob's directory changed since the last full scan (within
+// fullScanEvery) and every mapped region is still its file, of its size.
+// Any local user can put thousands of files under the glob; this keeps a
+// Refresh of an unchanged directory from examining each of them.
+func (s *Set) unchanged(stamp dirStamp, ok bool) bool {
+	if !ok || stamp == (dirStamp{}) || stamp != s.scanned || time.Since(s.scannedTime) >= fullScanEvery {
+		return false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for p, r := range s.regions {
+		var st unix.Stat_t
+		if r.faulted.Load() || unix.Lstat(p, &st) != nil || (FileID{Dev: st.Dev, Ino: st.Ino}) != r.id || st.Size != r.size {
+			return false
+		}
+	}
+	return true
 }
 
 // logLimit allows ignoredLogBurst lines per ignoredLogPeriod and counts the
@@ -224,9 +274,21 @@ func refusal(st *unix.Stat_t, owners []uint32) string {
 func (s *Set) Refresh() error {
 	s.refreshMu.Lock()
 	defer s.refreshMu.Unlock()
+	// Taken before the scan: a change during it makes the next one full.
+	stamp, stamped := s.globDirStamp()
+	if s.unchanged(stamp, stamped) {
+		return nil
+	}
 	paths, err := filepath.Glob(s.glob)
 	if err != nil {
 		return err
+	}
+	// A directory changed within the last second may change again within
+	// its timestamps' granularity (a clock tick) after the glob read it:
+	// such a stamp is not trusted.
+	s.scanned = dirStamp{}
+	if now := time.Now(); stamped && now.Sub(time.Unix(stamp.mtime.Unix())) > time.Second && now.Sub(time.Unix(stamp.ctime.Unix())) > time.Second {
+		s.scanned, s.scannedTime = stamp, now
 	}
 	current := make(map[string]candidate, len(paths))
 	for _, p := range paths {
@@ -298,6 +360,7 @@ func (s *Set) Refresh() error {
 		s.logger.Info("shm region mapped", "path", r.path, "size", r.size)
 	}
 	if len(errs) > 0 {
+		s.scanned = dirStamp{}
 		return fmt.Errorf("mapping shm regions: %v", errs)
 	}
 	return nil
