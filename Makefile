@@ -26,7 +26,8 @@ build:
 # e2fsprogs (mkfs.ext4: the fault tests' loop-device store that fills up and
 # fails), glusterfs-server and glusterfs-client (glusterd and mount.glusterfs:
 # the shared-store tests' real distributed filesystem, integration/gluster),
-# python3-zmq (libzmq's SUB socket, the KV events tests' router).
+# python3-zmq (libzmq's SUB socket, the KV events tests' router; its python3
+# also opens regions as vLLM does in the gc-regions race test).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \

@@ -100,7 +100,7 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
-			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
+			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", ctlabi.Printable(r.Path), r.Warning)})
 		}
 	}
 	primaryRows := 0

@@ -190,16 +190,19 @@ type Warning struct {
 	Message string `json:"message"`
 }
 
-// Printable is name as human output shows it: as it is when every rune is
-// printable and none is a space, quote or backslash, otherwise quoted with
-// escapes (strconv.Quote), so that a name someone else chose (a file in
-// /dev/shm) can neither carry terminal escape sequences to the reader nor
-// pass for two names.
-func Printable(name string) string {
-	for _, r := range name {
-		if !unicode.IsPrint(r) || r == ' ' || r == '"' || r == '\\' || r == utf8.RuneError {
-			return strconv.Quote(name)
+// Printable is text someone else may have chosen (a file name in /dev/shm,
+// a process name, a message quoting them) as human output shows it: as it
+// is when it is valid UTF-8 of printable runes, otherwise quoted with
+// escapes (strconv.Quote), so that it carries no terminal escape sequence
+// or other control byte to the reader.
+func Printable(text string) string {
+	if !utf8.ValidString(text) {
+		return strconv.Quote(text)
+	}
+	for _, r := range text {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(text)
 		}
 	}
-	return name
+	return text
 }
