@@ -68,3 +68,17 @@ func TestLogEvents(t *testing.T) {
 		t.Errorf("events logged between equal snapshots: %v", got)
 	}
 }
+
+// TestLogsEscapeControlBytes: a /dev/shm name with escape sequences reaches
+// the log, in either format, with no raw control byte.
+func TestLogsEscapeControlBytes(t *testing.T) {
+	defer slog.SetDefault(slog.Default())
+	for _, format := range []logFormat{"text", "json"} {
+		var buf bytes.Buffer
+		newLogger(&buf, format, slog.LevelInfo).Warn("shm file matching the glob ignored",
+			"path", "/dev/shm/vllm_offload_\x1b]0;owned\x07\x1b[2J.mmap")
+		if strings.ContainsAny(buf.String(), "\x1b\x07") || !strings.Contains(buf.String(), "owned") {
+			t.Errorf("%s log line %q", format, buf.String())
+		}
+	}
+}

@@ -444,3 +444,88 @@ func TestPublisherReconnectsAfterRouterRestart(t *testing.T) {
 	}
 	t.Fatal("nothing received after the router came back")
 }
+
+// rawPeer is a hand-driven ZMTP 3.1 peer of the test.
+type rawPeer struct {
+	conn net.Conn
+	in   *bufio.Reader
+}
+
+// dialRaw connects to a bound publisher and exchanges greetings and READY
+// as a socket of type socketType speaking ZMTP 3.1.
+func dialRaw(t *testing.T, p *Publisher, socketType string) *rawPeer {
+	t.Helper()
+	conn, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	g := make([]byte, 64)
+	g[0], g[9], g[10], g[11] = 0xFF, 0x7F, 3, 1
+	copy(g[12:], "NULL")
+	props := append([]byte{byte(len("Socket-Type"))}, "Socket-Type"...)
+	props = binary.BigEndian.AppendUint32(props, uint32(len(socketType)))
+	props = append(props, socketType...)
+	if _, err := conn.Write(append(g, appendCommand(nil, "READY", props)...)); err != nil {
+		t.Fatal(err)
+	}
+	r := &rawPeer{conn: conn, in: bufio.NewReader(conn)}
+	if err := readGreeting(r.in); err != nil {
+		t.Fatalf("publisher's greeting: %v", err)
+	}
+	return r
+}
+
+// TestPublisherSpeaksZMTP31 drives a peer by hand: READY with its socket
+// type, a ZMTP 3.1 SUBSCRIBE command, a PING answered by a PONG with the
+// same context, then the topic's batch; a peer of another socket type is
+// refused after the handshake.
+func TestPublisherSpeaksZMTP31(t *testing.T) {
+	p, err := Start(Options{Endpoint: "tcp://*:0", Topic: "kv@node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sub := dialRaw(t, p, "SUB")
+	flags, body, err := readFrame(sub.in)
+	if name, props, _ := command(body); err != nil || flags != flagCommand || name != "READY" {
+		t.Fatalf("publisher's READY: %v, flags %d, %q", err, flags, body)
+	} else if typ, err := socketType(props); err != nil || typ != "PUB" {
+		t.Fatalf("publisher's socket type %q, %v", typ, err)
+	}
+	ping := append([]byte{0, 10}, "ctx"...)
+	if _, err := sub.conn.Write(append(appendCommand(nil, "SUBSCRIBE", []byte("kv@")), appendCommand(nil, "PING", ping)...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, body, err := readFrame(sub.in); err != nil {
+		t.Fatal(err)
+	} else if name, data, _ := command(body); name != "PONG" || string(data) != "ctx" {
+		t.Fatalf("answer to PING: %q %q, want PONG ctx", name, data)
+	}
+	waitSubscribed(t, p)
+	p.BlockGone(blockG0)
+	var frames [][]byte
+	for {
+		flags, body, err := readFrame(sub.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, body)
+		if flags&flagMore == 0 {
+			break
+		}
+	}
+	if len(frames) != 3 || string(frames[0]) != "kv@node" {
+		t.Fatalf("frames %q: want topic, sequence number, payload", frames)
+	}
+	if got := decodeBatch(t, frames[2]); len(got) != 1 || !reflect.DeepEqual(got[0].Hashes, []uint64{blockG0ID}) {
+		t.Fatalf("events %+v, want block %d", got, blockG0ID)
+	}
+
+	push := dialRaw(t, p, "PUSH")
+	readFrame(push.in) // the publisher's READY
+	if _, _, err := readFrame(push.in); err == nil {
+		t.Fatal("a PUSH peer was kept")
+	}
+}
