@@ -20,6 +20,16 @@ import (
 // are scanned again.
 const defaultGCGrace = time.Second
 
+// quarantinePrefix starts the hidden name an orphan is renamed aside to:
+// quarantinePrefix, 16 random hex digits, "-", its name.
+const quarantinePrefix = ".kvtierfs-gc-"
+
+// asideGlob matches the names the regions of glob are renamed aside to.
+func asideGlob(glob string) string {
+	dir, base := filepath.Split(glob)
+	return filepath.Join(dir, quarantinePrefix+"*-"+base)
+}
+
 // maxOrphansListed bounds the orphaned regions stat lists one by one.
 const maxOrphansListed = 20
 
@@ -143,7 +153,7 @@ func quarantine(r regionFile, dirs map[string]*os.File) (*quarantined, error) {
 	}
 	random := make([]byte, 8)
 	rand.Read(random)
-	q.aside = ".kvtierfs-gc-" + hex.EncodeToString(random)
+	q.aside = quarantinePrefix + hex.EncodeToString(random) + "-" + name
 	if err := unix.Renameat2(int(dir.Fd()), name, int(dir.Fd()), q.aside, unix.RENAME_NOREPLACE); err != nil {
 		return nil, fmt.Errorf("renaming it aside: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -43,12 +44,20 @@ type regionScan struct {
 }
 
 // scanRegions lists the regular files matching glob (symlinks and other
-// types are ignored) and sorts them into orphaned and in use.
+// types are ignored), and those a gc-regions that was killed left renamed
+// aside in the glob's directory, and sorts them into orphaned and in use.
 func scanRegions(glob string) (regionScan, error) {
 	var scan regionScan
 	paths, err := filepath.Glob(glob)
 	if err != nil {
 		return scan, fmt.Errorf("--shm-glob %q: %w", glob, err)
+	}
+	if aside, err := filepath.Glob(asideGlob(glob)); err == nil {
+		for _, p := range aside {
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
 	}
 	var regions []regionFile
 	for _, p := range paths {

@@ -225,8 +225,26 @@ func TestGCRegionsRechecks(t *testing.T) {
 	if _, err := os.Stat(p); err != nil {
 		t.Fatal("the region was removed")
 	}
-	if names, _ := filepath.Glob("/dev/shm/.kvtierfs-gc-*"); len(names) != 0 {
+	if names, _ := filepath.Glob(asideGlob(p)); len(names) != 0 {
 		t.Fatalf("quarantine names left behind: %v", names)
+	}
+
+	// What a gc-regions killed during its grace leaves renamed aside is an
+	// orphan of the next one.
+	left := filepath.Join("/dev/shm", quarantinePrefix+"0123456789abcdef-"+filepath.Base(p))
+	if err := os.Rename(p, left); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(left) })
+	if scan, err = scanRegions(p); err != nil || len(scan.orphans) != 1 || scan.orphans[0].path != left {
+		t.Fatalf("scan after a killed gc-regions: %+v, %v", scan, err)
+	}
+	scan.unreadable = nil
+	if err := gcRegions(io.Discard, scan, false, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); err == nil {
+		t.Fatal("a region left renamed aside was kept")
 	}
 }
 
