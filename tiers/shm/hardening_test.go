@@ -370,3 +370,42 @@ func TestRefreshOfQuietDirectorySeesEveryChange(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowFullScansAreSpaced: after a full scan that took a second, a new
+// name under the glob waits scanCostFactor seconds for the next full scan,
+// while a mapped region that changed is seen at once.
+func TestSlowFullScansAreSpaced(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.mmap")
+	writeRegion(t, a, 2, 0)
+	set := setOver(t, dir, Options{})
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	set.scanCost = time.Second // as a scan of a flooded directory on a slow machine
+	writeRegion(t, filepath.Join(dir, "b.mmap"), 3, 10)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 1 {
+		t.Fatalf("a full scan ran right after a slow one: regions %+v", infos)
+	}
+	if err := os.Truncate(a, 4*testRow); err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 2 {
+		t.Fatalf("a mapped region resized: regions %+v, want a and b", infos)
+	}
+	set.scanCost = time.Second
+	writeRegion(t, filepath.Join(dir, "c.mmap"), 1, 20)
+	set.lastScan = time.Now().Add(-scanCostFactor * time.Second)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 3 {
+		t.Fatalf("the next full scan is due: regions %+v", infos)
+	}
+}

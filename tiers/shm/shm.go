@@ -106,15 +106,27 @@ type Set struct {
 	// ignoredLog limits the lines about newly ignored files; Refresh
 	// alone uses it.
 	ignoredLog logLimit
-	// scanned is the glob directory's state at the last full scan, and
-	// when it was taken (Refresh alone uses them).
-	scanned     dirStamp
-	scannedTime time.Time
+	// scanned is the glob directory's state at the last full scan (zero
+	// when it was not to be trusted), lastScan when that scan started and
+	// scanCost how long it took (Refresh alone uses them).
+	scanned  dirStamp
+	lastScan time.Time
+	scanCost time.Duration
 }
 
-// fullScanEvery bounds how long Refresh trusts an unchanged glob directory
-// and looks at its mapped regions only.
-const fullScanEvery = 30 * time.Second
+const (
+	// fullScanEvery bounds how long Refresh trusts an unchanged glob
+	// directory and looks at its mapped regions only.
+	fullScanEvery = 30 * time.Second
+	// A full scan that took d, at least slowScan, is followed by the next
+	// one no sooner than scanCostFactor·d later (and at most
+	// fullScanEvery), so that full scans take at most a twentieth of a
+	// core however many files match the glob and however often someone
+	// changes its directory. A quick scan (a /dev/shm of tens of files
+	// takes well under a millisecond) is never held back.
+	scanCostFactor = 20
+	slowScan       = 10 * time.Millisecond
+)
 
 // dirStamp is what changes in a directory's status when a name in it is
 // created, removed or renamed.
@@ -137,24 +149,27 @@ func (s *Set) globDirStamp() (dirStamp, bool) {
 	return dirStamp{ino: st.Ino, mtime: st.Mtim, ctime: st.Ctim}, true
 }
 
-// unchanged tells whether a full scan would find nothing new: no name in
-// the glob's directory changed since the last full scan (within
-// fullScanEvery) and every mapped region is still its file, of its size.
-// Any local user can put thousands of files under the glob; this keeps a
-// Refresh of an unchanged directory from examining each of them.
-func (s *Set) unchanged(stamp dirStamp, ok bool) bool {
-	if !ok || stamp == (dirStamp{}) || stamp != s.scanned || time.Since(s.scannedTime) >= fullScanEvery {
-		return false
+// fullScanDue tells whether Refresh must examine every name the glob
+// matches: a name in its directory changed since the last full scan (or
+// fullScanEvery passed), and the cost bound allows it, or a mapped region is
+// no longer its file, of its size. Any local user can put thousands of files
+// under the glob; this keeps a Refresh from examining each of them every
+// second.
+func (s *Set) fullScanDue(stamp dirStamp, ok bool) bool {
+	since := time.Since(s.lastScan)
+	if (s.scanCost < slowScan || since >= min(scanCostFactor*s.scanCost, fullScanEvery)) &&
+		(!ok || stamp == (dirStamp{}) || stamp != s.scanned || since >= fullScanEvery) {
+		return true
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for p, r := range s.regions {
 		var st unix.Stat_t
 		if r.faulted.Load() || unix.Lstat(p, &st) != nil || (FileID{Dev: st.Dev, Ino: st.Ino}) != r.id || st.Size != r.size {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // logLimit allows ignoredLogBurst lines per ignoredLogPeriod and counts the
@@ -276,19 +291,22 @@ func (s *Set) Refresh() error {
 	defer s.refreshMu.Unlock()
 	// Taken before the scan: a change during it makes the next one full.
 	stamp, stamped := s.globDirStamp()
-	if s.unchanged(stamp, stamped) {
+	if !s.fullScanDue(stamp, stamped) {
 		return nil
 	}
-	paths, err := filepath.Glob(s.glob)
-	if err != nil {
-		return err
-	}
+	start := time.Now()
+	s.lastScan = start
+	defer func() { s.scanCost = time.Since(start) }()
 	// A directory changed within the last second may change again within
 	// its timestamps' granularity (a clock tick) after the glob read it:
 	// such a stamp is not trusted.
 	s.scanned = dirStamp{}
-	if now := time.Now(); stamped && now.Sub(time.Unix(stamp.mtime.Unix())) > time.Second && now.Sub(time.Unix(stamp.ctime.Unix())) > time.Second {
-		s.scanned, s.scannedTime = stamp, now
+	if stamped && start.Sub(time.Unix(stamp.mtime.Unix())) > time.Second && start.Sub(time.Unix(stamp.ctime.Unix())) > time.Second {
+		s.scanned = stamp
+	}
+	paths, err := filepath.Glob(s.glob)
+	if err != nil {
+		return err
 	}
 	current := make(map[string]candidate, len(paths))
 	for _, p := range paths {
