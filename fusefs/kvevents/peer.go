@@ -61,9 +61,17 @@ func (pr *peer) handshake() error {
 }
 
 // read applies the peer's subscriptions and answers its heartbeats until
-// the connection fails or sends what a subscriber does not.
+// the connection fails or sends what a subscriber does not. A peer holding
+// no subscription for handshakeTimeout is dropped: it only holds a slot.
 func (pr *peer) read() error {
 	for {
+		deadline := time.Time{}
+		if !pr.subscribed() {
+			deadline = time.Now().Add(handshakeTimeout)
+		}
+		if err := pr.conn.SetReadDeadline(deadline); err != nil {
+			return err
+		}
 		flags, body, err := readFrame(pr.in)
 		if err != nil {
 			return err

@@ -529,3 +529,18 @@ func TestPublisherSpeaksZMTP31(t *testing.T) {
 		t.Fatal("a PUSH peer was kept")
 	}
 }
+
+// TestPublisherDropsPeersThatNeverSubscribe: a peer that completes its
+// handshake and then only holds its connection loses it.
+func TestPublisherDropsPeersThatNeverSubscribe(t *testing.T) {
+	p, err := Start(Options{Endpoint: "tcp://*:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	idle := dialRaw(t, p, "SUB")
+	readFrame(idle.in) // the publisher's READY
+	if _, _, err := readFrame(idle.in); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a peer without a subscription kept its connection: %v", err)
+	}
+}
