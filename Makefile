@@ -31,8 +31,10 @@ demo-deps:
 # tests create users), e2fsprogs (mkfs.ext4: the fault tests' loop-device
 # store that fills up and fails), glusterfs-server and glusterfs-client
 # (glusterd and mount.glusterfs: the shared-store tests' real distributed
-# filesystem, integration/gluster) and prometheus (promtool: the alert rules
-# of deploy/prometheus are checked and unit-tested).
+# filesystem, integration/gluster), prometheus (promtool: the alert rules
+# of deploy/prometheus are checked and unit-tested) and python3-zmq
+# (libzmq's SUB socket, the KV events tests' router; its python3 also opens
+# regions as vLLM does in the gc-regions race test).
 deps: demo-deps
 	@pkgs=""; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
@@ -42,6 +44,7 @@ deps: demo-deps
 	command -v glusterd >/dev/null || pkgs="$$pkgs glusterfs-server"; \
 	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
 	command -v promtool >/dev/null || pkgs="$$pkgs prometheus"; \
+	/usr/bin/python3 -c 'import zmq' 2>/dev/null || pkgs="$$pkgs python3-zmq"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
 demo: demo-deps build

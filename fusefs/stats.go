@@ -74,6 +74,7 @@ func (f *FS) Stats() ctlabi.Stats {
 		}
 		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
 		st.Primary.Ignored = f.regions.Ignored()
+		st.Primary.IgnoredCount = f.regions.IgnoredNow()
 		st.Counters.ShmIgnored = f.regions.IgnoredTotal()
 		st.Counters.ShmFaults = f.regions.Faults()
 	}
@@ -83,9 +84,14 @@ func (f *FS) Stats() ctlabi.Stats {
 	if st.Primary.Ignored == nil {
 		st.Primary.Ignored = []shm.Ignored{}
 	}
-	for _, ig := range st.Primary.Ignored {
+	if ig := st.Primary.Ignored; len(ig) == 1 && st.Primary.IgnoredCount == 1 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
-			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid", ig.Path, ig.Reason)})
+			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid",
+			ctlabi.Printable(ig[0].Path), ig[0].Reason)})
+	} else if len(ig) > 0 {
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
+			"%d files match --shm-glob but are not mapped, %s among them (%s): the engine's regions are regular files owned by root or the engine's uid",
+			st.Primary.IgnoredCount, ctlabi.Printable(ig[0].Path), ig[0].Reason)})
 	}
 	if st.Counters.UnprovenBlocks > 0 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnUnprovenBlocks, Message: fmt.Sprintf(
@@ -94,7 +100,7 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	for _, r := range st.Primary.Regions {
 		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
-			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", r.Path, r.Warning)})
+			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", ctlabi.Printable(r.Path), r.Warning)})
 		}
 	}
 	primaryRows := 0

@@ -15,7 +15,8 @@ func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, 
 	if c.kvEventsEndpoint == "" {
 		return nil, nil
 	}
-	events, err := kvevents.Start(kvevents.Options{Endpoint: c.kvEventsEndpoint, Topic: c.kvEventsTopic, Logger: logger})
+	events, err := kvevents.Start(kvevents.Options{Endpoint: c.kvEventsEndpoint, BindAll: c.kvEventsBindAll,
+		Topic: c.kvEventsTopic, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
@@ -24,6 +25,10 @@ func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, 
 		return nil, err
 	}
 	store.OnBlockGone(events.BlockGone)
-	logger.Info("publishing removed blocks as KV events", "endpoint", c.kvEventsEndpoint, "topic", c.kvEventsTopic)
+	listening := "no (connects)"
+	if addr := events.Addr(); addr != nil {
+		listening = addr.String()
+	}
+	logger.Info("publishing removed blocks as KV events", "endpoint", c.kvEventsEndpoint, "listening", listening, "topic", c.kvEventsTopic)
 	return events, nil
 }

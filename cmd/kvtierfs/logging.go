@@ -117,17 +117,21 @@ func (e *eventLog) observe(cur ctlabi.Stats) {
 		logger.Info("eviction stopped", "on_disk", formatBytes(cur.Disk.PhysicalBytes), "capacity", formatBytes(cur.Disk.CapacityBytes))
 	}
 	e.evicting = evicted > 0
-	raised := map[string]string{}
+	// One line per code raised or cleared, however many warnings share it.
+	before = map[string]bool{}
 	for _, w := range prev.Warnings {
-		raised[w.Code] = w.Message
+		before[w.Code] = true
 	}
+	now := map[string]bool{}
 	for _, w := range cur.Warnings {
-		if _, ok := raised[w.Code]; !ok {
+		if !before[w.Code] && !now[w.Code] {
 			logger.Warn("warning raised", "code", w.Code, "message", w.Message)
 		}
-		delete(raised, w.Code)
+		now[w.Code] = true
 	}
-	for _, code := range slices.Sorted(maps.Keys(raised)) {
-		logger.Info("warning cleared", "code", code)
+	for _, code := range slices.Sorted(maps.Keys(before)) {
+		if !now[code] {
+			logger.Info("warning cleared", "code", code)
+		}
 	}
 }

@@ -72,6 +72,7 @@ type mountConfig struct {
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
 	kvEventsEndpoint string
 	kvEventsTopic    string
+	kvEventsBindAll  bool
 	// shared configures the shared second level (--shared).
 	shared shared.Config
 	// sharedKernelNegative is the kernel's negative entry lifetime with --shared.
@@ -102,8 +103,9 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.BoolVar(&c.nonempty, "nonempty", false, "mount over a mountpoint that holds files (the mount hides them; by default a non-empty mountpoint is refused)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
 	fl.IntVar(&c.engineUID, "engine-uid", os.Getuid(), "uid of the engine: the store, its blocks and the control files belong to it and root only, and its shm regions are mapped (default: the user running kvtierfs mount)")
-	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds, tcp://HOST:PORT connects; empty disables")
+	fl.StringVar(&c.kvEventsEndpoint, "kv-events-endpoint", "", "ZMQ address where blocks the store evicts, drops or has unlinked are published as vLLM BlockRemoved KV events for routers: tcp://*:5557 binds (loopback unless --kv-events-bind-all), tcp://HOST:PORT connects; empty disables")
 	fl.StringVar(&c.kvEventsTopic, "kv-events-topic", "", "topic frame of the KV events, as vLLM's kv-events-config topic")
+	fl.BoolVar(&c.kvEventsBindAll, "kv-events-bind-all", false, "bind a wildcard --kv-events-endpoint (*, ::, 0.0.0.0) on every interface instead of loopback")
 	fl.BoolVar(&c.debug, "debug", false, "log debug events and serve /debug/pprof on --metrics-addr")
 	fl.BoolVar(&c.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	sharedFlags := addSharedFlags(fl)
@@ -295,7 +297,7 @@ func runMount(args []string) error {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		}
-		go http.Serve(metricsListener, mux)
+		defer serveMetrics(metricsListener, mux).Close()
 	}
 	st := store.Stats()
 	metricsAt := "disabled"

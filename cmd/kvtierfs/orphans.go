@@ -7,10 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 )
 
 // Orphaned engine regions: an engine that dies leaves its shm region behind
@@ -41,12 +44,20 @@ type regionScan struct {
 }
 
 // scanRegions lists the regular files matching glob (symlinks and other
-// types are ignored) and sorts them into orphaned and in use.
+// types are ignored), and those a gc-regions that was killed left renamed
+// aside in the glob's directory, and sorts them into orphaned and in use.
 func scanRegions(glob string) (regionScan, error) {
 	var scan regionScan
 	paths, err := filepath.Glob(glob)
 	if err != nil {
 		return scan, fmt.Errorf("--shm-glob %q: %w", glob, err)
+	}
+	if aside, err := filepath.Glob(asideGlob(glob)); err == nil {
+		for _, p := range aside {
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
 	}
 	var regions []regionFile
 	for _, p := range paths {
@@ -116,7 +127,7 @@ func describeProcesses(pids []int) string {
 			break
 		}
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		parts = append(parts, fmt.Sprintf("%d (%s)", pid, strings.TrimSpace(string(comm))))
+		parts = append(parts, fmt.Sprintf("%d (%s)", pid, ctlabi.Printable(strings.TrimSpace(string(comm)))))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -177,31 +188,4 @@ func readOpenFiles(pid int, used map[fileID]bool) error {
 		}
 	}
 	return nil
-}
-
-// removeOrphan removes an orphaned region if it is still the same regular
-// file (opened O_NOFOLLOW, checked by fstat) and still used by no process
-// whose files can be read.
-func removeOrphan(r regionFile) error {
-	fd, err := unix.Open(r.path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	var st unix.Stat_t
-	err = unix.Fstat(fd, &st)
-	unix.Close(fd)
-	if err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || statID(&st) != r.id {
-		return fmt.Errorf("replaced since the scan")
-	}
-	used, _, err := filesInUse() // the caller decided whether unreadable processes allow removal
-	if err != nil {
-		return err
-	}
-	if used[r.id] {
-		return fmt.Errorf("a process maps or opened it since the scan")
-	}
-	return os.Remove(r.path)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -145,7 +146,7 @@ func TestOrphanedRegions(t *testing.T) {
 	// Unreadable processes might map a region: nothing is removed.
 	unproven := scan
 	unproven.unreadable = []int{os.Getpid()}
-	if err := gcRegions(io.Discard, unproven, false); err == nil || !strings.Contains(err.Error(), "no region is proven orphaned") {
+	if err := gcRegions(io.Discard, unproven, false, time.Millisecond); err == nil || !strings.Contains(err.Error(), "no region is proven orphaned") {
 		t.Fatalf("gc-regions with an unreadable process: %v", err)
 	}
 	var st unix.Stat_t
@@ -164,7 +165,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := gcRegions(&out, scan, true); err != nil {
+	if err := gcRegions(&out, scan, true, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{mapped, opened, daemonOnly, orphan, link, target} {
@@ -177,7 +178,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := gcRegions(&out, scan, false); err != nil {
+	if err := gcRegions(&out, scan, false, time.Millisecond); err != nil {
 		t.Fatalf("gc-regions: %v\n%s", err, out.String())
 	}
 	for _, p := range []string{daemonOnly, orphan} {
@@ -200,9 +201,9 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 }
 
-// TestRemoveOrphanRechecks refuses to remove a region that was replaced or
-// mapped since the scan.
-func TestRemoveOrphanRechecks(t *testing.T) {
+// TestGCRegionsRechecks keeps a region mapped since the scan, under its
+// name, and one replaced since the scan; it removes nothing else.
+func TestGCRegionsRechecks(t *testing.T) {
 	p := filepath.Join("/dev/shm", fmt.Sprintf("kvtierfs-orphan-recheck-%d.mmap", os.Getpid()))
 	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
@@ -212,16 +213,61 @@ func TestRemoveOrphanRechecks(t *testing.T) {
 	if err != nil || len(scan.orphans) != 1 {
 		t.Fatalf("scan: %+v, %v", scan, err)
 	}
-	startRegionHelper(t, "map", p)
-	if err := removeOrphan(scan.orphans[0]); err == nil {
-		t.Fatal("removed a region mapped since the scan")
+	scan.unreadable = nil // a sandbox's PID 1 may be out of reach; it is no engine
+	stop := startRegionHelper(t, "map", p)
+	var out strings.Builder
+	if err := gcRegions(&out, scan, false, time.Millisecond); err == nil || !strings.Contains(out.String(), "a process opened or mapped it since the scan (name given back)") {
+		t.Fatalf("gc-regions of a region mapped since the scan: %v\n%s", err, out.String())
 	}
-	replaced := scan.orphans[0]
-	replaced.id.inode++
-	if err := removeOrphan(replaced); err == nil || !strings.Contains(err.Error(), "replaced") {
-		t.Fatalf("removing a replaced region: %v", err)
+	stop()
+	replaced := scan
+	replaced.orphans = []regionFile{scan.orphans[0]}
+	replaced.orphans[0].id.inode++
+	out.Reset()
+	if err := gcRegions(&out, replaced, false, time.Millisecond); err == nil || !strings.Contains(out.String(), "replaced since the scan") {
+		t.Fatalf("gc-regions of a replaced region: %v\n%s", err, out.String())
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatal("the region was removed")
+	}
+	if names, _ := filepath.Glob(asideGlob(p)); len(names) != 0 {
+		t.Fatalf("quarantine names left behind: %v", names)
+	}
+
+	// What a gc-regions killed during its grace leaves renamed aside is an
+	// orphan of the next one.
+	left := filepath.Join("/dev/shm", quarantinePrefix+"0123456789abcdef-"+filepath.Base(p))
+	if err := os.Rename(p, left); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(left) })
+	if scan, err = scanRegions(p); err != nil || len(scan.orphans) != 1 || scan.orphans[0].path != left {
+		t.Fatalf("scan after a killed gc-regions: %+v, %v", scan, err)
+	}
+	scan.unreadable = nil
+	if err := gcRegions(io.Discard, scan, false, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); err == nil {
+		t.Fatal("a region left renamed aside was kept")
+	}
+}
+
+// TestPrintableNames: names with escape sequences, other control bytes or
+// invalid UTF-8 are quoted in gc-regions' and stat's output, plain ones not.
+func TestPrintableNames(t *testing.T) {
+	esc := "/dev/shm/vllm_offload_\x1b]0;owned\x07\x1b[2J.mmap"
+	scan := regionScan{orphans: []regionFile{{path: esc, size: 4096}, {path: "/dev/shm/vllm_offload_plain.mmap", size: 4096}}}
+	var out strings.Builder
+	gcRegions(&out, scan, true, time.Millisecond)
+	printOrphans(&out, scan)
+	if strings.ContainsAny(out.String(), "\x1b\x07") {
+		t.Fatalf("raw control bytes in the output: %q", out.String())
+	}
+	for _, want := range []string{`would remove "/dev/shm/vllm_offload_\x1b]0;owned\a\x1b[2J.mmap"`, "would remove /dev/shm/vllm_offload_plain.mmap (4.0 KiB)",
+		`  "/dev/shm/vllm_offload_\x1b]0;owned\a\x1b[2J.mmap"  4.0 KiB`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -109,7 +109,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	sort.Strings(groups)
 	for _, g := range groups {
-		fmt.Fprintf(t, "  group %s\t%s, %s\n", g, plural(st.Groups[g].Blocks, "block"), formatBytes(st.Groups[g].Bytes))
+		fmt.Fprintf(t, "  group %s\t%s, %s\n", ctlabi.Printable(g), plural(st.Groups[g].Blocks, "block"), formatBytes(st.Groups[g].Bytes))
 	}
 	if len(st.Primary.Regions) == 0 {
 		fmt.Fprintf(t, "primary\tno shm region found\n")
@@ -119,7 +119,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 		if r.RowBytes == 0 {
 			geometry = r.Warning
 		}
-		fmt.Fprintf(t, "primary\t%s: %s, %s\n", r.Path, formatBytes(r.Size), geometry)
+		fmt.Fprintf(t, "primary\t%s: %s, %s\n", ctlabi.Printable(r.Path), formatBytes(r.Size), geometry)
 	}
 	c := st.Counters
 	hitRate := 0.0
@@ -152,7 +152,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	for _, p := range st.Peers {
 		fmt.Fprintf(t, "  peer %s\t%s, %d rows sent (%d verified), %d received, %s", p.Addr, p.State, p.RowsSent, p.Verified, p.RowsReceived, formatBytes(int64(p.Bytes)))
 		if p.LastError != "" {
-			fmt.Fprintf(t, ", last error: %s", p.LastError)
+			fmt.Fprintf(t, ", last error: %s", ctlabi.Printable(p.LastError))
 		}
 		fmt.Fprintln(t)
 	}
@@ -163,6 +163,6 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	}
 	fmt.Fprintln(w, "warnings:")
 	for _, warn := range st.Warnings {
-		fmt.Fprintf(w, "  [%s] %s\n", warn.Code, warn.Message)
+		fmt.Fprintf(w, "  [%s] %s\n", warn.Code, ctlabi.Printable(warn.Message))
 	}
 }

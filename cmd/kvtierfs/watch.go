@@ -202,7 +202,7 @@ func renderWatch(w io.Writer, st ctlabi.Stats, r *rates, at time.Time, interval 
 			rows = "geometry unknown"
 		}
 		// The engine's use of its rows is not visible to the daemon: no bar.
-		fmt.Fprintf(w, "primary  %s: %s, %s\n", reg.Path, formatBytes(reg.Size), rows)
+		fmt.Fprintf(w, "primary  %s: %s, %s\n", ctlabi.Printable(reg.Path), formatBytes(reg.Size), rows)
 	}
 	fmt.Fprintln(w)
 	hits := "-"
@@ -243,7 +243,7 @@ func renderWatch(w io.Writer, st ctlabi.Stats, r *rates, at time.Time, interval 
 	}
 	fmt.Fprintln(w, "warnings:")
 	for _, warn := range st.Warnings {
-		fmt.Fprintf(w, "  [%s] %s\n", warn.Code, warn.Message)
+		fmt.Fprintf(w, "  [%s] %s\n", warn.Code, ctlabi.Printable(warn.Message))
 	}
 }
 

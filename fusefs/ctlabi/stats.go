@@ -5,6 +5,9 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"strconv"
+	"unicode"
+	"unicode/utf8"
 )
 
 // FSName is the name a mount gives FUSE; FSType is the filesystem type the
@@ -46,8 +49,10 @@ type Stats struct {
 type Primary struct {
 	Regions []shm.Info `json:"regions"`
 	// Ignored lists files matching --shm-glob that are not mapped (links,
-	// other users' files), and why.
+	// other users' files), and why: the first shm.MaxIgnoredListed by name.
 	Ignored []shm.Ignored `json:"ignored"`
+	// IgnoredCount counts them all.
+	IgnoredCount int `json:"ignored_count"`
 }
 
 // Counters are the event counts since the mount.
@@ -183,4 +188,21 @@ var WarningCodes = []string{
 type Warning struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+}
+
+// Printable is text someone else may have chosen (a file name in /dev/shm,
+// a process name, a message quoting them) as human output shows it: as it
+// is when it is valid UTF-8 of printable runes, otherwise quoted with
+// escapes (strconv.Quote), so that it carries no terminal escape sequence
+// or other control byte to the reader.
+func Printable(text string) string {
+	if !utf8.ValidString(text) {
+		return strconv.Quote(text)
+	}
+	for _, r := range text {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(text)
+		}
+	}
+	return text
 }

@@ -119,3 +119,20 @@ func TestStatsGolden(t *testing.T) {
 		t.Errorf("stats.json encodes differently from testdata/stats.json:\n%s", again)
 	}
 }
+
+// TestPrintable leaves printable text alone and quotes the rest.
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"/dev/shm/vllm_offload_a b.mmap": "/dev/shm/vllm_offload_a b.mmap",
+		"peer nodeB:7470 is down":        "peer nodeB:7470 is down",
+		"/dev/shm/x\x1b]0;t\x07.mmap":    `"/dev/shm/x\x1b]0;t\a.mmap"`,
+		"line\nbreak":                    `"line\nbreak"`,
+		"bad\xffutf8":                    `"bad\xffutf8"`,
+		"right\u202eto-left":             `"right\u202eto-left"`,
+		"ünïcode":                        "ünïcode",
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -3,14 +3,16 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -23,26 +25,32 @@ const DefaultQueueLen = 1 << 16
 const (
 	// maxBatchBlocks bounds the blocks of one KVEventBatch.
 	maxBatchBlocks = 4096
-	// socketHWM is how many batches the socket keeps for a subscriber that
-	// reads slowly; past it the socket drops them, as libzmq's PUB does.
+	// socketHWM is how many batches wait for a subscriber that reads
+	// slowly; past it its batches are dropped, as libzmq's PUB does.
 	socketHWM = 10000
+	// maxPeers bounds the connections of a bound publisher; one beyond it
+	// is closed at once.
+	maxPeers = 64
+	// handshakeTimeout bounds a peer's greeting and READY.
+	handshakeTimeout = 10 * time.Second
+	// writeTimeout bounds one write to a subscriber; one that takes longer
+	// is dropped.
+	writeTimeout = 30 * time.Second
 	// dialRetry is the wait between attempts to reach a connect endpoint.
 	dialRetry = 500 * time.Millisecond
-	// A connecting publisher whose socket has had no subscription for
-	// redialAfter checks redialCheck apart opens a new socket and dials
-	// again (the router went away, or never answered as a ZMQ peer).
-	redialCheck = time.Second
-	redialAfter = 3
 )
 
 // Options configures a Publisher.
 type Options struct {
 	// Endpoint is the ZMQ address, read as vLLM's ZmqEventPublisher reads
-	// its endpoint: one holding "*" or "::", or an ipc:// or inproc://
+	// its endpoint: one holding "*", "::" or "0.0.0.0", or an ipc://
 	// address, is bound (tcp://*:5557: routers connect to the node); any
 	// other is connected to (tcp://router:5557), again and again until it
 	// answers and after each loss.
 	Endpoint string
+	// BindAll makes a wildcard bind address (*, ::, 0.0.0.0) every
+	// interface; without it the publisher binds the loopback address.
+	BindAll bool
 	// Topic is the first frame of every message (vLLM's KVEventsConfig.topic,
 	// empty by default); SUB sockets filter on its prefix.
 	Topic string
@@ -57,6 +65,8 @@ type Options struct {
 // goroutine and are dropped, and counted, when it is full.
 type Publisher struct {
 	endpoint string
+	network  string
+	address  string
 	bind     bool
 	topic    []byte
 	queue    chan removal
@@ -64,12 +74,12 @@ type Publisher struct {
 	stop     chan struct{}
 	running  sync.WaitGroup
 	stopOnce sync.Once
+	// listener is a bound publisher's.
+	listener net.Listener
 
-	// mu guards the socket, which the publishing goroutine replaces when a
-	// connecting publisher dials again.
-	mu        sync.Mutex
-	sock      zmq4.Socket
-	closeSock func()
+	// mu guards peers, the subscribers connected now.
+	mu    sync.Mutex
+	peers map[*peer]struct{}
 
 	published atomic.Int64
 	dropped   atomic.Int64
@@ -87,11 +97,42 @@ type removal struct {
 
 // CheckEndpoint tells whether endpoint is a ZMQ address the publisher takes.
 func CheckEndpoint(endpoint string) error {
+	_, _, _, err := parseEndpoint(endpoint, false)
+	return err
+}
+
+// parseEndpoint turns a ZMQ address into what net.Listen or net.Dial takes,
+// and tells whether it is bound.
+func parseEndpoint(endpoint string, bindAll bool) (network, address string, bind bool, err error) {
 	transport, addr, found := strings.Cut(endpoint, "://")
-	if !found || addr == "" || (transport != "tcp" && transport != "ipc" && transport != "inproc") {
-		return fmt.Errorf("want a ZMQ address: tcp://*:5557 to bind, tcp://HOST:PORT to connect, or ipc://PATH")
+	switch {
+	case !found || addr == "":
+	case transport == "ipc":
+		return "unix", addr, true, nil
+	case transport == "inproc":
+		return "", "", false, fmt.Errorf("inproc:// reaches only the daemon's own process: use ipc://PATH or tcp://")
+	case transport == "tcp":
+		host, port, splitErr := net.SplitHostPort(addr)
+		if splitErr != nil || port == "" {
+			break
+		}
+		wildcard := host == "*" || host == "::" || host == "0.0.0.0"
+		if !wildcard && !strings.Contains(host, "::") && !strings.Contains(host, "*") {
+			return "tcp", addr, false, nil
+		}
+		switch {
+		case wildcard && bindAll:
+			host = ""
+		case host == "::":
+			host = "::1"
+		case wildcard:
+			host = "127.0.0.1"
+		case strings.Contains(host, "*"):
+			return "", "", false, fmt.Errorf("a bind address is *, ::, 0.0.0.0 or an interface's address")
+		}
+		return "tcp", net.JoinHostPort(host, port), true, nil
 	}
-	return nil
+	return "", "", false, fmt.Errorf("want a ZMQ address: tcp://*:5557 to bind, tcp://HOST:PORT to connect, or ipc://PATH")
 }
 
 // Start opens the socket and starts publishing.
@@ -104,12 +145,12 @@ func Start(opts Options) (*Publisher, error) {
 	return p, nil
 }
 
-// open opens the socket of a publisher that does not publish yet.
+// open binds a publisher or starts dialing; it does not publish yet.
 func open(opts Options) (*Publisher, error) {
-	if err := CheckEndpoint(opts.Endpoint); err != nil {
+	network, address, bind, err := parseEndpoint(opts.Endpoint, opts.BindAll)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opts.Endpoint, err)
 	}
-	transport, _, _ := strings.Cut(opts.Endpoint, "://")
 	if opts.QueueLen == 0 {
 		opts.QueueLen = DefaultQueueLen
 	}
@@ -118,78 +159,161 @@ func open(opts Options) (*Publisher, error) {
 	}
 	p := &Publisher{
 		endpoint: opts.Endpoint,
-		bind:     strings.Contains(opts.Endpoint, "*") || strings.Contains(opts.Endpoint, "::") || transport != "tcp",
+		network:  network,
+		address:  address,
+		bind:     bind,
 		topic:    []byte(opts.Topic),
 		queue:    make(chan removal, opts.QueueLen),
 		logger:   opts.Logger,
 		stop:     make(chan struct{}),
+		peers:    map[*peer]struct{}{},
 	}
-	if err := p.connect(); err != nil {
-		return nil, err
+	if bind {
+		if p.listener, err = net.Listen(network, address); err != nil {
+			return nil, err
+		}
+		p.running.Go(p.accept)
+	} else {
+		p.running.Go(p.dial)
 	}
 	return p, nil
 }
 
-// connect opens a new socket, binds it or starts dialing, and puts it in
-// place of the previous one, which it closes.
-//
-// zmq4's own automatic reconnection is not used: it dials from inside the
-// socket's writer when a send fails, while holding the lock that adding the
-// new connection takes, and deadlocks the socket.
-func (p *Publisher) connect() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	opts := []zmq4.Option{zmq4.WithLogger(slog.NewLogLogger(p.logger.Handler(), slog.LevelDebug))}
-	if !p.bind {
-		opts = append(opts, zmq4.WithDialerRetry(dialRetry), zmq4.WithDialerMaxRetries(-1))
+// Addr is the address a bound publisher listens on; nil for a connecting one.
+func (p *Publisher) Addr() net.Addr {
+	if p.listener == nil {
+		return nil
 	}
-	sock := zmq4.NewPub(ctx, opts...)
-	closeSock := func() {
-		cancel()
-		sock.Close()
-	}
-	if err := sock.SetOption(zmq4.OptionHWM, socketHWM); err != nil {
-		closeSock()
-		return err
-	}
-	if p.bind {
-		if err := sock.Listen(p.endpoint); err != nil {
-			closeSock()
-			return err
-		}
-	} else {
-		go func() {
-			err := sock.Dial(p.endpoint)
-			if ctx.Err() != nil {
-				// Replaced or closed while dialing: a connection made
-				// since then is closed with the socket.
-				sock.Close()
+	return p.listener.Addr()
+}
+
+// accept serves the subscribers that connect to a bound publisher, at most
+// maxPeers connections at a time, handshakes included.
+func (p *Publisher) accept() {
+	slots := make(chan struct{}, maxPeers)
+	for {
+		conn, err := p.listener.Accept()
+		if err != nil {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			p.logger.Warn("KV events: accept failed", "endpoint", p.endpoint, "err", err)
+			if !p.sleep(dialRetry) {
 				return
 			}
-			if err != nil {
-				p.logger.Warn("KV events: cannot connect", "endpoint", p.endpoint, "err", err)
-			}
-		}()
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			p.logger.Debug("KV events: too many connections, one closed", "remote", remote(conn))
+			conn.Close()
+			continue
+		}
+		p.running.Go(func() {
+			defer func() { <-slots }()
+			p.serve(conn)
+		})
 	}
-	p.mu.Lock()
-	previous := p.closeSock
-	p.sock, p.closeSock = sock, closeSock
-	p.mu.Unlock()
-	if previous != nil {
-		previous()
-	}
-	return nil
 }
 
-// socket is the socket in use.
-func (p *Publisher) socket() zmq4.Socket {
+// dial keeps a connecting publisher connected to its endpoint: it dials
+// until the endpoint answers, serves it until the connection ends, and
+// dials again.
+func (p *Publisher) dial() {
+	dialer := net.Dialer{Timeout: handshakeTimeout}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-p.stop
+		cancel()
+	}()
+	warned := false
+	for {
+		conn, err := dialer.DialContext(ctx, p.network, p.address)
+		if err == nil {
+			warned = false
+			p.serve(conn)
+		} else if !warned && ctx.Err() == nil {
+			warned = true
+			p.logger.Warn("KV events: cannot connect, trying again", "endpoint", p.endpoint, "err", err)
+		}
+		if !p.sleep(dialRetry) {
+			return
+		}
+	}
+}
+
+// sleep waits for d; false when the publisher closed meanwhile.
+func (p *Publisher) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// serve runs one subscriber's connection until it ends or the publisher
+// closes: handshake, then its subscriptions in, batches out.
+func (p *Publisher) serve(conn net.Conn) {
+	defer conn.Close()
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-p.stop:
+			conn.Close()
+		case <-stopped:
+		}
+	}()
+	pr := newPeer(conn)
+	if err := pr.handshake(); err != nil {
+		p.logger.Debug("KV events: handshake refused", "endpoint", p.endpoint, "remote", remote(conn), "err", err)
+		return
+	}
+	p.mu.Lock()
+	p.peers[pr] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.peers, pr)
+		p.mu.Unlock()
+	}()
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		pr.write()
+	}()
+	if err := pr.read(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		p.logger.Debug("KV events: subscriber dropped", "endpoint", p.endpoint, "remote", remote(conn), "err", err)
+	}
+	pr.close()
+	<-writing
+}
+
+// remote names a connection's peer for the log.
+func remote(conn net.Conn) string {
+	if a := conn.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// subscribed tells whether some subscriber's subscription reached the publisher.
+func (p *Publisher) subscribed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.sock
-}
-
-// subscribed tells whether some subscriber's subscription reached the socket.
-func (p *Publisher) subscribed() bool {
-	return len(p.socket().(zmq4.Topics).Topics()) > 0
+	for pr := range p.peers {
+		if pr.subscribed() {
+			return true
+		}
+	}
+	return false
 }
 
 // BlockGone queues a BlockRemoved event for the block at the store-relative
@@ -236,43 +360,26 @@ func (p *Publisher) Register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// Close stops publishing and closes the socket; blocks still queued are not sent.
+// Close stops publishing and closes the socket and its connections; blocks
+// still queued are not sent.
 func (p *Publisher) Close() error {
 	p.stopOnce.Do(func() {
 		close(p.stop)
+		if p.listener != nil {
+			p.listener.Close()
+		}
 		p.running.Wait()
-		p.mu.Lock()
-		p.closeSock()
-		p.mu.Unlock()
 	})
 	return nil
 }
 
-// run publishes queued blocks in batches until Close; a connecting
-// publisher also dials again when its socket stays without a subscription.
+// run publishes queued blocks in batches until Close.
 func (p *Publisher) run() {
-	var redial <-chan time.Time
-	if !p.bind {
-		tick := time.NewTicker(redialCheck)
-		defer tick.Stop()
-		redial = tick.C
-	}
-	unsubscribed := 0
 	batch := make([]removal, 0, maxBatchBlocks)
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-redial:
-			if p.subscribed() {
-				unsubscribed = 0
-			} else if unsubscribed++; unsubscribed >= redialAfter {
-				unsubscribed = 0
-				if err := p.connect(); err != nil {
-					p.logger.Warn("KV events: cannot open a new socket", "endpoint", p.endpoint, "err", err)
-				}
-			}
-			continue
 		case r := <-p.queue:
 			batch = append(batch[:0], r)
 		}
@@ -290,22 +397,25 @@ func (p *Publisher) run() {
 }
 
 // send publishes one batch as vLLM's ZmqEventPublisher frames it: topic,
-// sequence number (8 bytes, big-endian) and payload. Blocks dropped since the
-// last batch leave a gap in the sequence numbers, the sign by which vLLM's
-// subscribers detect lost batches. The socket queues the frames and writes
-// them later, so each batch has a buffer of its own.
+// sequence number (8 bytes, big-endian) and payload, to every subscriber
+// whose subscription is a prefix of the topic. Blocks dropped since the last
+// batch leave a gap in the sequence numbers, the sign by which vLLM's
+// subscribers detect lost batches.
 func (p *Publisher) send(batch []removal) {
 	if dropped := p.dropped.Load(); dropped != p.reported {
 		p.reported = dropped
 		p.seq++
 	}
 	payload := encodeBatch(nil, float64(time.Now().UnixNano())/1e9, groupRemovals(batch))
-	seq := binary.BigEndian.AppendUint64(nil, p.seq)
+	msg := encodeMessage(p.topic, binary.BigEndian.AppendUint64(nil, p.seq), payload)
 	p.seq++
-	if err := p.socket().Send(zmq4.NewMsgFrom(p.topic, seq, payload)); err != nil {
-		p.logger.Debug("KV events: send failed", "err", err)
-		return
+	p.mu.Lock()
+	for pr := range p.peers {
+		if pr.wants(p.topic) {
+			pr.queue(msg)
+		}
 	}
+	p.mu.Unlock()
 	p.published.Add(int64(len(batch)))
 }
 

@@ -1,9 +1,13 @@
 package kvevents
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -251,15 +255,153 @@ func TestPublisherConnectsWhenRouterComesUp(t *testing.T) {
 
 // TestCheckEndpoint accepts what vLLM's publisher takes and names the rest.
 func TestCheckEndpoint(t *testing.T) {
-	for _, ok := range []string{"tcp://*:5557", "tcp://127.0.0.1:5557", "tcp://[::]:5557", "ipc:///run/kv.sock", "inproc://kv"} {
+	for _, ok := range []string{"tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://127.0.0.1:5557", "tcp://[::]:5557", "ipc:///run/kv.sock"} {
 		if err := CheckEndpoint(ok); err != nil {
 			t.Errorf("%s refused: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"127.0.0.1:5557", "udp://*:5557", "tcp://", "http://router"} {
+	for _, bad := range []string{"127.0.0.1:5557", "udp://*:5557", "tcp://", "http://router", "tcp://*", "inproc://kv", "tcp://1.*.3.4:5557"} {
 		if err := CheckEndpoint(bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
+	}
+}
+
+// TestParseEndpointBindsLoopbackByDefault: vLLM's bind-all wildcards bind
+// the loopback address unless BindAll is set; other addresses are dialled.
+func TestParseEndpointBindsLoopbackByDefault(t *testing.T) {
+	cases := []struct {
+		endpoint string
+		bindAll  bool
+		network  string
+		address  string
+		bind     bool
+	}{
+		{"tcp://*:5557", false, "tcp", "127.0.0.1:5557", true},
+		{"tcp://0.0.0.0:5557", false, "tcp", "127.0.0.1:5557", true},
+		{"tcp://[::]:5557", false, "tcp", "[::1]:5557", true},
+		{"tcp://*:5557", true, "tcp", ":5557", true},
+		{"tcp://[::]:5557", true, "tcp", ":5557", true},
+		{"tcp://[fd00::7]:5557", false, "tcp", "[fd00::7]:5557", true},
+		{"tcp://router:5557", true, "tcp", "router:5557", false},
+		{"ipc:///run/kv.sock", false, "unix", "/run/kv.sock", true},
+	}
+	for _, c := range cases {
+		network, address, bind, err := parseEndpoint(c.endpoint, c.bindAll)
+		if err != nil || network != c.network || address != c.address || bind != c.bind {
+			t.Errorf("%s (bind all %v): %s %s bind %v, %v; want %s %s bind %v", c.endpoint, c.bindAll,
+				network, address, bind, err, c.network, c.address, c.bind)
+		}
+	}
+}
+
+// hugeFrameClaim is a peer's valid ZMTP 3.0 NULL greeting followed by one
+// frame header claiming 1 TiB: 73 bytes.
+func hugeFrameClaim() []byte {
+	msg := make([]byte, 64, 73)
+	msg[0], msg[9], msg[10] = 0xFF, 0x7F, 3
+	copy(msg[12:], "NULL")
+	msg = append(msg, flagLong)
+	return binary.BigEndian.AppendUint64(msg, 1<<40)
+}
+
+// sendHugeFrameClaim sends hugeFrameClaim on conn and waits until the
+// publisher closes the connection.
+func sendHugeFrameClaim(t *testing.T, conn net.Conn) {
+	t.Helper()
+	defer conn.Close()
+	if _, err := conn.Write(hugeFrameClaim()); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(time.Minute))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the publisher kept the connection of a peer claiming a 1 TiB frame")
+			}
+			return
+		}
+	}
+}
+
+// TestPublisherBoundSurvivesHugeFrameClaim: a bound publisher (on loopback,
+// from tcp://*:0) meets a peer sending the 73 bytes that made go-zeromq
+// allocate 1 TiB; it drops that peer and its real subscriber still
+// receives events.
+func TestPublisherBoundSurvivesHugeFrameClaim(t *testing.T) {
+	p, err := Start(Options{Endpoint: "tcp://*:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	addr := p.Addr().(*net.TCPAddr)
+	if !addr.IP.IsLoopback() {
+		t.Fatalf("tcp://*:0 bound %s, want the loopback address", addr)
+	}
+	sub := subscribe(t)
+	if err := sub.Dial("tcp://" + addr.String()); err != nil {
+		t.Fatal(err)
+	}
+	sub.receive(t, "")
+	waitSubscribed(t, p)
+
+	attacker, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendHugeFrameClaim(t, attacker)
+
+	p.BlockGone(blockG0)
+	if got := decodeBatch(t, sub.next(t).Frames[2]); len(got) != 1 || !reflect.DeepEqual(got[0].Hashes, []uint64{blockG0ID}) {
+		t.Fatalf("events %+v, want block %d", got, blockG0ID)
+	}
+}
+
+// TestPublisherConnectingSurvivesHugeFrameClaim: a listener at the router's
+// address answers a connecting publisher with the same 73 bytes; the
+// publisher drops it, dials again, and the real router's SUB socket bound
+// there next receives events.
+func TestPublisherConnectingSurvivesHugeFrameClaim(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + l.Addr().String()
+	p, err := Start(Options{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	attacker, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendHugeFrameClaim(t, attacker)
+	l.Close()
+
+	sub := subscribe(t)
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	sub.receive(t, "")
+	waitSubscribed(t, p)
+	p.BlockGone(blockG2)
+	if got := decodeBatch(t, sub.next(t).Frames[2]); len(got) != 1 || !reflect.DeepEqual(got[0].Hashes, []uint64{blockG2ID}) {
+		t.Fatalf("events %+v, want block %d", got, blockG2ID)
+	}
+}
+
+// TestReadFrameRefusesOversizedHeader: a header claiming more than a
+// subscriber sends is refused from its 9 bytes alone.
+func TestReadFrameRefusesOversizedHeader(t *testing.T) {
+	header := binary.BigEndian.AppendUint64([]byte{flagLong}, 1<<40)
+	if _, _, err := readFrame(bufio.NewReader(bytes.NewReader(header))); !errors.Is(err, errFrameTooLarge) {
+		t.Fatalf("readFrame of a 1 TiB header: %v, want %v", err, errFrameTooLarge)
+	}
+	short := appendFrame(nil, 0, []byte{1, 'k', 'v'})
+	if flags, body, err := readFrame(bufio.NewReader(bytes.NewReader(short))); err != nil || flags != 0 || string(body) != "\x01kv" {
+		t.Fatalf("readFrame of a subscription: flags %d body %q, %v", flags, body, err)
 	}
 }
 
@@ -301,4 +443,104 @@ func TestPublisherReconnectsAfterRouterRestart(t *testing.T) {
 		}
 	}
 	t.Fatal("nothing received after the router came back")
+}
+
+// rawPeer is a hand-driven ZMTP 3.1 peer of the test.
+type rawPeer struct {
+	conn net.Conn
+	in   *bufio.Reader
+}
+
+// dialRaw connects to a bound publisher and exchanges greetings and READY
+// as a socket of type socketType speaking ZMTP 3.1.
+func dialRaw(t *testing.T, p *Publisher, socketType string) *rawPeer {
+	t.Helper()
+	conn, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	g := make([]byte, 64)
+	g[0], g[9], g[10], g[11] = 0xFF, 0x7F, 3, 1
+	copy(g[12:], "NULL")
+	props := append([]byte{byte(len("Socket-Type"))}, "Socket-Type"...)
+	props = binary.BigEndian.AppendUint32(props, uint32(len(socketType)))
+	props = append(props, socketType...)
+	if _, err := conn.Write(append(g, appendCommand(nil, "READY", props)...)); err != nil {
+		t.Fatal(err)
+	}
+	r := &rawPeer{conn: conn, in: bufio.NewReader(conn)}
+	if err := readGreeting(r.in); err != nil {
+		t.Fatalf("publisher's greeting: %v", err)
+	}
+	return r
+}
+
+// TestPublisherSpeaksZMTP31 drives a peer by hand: READY with its socket
+// type, a ZMTP 3.1 SUBSCRIBE command, a PING answered by a PONG with the
+// same context, then the topic's batch; a peer of another socket type is
+// refused after the handshake.
+func TestPublisherSpeaksZMTP31(t *testing.T) {
+	p, err := Start(Options{Endpoint: "tcp://*:0", Topic: "kv@node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sub := dialRaw(t, p, "SUB")
+	flags, body, err := readFrame(sub.in)
+	if name, props, _ := command(body); err != nil || flags != flagCommand || name != "READY" {
+		t.Fatalf("publisher's READY: %v, flags %d, %q", err, flags, body)
+	} else if typ, err := socketType(props); err != nil || typ != "PUB" {
+		t.Fatalf("publisher's socket type %q, %v", typ, err)
+	}
+	ping := append([]byte{0, 10}, "ctx"...)
+	if _, err := sub.conn.Write(append(appendCommand(nil, "SUBSCRIBE", []byte("kv@")), appendCommand(nil, "PING", ping)...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, body, err := readFrame(sub.in); err != nil {
+		t.Fatal(err)
+	} else if name, data, _ := command(body); name != "PONG" || string(data) != "ctx" {
+		t.Fatalf("answer to PING: %q %q, want PONG ctx", name, data)
+	}
+	waitSubscribed(t, p)
+	p.BlockGone(blockG0)
+	var frames [][]byte
+	for {
+		flags, body, err := readFrame(sub.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, body)
+		if flags&flagMore == 0 {
+			break
+		}
+	}
+	if len(frames) != 3 || string(frames[0]) != "kv@node" {
+		t.Fatalf("frames %q: want topic, sequence number, payload", frames)
+	}
+	if got := decodeBatch(t, frames[2]); len(got) != 1 || !reflect.DeepEqual(got[0].Hashes, []uint64{blockG0ID}) {
+		t.Fatalf("events %+v, want block %d", got, blockG0ID)
+	}
+
+	push := dialRaw(t, p, "PUSH")
+	readFrame(push.in) // the publisher's READY
+	if _, _, err := readFrame(push.in); err == nil {
+		t.Fatal("a PUSH peer was kept")
+	}
+}
+
+// TestPublisherDropsPeersThatNeverSubscribe: a peer that completes its
+// handshake and then only holds its connection loses it.
+func TestPublisherDropsPeersThatNeverSubscribe(t *testing.T) {
+	p, err := Start(Options{Endpoint: "tcp://*:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	idle := dialRaw(t, p, "SUB")
+	readFrame(idle.in) // the publisher's READY
+	if _, _, err := readFrame(idle.in); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a peer without a subscription kept its connection: %v", err)
+	}
 }

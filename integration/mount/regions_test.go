@@ -3,6 +3,7 @@ package mount_test
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,5 +42,37 @@ func TestStatNamesOrphanedRegion(t *testing.T) {
 		t.Logf("gc-regions could not decide here: %s", out)
 	default:
 		t.Fatalf("gc-regions: %v\n%s", err, out)
+	}
+}
+
+// TestStatQuotesEscapeSequencesInNames: any local user can name a file in
+// /dev/shm with terminal escape sequences. One of another user's (ignored,
+// so named in a warning) and a root-owned orphan (listed by stat) reach
+// `kvtierfs stat`'s output quoted, with no raw control byte.
+func TestStatQuotesEscapeSequencesInNames(t *testing.T) {
+	prefix := fmt.Sprintf("/dev/shm/kvtier-test-esc-%d-", os.Getpid())
+	title := "\x1b]0;owned\x07\x1b[2J"
+	foreign, orphan := prefix+"a"+title+".mmap", prefix+"b"+title+".mmap"
+	for _, p := range []string{foreign, orphan} {
+		if err := os.WriteFile(p, make([]byte, 4*rowBytes), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(p) })
+	}
+	if err := os.Chown(foreign, 64321, 64321); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: prefix + "*.mmap"})
+	out, err := mounttest.Run("stat", d.Mountpoint, "--shm-glob", prefix+"*.mmap")
+	if err != nil {
+		t.Fatalf("stat: %v\n%q", err, out)
+	}
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("stat printed raw control bytes: %q", out)
+	}
+	for _, want := range []string{strconv.Quote(foreign), strconv.Quote(orphan)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stat's output lacks %s:\n%s", want, out)
+		}
 	}
 }

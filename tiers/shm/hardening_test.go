@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -319,5 +320,92 @@ func TestFileOf(t *testing.T) {
 	}
 	if _, ok := set.FileOf(path + ".other"); ok {
 		t.Fatal("identity of an unmapped path")
+	}
+}
+
+// TestRefreshOfQuietDirectorySeesEveryChange: once the glob's directory has
+// been quiet for a second, a Refresh examines only its mapped regions; a
+// region created, resized or recreated after that is still seen by the
+// next Refresh, and ignored files stay listed, bounded, and counted.
+func TestRefreshOfQuietDirectorySeesEveryChange(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.mmap")
+	writeRegion(t, a, 2, 0)
+	for i := range MaxIgnoredListed + 10 {
+		if err := os.Symlink(a, filepath.Join(dir, fmt.Sprintf("link-%03d.mmap", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := setOver(t, dir, Options{})
+	time.Sleep(1100 * time.Millisecond)
+	for range 2 { // the second one finds the directory unchanged
+		if err := set.Refresh(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(set.Infos([]int64{testRow})) != 1 || len(set.Ignored()) != MaxIgnoredListed || set.IgnoredNow() != MaxIgnoredListed+10 {
+		t.Fatalf("regions %+v, %d ignored listed of %d", set.Infos([]int64{testRow}), len(set.Ignored()), set.IgnoredNow())
+	}
+	b := filepath.Join(dir, "b.mmap")
+	writeRegion(t, b, 3, 10)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 2 {
+		t.Fatalf("a region created in a quiet directory: regions %+v", infos)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(a, 4*testRow); err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range set.Infos([]int64{testRow}) {
+		if info.Path == a && info.Size != 4*testRow {
+			t.Fatalf("a region resized in a quiet directory is still %d bytes", info.Size)
+		}
+	}
+}
+
+// TestSlowFullScansAreSpaced: after a full scan that took a second, a new
+// name under the glob waits scanCostFactor seconds for the next full scan,
+// while a mapped region that changed is seen at once.
+func TestSlowFullScansAreSpaced(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.mmap")
+	writeRegion(t, a, 2, 0)
+	set := setOver(t, dir, Options{})
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	set.scanCost = time.Second // as a scan of a flooded directory on a slow machine
+	writeRegion(t, filepath.Join(dir, "b.mmap"), 3, 10)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 1 {
+		t.Fatalf("a full scan ran right after a slow one: regions %+v", infos)
+	}
+	if err := os.Truncate(a, 4*testRow); err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 2 {
+		t.Fatalf("a mapped region resized: regions %+v, want a and b", infos)
+	}
+	set.scanCost = time.Second
+	writeRegion(t, filepath.Join(dir, "c.mmap"), 1, 20)
+	set.lastScan = time.Now().Add(-scanCostFactor * time.Second)
+	if err := set.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if infos := set.Infos([]int64{testRow}); len(infos) != 3 {
+		t.Fatalf("the next full scan is due: regions %+v", infos)
 	}
 }

@@ -17,15 +17,30 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // DefaultGlob matches vLLM's shared offload regions.
 const DefaultGlob = "/dev/shm/vllm_offload_*.mmap"
+
+// Any local user can create files under the glob, as many as /dev/shm holds:
+// what the Set reports and logs about the ones it ignores is bounded.
+const (
+	// MaxIgnoredListed bounds the ignored files Ignored lists (the first
+	// by name); IgnoredNow counts them all.
+	MaxIgnoredListed = 64
+	// ignoredLogBurst lines about ignored files are logged per
+	// ignoredLogPeriod; the rest are counted in one line per period.
+	ignoredLogBurst  = 8
+	ignoredLogPeriod = time.Minute
+)
 
 // FileID is a file's identity: a name recreated by the engine gets a new one.
 type FileID struct {
@@ -87,6 +102,103 @@ type Set struct {
 	// faults counts regions dropped because a read of them faulted.
 	ignoredTotal atomic.Int64
 	faults       atomic.Int64
+
+	// ignoredLog limits the lines about newly ignored files; Refresh
+	// alone uses it.
+	ignoredLog logLimit
+	// scanned is the glob directory's state at the last full scan (zero
+	// when it was not to be trusted), lastScan when that scan started and
+	// scanCost how long it took (Refresh alone uses them).
+	scanned  dirStamp
+	lastScan time.Time
+	scanCost time.Duration
+}
+
+const (
+	// fullScanEvery bounds how long Refresh trusts an unchanged glob
+	// directory and looks at its mapped regions only.
+	fullScanEvery = 30 * time.Second
+	// A full scan that took d, at least slowScan, is followed by the next
+	// one no sooner than scanCostFactor·d later (and at most
+	// fullScanEvery), so that full scans take at most a twentieth of a
+	// core however many files match the glob and however often someone
+	// changes its directory. A quick scan (a /dev/shm of tens of files
+	// takes well under a millisecond) is never held back.
+	scanCostFactor = 20
+	slowScan       = 10 * time.Millisecond
+)
+
+// dirStamp is what changes in a directory's status when a name in it is
+// created, removed or renamed.
+type dirStamp struct {
+	ino          uint64
+	mtime, ctime unix.Timespec
+}
+
+// globDirStamp is the state of the glob's directory; ok is false when the
+// directory part of the glob has wildcards or cannot be read.
+func (s *Set) globDirStamp() (dirStamp, bool) {
+	dir := filepath.Dir(s.glob)
+	if strings.ContainsAny(dir, `*?[\`) {
+		return dirStamp{}, false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return dirStamp{}, false
+	}
+	return dirStamp{ino: st.Ino, mtime: st.Mtim, ctime: st.Ctim}, true
+}
+
+// fullScanDue tells whether Refresh must examine every name the glob
+// matches: a name in its directory changed since the last full scan (or
+// fullScanEvery passed), and the cost bound allows it, or a mapped region is
+// no longer its file, of its size. Any local user can put thousands of files
+// under the glob; this keeps a Refresh from examining each of them every
+// second.
+func (s *Set) fullScanDue(stamp dirStamp, ok bool) bool {
+	since := time.Since(s.lastScan)
+	if (s.scanCost < slowScan || since >= min(scanCostFactor*s.scanCost, fullScanEvery)) &&
+		(!ok || stamp == (dirStamp{}) || stamp != s.scanned || since >= fullScanEvery) {
+		return true
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for p, r := range s.regions {
+		var st unix.Stat_t
+		if r.faulted.Load() || unix.Lstat(p, &st) != nil || (FileID{Dev: st.Dev, Ino: st.Ino}) != r.id || st.Size != r.size {
+			return true
+		}
+	}
+	return false
+}
+
+// logLimit allows ignoredLogBurst lines per ignoredLogPeriod and counts the
+// lines it refused.
+type logLimit struct {
+	start      time.Time
+	used       int
+	suppressed int
+}
+
+// roll starts a new period once the current one is over and returns how
+// many lines the one that ended refused.
+func (l *logLimit) roll(now time.Time) int {
+	if now.Sub(l.start) < ignoredLogPeriod {
+		return 0
+	}
+	n := l.suppressed
+	l.start, l.used, l.suppressed = now, 0, 0
+	return n
+}
+
+// allow tells whether one more line may be logged in this period.
+func (l *logLimit) allow() bool {
+	if l.used < ignoredLogBurst {
+		l.used++
+		return true
+	}
+	l.suppressed++
+	return false
 }
 
 // NewSet returns a Set for the glob with default Options; call Refresh to map the regions.
@@ -177,6 +289,21 @@ func refusal(st *unix.Stat_t, owners []uint32) string {
 func (s *Set) Refresh() error {
 	s.refreshMu.Lock()
 	defer s.refreshMu.Unlock()
+	// Taken before the scan: a change during it makes the next one full.
+	stamp, stamped := s.globDirStamp()
+	if !s.fullScanDue(stamp, stamped) {
+		return nil
+	}
+	start := time.Now()
+	s.lastScan = start
+	defer func() { s.scanCost = time.Since(start) }()
+	// A directory changed within the last second may change again within
+	// its timestamps' granularity (a clock tick) after the glob read it:
+	// such a stamp is not trusted.
+	s.scanned = dirStamp{}
+	if stamped && start.Sub(time.Unix(stamp.mtime.Unix())) > time.Second && start.Sub(time.Unix(stamp.ctime.Unix())) > time.Second {
+		s.scanned = stamp
+	}
 	paths, err := filepath.Glob(s.glob)
 	if err != nil {
 		return err
@@ -186,6 +313,9 @@ func (s *Set) Refresh() error {
 		if c, ok := s.examine(p); ok {
 			current[p] = c
 		}
+	}
+	if n := s.ignoredLog.roll(time.Now()); n > 0 {
+		s.logger.Warn("more shm files matching the glob ignored, not logged one by one", "files", n, "ignored_now", len(s.ignored))
 	}
 	if !s.changed(current) {
 		return nil
@@ -231,7 +361,9 @@ func (s *Set) Refresh() error {
 		ignored[p] = Ignored{Path: p, Reason: c.reason}
 		if old, seen := s.ignored[p]; !seen || old.Reason != c.reason {
 			s.ignoredTotal.Add(1)
-			s.logger.Warn("shm file matching the glob ignored", "path", p, "reason", c.reason)
+			if s.ignoredLog.allow() {
+				s.logger.Warn("shm file matching the glob ignored", "path", p, "reason", c.reason)
+			}
 		}
 	}
 	s.ignored = ignored
@@ -246,6 +378,7 @@ func (s *Set) Refresh() error {
 		s.logger.Info("shm region mapped", "path", r.path, "size", r.size)
 	}
 	if len(errs) > 0 {
+		s.scanned = dirStamp{}
 		return fmt.Errorf("mapping shm regions: %v", errs)
 	}
 	return nil
@@ -381,7 +514,8 @@ func (s *Set) FileOf(path string) (FileID, bool) {
 	return r.id, true
 }
 
-// Ignored lists the files matching the glob that are not mapped now, and why.
+// Ignored lists the files matching the glob that are not mapped now, and
+// why: the first MaxIgnoredListed by name.
 func (s *Set) Ignored() []Ignored {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -390,7 +524,14 @@ func (s *Set) Ignored() []Ignored {
 		out = append(out, ig)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out
+	return slices.Clone(out[:min(len(out), MaxIgnoredListed)])
+}
+
+// IgnoredNow counts the files matching the glob that are not mapped now.
+func (s *Set) IgnoredNow() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.ignored)
 }
 
 // IgnoredTotal counts the files refused since the Set was made (a file is
