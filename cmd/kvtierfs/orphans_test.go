@@ -155,7 +155,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 	// --dry-run still lists what stat calls orphaned, as not proven.
 	out.Reset()
-	if err := gcRegions(&out, unproven, true); err == nil || !strings.Contains(out.String(), "not proven orphaned "+orphan) {
+	if err := gcRegions(&out, unproven, true, time.Millisecond); err == nil || !strings.Contains(out.String(), "not proven orphaned "+orphan) {
 		t.Fatalf("gc-regions --dry-run with an unreadable process: %v\n%s", err, out.String())
 	}
 	if len(scan.unreadable) > 0 {
