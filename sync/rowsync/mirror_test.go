@@ -191,7 +191,7 @@ func lyingPeer(t *testing.T) string {
 			}
 			wg.Go(func() {
 				defer conn.Close()
-				ch, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID())
+				ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()})
 				if err != nil {
 					return
 				}
@@ -263,7 +263,7 @@ func TestMirrorSlowPeer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if _, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID()); err == nil {
+			if _, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()}); err == nil {
 				conns <- conn
 			}
 		}

@@ -28,6 +28,7 @@ type ServerConfig struct {
 	Listen string                           // host:port to listen on; port 0 picks one
 	Secret []byte                           // shared secret, at least MinSecretBytes
 	Node   NodeID                           // this node, as its Mirror knows it; zero: a random one
+	Peers  []string                         // this node's peer list, whose digest its Welcome names (self.go)
 	Region RegionFunc                       // the local region rows are written into
 	Gate   *Gate                            // notes the store samples peers send; nil: not noted
 	Logf   func(format string, args ...any) // nil: log.Printf
@@ -40,6 +41,7 @@ type ServerConfig struct {
 type Server struct {
 	cfg          ServerConfig
 	psk          []byte
+	welcome      Welcome // this node's answer to every Hello
 	ln           net.Listener
 	authFailures atomic.Uint64
 	geometry     rowGeometry
@@ -124,6 +126,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		psk:      presharedKey(cfg.Secret),
+		welcome:  Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
 		ln:       ln,
 		conns:    make(map[net.Conn]struct{}),
 		sessions: make(map[uint64]*sessionConn),
@@ -195,7 +198,10 @@ func (s *Server) accept() {
 // serve authenticates conn, takes over its session, then answers its
 // requests in order until it fails.
 func (s *Server) serve(conn net.Conn) {
-	ch, hello, err := serverHandshake(conn, s.psk, s.cfg.Node)
+	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome)
+	if errors.Is(err, errSelf) {
+		return // this node's own Mirror, told so
+	}
 	if err != nil {
 		s.authFailures.Add(1)
 		s.cfg.Logf("rowsync: refused %s: %v", conn.RemoteAddr(), err)
