@@ -129,8 +129,9 @@ func CheckSync(binary string) error {
 }
 
 // syncArgs returns each node's mirroring flags: with Sync, every node listens
-// on a loopback port and peers with all others, sharing a new secret file;
-// without, none.
+// on a loopback port, knows its row size and gets the same peer list, every
+// node's address (each skips its own), sharing a new secret file; without,
+// none.
 func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	args := make([][]string, len(c.nodes))
 	if !cfg.Sync {
@@ -154,11 +155,9 @@ func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	}
 	for i := range c.nodes {
 		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV,
-			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes))}
-		for j, addr := range addrs {
-			if j != i {
-				args[i] = append(args[i], "--peer", addr)
-			}
+			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes)), "--row-bytes", strconv.Itoa(cfg.RowBytes)}
+		for _, addr := range addrs { // one list for the whole group, as a DaemonSet gives it
+			args[i] = append(args[i], "--peer", addr)
 		}
 	}
 	return args, nil

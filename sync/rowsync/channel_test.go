@@ -164,7 +164,7 @@ func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 // list to confirm it keeps the peer down.
 func TestReflectedHandshake(t *testing.T) {
 	self := newNodeID()
-	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Node: self, Logf: discard,
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Node: self, RowBytes: testRowBytes, Logf: discard,
 		Region: func(int) (*Region, error) { return shmRegion(t, testRows, testRowBytes), nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +256,10 @@ func TestTornRowWrite(t *testing.T) {
 // TestServerKeepsItsGeometry: the region is mapped at whatever row size the
 // server asks for (as the filesystem's RegionFunc does), so a sender naming
 // half the row size would address the second half of row 0 as row 1. The
-// server keeps this node's own row size instead.
+// server keeps this node's own row size instead: the one it was told
+// (--row-bytes) or its own loads and stores name. Before it knows one it
+// refuses every row, and the first row a peer sends fixes nothing (issue 24
+// item 8: it used to fix the size, and every real row was refused after).
 func TestServerKeepsItsGeometry(t *testing.T) {
 	mem := shmRegion(t, testRows, testRowBytes)
 	mapAt := func(rowBytes int) (*Region, error) { return NewRegion(mem.mem, rowBytes) }
@@ -264,26 +267,44 @@ func TestServerKeepsItsGeometry(t *testing.T) {
 	half := shmRegion(t, 2*testRows, testRowBytes/2)
 	fillHalf(src.Row(0), 1)
 	fillHalf(half.Row(1), 2)
+	const wrongSize = "geometry mismatch: sender has rows of 32768 bytes, receiver rows of 65536 bytes"
 
-	for _, local := range []bool{false, true} {
-		s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: mapAt, Logf: discard})
+	for _, told := range []string{"flag", "own use", "nothing"} {
+		s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: mapAt, Logf: discard,
+			RowBytes: map[bool]int{true: testRowBytes}[told == "flag"]})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 		m := newMirror(t, testSecret, 0, true, s.Addr().String())
-		if local { // the node's own loads and stores name its row size
-			s.NoteLocalRowBytes(testRowBytes)
-		} else if err := m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0))); err != nil {
-			t.Fatal(err) // the first request names the size
-		}
 		before := bytes.Clone(mem.Row(0))
 		err = m.MirrorRow(context.Background(), half, 1, bytes.Clone(half.Row(1)))
-		if err == nil || !strings.Contains(err.Error(), "geometry mismatch: sender has rows of 32768 bytes, receiver rows of 65536 bytes") {
-			t.Errorf("local %v: a row of another size = %v", local, err)
+		switch {
+		case told == "nothing" && (err == nil || !strings.Contains(err.Error(), "does not know its row size yet: give its daemon --row-bytes")):
+			t.Errorf("%s: a row before the node knows its size = %v", told, err)
+		case told == "flag" && (err == nil || !strings.Contains(err.Error(), wrongSize)):
+			t.Errorf("%s: a row of another size = %v", told, err)
 		}
 		if !bytes.Equal(before, mem.Row(0)) {
-			t.Errorf("local %v: a row of another size was written", local)
+			t.Errorf("%s: a row of another size was written", told)
+		}
+		m = newMirror(t, testSecret, 0, true, s.Addr().String()) // the refusal took the first one down
+		if told == "own use" {
+			s.NoteLocalRowBytes(testRowBytes)
+		}
+		err = m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0)))
+		if told == "nothing" {
+			if err == nil {
+				t.Errorf("%s: a row was written at a size a peer chose", told)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(mem.Row(0), src.Row(0)) {
+			t.Errorf("%s: a row of this node's size after one of another size: %v", told, err)
+		}
+		m = newMirror(t, testSecret, 0, true, s.Addr().String())
+		if err := m.MirrorRow(context.Background(), half, 1, bytes.Clone(half.Row(1))); err == nil || !strings.Contains(err.Error(), wrongSize) {
+			t.Errorf("%s: a row of another size after the node's own = %v", told, err)
 		}
 	}
 }

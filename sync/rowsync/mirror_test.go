@@ -23,10 +23,11 @@ const (
 func startServer(t *testing.T, addr string, secret []byte, region *Region) *Server {
 	t.Helper()
 	s, err := StartServer(ServerConfig{
-		Listen: addr,
-		Secret: secret,
-		Region: func(int) (*Region, error) { return region, nil },
-		Logf:   discard,
+		Listen:   addr,
+		Secret:   secret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf:     discard,
 	})
 	if err != nil {
 		t.Fatal(err)

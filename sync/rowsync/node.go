@@ -20,6 +20,7 @@ type Config struct {
 	Replicated Mode                             // --replicated-kv
 	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
 	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen); see rowGeometry
+	RowBytes   int                              // --row-bytes: this node's row size until its own use names one; 0: unknown
 	Logf       func(format string, args ...any) // nil: log.Printf
 }
 
@@ -57,7 +58,7 @@ func Start(cfg Config) (*Node, error) {
 	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
 	self := newNodeID() // shared by the Server and the Mirror, see auth.go
 	if cfg.Listen != "" {
-		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Peers: cfg.Peers, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
+		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Peers: cfg.Peers, Region: cfg.Region, RowBytes: cfg.RowBytes, Gate: n.gate, Logf: cfg.Logf})
 		if err != nil {
 			return nil, err
 		}

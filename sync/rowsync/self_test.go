@@ -37,7 +37,7 @@ func startGroup(t *testing.T, ports []int, entry func(port int) string) ([]*Node
 		regions[i] = shmRegion(t, testRows, testRowBytes)
 		region := regions[i]
 		n, err := Start(Config{Listen: "127.0.0.1:" + strconv.Itoa(p), Peers: list, Secret: testSecret, Replicated: ModeOn,
-			Region: func(int) (*Region, error) { return region, nil }, Logf: discard})
+			Region: func(int) (*Region, error) { return region, nil }, RowBytes: testRowBytes, Logf: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func reflectingMirror(t *testing.T, a *Server, list []string, reflected string) 
 // groupServer starts a Server with the given peer list.
 func groupServer(t *testing.T, peers ...string) *Server {
 	t.Helper()
-	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Peers: peers, Logf: discard,
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Peers: peers, RowBytes: testRowBytes, Logf: discard,
 		Region: func(int) (*Region, error) { return shmRegion(t, testRows, testRowBytes), nil }})
 	if err != nil {
 		t.Fatal(err)
