@@ -73,7 +73,7 @@ func newBenchFlags() *benchFlags {
 		{name: "rows", usage: "rows of each node's primary (shm) region (eagle 64, multinode 128, long-prefix and agent 124)", field: func(c *engine.Config) *int { return &c.Rows }},
 		{name: "tokens-per-chunk", usage: "tokens per chunk, i.e. per key (default 2048)", field: func(c *engine.Config) *int { return &c.TokensPerChunk }},
 		{name: "world-size", usage: "TP world size, spread evenly over the nodes (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
-		{name: "nodes", usage: "nodes: 1 or 2, each a kvtierfs daemon, mount, store and shm region (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
+		{name: "nodes", usage: "nodes: 1 to 4, each a kvtierfs daemon, mount, store and shm region; with --sync on every node gets the same peer list (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
 		{name: "requests", usage: "prompts (eagle 4, long-prefix 1) or agent requests (40)", field: func(c *engine.Config) *int { return &c.Requests },
 			scenarios: []string{engine.ScenarioEagle, engine.ScenarioLongPrefix, engine.ScenarioAgent}},
 		{name: "prompt-tokens", usage: "prompt length (eagle 100400, long-prefix 348000)", field: func(c *engine.Config) *int { return &c.PromptTokens },
