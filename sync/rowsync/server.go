@@ -273,7 +273,7 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 		return ack, nil
 	}
 	commitRow(region.Row(int(w.Row)), w.Extents)
-	ack.CRC = crc
+	ack.CRC = crc ^ ackCRCFlip
 	return ack, nil
 }
 
