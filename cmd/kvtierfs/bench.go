@@ -72,7 +72,7 @@ func newBenchFlags() *benchFlags {
 	b.ints = []intFlag{
 		{name: "rows", usage: "rows of each node's primary (shm) region (eagle 64, multinode 128, long-prefix and agent 124)", field: func(c *engine.Config) *int { return &c.Rows }},
 		{name: "tokens-per-chunk", usage: "tokens per chunk, i.e. per key (default 2048)", field: func(c *engine.Config) *int { return &c.TokensPerChunk }},
-		{name: "world-size", usage: "TP world size, spread evenly over the nodes (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
+		{name: "world-size", usage: "TP world size, spread evenly over the nodes (default --nodes when that is given: one GPU per node; else multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
 		{name: "nodes", usage: "nodes: 1 to 4, each a kvtierfs daemon, mount, store and shm region; with --sync on every node gets the same peer list (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
 		{name: "requests", usage: "prompts (eagle 4, long-prefix 1) or agent requests (40)", field: func(c *engine.Config) *int { return &c.Requests },
 			scenarios: []string{engine.ScenarioEagle, engine.ScenarioLongPrefix, engine.ScenarioAgent}},
@@ -210,6 +210,9 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 		if b.fl.Changed(f.name) {
 			*f.field(&cfg) = *f.value
 		}
+	}
+	if b.fl.Changed("nodes") && !b.fl.Changed("world-size") {
+		cfg.WorldSize = cfg.Nodes // one GPU per node, as in the field
 	}
 	if b.fl.Changed("row-bytes") {
 		n, err := parseSize("row-bytes", b.rowBytes)
