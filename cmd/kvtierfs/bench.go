@@ -55,7 +55,7 @@ type benchFlags struct {
 	gpuDevices, replicatedKV string
 	capacity, dir            string
 	asJSON, dropCaches       bool
-	halfZero                 bool
+	halfZero, netns          bool
 	stagingBytes             string
 	rounds                   int
 	threads, blocks, lookups int
@@ -101,6 +101,7 @@ func newBenchFlags() *benchFlags {
 	fl.StringVar(&b.model, "model", "DeepSeek-V4-Flash", "model name of the tier directories <model>_<digest12>_r0")
 	fl.StringVar(&b.gpuKind, "gpu", "auto", "CPU→GPU load stage: auto, cuda or host")
 	fl.StringVar(&b.gpuDevices, "gpu-devices", "0", "CUDA devices, comma-separated; rank r uses device r mod their count")
+	fl.BoolVar(&b.netns, "netns", false, "put each node's daemon in a network namespace of its own, the nodes on one bridge, so that mirrored rows cross veth links (root, iproute2)")
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
@@ -118,7 +119,7 @@ func newBenchFlags() *benchFlags {
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
 	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds"}
-	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
+	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns"}
 )
 
 func runBench(args []string) error {
@@ -230,7 +231,7 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 		return cfg, err
 	}
 	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
-	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap = b.replicatedKV, b.capacity, b.dir, b.stepGap
+	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap, cfg.Netns = b.replicatedKV, b.capacity, b.dir, b.stepGap, b.netns
 	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
 	return cfg, nil
 }

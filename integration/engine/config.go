@@ -127,6 +127,9 @@ type Config struct {
 	Engine string
 	// Sync turns on the filesystem's row mirroring between the nodes (--sync).
 	Sync bool
+	// Netns puts each node's daemon in a network namespace of its own, the
+	// nodes joined by a bridge, so that rows cross veth links (--netns; root).
+	Netns bool
 
 	// RowBytes is the size of a row and of every block file (--row-bytes), a
 	// multiple of the page size.

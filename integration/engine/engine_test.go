@@ -163,15 +163,16 @@ func TestMultinodeSyncOn(t *testing.T) {
 	}
 }
 
-// TestMultinodeFourNodes: TP=4 spread over four nodes, every daemon given the
-// same peer list (itself included). Without mirroring the three other ranks
+// TestMultinodeFourNodes: TP=4 spread over four nodes, each daemon in a
+// network namespace of its own and given the same peer list (itself
+// included). Without mirroring the three other ranks
 // load stale KV (0/N rows right at every GPU); with it N/N, the head sending
 // each promoted row's non-zero bytes (one slot) once to each of its three
 // peers, and skipping its own entry.
 func TestMultinodeFourNodes(t *testing.T) {
 	for _, sync := range []bool{false, true} {
 		cfg := multinodeConfig(t, sync)
-		cfg.Nodes, cfg.WorldSize = 4, 4
+		cfg.Nodes, cfg.WorldSize, cfg.Netns = 4, 4, true
 		res := run(t, cfg)
 		want := map[bool]int64{false: 0, true: int64(cfg.Promote)}[sync]
 		if res.RowsChecked != int64(cfg.Promote) || res.RowsIdentical != want {
@@ -187,6 +188,9 @@ func TestMultinodeFourNodes(t *testing.T) {
 		states := map[string]int{}
 		for _, p := range head.Peers {
 			states[p.State]++
+			if !strings.HasPrefix(p.Addr, "10.213.9.") {
+				t.Errorf("peer %s is not at a namespace's address", p.Addr)
+			}
 		}
 		if states["self"] != 1 || states["up"] != 3 || len(head.Peers) != 4 {
 			t.Errorf("head's peers %+v, want itself and three up", head.Peers)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/integration/netns"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
@@ -131,44 +130,18 @@ func (g *group) promoteAll(t *testing.T, count int) int {
 	return same
 }
 
-// netnsGroup puts n nodes in network namespaces of their own, each joined by
-// a veth pair to a bridge in a hub namespace, at 10.213.9.<i+1>; every
-// namespace is removed when the test ends.
+// netnsGroup puts n nodes in network namespaces of their own on one bridge
+// (package netns), removed when the test ends.
 func netnsGroup(t *testing.T, n int) (addrs []string, wrappers [][]string) {
 	t.Helper()
-	for _, tool := range []string{"ip", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is not installed (iproute2, util-linux): run make deps", tool)
-		}
+	g, err := netns.New("kvt", n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	netns := func(name string) string {
-		name = fmt.Sprintf("kvt%d-%s", os.Getpid(), name)
-		ip("netns", "add", name)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-		return name
-	}
-	hub := netns("hub")
-	ip("-n", hub, "link", "add", "br0", "type", "bridge")
-	ip("-n", hub, "link", "set", "br0", "up")
+	t.Cleanup(func() { g.Close() })
 	for i := range n {
-		ns := netns(strconv.Itoa(i))
-		port, eth := fmt.Sprintf("p%d", i), "eth0"
-		ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", eth, "netns", ns)
-		ip("-n", hub, "link", "set", port, "master", "br0", "up")
-		addr := fmt.Sprintf("10.213.9.%d", i+1)
-		ip("-n", ns, "addr", "add", addr+"/24", "dev", eth)
-		ip("-n", ns, "link", "set", eth, "up")
-		ip("-n", ns, "link", "set", "lo", "up")
-		addrs = append(addrs, addr+":7470")
-		// nsenter enters only the network namespace; `ip netns exec` would
-		// also give the daemon a private mount namespace and hide its mount.
-		wrappers = append(wrappers, []string{"nsenter", "--net=/var/run/netns/" + ns})
+		addrs = append(addrs, g.IP(i)+":7470")
+		wrappers = append(wrappers, g.Wrapper(i))
 	}
 	return addrs, wrappers
 }
