@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
 // statsCollector exports at scrape time one stats snapshot: its numbers
@@ -71,8 +70,7 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(warningDesc, prometheus.GaugeValue, 1, code)
 	}
 	for _, p := range st.Peers {
-		up := p.State == rowsync.StateUp || p.State == rowsync.StateInbound
-		ch <- prometheus.MustNewConstMetric(peerUpDesc, prometheus.GaugeValue, boolValue(up), p.Addr)
+		ch <- prometheus.MustNewConstMetric(peerUpDesc, prometheus.GaugeValue, boolValue(p.Serving()), p.Addr)
 		ch <- prometheus.MustNewConstMetric(peerRowsSentDesc, prometheus.CounterValue, float64(p.RowsSent), p.Addr)
 		ch <- prometheus.MustNewConstMetric(peerRowsVerifiedDesc, prometheus.CounterValue, float64(p.Verified), p.Addr)
 		ch <- prometheus.MustNewConstMetric(peerRowsReceivedDesc, prometheus.CounterValue, float64(p.RowsReceived), p.Addr)

@@ -138,15 +138,19 @@ func noSpaceMessage(refused int64, d disk.Stats) string {
 // syncWarnings names what keeps rows from being mirrored.
 func syncWarnings(snap rowsync.Snapshot) []ctlabi.Warning {
 	var out []ctlabi.Warning
+	others := 0
 	for _, p := range snap.Peers {
-		if p.State != rowsync.StateUp && p.State != rowsync.StateInbound {
+		if p.State != rowsync.StateSelf {
+			others++
+		}
+		if !p.Serving() {
 			out = append(out, ctlabi.Warning{Code: ctlabi.WarnPeerDown, Message: fmt.Sprintf(
 				"peer %s is %s (%s): lookups answer absent and loads fail until it is back; check the peer daemon and the network",
 				p.Addr, p.State, p.LastError)})
 		}
 	}
 	// A fresh pair has no store samples yet: undecided, not off.
-	if r := snap.Replication; len(snap.Peers) > 0 && !r.Allowed && (r.Mismatches > 0 || r.Mode == rowsync.ModeOff.String()) {
+	if r := snap.Replication; others > 0 && !r.Allowed && (r.Mismatches > 0 || r.Mode == rowsync.ModeOff.String()) {
 		out = append(out, ctlabi.Warning{Code: ctlabi.WarnMirroringOff, Message: fmt.Sprintf(
 			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
 			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})

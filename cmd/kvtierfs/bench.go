@@ -55,7 +55,7 @@ type benchFlags struct {
 	gpuDevices, replicatedKV string
 	capacity, dir            string
 	asJSON, dropCaches       bool
-	halfZero                 bool
+	halfZero, netns          bool
 	stagingBytes             string
 	rounds                   int
 	threads, blocks, lookups int
@@ -72,8 +72,8 @@ func newBenchFlags() *benchFlags {
 	b.ints = []intFlag{
 		{name: "rows", usage: "rows of each node's primary (shm) region (eagle 64, multinode 128, long-prefix and agent 124)", field: func(c *engine.Config) *int { return &c.Rows }},
 		{name: "tokens-per-chunk", usage: "tokens per chunk, i.e. per key (default 2048)", field: func(c *engine.Config) *int { return &c.TokensPerChunk }},
-		{name: "world-size", usage: "TP world size, spread evenly over the nodes (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
-		{name: "nodes", usage: "nodes: 1 or 2, each a kvtierfs daemon, mount, store and shm region (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
+		{name: "world-size", usage: "TP world size, spread evenly over the nodes (default --nodes when that is given: one GPU per node; else multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.WorldSize }},
+		{name: "nodes", usage: "nodes: 1 to 4, each a kvtierfs daemon, mount, store and shm region; with --sync on every node gets the same peer list (multinode and agent 2, else 1)", field: func(c *engine.Config) *int { return &c.Nodes }},
 		{name: "requests", usage: "prompts (eagle 4, long-prefix 1) or agent requests (40)", field: func(c *engine.Config) *int { return &c.Requests },
 			scenarios: []string{engine.ScenarioEagle, engine.ScenarioLongPrefix, engine.ScenarioAgent}},
 		{name: "prompt-tokens", usage: "prompt length (eagle 100400, long-prefix 348000)", field: func(c *engine.Config) *int { return &c.PromptTokens },
@@ -101,6 +101,7 @@ func newBenchFlags() *benchFlags {
 	fl.StringVar(&b.model, "model", "DeepSeek-V4-Flash", "model name of the tier directories <model>_<digest12>_r0")
 	fl.StringVar(&b.gpuKind, "gpu", "auto", "CPU→GPU load stage: auto, cuda or host")
 	fl.StringVar(&b.gpuDevices, "gpu-devices", "0", "CUDA devices, comma-separated; rank r uses device r mod their count")
+	fl.BoolVar(&b.netns, "netns", false, "put each node's daemon in a network namespace of its own, the nodes on one bridge, so that mirrored rows cross veth links (root, iproute2)")
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
@@ -118,7 +119,7 @@ func newBenchFlags() *benchFlags {
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
 	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds"}
-	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity"}
+	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns"}
 )
 
 func runBench(args []string) error {
@@ -211,6 +212,9 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 			*f.field(&cfg) = *f.value
 		}
 	}
+	if b.fl.Changed("nodes") && !b.fl.Changed("world-size") {
+		cfg.WorldSize = cfg.Nodes // one GPU per node, as in the field
+	}
 	if b.fl.Changed("row-bytes") {
 		n, err := parseSize("row-bytes", b.rowBytes)
 		if err != nil {
@@ -227,7 +231,7 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 		return cfg, err
 	}
 	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
-	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap = b.replicatedKV, b.capacity, b.dir, b.stepGap
+	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap, cfg.Netns = b.replicatedKV, b.capacity, b.dir, b.stepGap, b.netns
 	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
 	return cfg, nil
 }

@@ -135,6 +135,8 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--sync-deadline"), []string{"--sync-deadline needs a value", "a duration"}},
 		{"mount", mount("--capacity", "lots"), []string{"--capacity", `"lots"`, "want a positive size"}},
 		{"mount", mount("--max-request", "2GiB"), []string{"--max-request", "2GiB", "to 1GiB"}},
+		{"mount", mount("--row-bytes", "1000"), []string{"--row-bytes 1000", "a multiple of the page size"}},
+		{"mount", mount("--row-bytes", "1GiB"), []string{"--row-bytes 1GiB", "up to 268435456 bytes"}},
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
 		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
 		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},

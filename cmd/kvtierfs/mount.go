@@ -60,6 +60,7 @@ type mountConfig struct {
 	secretFile    string
 	replicated    rowsync.Mode
 	syncDeadline  time.Duration
+	rowBytes      int64
 	stagingBytes  int64
 	stagingDepth  int
 	diagWindow    time.Duration
@@ -94,6 +95,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	c.replicated = rowsync.ModeAuto
 	fl.Var(&c.replicated, "replicated-kv", "mirror rows only when KV is replicated across ranks (MLA): auto decides from store-time samples")
 	fl.DurationVar(&c.syncDeadline, "sync-deadline", rowsync.DefaultDeadline, "how long a peer may take to acknowledge a mirrored row before the load fails")
+	rowBytes := fl.String("row-bytes", "", "this node's row size, the size of one block file of the tier, e.g. 8601600: with --listen, rows peers send are accepted at this size only, until this node's own loads or stores name its size (default: refuse rows until then)")
 	stagingBytes := fl.String("staging-bytes", "", fmt.Sprintf("RAM for wave staging, e.g. 1GiB; 0 disables staging (default 10%% of RAM, at most %dGiB)", staging.MaxDefaultBudget>>30))
 	fl.IntVar(&c.stagingDepth, "staging-depth", staging.DefaultQueueDepth, "store reads in flight that staging fills: its fetches plus the engine's loads that read the store")
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting); a warning on checksum failures, refused stores or store I/O errors clears after a window without one", diagnose.MaxReadGrace))
@@ -145,6 +147,14 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	}
 	if c.diagWindow <= 0 {
 		return c, usageError{fmt.Errorf("--diagnostics-window %s: want a positive duration such as 10m", c.diagWindow)}
+	}
+	if *rowBytes != "" {
+		if c.rowBytes, err = parseSize("row-bytes", *rowBytes); err != nil {
+			return c, usageError{err}
+		}
+		if c.rowBytes <= 0 || c.rowBytes > rowsync.MaxRowBytes || c.rowBytes%int64(os.Getpagesize()) != 0 {
+			return c, usageError{fmt.Errorf("--row-bytes %s: want a multiple of the page size (%d bytes) up to %d bytes", *rowBytes, os.Getpagesize(), rowsync.MaxRowBytes)}
+		}
 	}
 	if c.syncDeadline <= 0 {
 		return c, usageError{fmt.Errorf("--sync-deadline %s: want a positive duration such as 2s", c.syncDeadline)}
@@ -377,7 +387,7 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, 
 		return nil, fmt.Errorf("--secret-file: %w", err)
 	}
 	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
-		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes,
+		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes, RowBytes: int(c.rowBytes),
 		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
 	if err != nil {
 		return nil, fmt.Errorf("starting row mirroring: %w", err)

@@ -115,7 +115,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{}, "--scenario: missing"},
 		{[]string{"eagle", "--engine", "fast"}, `--engine "fast": want stock, fixed`},
 		{[]string{"multinode", "--sync", "maybe"}, `--sync "maybe": want off, on`},
-		{[]string{"eagle", "--nodes", "3"}, "--nodes 3: want 1 or 2"},
+		{[]string{"eagle", "--nodes", "5"}, "--nodes 5: want 1 to 4"},
 		{[]string{"eagle", "--row-bytes", "1000"}, "--row-bytes 1000: want a positive multiple of 4096"},
 		{[]string{"eagle", "--gpu", "tpu"}, `--gpu "tpu": want auto, cuda or host`},
 		{[]string{"eagle", "--groups", "full,eagle:3:2"}, "--groups"},

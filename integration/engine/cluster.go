@@ -13,11 +13,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/integration/netns"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
 // ErrSyncUnavailable is returned by Run for --sync on when the kvtierfs binary's
@@ -45,6 +48,7 @@ type node struct {
 type cluster struct {
 	dir   string
 	nodes []*node
+	netns *netns.Group // with Config.Netns
 }
 
 // startCluster creates every node's region and starts its daemon. On error it
@@ -84,6 +88,11 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 			mountpoint: filepath.Join(dir, fmt.Sprintf("mnt%d", i)),
 		})
 	}
+	if cfg.Netns {
+		if c.netns, err = netns.New("kvtb", cfg.Nodes); err != nil {
+			return nil, err
+		}
+	}
 	peerArgs, err := c.syncArgs(cfg)
 	if err != nil {
 		return nil, err
@@ -102,13 +111,59 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 		if !cfg.Staging {
 			args = append(args, "--staging-bytes", "0")
 		}
+		var wrapper []string
+		if c.netns != nil {
+			wrapper = c.netns.Wrapper(n.index)
+		}
 		n.daemon, err = daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: n.mountpoint, Store: n.store,
-			ShmGlob: n.region.Path, Args: args, Log: &n.log})
+			ShmGlob: n.region.Path, Args: args, Wrapper: wrapper, Log: &n.log})
 		if err != nil {
 			return nil, fmt.Errorf("node %d: %w\n%s", n.index, err, n.log.String())
 		}
 	}
+	if cfg.Sync {
+		if err := c.waitPeersUp(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// peersUpTimeout bounds the wait for the head's peers at start.
+const peersUpTimeout = 30 * time.Second
+
+// waitPeersUp waits until the head's stat shows every other node up, so
+// that the run's first stores are sampled and its loads mirrored.
+func (c *cluster) waitPeersUp(ctx context.Context) error {
+	head := c.nodes[0]
+	deadline := time.Now().Add(peersUpTimeout)
+	for {
+		raw, err := head.stats()
+		if err != nil {
+			return err
+		}
+		var st ctlabi.Stats
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return fmt.Errorf("node 0 stats: %w", err)
+		}
+		up := 0
+		for _, p := range st.Peers {
+			if p.State == rowsync.StateUp {
+				up++
+			}
+		}
+		if up == len(c.nodes)-1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the head's peers are not all up after %s: %+v\n%s", peersUpTimeout, st.Peers, head.log.String())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // mirroredRequest is the request size of a mirroring mount for rows of
@@ -129,8 +184,9 @@ func CheckSync(binary string) error {
 }
 
 // syncArgs returns each node's mirroring flags: with Sync, every node listens
-// on a loopback port and peers with all others, sharing a new secret file;
-// without, none.
+// on a loopback port (with Netns, on its namespace's address), knows its row size and gets the same peer list, every
+// node's address (each skips its own), sharing a new secret file; without,
+// none.
 func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	args := make([][]string, len(c.nodes))
 	if !cfg.Sync {
@@ -146,6 +202,10 @@ func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	}
 	addrs := make([]string, len(c.nodes))
 	for i := range addrs {
+		if c.netns != nil {
+			addrs[i] = net.JoinHostPort(c.netns.IP(i), "7470")
+			continue
+		}
 		port, err := freeLoopbackPort()
 		if err != nil {
 			return nil, err
@@ -154,11 +214,9 @@ func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	}
 	for i := range c.nodes {
 		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV,
-			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes))}
-		for j, addr := range addrs {
-			if j != i {
-				args[i] = append(args[i], "--peer", addr)
-			}
+			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes)), "--row-bytes", strconv.Itoa(cfg.RowBytes)}
+		for _, addr := range addrs { // one list for the whole group, as a DaemonSet gives it
+			args[i] = append(args[i], "--peer", addr)
 		}
 	}
 	return args, nil
@@ -199,6 +257,11 @@ func (c *cluster) close() error {
 		}
 		if err := n.region.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("node %d region: %w", n.index, err))
+		}
+	}
+	if c.netns != nil {
+		if err := c.netns.Close(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if mounted, err := mountedUnder(c.dir); err != nil || len(mounted) > 0 {

@@ -127,6 +127,9 @@ type Config struct {
 	Engine string
 	// Sync turns on the filesystem's row mirroring between the nodes (--sync).
 	Sync bool
+	// Netns puts each node's daemon in a network namespace of its own, the
+	// nodes joined by a bridge, so that rows cross veth links (--netns; root).
+	Netns bool
 
 	// RowBytes is the size of a row and of every block file (--row-bytes), a
 	// multiple of the page size.
@@ -138,7 +141,7 @@ type Config struct {
 	// WorldSize is the TP world size (--world-size); the ranks are spread
 	// evenly over the nodes.
 	WorldSize int
-	// Nodes is 1 or 2 (--nodes).
+	// Nodes is 1 to MaxNodes (--nodes).
 	Nodes int
 	// KV is KVMLA or KVGQA (--kv).
 	KV string
@@ -253,6 +256,10 @@ func unknownScenario(name string) error {
 	return fmt.Errorf("unknown scenario %q: want one of %s", name, strings.Join(Scenarios(), ", "))
 }
 
+// MaxNodes is the most nodes a cluster has: the TP groups of the field run
+// on 2 to 4 nodes (issue 28).
+const MaxNodes = 4
+
 // SlotBytes is the bytes of one rank's slot in a row: the row divided by the
 // world size, rounded down to whole pages; the rest of the row is padding.
 func (c Config) SlotBytes() int {
@@ -284,14 +291,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--engine %q: want %s or %s", c.Engine, EngineStock, EngineFixed)
 	case c.RowBytes <= 0 || c.RowBytes%engineio.PageSize != 0:
 		return fmt.Errorf("--row-bytes %d: want a positive multiple of %d (the field's row is %d)", c.RowBytes, engineio.PageSize, FieldRowBytes)
-	case c.Nodes != 1 && c.Nodes != 2:
-		return fmt.Errorf("--nodes %d: want 1 or 2", c.Nodes)
+	case c.Nodes < 1 || c.Nodes > MaxNodes:
+		return fmt.Errorf("--nodes %d: want 1 to %d", c.Nodes, MaxNodes)
 	case c.WorldSize%c.Nodes != 0:
 		return fmt.Errorf("--world-size %d: want a multiple of --nodes %d (the same number of GPUs on every node)", c.WorldSize, c.Nodes)
 	case c.SlotBytes() == 0:
 		return fmt.Errorf("--row-bytes %d: too small for --world-size %d slots of at least one page", c.RowBytes, c.WorldSize)
 	case c.Sync && c.Nodes == 1:
-		return fmt.Errorf("--sync on: needs --nodes 2 (a single node has no peer to mirror rows to)")
+		return fmt.Errorf("--sync on: needs --nodes 2 or more (a single node has no peer to mirror rows to)")
 	case c.KV != KVMLA && c.KV != KVGQA:
 		return fmt.Errorf("--kv %q: want %s or %s", c.KV, KVMLA, KVGQA)
 	case len(c.Groups) == 0:

@@ -4,7 +4,7 @@
 //
 // # What is modelled
 //
-// A cluster has one or two nodes. Each node is a `kvtierfs mount` daemon with
+// A cluster has one to four nodes. Each node is a `kvtierfs mount` daemon with
 // its own store and mount, and its own shm region
 // /dev/shm/vllm_offload_<id>_<node>.mmap (rows × row bytes, no header). The
 // TP ranks are spread over the nodes; rank r writes slot (local GPU index %

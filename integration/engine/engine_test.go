@@ -163,6 +163,45 @@ func TestMultinodeSyncOn(t *testing.T) {
 	}
 }
 
+// TestMultinodeFourNodes: TP=4 spread over four nodes, each daemon in a
+// network namespace of its own and given the same peer list (itself
+// included). Without mirroring the three other ranks
+// load stale KV (0/N rows right at every GPU); with it N/N, the head sending
+// each promoted row's non-zero bytes (one slot) once to each of its three
+// peers, and skipping its own entry.
+func TestMultinodeFourNodes(t *testing.T) {
+	for _, sync := range []bool{false, true} {
+		cfg := multinodeConfig(t, sync)
+		cfg.Nodes, cfg.WorldSize, cfg.Netns = 4, 4, true
+		res := run(t, cfg)
+		want := map[bool]int64{false: 0, true: int64(cfg.Promote)}[sync]
+		if res.RowsChecked != int64(cfg.Promote) || res.RowsIdentical != want {
+			t.Errorf("sync %v: %d/%d rows identical at every rank, want %d/%d", sync, res.RowsIdentical, res.RowsChecked, want, cfg.Promote)
+		}
+		if !sync {
+			continue
+		}
+		var head ctlabi.Stats
+		if err := json.Unmarshal(res.Stats, &head); err != nil {
+			t.Fatal(err)
+		}
+		states := map[string]int{}
+		for _, p := range head.Peers {
+			states[p.State]++
+			if !strings.HasPrefix(p.Addr, "10.213.9.") {
+				t.Errorf("peer %s is not at a namespace's address", p.Addr)
+			}
+		}
+		if states["self"] != 1 || states["up"] != 3 || len(head.Peers) != 4 {
+			t.Errorf("head's peers %+v, want itself and three up", head.Peers)
+		}
+		perRow := float64(headBytesSent(head)) / float64(head.Counters.RowsMirrored)
+		if slot := float64(cfg.SlotBytes()); head.Counters.RowsMirrored == 0 || perRow > 3*slot || perRow < 2*slot {
+			t.Errorf("the head sent %.0f B per mirrored row (%d rows), want about 3 slots of %.0f B", perRow, head.Counters.RowsMirrored, slot)
+		}
+	}
+}
+
 // TestMultinodeGQASyncOn: a head-sharded cache must not be mirrored; with
 // --replicated-kv auto the filesystem decides so from store samples and then
 // answers lookups "absent", so no rank ever loads wrong KV.
@@ -264,7 +303,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 	for want, mutate := range map[string]func(*Config){
 		"--engine \"x\": want stock or fixed":  func(c *Config) { c.Engine = "x" },
 		"--row-bytes 1000":                     func(c *Config) { c.RowBytes = 1000 },
-		"--nodes 3: want 1 or 2":               func(c *Config) { c.Nodes = 3 },
+		"--nodes 5: want 1 to 4":               func(c *Config) { c.Nodes = 5 },
 		"--world-size 3":                       func(c *Config) { c.WorldSize = 3 },
 		"--sync on: needs --nodes 2":           func(c *Config) { c.Nodes, c.WorldSize, c.Sync = 1, 1, true },
 		"--kv \"x\": want mla or gqa":          func(c *Config) { c.KV = "x" },

@@ -53,6 +53,12 @@ func WriteTable(w io.Writer, results []Result) error {
 	row("step gap", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.0f ms", 1000*r.StepGapSeconds) })
 	row("load throughput", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.2f GB/s", r.LoadGBps) })
 	row("load wait, waves 2…n", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.3f s", r.LaterWaveWaitSeconds) })
+	row("head: bytes sent per mirrored row", func(_ Result, m ctlabi.Stats) string {
+		if m.Counters.RowsMirrored == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f MB", float64(headBytesSent(m))/float64(m.Counters.RowsMirrored)/1e6)
+	})
 	row("mount: loads from staging", func(_ Result, m ctlabi.Stats) string { return fmt.Sprint(m.Counters.LoadsFromStaging) })
 	row("load/store errors", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%d/%d", r.LoadErrors, r.StoreErrors) })
 	row("lookups (faccessat)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Lookups) })
@@ -143,4 +149,13 @@ func WriteVerdict(w io.Writer, results []Result) {
 		fmt.Fprintf(w, "verdict, fixed engine, sync %s, staging %s: coverage %.1f%%%s; %s\n",
 			fixed.Sync, fixed.Staging, 100*fixed.Coverage, against, verdict)
 	}
+}
+
+// headBytesSent is the bytes of rows the head's mount sent to all its peers.
+func headBytesSent(m ctlabi.Stats) uint64 {
+	var n uint64
+	for _, p := range m.Peers {
+		n += p.Bytes
+	}
+	return n
 }

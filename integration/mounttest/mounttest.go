@@ -70,6 +70,18 @@ func Main(m *testing.M) {
 // Binary is the path of the kvtierfs binary built by Main.
 func Binary() string { return binary }
 
+// BuildTagged builds kvtierfs with the build tags (e.g. kvtierfs_liar) into a
+// directory removed when the test ends, and returns its path.
+func BuildTagged(t testing.TB, tags string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kvtierfs-"+tags)
+	out, err := exec.Command("go", "build", "-tags", tags, "-o", path, "github.com/kvtierfs/kvtierfs/cmd/kvtierfs").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building kvtierfs with tags %s: %v\n%s", tags, err, out)
+	}
+	return path
+}
+
 // Options configures a daemon.
 type Options struct {
 	// Store is the store directory; empty means a new temporary one.
@@ -82,6 +94,8 @@ type Options struct {
 	Args []string
 	// Wrapper runs the daemon under another command, e.g. `ip netns exec NS`.
 	Wrapper []string
+	// Binary is the kvtierfs binary to run; empty means the one Main built.
+	Binary string
 }
 
 // Daemon is a running `kvtierfs mount` tied to a test.
@@ -112,8 +126,11 @@ func Launch(t testing.TB, opts Options) (*Daemon, error) {
 	if opts.ShmGlob == "" {
 		opts.ShmGlob = filepath.Join(t.TempDir(), "no-region-*.mmap")
 	}
+	if opts.Binary == "" {
+		opts.Binary = binary
+	}
 	log := &daemon.LogBuffer{}
-	d, err := daemon.Start(daemon.Options{Binary: binary, Mountpoint: opts.Mountpoint, Store: opts.Store,
+	d, err := daemon.Start(daemon.Options{Binary: opts.Binary, Mountpoint: opts.Mountpoint, Store: opts.Store,
 		ShmGlob: opts.ShmGlob, Args: opts.Args, Wrapper: opts.Wrapper, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, log.String())

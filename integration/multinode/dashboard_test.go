@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -17,7 +18,7 @@ import (
 func TestGrafanaDashboardMetricsExported(t *testing.T) {
 	head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 	secret, listen, metrics := secretFile(t), freeAddr(t), freeAddr(t)
-	peer.mount(t, t.TempDir(), nil, "--listen", listen, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), nil, "--listen", listen, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	head.mount(t, t.TempDir(), nil, "--peer", listen, "--secret-file", secret, "--metrics-addr", metrics)
 	if identical := promoteAll(t, head, peer, 4); identical != 4 {
 		t.Fatalf("%d of 4 promoted rows identical across nodes", identical)

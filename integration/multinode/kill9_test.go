@@ -72,7 +72,7 @@ func TestKill9RoundsTwoNodes(t *testing.T) {
 	head := &node{region: newRegionRows(t, "A", stormRows)}
 	peer := &node{region: newRegionRows(t, "B", stormRows)}
 	addr, secret, store := freeAddr(t), secretFile(t), t.TempDir()
-	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	headArgs := []string{"--peer", addr, "--secret-file", secret, "--replicated-kv", "on", "--sync-deadline", "2s"}
 	head.daemon = mounttest.Start(t, mounttest.Options{Store: store, ShmGlob: head.region.Path, Args: headArgs})
 	mnt := head.daemon.Mountpoint

@@ -1,6 +1,7 @@
 package multinode_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func TestWithheldLookupsEndWithThePeersReturn(t *testing.T) {
 		t.Fatal("a lookup answered present again while the peer is down")
 	}
 
-	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if ps := head.daemon.Stats().Peers; len(ps) == 1 && ps[0].State == rowsync.StateUp {

@@ -6,6 +6,7 @@ package multinode_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -127,7 +129,7 @@ func promote(head, peer *node, i, row int) (identical bool, err error) {
 func twoNodes(t *testing.T, sync bool, wrapA, wrapB []string, listen, dial string) (head, peer *node, secret string) {
 	head, peer = &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 	secret = secretFile(t)
-	peer.mount(t, t.TempDir(), wrapB, "--listen", listen, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), wrapB, "--listen", listen, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	if sync {
 		head.mount(t, t.TempDir(), wrapA, "--peer", dial, "--secret-file", secret)
 	} else {
@@ -214,7 +216,7 @@ func TestPeerDeathFailsClosed(t *testing.T) {
 		t.Fatal("no lookup was withheld while the peer was down")
 	}
 
-	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	// Chunks whose loads failed were deleted by the engine: store them again.
 	storeChunks(t, head, peer, rows/2, true)
 	deadline := time.Now().Add(30 * time.Second)
@@ -239,7 +241,7 @@ func TestPeerDeathFailsClosed(t *testing.T) {
 func TestWrongSecretIsRefused(t *testing.T) {
 	addr := freeAddr(t)
 	head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
-	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secretFile(t))
+	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secretFile(t))
 	head.mount(t, t.TempDir(), nil, "--peer", addr, "--secret-file", secretFile(t), "--replicated-kv", "on")
 	writeKV(head.region.Row(0), 0, 0, true)
 	path := head.tier.BlockPath(tierDir, 0, hashOf(0))
@@ -408,7 +410,7 @@ func TestPeerFailureFailsTheRead(t *testing.T) {
 			addr := freeAddr(t)
 			head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 			secret := secretFile(t)
-			peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+			peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 			head.mount(t, t.TempDir(), nil, "--peer", addr, "--secret-file", secret, "--sync-deadline", "300ms")
 			pid := peer.daemon.Pid()
 			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) }) // before the daemon's own cleanup stops it
@@ -469,5 +471,48 @@ func TestPeerFailureFailsTheRead(t *testing.T) {
 			}
 			t.Logf("peer %s: %d loads before, %d succeeded and %d failed after", failure, okBefore, okAfter, failedAfter)
 		})
+	}
+}
+
+// TestPeerCannotFixTheRowSize: a peer holding the secret sends the receiving
+// daemon a row of another size before the head mirrors anything (issue 24
+// item 8: at aea8194 that first row fixed the receiver's row size, and every
+// real mirrored load failed after it). The receiver keeps its own size
+// (--row-bytes): the stray row is refused, the region untouched, and the
+// head's promotions then mirror as usual.
+func TestPeerCannotFixTheRowSize(t *testing.T) {
+	addr := freeAddr(t)
+	head, peer, secretPath := twoNodes(t, true, nil, nil, addr, addr)
+	secret, err := rowsync.ReadSecretFile(secretPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray, err := rowsync.NewMirror(rowsync.MirrorConfig{Peers: []string{addr}, Secret: secret, Logf: func(string, ...any) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stray.Close()
+	for start := time.Now(); !stray.Healthy(); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the stray sender never connected: %+v", stray.Stats())
+		}
+	}
+	const pageRows = rows * rowBytes / engineio.PageSize // the same region as rows of one page
+	pages, err := rowsync.NewRegion(make([]byte, rows*rowBytes), engineio.PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(pages.Row(pageRows-1), "a stray page")
+	before := bytes.Clone(peer.region.Bytes())
+	err = stray.MirrorRow(context.Background(), pages, pageRows-1, bytes.Clone(pages.Row(pageRows-1)))
+	if err == nil || !strings.Contains(err.Error(), "geometry mismatch") {
+		t.Fatalf("a row of one page = %v, want refused as a geometry mismatch", err)
+	}
+	if !bytes.Equal(before, peer.region.Bytes()) {
+		t.Fatal("the stray row changed the receiver's region")
+	}
+	const chunks = rows / 2
+	if identical := promoteAll(t, head, peer, chunks); identical != chunks {
+		t.Fatalf("after a stray row: %d of %d promoted rows identical across nodes, want all", identical, chunks)
 	}
 }

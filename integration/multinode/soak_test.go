@@ -41,7 +41,7 @@ func TestSoakTwoNodes(t *testing.T) {
 	const workers, chunks = 4, rows - 4
 	head, peer := &node{region: newRegion(t, "A")}, &node{region: newRegion(t, "B")}
 	addr, secret := freeAddr(t), secretFile(t)
-	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--secret-file", secret)
+	peer.mount(t, t.TempDir(), nil, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	metrics := freeAddr(t)
 	head.mount(t, t.TempDir(), nil, "--peer", addr, "--secret-file", secret, "--replicated-kv", "on",
 		"--capacity", strconv.Itoa(12*rowBytes), "--lookup-protect", "1s", "--staging-bytes", strconv.Itoa(4*rowBytes),

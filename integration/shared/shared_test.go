@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -327,7 +328,7 @@ func mirroredFetch(t *testing.T, c *gluster.Cluster, sub string) {
 	// The group has stored nothing itself, so --replicated-kv auto would
 	// have no store-time samples and withhold every lookup: a replica that
 	// only reuses others' blocks declares its KV replicated (MLA).
-	peer := startReplica(t, c.Nodes[1], sub, "--listen", addr, "--secret-file", secret)
+	peer := startReplica(t, c.Nodes[1], sub, "--listen", addr, "--row-bytes", strconv.Itoa(rowBytes), "--secret-file", secret)
 	head := startReplica(t, c.Nodes[1], sub, "--peer", addr, "--secret-file", secret, "--replicated-kv", "on")
 	for i := first; i < first+n; i++ {
 		a.store(t, i)

@@ -39,12 +39,14 @@ import (
 // bound by the payloads, and every refusal counts as an authentication
 // failure:
 //   - Each node has a NodeID, random at start, which its Mirror and Server
-//     share. A server refuses a Hello from its own node and a client a
-//     Welcome from its own node: a reflected handshake fails on both ends.
+//     share. A server answers a Hello from its own node and then ends the
+//     handshake, and a client ends it at a Welcome from its own node: a
+//     reflected handshake never yields a connection, and the client learns
+//     that the address reached this node itself (self.go says when such an
+//     entry of the peer list is skipped).
 //   - Hello.To is the IP:port the client's connection reached. A server
 //     refuses a Hello whose To is not the address the connection arrived at,
-//     so a handshake meant for one node cannot be relayed to another, or to
-//     the client's own server. Peers must therefore reach each other
+//     so a handshake meant for one node cannot be relayed to another. Peers must therefore reach each other
 //     directly (--peer names an address the peer itself listens on, no NAT
 //     or port mapping between nodes).
 //
@@ -60,7 +62,7 @@ const MinSecretBytes = 16
 const handshakeTimeout = 5 * time.Second
 
 // prologue binds the handshake to this protocol and version.
-const prologue = "kvtierfs rowsync 2"
+const prologue = "kvtierfs rowsync 3"
 
 // pskLabel separates the pre-shared key from other uses of the secret.
 const pskLabel = "kvtierfs rowsync 2 psk"
@@ -164,52 +166,55 @@ func handshakeState(initiator bool, psk []byte, random io.Reader) (*noise.Handsh
 }
 
 // clientHandshake authenticates the server behind conn, proves the secret to
-// it and returns the channel and the server's node.
-func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*channel, NodeID, error) {
+// it and returns the channel and the server's Welcome. A server that is this
+// node itself ends it with errSelf.
+func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*channel, *Welcome, error) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	hs, err := handshakeState(true, psk, nil)
 	if err != nil {
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
 	hello := Hello{Session: session, Node: self, To: conn.RemoteAddr().String()}
 	msg, _, _, err := hs.WriteMessage(nil, Encode(&hello))
 	if err != nil {
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
 	if err := writeHandshake(conn, msg); err != nil {
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
 	if msg, err = readHandshake(conn); err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, NodeID{}, fmt.Errorf("the peer accepted the connection but did not answer the handshake within %s: a stopped or hung daemon (or something else listening on its port)", handshakeTimeout)
+			return nil, nil, fmt.Errorf("the peer accepted the connection but did not answer the handshake within %s: a stopped or hung daemon (or something else listening on its port)", handshakeTimeout)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
 			err = fmt.Errorf("%w: the peer ended the handshake: it refused this node (a wrong shared secret, another protocol version or a relayed connection; its log says which)", ErrAuth)
 		}
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
 	payload, send, recv, err := hs.ReadMessage(nil, msg)
 	if err != nil {
-		return nil, NodeID{}, fmt.Errorf("%w: the peer does not know the shared secret (or speaks another protocol version)", ErrAuth)
+		return nil, nil, fmt.Errorf("%w: the peer does not know the shared secret (or speaks another protocol version)", ErrAuth)
 	}
 	welcome, err := decodeHandshake[*Welcome](payload)
 	if err != nil {
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
 	if welcome.Node == self {
-		return nil, NodeID{}, fmt.Errorf("%w: the answer came from this node itself (a reflected handshake, or --peer names this node)", ErrAuth)
+		return nil, nil, errSelf
 	}
 	ch := newChannel(conn, send, recv)
 	if err := ch.writeMessage(&Ready{}); err != nil {
-		return nil, NodeID{}, err
+		return nil, nil, err
 	}
-	return ch, welcome.Node, nil
+	return ch, welcome, nil
 }
 
 // serverHandshake authenticates the client behind conn, proves the secret to
-// it and returns the channel and the client's Hello.
-func serverHandshake(conn net.Conn, psk []byte, self NodeID) (*channel, *Hello, error) {
+// it and returns the channel and the client's Hello. welcome is this node's
+// answer. A Hello from this node itself is answered, so that its client
+// learns it reached itself, and then ended with errSelf.
+func serverHandshake(conn net.Conn, psk []byte, welcome *Welcome) (*channel, *Hello, error) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	hs, err := handshakeState(false, psk, nil)
@@ -228,18 +233,21 @@ func serverHandshake(conn net.Conn, psk []byte, self NodeID) (*channel, *Hello, 
 	if err != nil {
 		return nil, nil, err
 	}
-	if hello.Node == self {
-		return nil, nil, fmt.Errorf("%w: the handshake came from this node itself (a reflected handshake, or --peer names this node)", ErrAuth)
+	fromSelf := hello.Node == welcome.Node
+	if !fromSelf {
+		if err := checkDialed(hello.To, conn.LocalAddr()); err != nil {
+			return nil, nil, err
+		}
 	}
-	if err := checkDialed(hello.To, conn.LocalAddr()); err != nil {
-		return nil, nil, err
-	}
-	msg, recv, send, err := hs.WriteMessage(nil, Encode(&Welcome{Node: self}))
+	msg, recv, send, err := hs.WriteMessage(nil, Encode(welcome))
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := writeHandshake(conn, msg); err != nil {
 		return nil, nil, err
+	}
+	if fromSelf {
+		return nil, nil, errSelf
 	}
 	ch := newChannel(conn, send, recv)
 	frame, err := ch.readFrame(nil, maxHandshakeFrame)

@@ -44,14 +44,17 @@ func handshake(t *testing.T, clientSecret, serverSecret []byte, clientNode, serv
 	var r handshakeResult
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		r.server, r.hello, r.serverErr = serverHandshake(rs, presharedKey(serverSecret), serverNode)
+		r.server, r.hello, r.serverErr = serverHandshake(rs, presharedKey(serverSecret), &Welcome{Node: serverNode})
 		if r.serverErr != nil {
 			s.Close()
 		}
 	})
-	r.client, r.welcomed, r.clientErr = clientHandshake(rc, presharedKey(clientSecret), clientNode, 7)
+	var welcome *Welcome
+	r.client, welcome, r.clientErr = clientHandshake(rc, presharedKey(clientSecret), clientNode, 7)
 	if r.clientErr != nil {
 		c.Close()
+	} else {
+		r.welcomed = welcome.Node
 	}
 	wg.Wait()
 	r.wire = append(rc.written.Bytes(), rs.written.Bytes()...)
@@ -97,20 +100,21 @@ func TestHandshakeWrongSecret(t *testing.T) {
 	}
 }
 
-// TestHandshakeReflected: a node's own handshake handed back to it fails on
-// both ends, whichever end checks first.
+// TestHandshakeReflected: a node's own handshake handed back to it never
+// yields a connection; both ends learn that the client reached itself, and
+// neither counts it as an authentication failure.
 func TestHandshakeReflected(t *testing.T) {
 	self := newNodeID()
 	r := handshake(t, testSecret, testSecret, self, self)
-	if !errors.Is(r.serverErr, ErrAuth) || !strings.Contains(r.serverErr.Error(), "came from this node itself") {
-		t.Errorf("server accepted its own node's handshake: %v", r.serverErr)
+	if !errors.Is(r.serverErr, errSelf) || errors.Is(r.serverErr, ErrAuth) {
+		t.Errorf("server, at its own node's Hello: %v", r.serverErr)
 	}
-	if r.clientErr == nil {
-		t.Error("client finished a reflected handshake")
+	if !errors.Is(r.clientErr, errSelf) || errors.Is(r.clientErr, ErrAuth) || r.client != nil {
+		t.Errorf("client, at its own node's Welcome: %v", r.clientErr)
 	}
 
-	// A responder that does not check the Hello: the client still refuses
-	// a Welcome from its own node.
+	// A responder that does not check the Hello: the client still ends the
+	// handshake at a Welcome from its own node.
 	c, s := net.Pipe()
 	defer c.Close()
 	go func() {
@@ -126,7 +130,7 @@ func TestHandshakeReflected(t *testing.T) {
 		msg, _, _, _ = hs.WriteMessage(nil, Encode(&Welcome{Node: self}))
 		writeHandshake(s, msg)
 	}()
-	if _, _, err := clientHandshake(c, presharedKey(testSecret), self, 1); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "came from this node itself") {
+	if ch, _, err := clientHandshake(c, presharedKey(testSecret), self, 1); !errors.Is(err, errSelf) || ch != nil {
 		t.Errorf("client accepted a Welcome from itself: %v", err)
 	}
 }

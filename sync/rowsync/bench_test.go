@@ -64,7 +64,7 @@ func BenchmarkMirror(b *testing.B) {
 		}
 	})
 
-	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: func(int) (*Region, error) { return dst, nil }, Logf: discard})
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: func(int) (*Region, error) { return dst, nil }, RowBytes: dst.RowBytes(), Logf: discard})
 	if err != nil {
 		b.Fatal(err)
 	}

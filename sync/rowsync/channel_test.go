@@ -132,7 +132,9 @@ func mirrorVia(t *testing.T, server, relay net.Addr, node NodeID) *Mirror {
 
 // TestNodeRefusesItsOwnHandshake: a relay on the port a node mirrors to hands
 // the node's handshake to the node's own Server (at dd8aaaf it was accepted,
-// the peer shown up, and the relay could write any row).
+// the peer shown up, and the relay could write any row). The node learns it
+// reached itself, but with no other entry confirming a shared list it may not
+// skip the entry: the peer is down and no row counts as mirrored.
 func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 	region := shmRegion(t, testRows, testRowBytes)
 	var node *Node
@@ -141,9 +143,14 @@ func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 	addr := relay(t, func() string { ready.Wait(); return node.Addr().String() }, nil, nil)
 	node = startNode(t, region, ModeOn, addr.String())
 	ready.Done()
-	waitFor(t, "the refusal counted", func() bool { return node.Snapshot().AuthFailures >= 2 })
-	if p := node.Snapshot().Peers[0]; p.State == StateUp {
-		t.Errorf("a node that reached itself shows a healthy peer: %+v", p)
+	waitFor(t, "the entry found to reach the node itself", func() bool {
+		return strings.Contains(node.Snapshot().Peers[0].LastError, "reaches this node itself, and it is not skipped")
+	})
+	if p := node.Snapshot().Peers[0]; p.State != StateDown {
+		t.Errorf("a node that reached itself through a relay shows %+v", p)
+	}
+	if node.ServeLoads() {
+		t.Error("lookups are served while the only peer may be the relay's reflection")
 	}
 	fillHalf(region.Row(3), 3)
 	if err := node.MirrorBlock(context.Background(), region, 3, region.Row(3), block.CRC32C(region.Row(3))); err == nil {
@@ -152,20 +159,24 @@ func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 }
 
 // TestReflectedHandshake: a man in the middle that hands a node's handshake
-// back to the same node's Server, invisibly (the address check passes), is
-// refused by the node identity, on both ends.
+// back to the same node's Server, invisibly (the address check passes),
+// yields no connection: the Mirror sees its own node, and without a shared
+// list to confirm it keeps the peer down.
 func TestReflectedHandshake(t *testing.T) {
 	self := newNodeID()
-	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Node: self, Logf: discard,
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Node: self, RowBytes: testRowBytes, Logf: discard,
 		Region: func(int) (*Region, error) { return shmRegion(t, testRows, testRowBytes), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	m := mirrorVia(t, s.Addr(), relay(t, func() string { return s.Addr().String() }, nil, nil), self)
-	waitFor(t, "the refusal counted", func() bool { return s.AuthFailures() >= 1 && m.AuthFailures() >= 1 })
+	waitFor(t, "the reflection noticed", func() bool { return strings.Contains(m.Stats()[0].LastError, "reaches this node itself") })
 	if m.Healthy() {
 		t.Error("a reflected handshake made the peer healthy")
+	}
+	if s.AuthFailures() != 0 || m.AuthFailures() != 0 {
+		t.Errorf("a node's own handshake counted as %d+%d authentication failures", s.AuthFailures(), m.AuthFailures())
 	}
 }
 
@@ -245,7 +256,10 @@ func TestTornRowWrite(t *testing.T) {
 // TestServerKeepsItsGeometry: the region is mapped at whatever row size the
 // server asks for (as the filesystem's RegionFunc does), so a sender naming
 // half the row size would address the second half of row 0 as row 1. The
-// server keeps this node's own row size instead.
+// server keeps this node's own row size instead: the one it was told
+// (--row-bytes) or its own loads and stores name. Before it knows one it
+// refuses every row, and the first row a peer sends fixes nothing (issue 24
+// item 8: it used to fix the size, and every real row was refused after).
 func TestServerKeepsItsGeometry(t *testing.T) {
 	mem := shmRegion(t, testRows, testRowBytes)
 	mapAt := func(rowBytes int) (*Region, error) { return NewRegion(mem.mem, rowBytes) }
@@ -253,26 +267,44 @@ func TestServerKeepsItsGeometry(t *testing.T) {
 	half := shmRegion(t, 2*testRows, testRowBytes/2)
 	fillHalf(src.Row(0), 1)
 	fillHalf(half.Row(1), 2)
+	const wrongSize = "geometry mismatch: sender has rows of 32768 bytes, receiver rows of 65536 bytes"
 
-	for _, local := range []bool{false, true} {
-		s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: mapAt, Logf: discard})
+	for _, told := range []string{"flag", "own use", "nothing"} {
+		s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: mapAt, Logf: discard,
+			RowBytes: map[bool]int{true: testRowBytes}[told == "flag"]})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 		m := newMirror(t, testSecret, 0, true, s.Addr().String())
-		if local { // the node's own loads and stores name its row size
-			s.NoteLocalRowBytes(testRowBytes)
-		} else if err := m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0))); err != nil {
-			t.Fatal(err) // the first request names the size
-		}
 		before := bytes.Clone(mem.Row(0))
 		err = m.MirrorRow(context.Background(), half, 1, bytes.Clone(half.Row(1)))
-		if err == nil || !strings.Contains(err.Error(), "geometry mismatch: sender has rows of 32768 bytes, receiver rows of 65536 bytes") {
-			t.Errorf("local %v: a row of another size = %v", local, err)
+		switch {
+		case told == "nothing" && (err == nil || !strings.Contains(err.Error(), "does not know its row size yet: give its daemon --row-bytes")):
+			t.Errorf("%s: a row before the node knows its size = %v", told, err)
+		case told == "flag" && (err == nil || !strings.Contains(err.Error(), wrongSize)):
+			t.Errorf("%s: a row of another size = %v", told, err)
 		}
 		if !bytes.Equal(before, mem.Row(0)) {
-			t.Errorf("local %v: a row of another size was written", local)
+			t.Errorf("%s: a row of another size was written", told)
+		}
+		m = newMirror(t, testSecret, 0, true, s.Addr().String()) // the refusal took the first one down
+		if told == "own use" {
+			s.NoteLocalRowBytes(testRowBytes)
+		}
+		err = m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0)))
+		if told == "nothing" {
+			if err == nil {
+				t.Errorf("%s: a row was written at a size a peer chose", told)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(mem.Row(0), src.Row(0)) {
+			t.Errorf("%s: a row of this node's size after one of another size: %v", told, err)
+		}
+		m = newMirror(t, testSecret, 0, true, s.Addr().String())
+		if err := m.MirrorRow(context.Background(), half, 1, bytes.Clone(half.Row(1))); err == nil || !strings.Contains(err.Error(), wrongSize) {
+			t.Errorf("%s: a row of another size after the node's own = %v", told, err)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 )
 
-// Two nodes: the peer's Server receives rows into its region, the head's
+// Two nodes: the peer's Server receives rows of its own size into its region, the head's
 // Mirror authenticates to it (Noise, the shared secret) and copies a row,
 // returning once the peer acknowledged the row's checksum.
 func Example() {
@@ -21,7 +21,7 @@ func Example() {
 	headRegion, _ := rowsync.NewRegion(headMem, rowBytes)
 
 	server, err := rowsync.StartServer(rowsync.ServerConfig{Listen: "127.0.0.1:0", Secret: secret, Logf: quiet,
-		Region: func(int) (*rowsync.Region, error) { return peerRegion, nil }})
+		Region: func(int) (*rowsync.Region, error) { return peerRegion, nil }, RowBytes: rowBytes})
 	if err != nil {
 		fmt.Println(err)
 		return

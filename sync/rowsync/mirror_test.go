@@ -24,10 +24,11 @@ const (
 func startServer(t *testing.T, addr string, secret []byte, region *Region) *Server {
 	t.Helper()
 	s, err := StartServer(ServerConfig{
-		Listen: addr,
-		Secret: secret,
-		Region: func(int) (*Region, error) { return region, nil },
-		Logf:   discard,
+		Listen:   addr,
+		Secret:   secret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf:     discard,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +193,7 @@ func lyingPeer(t *testing.T) string {
 			}
 			wg.Go(func() {
 				defer conn.Close()
-				ch, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID())
+				ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()})
 				if err != nil {
 					return
 				}
@@ -264,7 +265,7 @@ func TestMirrorSlowPeer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if _, _, err := serverHandshake(conn, presharedKey(testSecret), newNodeID()); err == nil {
+			if _, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()}); err == nil {
 				conns <- conn
 			}
 		}

@@ -16,11 +16,12 @@ import (
 // Config configures a Node from the mount flags.
 type Config struct {
 	Listen     string                           // --listen; empty: accept no rows
-	Peers      []string                         // --peer, repeated; empty: mirror nothing
+	Peers      []string                         // --peer, repeated; empty: mirror nothing; may name this node (self.go)
 	Secret     []byte                           // --secret-file, see ReadSecretFile
 	Replicated Mode                             // --replicated-kv
 	Deadline   time.Duration                    // per row and peer; 0: DefaultDeadline
 	Region     RegionFunc                       // the local region, for rows peers send (needed with Listen); see rowGeometry
+	RowBytes   int                              // --row-bytes: this node's row size until its own use names one; 0: unknown
 	Logf       func(format string, args ...any) // nil: log.Printf
 	Notes      Notes                            // keeps the replication samples across restarts; nil: none
 }
@@ -64,14 +65,14 @@ func Start(cfg Config) (*Node, error) {
 	}
 	self := newNodeID() // shared by the Server and the Mirror, see auth.go
 	if cfg.Listen != "" {
-		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Region: cfg.Region, Gate: n.gate, Logf: cfg.Logf})
+		s, err := StartServer(ServerConfig{Listen: cfg.Listen, Secret: cfg.Secret, Node: self, Peers: cfg.Peers, Region: cfg.Region, RowBytes: cfg.RowBytes, Gate: n.gate, Logf: cfg.Logf})
 		if err != nil {
 			return nil, err
 		}
 		n.server = s
 	}
 	if len(cfg.Peers) > 0 {
-		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Secret: cfg.Secret, Node: self, Deadline: cfg.Deadline, Logf: cfg.Logf})
+		m, err := NewMirror(MirrorConfig{Peers: cfg.Peers, Listen: n.Addr(), Secret: cfg.Secret, Node: self, Deadline: cfg.Deadline, Logf: cfg.Logf})
 		if err != nil {
 			n.Close()
 			return nil, err
@@ -111,7 +112,7 @@ func (n *Node) Gate() *Gate { return n.gate }
 // peers it always may; with peers only while mirroring is allowed and every
 // peer is up, since a load now could not reach the other ranks.
 func (n *Node) ServeLoads() bool {
-	return n.mirror == nil || (n.gate.Allowed() && n.mirror.Healthy())
+	return !n.Mirrors() || (n.gate.Allowed() && n.mirror.Healthy())
 }
 
 // MirrorBlock writes block, whose CRC32C is crc and which the caller has
@@ -122,7 +123,7 @@ func (n *Node) ServeLoads() bool {
 // peer may hold stale bytes and the load must fail; without peers it does
 // nothing.
 func (n *Node) MirrorBlock(ctx context.Context, region *Region, row int, block []byte, crc uint32) error {
-	if n.mirror == nil {
+	if !n.Mirrors() {
 		return nil
 	}
 	n.noteLocal(region)
@@ -146,17 +147,18 @@ func (n *Node) noteLocal(region *Region) {
 	}
 }
 
-// Mirrors reports whether the node has peers to mirror loaded rows to.
-func (n *Node) Mirrors() bool { return n.mirror != nil }
+// Mirrors reports whether the node has peers to mirror loaded rows to: a
+// peer list naming only this node's own address has none.
+func (n *Node) Mirrors() bool { return n.mirror != nil && n.mirror.Remote() }
 
 // WantStoreSample is called once per stored block and says whether the
 // replication gate wants this store sampled with SampleStoredRow.
-func (n *Node) WantStoreSample() bool { return n.mirror != nil && n.gate.WantSample() }
+func (n *Node) WantStoreSample() bool { return n.Mirrors() && n.gate.WantSample() }
 
 // SampleStoredRow is StoreDone for a caller that has already found the row
 // holding the stored block, knows its CRC32C and got true from WantStoreSample.
 func (n *Node) SampleStoredRow(ctx context.Context, region *Region, row int, key string, crc uint32) error {
-	if n.mirror == nil {
+	if !n.Mirrors() {
 		return nil
 	}
 	n.noteLocal(region)
@@ -181,8 +183,9 @@ func (n *Node) Snapshot() Snapshot {
 	}
 	if n.mirror != nil {
 		s.AuthFailures += n.mirror.AuthFailures()
+		_, selfErr := n.mirror.selfEntries()
 		for _, p := range n.mirror.peers {
-			ps := p.snapshot()
+			ps := n.mirror.entryStats(p, selfErr)
 			ip := p.ip()
 			if rows, ok := received[ip]; ok {
 				ps.RowsReceived = rows

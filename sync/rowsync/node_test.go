@@ -22,6 +22,7 @@ func startNode(t *testing.T, region *Region, mode Mode, peers ...string) *Node {
 		Secret:     testSecret,
 		Replicated: mode,
 		Region:     func(int) (*Region, error) { return region, nil },
+		RowBytes:   region.RowBytes(),
 		Logf:       discard,
 	})
 	if err != nil {

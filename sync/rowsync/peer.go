@@ -39,7 +39,8 @@ var ErrPeerDown = errors.New("rowsync: peer down")
 
 // MirrorConfig configures a Mirror.
 type MirrorConfig struct {
-	Peers    []string                         // host:port of every peer's Server
+	Peers    []string                         // host:port of every peer's Server; may include this node's own (self.go)
+	Listen   net.Addr                         // this node's Server, to recognise its own entry; nil: none
 	Secret   []byte                           // shared secret, at least MinSecretBytes
 	Node     NodeID                           // this node, as its Server knows it; zero: a random one
 	Deadline time.Duration                    // per row and peer; 0: DefaultDeadline
@@ -61,6 +62,7 @@ const DefaultLanes = 4
 // peers, each over one of its lanes.
 type Mirror struct {
 	peers    []*peerLanes
+	peerList PeerListDigest // of cfg.Peers
 	deadline time.Duration
 	cancel   context.CancelFunc // stops the connection loops
 	wg       sync.WaitGroup     // the peers' connection loops
@@ -78,6 +80,12 @@ type PeerStats struct {
 	Bytes        uint64 `json:"bytes"`
 	LastError    string `json:"last_error"`
 	Verified     uint64 `json:"verified"`
+}
+
+// Serving reports whether the entry keeps nothing from being mirrored: a
+// peer that is up, one that only sends rows here, or this node itself.
+func (s PeerStats) Serving() bool {
+	return s.State == StateUp || s.State == StateInbound || s.State == StateSelf
 }
 
 // NewMirror starts connecting to every peer in the background.
@@ -101,14 +109,21 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 		cfg.Lanes = DefaultLanes
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Mirror{deadline: cfg.Deadline, cancel: cancel}
+	m := &Mirror{deadline: cfg.Deadline, cancel: cancel, peerList: peerListDigest(cfg.Peers)}
 	psk := presharedKey(cfg.Secret)
+	listen, _ := cfg.Listen.(*net.TCPAddr)
+	localIPs := interfaceIPs()
 	for _, addr := range cfg.Peers {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			cancel()
 			return nil, fmt.Errorf("rowsync: peer %q: %w", addr, err)
 		}
-		pl := &peerLanes{logf: cfg.Logf}
+		pl := &peerLanes{addr: addr, literalSelf: listensAt(addr, listen, localIPs), logf: cfg.Logf}
+		m.peers = append(m.peers, pl)
+		if pl.literalSelf {
+			cfg.Logf("rowsync: peer %s is this node's own address: skipped", addr)
+			continue
+		}
 		for range cfg.Lanes {
 			// Each lane is a session of its own (see Hello), so the peer's
 			// Server keeps them side by side.
@@ -116,24 +131,26 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 			pl.lanes = append(pl.lanes, p)
 			m.wg.Go(func() { p.run(ctx) })
 		}
-		m.peers = append(m.peers, pl)
 	}
 	return m, nil
 }
 
-// peerLanes is one peer and the connections (lanes) to it.
+// peerLanes is one entry of the peer list and the connections (lanes) to it;
+// an entry that is this node's own address has none.
 type peerLanes struct {
-	lanes []*peer
-	next  atomic.Uint32
-	logf  func(format string, args ...any)
+	addr        string
+	literalSelf bool // names this node's own listening address (self.go)
+	lanes       []*peer
+	next        atomic.Uint32
+	logf        func(format string, args ...any)
 
 	mu     sync.Mutex // guards logged
 	logged string     // the state last logged
 }
 
-// logChange logs the peer going up or down, once for all its lanes (the
-// peer is up when every lane is) and once per change of state: stat shows
-// its latest error.
+// logChange logs the peer going up or down, or reaching this node itself,
+// once for all its lanes (the peer is up when every lane is) and once per
+// change of state: stat shows its latest error.
 func (pl *peerLanes) logChange() {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -146,8 +163,33 @@ func (pl *peerLanes) logChange() {
 		pl.logf("rowsync: peer %s up", s.Addr)
 	case StateDown:
 		pl.logf("rowsync: peer %s down: %s", s.Addr, s.LastError)
+	case StateSelf:
+		pl.logf("rowsync: peer %s reaches this node itself", s.Addr)
 	}
 	pl.logged = s.State
+}
+
+// reachedSelf reports whether every lane's last handshake reached this node.
+func (pl *peerLanes) reachedSelf() bool {
+	for _, p := range pl.lanes {
+		if p.snapshot().State != StateSelf {
+			return false
+		}
+	}
+	return len(pl.lanes) > 0
+}
+
+// peerList returns the peer-list digest the peer's Server answered on every
+// lane; ok is false unless every lane is up and all answered the same.
+func (pl *peerLanes) peerList() (d PeerListDigest, ok bool) {
+	for i, p := range pl.lanes {
+		l, err := p.current()
+		if err != nil || (i > 0 && l.peerList != d) {
+			return PeerListDigest{}, false
+		}
+		d = l.peerList
+	}
+	return d, len(pl.lanes) > 0
 }
 
 // pick returns the lane for the next request, round robin, or the
@@ -202,15 +244,31 @@ func (m *Mirror) Close() error {
 	return nil
 }
 
-// Healthy reports whether every peer is up. While it is false, a node must
-// answer lookups "absent": a load now could not be mirrored.
+// Healthy reports whether every peer but this node itself is up. While it
+// is false, a node must answer lookups "absent": a load now could not be
+// mirrored.
 func (m *Mirror) Healthy() bool {
-	for _, pl := range m.peers {
+	targets, err := m.selfEntries()
+	if err != nil {
+		return false
+	}
+	for _, pl := range targets {
 		if pl.snapshot().State != StateUp {
 			return false
 		}
 	}
 	return true
+}
+
+// Remote reports whether some entry of the peer list is not this node's own
+// address, i.e. whether there may be a rank to mirror to.
+func (m *Mirror) Remote() bool {
+	for _, pl := range m.peers {
+		if !pl.literalSelf {
+			return true
+		}
+	}
+	return false
 }
 
 // AuthFailures returns how many handshakes and acknowledgements from peers
@@ -227,11 +285,28 @@ func (m *Mirror) AuthFailures() uint64 {
 
 // Stats returns one entry per peer, in configuration order.
 func (m *Mirror) Stats() []PeerStats {
+	_, selfErr := m.selfEntries()
 	stats := make([]PeerStats, len(m.peers))
 	for i, pl := range m.peers {
-		stats[i] = pl.snapshot()
+		stats[i] = m.entryStats(pl, selfErr)
 	}
 	return stats
+}
+
+// entryStats is pl's entry for stat: this node's own entry is "self" while
+// it is skipped, and down with selfErr while it may not be.
+func (m *Mirror) entryStats(pl *peerLanes, selfErr error) PeerStats {
+	switch {
+	case pl.literalSelf:
+		return PeerStats{Addr: pl.addr, State: StateSelf}
+	case !pl.reachedSelf():
+		return pl.snapshot()
+	case selfErr != nil:
+		s := pl.snapshot()
+		s.State, s.LastError = StateDown, selfErr.Error()
+		return s
+	}
+	return pl.snapshot()
 }
 
 // MirrorRow makes row of every peer's region hold data, which is row of
@@ -263,9 +338,13 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 		payload += uint64(len(e.Data))
 	}
 	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
-	errs := make([]error, len(m.peers))
+	targets, err := m.selfEntries()
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
-	for i, pl := range m.peers {
+	for i, pl := range targets {
 		wg.Go(func() {
 			p, err := pl.pick()
 			if err == nil {
@@ -287,9 +366,13 @@ func (m *Mirror) SampleStore(ctx context.Context, g *Gate, region *Region, row i
 		return fmt.Errorf("rowsync: sample row %d of a %d-row region", row, region.Rows())
 	}
 	msg := StoreSample{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(region.RowBytes()), CRC: crc, Key: key}
-	errs := make([]error, len(m.peers))
+	targets, err := m.selfEntries()
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
-	for i, pl := range m.peers {
+	for i, pl := range targets {
 		wg.Go(func() {
 			p, err := pl.pick()
 			if err != nil {
@@ -360,7 +443,10 @@ func (p *peer) run(ctx context.Context) {
 	backoff := minBackoff
 	for {
 		l, err := p.connect(ctx)
-		if err == nil {
+		if errors.Is(err, errSelf) {
+			p.setSelf()
+			backoff = maxBackoff // it stays itself; a slow retry notices a change of route
+		} else if err == nil {
 			up := time.Now()
 			p.setLink(ctx, l)
 			err = l.readAcks()
@@ -410,7 +496,7 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	ch, _, err := clientHandshake(conn, p.psk, p.node, p.session)
+	ch, welcome, err := clientHandshake(conn, p.psk, p.node, p.session)
 	if !stop() {
 		return nil, ctx.Err()
 	}
@@ -418,7 +504,7 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &link{conn: conn, ch: ch, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
+	return &link{conn: conn, ch: ch, peerList: welcome.PeerList, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
 }
 
 // setLink makes l the peer's connection, unless the Mirror closed meanwhile.
@@ -451,6 +537,14 @@ func (p *peer) dropLink(l *link) {
 func (p *peer) setDown(err error) {
 	p.mu.Lock()
 	p.state, p.lastErr = StateDown, err.Error()
+	p.mu.Unlock()
+	p.changed()
+}
+
+// setSelf records that the last handshake reached this node's own Server.
+func (p *peer) setSelf() {
+	p.mu.Lock()
+	p.state, p.lastErr = StateSelf, ""
 	p.mu.Unlock()
 	p.changed()
 }
@@ -547,10 +641,11 @@ func (p *peer) sample(ctx context.Context, deadline time.Duration, msg StoreSamp
 // link is one authenticated connection to a peer. Requests are pipelined:
 // any number may be in flight, each waiting for the Ack with its Seq.
 type link struct {
-	conn    net.Conn
-	ch      *channel      // conn's records
-	writeMu sync.Mutex    // serializes frames on ch; held for one whole frame
-	done    chan struct{} // closed when the link fails
+	conn     net.Conn
+	ch       *channel       // conn's records
+	peerList PeerListDigest // the digest the peer's Welcome named
+	writeMu  sync.Mutex     // serializes frames on ch; held for one whole frame
+	done     chan struct{}  // closed when the link fails
 
 	mu      sync.Mutex // guards the fields below
 	nextSeq uint64

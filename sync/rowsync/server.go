@@ -25,12 +25,16 @@ type RegionFunc func(rowBytes int) (*Region, error)
 
 // ServerConfig configures a Server.
 type ServerConfig struct {
-	Listen string                           // host:port to listen on; port 0 picks one
-	Secret []byte                           // shared secret, at least MinSecretBytes
-	Node   NodeID                           // this node, as its Mirror knows it; zero: a random one
-	Region RegionFunc                       // the local region rows are written into
-	Gate   *Gate                            // notes the store samples peers send; nil: not noted
-	Logf   func(format string, args ...any) // nil: log.Printf
+	Listen string     // host:port to listen on; port 0 picks one
+	Secret []byte     // shared secret, at least MinSecretBytes
+	Node   NodeID     // this node, as its Mirror knows it; zero: a random one
+	Peers  []string   // this node's peer list, whose digest its Welcome names (self.go)
+	Region RegionFunc // the local region rows are written into
+	// RowBytes is this node's row size until its own loads or stores name
+	// one (see rowGeometry); 0: unknown, every row refused until then.
+	RowBytes int
+	Gate     *Gate                            // notes the store samples peers send; nil: not noted
+	Logf     func(format string, args ...any) // nil: log.Printf
 }
 
 // Server is the receiving side: it accepts authenticated connections from
@@ -40,6 +44,7 @@ type ServerConfig struct {
 type Server struct {
 	cfg          ServerConfig
 	psk          []byte
+	welcome      Welcome // this node's answer to every Hello
 	ln           net.Listener
 	authFailures atomic.Uint64
 	geometry     rowGeometry
@@ -53,36 +58,23 @@ type Server struct {
 }
 
 // rowGeometry is the row size this node accepts rows and samples at: never
-// one a request names, but this node's own. That is the size of the rows its
-// filesystem mirrors or samples itself (NoteLocalRowBytes); until it has
-// done so, the size of the first request that found a region of that size
-// here, kept until no region of that size is found any more. A request of
-// another size is refused, so a peer cannot map the region at a size of its
-// choosing and address any page of it.
+// one a request names, but this node's own: the rows its filesystem mirrors
+// or samples itself (NoteLocalRowBytes), or before that the size it was
+// told (ServerConfig.RowBytes, --row-bytes). A node that knows neither
+// refuses every request, and a request of another size is refused, so a
+// peer can neither map the region at a size of its choosing and address any
+// page of it, nor fix this node's row size before the node knows it (the
+// first request did, until issue 24: every real row was refused after it).
 type rowGeometry struct {
 	mu       sync.Mutex
-	rowBytes int  // 0: none yet
-	local    bool // rowBytes came from this node's own use
+	rowBytes int // 0: unknown
 }
 
-// accept returns the row size to serve a request naming rowBytes at, taking
-// rowBytes when none is known yet.
-func (g *rowGeometry) accept(rowBytes int) int {
+// own returns this node's row size, 0 while it is unknown.
+func (g *rowGeometry) own() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.rowBytes == 0 {
-		g.rowBytes = rowBytes
-	}
 	return g.rowBytes
-}
-
-// gone forgets a row size that no local region has, unless it is local.
-func (g *rowGeometry) gone(rowBytes int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.local && g.rowBytes == rowBytes {
-		g.rowBytes = 0
-	}
 }
 
 // noteLocal makes rowBytes the row size, and reports the size it replaces.
@@ -92,7 +84,7 @@ func (g *rowGeometry) noteLocal(rowBytes int) (replaced int) {
 	if g.rowBytes != rowBytes {
 		replaced = g.rowBytes
 	}
-	g.rowBytes, g.local = rowBytes, true
+	g.rowBytes = rowBytes
 	return replaced
 }
 
@@ -111,6 +103,9 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Region == nil {
 		return nil, errors.New("rowsync: server without a region")
 	}
+	if cfg.RowBytes < 0 || cfg.RowBytes > MaxRowBytes {
+		return nil, fmt.Errorf("rowsync: row size %d bytes, want 1..%d", cfg.RowBytes, MaxRowBytes)
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
@@ -124,6 +119,8 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		psk:      presharedKey(cfg.Secret),
+		welcome:  Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
+		geometry: rowGeometry{rowBytes: cfg.RowBytes},
 		ln:       ln,
 		conns:    make(map[net.Conn]struct{}),
 		sessions: make(map[uint64]*sessionConn),
@@ -195,7 +192,10 @@ func (s *Server) accept() {
 // serve authenticates conn, takes over its session, then answers its
 // requests in order until it fails.
 func (s *Server) serve(conn net.Conn) {
-	ch, hello, err := serverHandshake(conn, s.psk, s.cfg.Node)
+	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome)
+	if errors.Is(err, errSelf) {
+		return // this node's own Mirror, told so
+	}
 	if err != nil {
 		s.authFailures.Add(1)
 		s.cfg.Logf("rowsync: refused %s: %v", conn.RemoteAddr(), err)
@@ -273,7 +273,7 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 		return ack, nil
 	}
 	commitRow(region.Row(int(w.Row)), w.Extents)
-	ack.CRC = crc
+	ack.CRC = crc ^ ackCRCFlip
 	return ack, nil
 }
 
@@ -331,13 +331,15 @@ func (s *Server) sample(m *StoreSample, from string) *Ack {
 // region returns the local region at this node's own row size (see
 // rowGeometry), refusing a sender whose geometry differs.
 func (s *Server) region(rows uint32, rowBytes uint64) (*Region, error) {
-	own := s.geometry.accept(int(rowBytes))
+	own := s.geometry.own()
+	if own == 0 {
+		return nil, errors.New("this node does not know its row size yet: give its daemon --row-bytes (the size of one block file of the tier), or let it load or store a block first")
+	}
 	if own != int(rowBytes) {
 		return nil, fmt.Errorf("geometry mismatch: sender has rows of %d bytes, receiver rows of %d bytes", rowBytes, own)
 	}
 	r, err := s.cfg.Region(own)
 	if err != nil {
-		s.geometry.gone(own)
 		return nil, fmt.Errorf("no local region: %v", err)
 	}
 	if r.Rows() != int(rows) || r.RowBytes() != own {

@@ -88,9 +88,12 @@ type Hello struct {
 }
 
 // Welcome is the payload of the server's handshake message: the node that
-// answers.
+// answers and the digest of its peer list (see selfEntries in self.go). A
+// server answers a Hello from its own node too, so that a client that reached
+// itself learns so (it then ends the handshake).
 type Welcome struct {
-	Node NodeID
+	Node     NodeID
+	PeerList PeerListDigest
 }
 
 // Ready is the client's first record: it proves to the server that the
@@ -166,6 +169,7 @@ func encodeFrame(m Message) net.Buffers {
 		head = appendString(head, m.To, MaxAddrBytes)
 	case *Welcome:
 		head = append(head, m.Node[:]...)
+		head = append(head, m.PeerList[:]...)
 	case *Ready:
 	case *RowWrite:
 		head = binary.BigEndian.AppendUint64(head, m.Seq)
@@ -266,6 +270,7 @@ func Decode(frame []byte) (Message, error) {
 	case typeWelcome:
 		w := &Welcome{}
 		d.bytes(w.Node[:])
+		d.bytes(w.PeerList[:])
 		m = w
 	case typeReady:
 		m = &Ready{}

@@ -21,7 +21,7 @@ func sampleMessages() []Message {
 	}
 	return []Message{
 		&Hello{Session: 0x0102030405060708, Node: a, To: "10.0.0.2:7470"},
-		&Welcome{Node: b},
+		&Welcome{Node: b, PeerList: PeerListDigest(bytes.Repeat([]byte{0x5a}, 32))},
 		&Ready{},
 		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Extents: []Extent{
 			{Off: 0, Data: []byte("slot 0 begins")},
@@ -99,7 +99,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"protocol 1 challenge", frame(2, [64]byte{}), "unknown message type 2"},
 		{"short hello", frame(typeHello, u64(2), [15]byte{}), "fixed field needs 16 bytes, 15 left"},
 		{"address too long", frame(typeHello, u64(2), NodeID{}, u16(MaxAddrBytes+1)), "string of 65 bytes, limit 64"},
-		{"trailing bytes", frame(typeWelcome, [17]byte{}), "1 trailing bytes"},
+		{"trailing bytes", frame(typeWelcome, [49]byte{}), "1 trailing bytes"},
+		{"protocol 2 welcome", frame(typeWelcome, NodeID{}), "fixed field needs 32 bytes, 0 left"},
 		{"ready with a body", frame(typeReady, u8(0)), "1 trailing bytes"},
 		{"zero row size", rowWrite(0, 0), "row size 0"},
 		{"huge row size", rowWrite(MaxRowBytes+1, 0), "row size 268435457"},
