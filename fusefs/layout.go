@@ -340,7 +340,7 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 }
 
 // convertTo stores v in *dst, whatever integer width dst has on this architecture.
-func convertTo[D, S uint32 | uint64 | int32 | int64](dst *D, v S) { *dst = D(v) }
+func convertTo[D, S int | uint32 | uint64 | int32 | int64](dst *D, v S) { *dst = D(v) }
 
 // prefixNames is how many names the prefix level has in a tier: 16³.
 const prefixNames = 16 * 16 * 16
