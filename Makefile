@@ -30,7 +30,8 @@ build:
 # fails), glusterfs-server and glusterfs-client (glusterd and mount.glusterfs:
 # the shared-store tests' real distributed filesystem, integration/gluster),
 # qemu-user-static (qemu-aarch64-static: the arm64 tests, `make arm64`) and
-# gcc-aarch64-linux-gnu (the arm64 cgo build of `make lint`).
+# gcc-aarch64-linux-gnu (the arm64 cgo build of `make lint`), podman (the
+# release test builds the image from the Dockerfile, no registry needed).
 deps:
 	@test -e /dev/fuse || { echo "kvtierfs needs /dev/fuse (modprobe fuse)"; exit 1; }
 	@pkgs=""; \
@@ -43,6 +44,7 @@ deps:
 	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
 	command -v qemu-aarch64-static >/dev/null || pkgs="$$pkgs qemu-user-static"; \
 	command -v $(ARM64_CC) >/dev/null || pkgs="$$pkgs gcc-aarch64-linux-gnu"; \
+	command -v podman >/dev/null || pkgs="$$pkgs podman"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
 demo: deps build
