@@ -86,7 +86,8 @@ lint: vet
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) vet -tags cuda ./...
 
 # arm64 runs the unit tests cross-built for arm64 under qemu-user, arm64-e2e
-# the end-to-end packages with an arm64 daemon under qemu-user (.ci/arm64).
+# the end-to-end tests an arm64 daemon can pass under qemu-user on this
+# kernel (.ci/arm64 says which cannot, and why).
 arm64:
 	.ci/arm64 unit $(ARM64_PKGS)
 arm64-e2e:
