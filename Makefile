@@ -112,4 +112,4 @@ race:
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 clean:
-	rm -rf bin $(COVER_DIR)
+	rm -rf bin $(COVER_DIR) $(RELEASE_DIR)
