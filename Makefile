@@ -5,11 +5,14 @@ BIN := bin/kvtierfs
 # running concurrently on small machines.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
 
-.PHONY: build demo test unit cover deps demo-deps vet lint race clean
+.PHONY: build demo test unit cover deps demo-deps vet lint race arm64 arm64-e2e pages release clean
 
 # COMMIT reaches `kvtierfs --version` where the toolchain cannot stamp the
 # revision itself (git worktrees, GOFLAGS=-buildvcs=false).
 COMMIT ?= $(shell git describe --always --dirty=+dirty --abbrev=12 2>/dev/null)
+# VERSION is the release tag (v*) this tree is at or after, else 0.0.0-COMMIT.
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty=+dirty 2>/dev/null || echo 0.0.0-$(COMMIT))
+LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION)
 
 # cgo is optional: without it the daemon is the same and the disk benchmark's
 # loaders are Go threads. The engine model's CUDA stage (`bench --gpu cuda`)
@@ -17,7 +20,7 @@ COMMIT ?= $(shell git describe --always --dirty=+dirty --abbrev=12 2>/dev/null)
 CGO_ENABLED ?= 1
 TAGS ?=
 build:
-	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "$(TAGS)" -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/kvtierfs
+	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "$(TAGS)" -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/kvtierfs
 
 # demo-deps installs what the demo needs: /dev/fuse, and fuse3 (fusermount3,
 # for mounts by non-root users; root mounts directly).
@@ -32,9 +35,12 @@ demo-deps:
 # store that fills up and fails), glusterfs-server and glusterfs-client
 # (glusterd and mount.glusterfs: the shared-store tests' real distributed
 # filesystem, integration/gluster), prometheus (promtool: the alert rules
-# of deploy/prometheus are checked and unit-tested) and python3-zmq
-# (libzmq's SUB socket, the KV events tests' router; its python3 also opens
-# regions as vLLM does in the gc-regions race test).
+# of deploy/prometheus are checked and unit-tested), python3-zmq (libzmq's
+# SUB socket, the KV events tests' router; its python3 also opens regions as
+# vLLM does in the gc-regions race test), qemu-user-static
+# (qemu-aarch64-static: the arm64 tests, `make arm64`), gcc-aarch64-linux-gnu
+# (the arm64 cgo build of `make lint`) and podman (the release test builds
+# the image from the Dockerfile, no registry needed).
 deps: demo-deps
 	@pkgs=""; \
 	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
@@ -45,6 +51,9 @@ deps: demo-deps
 	command -v mount.glusterfs >/dev/null || pkgs="$$pkgs glusterfs-client"; \
 	command -v promtool >/dev/null || pkgs="$$pkgs prometheus"; \
 	/usr/bin/python3 -c 'import zmq' 2>/dev/null || pkgs="$$pkgs python3-zmq"; \
+	command -v qemu-aarch64-static >/dev/null || pkgs="$$pkgs qemu-user-static"; \
+	command -v $(ARM64_CC) >/dev/null || pkgs="$$pkgs gcc-aarch64-linux-gnu"; \
+	command -v podman >/dev/null || pkgs="$$pkgs podman"; \
 	if [ -n "$$pkgs" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; fi
 
 demo: demo-deps build
@@ -72,11 +81,39 @@ cover: deps
 	$(GO) tool cover -func=$(COVER_DIR)/unit.out | tail -1
 	$(GO) tool covdata percent -i=$(COVER_DIR)/daemon
 
-# lint is vet plus staticcheck, fetched from the module proxy at a fixed version.
+# lint is vet plus staticcheck, fetched from the module proxy at a fixed
+# version, and the whole module built and vetted for linux/arm64 without cgo
+# and with it (cross compiler $(ARM64_CC), CUDA stage included).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+ARM64_CC ?= aarch64-linux-gnu-gcc
 lint: vet
 	$(GO) run $(STATICCHECK) ./...
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/kvtierfs
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./...
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) build -tags cuda ./...
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) vet -tags cuda ./...
+
+# arm64 runs the unit tests cross-built for arm64 under qemu-user, arm64-e2e
+# the end-to-end tests an arm64 daemon can pass under qemu-user on this
+# kernel (.ci/arm64 says which cannot, and why).
+arm64:
+	.ci/arm64 unit $(ARM64_PKGS)
+arm64-e2e:
+	.ci/arm64 e2e $(ARM64_PKGS)
+
+# pages runs the page-size rules again at 64 KiB, a Grace kernel's page
+# (block.TestPageSizeEnv), whatever this machine's page is.
+PAGE_PKGS := ./tiers/... ./sync/rowsync/
+pages:
+	KVTIERFS_TEST_PAGE_SIZE=65536 $(GO) test $(TEST_FLAGS) $(PAGE_PKGS)
+
+# release builds static kvtierfs binaries (CGO_ENABLED=0) for linux/amd64
+# and linux/arm64 with VERSION and COMMIT stamped, a tarball per
+# architecture with the deploy files, and SHA256SUMS, into RELEASE_DIR.
+RELEASE_DIR ?= dist
+release:
+	VERSION=$(VERSION) LDFLAGS="$(LDFLAGS)" .ci/release $(RELEASE_DIR)
 
 # race runs the unit tests of the concurrent packages under the race detector.
 RACE_PKGS := ./fusefs/core/ ./sync/... ./staging/... ./tiers/...
@@ -84,4 +121,4 @@ race:
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 clean:
-	rm -rf bin $(COVER_DIR)
+	rm -rf bin $(COVER_DIR) $(RELEASE_DIR)

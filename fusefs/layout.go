@@ -338,24 +338,30 @@ func loopbackID(root *fs.LoopbackRoot, st *syscall.Stat_t, stx *unix.Statx_t) fs
 	return fs.StableAttr{Mode: st.Mode, Gen: gen, Ino: swapped ^ swappedRoot ^ st.Ino}
 }
 
-// statFromStatx converts statx's answer to stat's.
+// statFromStatx converts statx's answer to stat's. Nlink and Blksize differ
+// in width between architectures (uint64/int64 on amd64, uint32/int32 on
+// arm64), so they are set through convertTo.
 func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
-	return syscall.Stat_t{
-		Dev:     unix.Mkdev(x.Dev_major, x.Dev_minor),
-		Ino:     x.Ino,
-		Nlink:   uint64(x.Nlink),
-		Mode:    uint32(x.Mode),
-		Uid:     x.Uid,
-		Gid:     x.Gid,
-		Rdev:    unix.Mkdev(x.Rdev_major, x.Rdev_minor),
-		Size:    int64(x.Size),
-		Blksize: int64(x.Blksize),
-		Blocks:  int64(x.Blocks),
-		Atim:    syscall.Timespec{Sec: x.Atime.Sec, Nsec: int64(x.Atime.Nsec)},
-		Mtim:    syscall.Timespec{Sec: x.Mtime.Sec, Nsec: int64(x.Mtime.Nsec)},
-		Ctim:    syscall.Timespec{Sec: x.Ctime.Sec, Nsec: int64(x.Ctime.Nsec)},
+	st := syscall.Stat_t{
+		Dev:    unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:    x.Ino,
+		Mode:   uint32(x.Mode),
+		Uid:    x.Uid,
+		Gid:    x.Gid,
+		Rdev:   unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+		Size:   int64(x.Size),
+		Blocks: int64(x.Blocks),
+		Atim:   syscall.Timespec{Sec: x.Atime.Sec, Nsec: int64(x.Atime.Nsec)},
+		Mtim:   syscall.Timespec{Sec: x.Mtime.Sec, Nsec: int64(x.Mtime.Nsec)},
+		Ctim:   syscall.Timespec{Sec: x.Ctime.Sec, Nsec: int64(x.Ctime.Nsec)},
 	}
+	convertTo(&st.Nlink, x.Nlink)
+	convertTo(&st.Blksize, x.Blksize)
+	return st
 }
+
+// convertTo stores v in *dst, whatever integer width dst has on this architecture.
+func convertTo[D, S int | uint32 | uint64 | int32 | int64](dst *D, v S) { *dst = D(v) }
 
 // prefixNames is how many names the prefix level has in a tier: 16³.
 const prefixNames = 16 * 16 * 16

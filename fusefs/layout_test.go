@@ -4,11 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
@@ -206,4 +208,29 @@ func openStoreAt(t *testing.T, root string) *disk.Store {
 	}
 	t.Cleanup(func() { store.Close() })
 	return store
+}
+
+// statFromStatx keeps every field, whatever width stat's fields have on this
+// architecture (Nlink and Blksize are 32 bits on arm64, 64 on amd64).
+func TestStatFromStatxMatchesStat(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, make([]byte, 12345), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(path, path+".2"); err != nil {
+		t.Fatal(err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_BASIC_STATS, &stx); err != nil {
+		t.Fatal(err)
+	}
+	var want syscall.Stat_t
+	if err := syscall.Stat(path, &want); err != nil {
+		t.Fatal(err)
+	}
+	got := statFromStatx(&stx)
+	if got.Dev != want.Dev || got.Ino != want.Ino || got.Nlink != want.Nlink || got.Nlink != 2 || got.Mode != want.Mode ||
+		got.Size != want.Size || got.Blksize != want.Blksize || got.Blocks != want.Blocks || got.Mtim != want.Mtim {
+		t.Errorf("statFromStatx = %+v, stat says %+v", got, want)
+	}
 }

@@ -481,7 +481,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	capacity, free := n.fsys.store.Reach()
 	bsize := int64(out.Bsize)
 	if bsize == 0 {
-		bsize = block.PageSize
+		bsize = int64(block.PageSize)
 	}
 	out.Blocks = uint64(capacity / bsize)
 	out.Bfree = uint64(free / bsize)

@@ -68,7 +68,8 @@ func (n *node) sharedBlockEntry(ctx context.Context, rel string, out *fuse.Entry
 func (f *FS) sharedAttr(size int64, ino uint64, out *fuse.Attr) {
 	owner := f.store.Owner()
 	st := syscall.Stat_t{Ino: ino, Mode: syscall.S_IFREG | disk.PrivateFileMode, Nlink: 1, Size: size,
-		Uid: uint32(owner.UID), Gid: uint32(owner.GID), Blksize: block.PageSize, Blocks: (size + 511) / 512}
+		Uid: uint32(owner.UID), Gid: uint32(owner.GID), Blocks: (size + 511) / 512}
+	convertTo(&st.Blksize, block.PageSize)
 	out.FromStat(&st)
 }
 

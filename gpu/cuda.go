@@ -141,6 +141,7 @@ type cudaBackend struct {
 
 	description string
 	fpMethod    string
+	memory      hostMemoryPlan // how Register treats the region on this device
 
 	fpMu    sync.Mutex      // serializes the scratch word and the staging buffer
 	staging *cudaHostMemory // fallback fingerprint's pinned buffer; nil with a kernel
@@ -166,6 +167,11 @@ func openCUDA(device int) (Backend, error) {
 		b.Close()
 		return nil, fmt.Errorf("%w (opening CUDA device %d)", err, device)
 	}
+	b.memory = planHostMemory(memoryAttrs{
+		HostRegisterSupported: d.host_register_supported != 0,
+		UsesHostPageTables:    d.uses_host_page_tables != 0,
+		Integrated:            d.integrated != 0,
+	})
 	b.description = b.describe()
 	if err := b.setupFingerprint(); err != nil {
 		b.Close()
@@ -187,8 +193,8 @@ func (b *cudaBackend) describe() string {
 		}
 	}
 	version := func(v C.int) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }
-	return fmt.Sprintf("cuda device %d: %s (sm_%d%d, %d SMs; CUDA runtime %s, driver %s)",
-		d.device, name, d.cc_major, d.cc_minor, d.sms, version(d.runtime_version), version(d.driver_version))
+	return fmt.Sprintf("cuda device %d: %s (sm_%d%d, %d SMs; CUDA runtime %s, driver %s; %s)",
+		d.device, name, d.cc_major, d.cc_minor, d.sms, version(d.runtime_version), version(d.driver_version), b.memory.note)
 }
 
 // setupFingerprint compiles and loads the fingerprint kernel; without NVRTC or
@@ -258,14 +264,25 @@ func (b *cudaBackend) lock() error {
 	return nil
 }
 
-// cudaHostMemory is registered (cudaHostRegister) or pinned (cudaMallocHost) memory.
+// cudaHostMemory is a region Register was given (registered with
+// cudaHostRegister, or left pageable where the device cannot register) or
+// memory pinned by cudaMallocHost.
 type cudaHostMemory struct {
-	owner      *cudaBackend
-	mu         sync.Mutex
-	bytes      []byte // nil once released
-	registered bool
-	pinner     runtime.Pinner // keeps a registered Go-heap region in place
+	owner  *cudaBackend
+	mu     sync.Mutex
+	bytes  []byte // nil once released
+	kind   hostMemoryKind
+	pinner runtime.Pinner // keeps a registered Go-heap region in place
 }
+
+// hostMemoryKind says what releasing a cudaHostMemory undoes.
+type hostMemoryKind int
+
+const (
+	allocatedMemory  hostMemoryKind = iota // cudaMallocHost: cudaFreeHost
+	registeredMemory                       // cudaHostRegister: cudaHostUnregister
+	pageableMemory                         // the caller's, untouched: nothing
+)
 
 func (m *cudaHostMemory) Bytes() []byte {
 	m.mu.Lock()
@@ -290,10 +307,11 @@ func (m *cudaHostMemory) release() error {
 	}
 	p := unsafe.Pointer(unsafe.SliceData(m.bytes))
 	var err error
-	if m.registered {
+	switch m.kind {
+	case registeredMemory:
 		err = m.owner.check(C.kvt_host_unregister(m.owner.dev, p))
 		m.pinner.Unpin()
-	} else {
+	case allocatedMemory:
 		err = m.owner.check(C.kvt_free_host(m.owner.dev, p))
 	}
 	m.bytes = nil
@@ -308,7 +326,10 @@ func (b *cudaBackend) Register(region []byte) (HostMemory, error) {
 	if len(region) == 0 {
 		return nil, errors.New("gpu: cannot register an empty region")
 	}
-	m := &cudaHostMemory{owner: b, bytes: region, registered: true}
+	if !b.memory.register {
+		return &cudaHostMemory{owner: b, bytes: region, kind: pageableMemory}, nil
+	}
+	m := &cudaHostMemory{owner: b, bytes: region, kind: registeredMemory}
 	p := unsafe.SliceData(region)
 	m.pinner.Pin(p)
 	if err := b.check(C.kvt_host_register(b.dev, unsafe.Pointer(p), C.size_t(len(region)))); err != nil {

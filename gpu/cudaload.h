@@ -17,7 +17,9 @@
 enum { KVT_LIB_CUDART = 1, KVT_LIB_DRIVER = 2, KVT_LIB_NVRTC = 3 };
 enum { KVT_STREAMS = 4, KVT_THREADS = 256 };
 enum { KVT_H2D = 1, KVT_D2H = 2 };                       // cudaMemcpyKind
-enum { KVT_ATTR_SMS = 16, KVT_ATTR_CC_MAJOR = 75, KVT_ATTR_CC_MINOR = 76 };  // cudaDeviceAttr
+enum { KVT_ATTR_SMS = 16, KVT_ATTR_CC_MAJOR = 75, KVT_ATTR_CC_MINOR = 76,  // cudaDeviceAttr
+       KVT_ATTR_INTEGRATED = 18, KVT_ATTR_HOST_REGISTER_SUPPORTED = 99,
+       KVT_ATTR_USES_HOST_PAGE_TABLES = 100 };
 enum { KVT_HOST_REGISTER_PORTABLE = 1, KVT_STREAM_NON_BLOCKING = 1 };
 
 // kvt_err names a failed library call: which library, its status code, the call.
@@ -191,6 +193,7 @@ typedef struct {
 	const kvt_driver *drv;  // NULL unless the fingerprint kernel is loaded
 	int device;
 	int sms, cc_major, cc_minor, runtime_version, driver_version;
+	int integrated, host_register_supported, uses_host_page_tables;
 	void *streams[KVT_STREAMS];
 	void *scratch;          // 8 device bytes: the kernel's sum
 	void *ctx, *module, *kernel;
@@ -205,6 +208,12 @@ static kvt_err kvt_dev_init(kvt_dev *d) {
 	       d->rt->DeviceGetAttribute(&d->cc_major, KVT_ATTR_CC_MAJOR, d->device));
 	KVT_RT("cudaDeviceGetAttribute",
 	       d->rt->DeviceGetAttribute(&d->cc_minor, KVT_ATTR_CC_MINOR, d->device));
+	KVT_RT("cudaDeviceGetAttribute",
+	       d->rt->DeviceGetAttribute(&d->integrated, KVT_ATTR_INTEGRATED, d->device));
+	KVT_RT("cudaDeviceGetAttribute", d->rt->DeviceGetAttribute(&d->host_register_supported,
+	                                                           KVT_ATTR_HOST_REGISTER_SUPPORTED, d->device));
+	KVT_RT("cudaDeviceGetAttribute", d->rt->DeviceGetAttribute(&d->uses_host_page_tables,
+	                                                           KVT_ATTR_USES_HOST_PAGE_TABLES, d->device));
 	KVT_RT("cudaRuntimeGetVersion", d->rt->RuntimeGetVersion(&d->runtime_version));
 	KVT_RT("cudaDriverGetVersion", d->rt->DriverGetVersion(&d->driver_version));
 	for (int i = 0; i < KVT_STREAMS; i++) {

@@ -9,7 +9,10 @@
 //   - "cuda": the CUDA runtime, loaded at run time with dlopen (libcudart.so,
 //     then .so.13, .so.12, .so.11.0; or the path in $KVTIERFS_CUDART), so a
 //     binary built here needs no CUDA headers or libraries. The region is
-//     registered with cudaHostRegister; CopyRows issues cudaMemcpyAsync calls
+//     registered with cudaHostRegister where the device supports it (else
+//     copied from as pageable memory, as vLLM does; on unified-memory devices
+//     that read through the host's page tables registration only populates
+//     the pages); CopyRows issues cudaMemcpyAsync calls
 //     round-robin on four streams and waits for all of them. Errors carry
 //     CUDA's own error strings (CUDAError).
 //   - "host": the same interface over ordinary memory, for machines without a

@@ -18,7 +18,11 @@ type Backend interface {
 	// kernel, or by a device→host copy and a host hash) and, for a fallback, why.
 	FingerprintMethod() string
 	// Register pins region for DMA (cudaHostRegister) until the returned
-	// HostMemory is released. region must stay mapped until then.
+	// HostMemory is released; region must stay mapped until then. Where the
+	// device cannot register host memory the region is used as pageable
+	// memory, and where it reads host memory through the host's page tables
+	// (unified memory: GH200, GB10) registration populates without pinning;
+	// Describe says which (planHostMemory).
 	Register(region []byte) (HostMemory, error)
 	// AllocPinned allocates n bytes of page-locked host memory (cudaMallocHost).
 	AllocPinned(n int) (HostMemory, error)

@@ -68,7 +68,7 @@ func newBenchFlags() *benchFlags {
 	fl.StringVar(&b.scenario, "scenario", "", "scenario: "+strings.Join(benchScenarios, ", ")+" (or as the first argument)")
 	fl.StringVar(&b.engines, "engine", "", "engine behaviours to run, comma-separated: stock, fixed (default stock,fixed; multinode: fixed)")
 	fl.StringVar(&b.syncs, "sync", "", "row mirroring between the nodes, comma-separated: off, on (default off; multinode: off,on; agent: on)")
-	fl.StringVar(&b.rowBytes, "row-bytes", "", fmt.Sprintf("row and block size, a multiple of 4096 (default 256KiB; disk: 8MiB; the field's row is %d)", engine.FieldRowBytes))
+	fl.StringVar(&b.rowBytes, "row-bytes", "", fmt.Sprintf("row and block size, a multiple of the page size (%d here; default 256KiB; disk: 8MiB; the field's row is %d)", os.Getpagesize(), engine.FieldRowBytes))
 	b.ints = []intFlag{
 		{name: "rows", usage: "rows of each node's primary (shm) region (eagle 64, multinode 128, long-prefix and agent 124)", field: func(c *engine.Config) *int { return &c.Rows }},
 		{name: "tokens-per-chunk", usage: "tokens per chunk, i.e. per key (default 2048)", field: func(c *engine.Config) *int { return &c.TokensPerChunk }},

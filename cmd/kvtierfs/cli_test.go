@@ -211,7 +211,14 @@ func TestWriteVersion(t *testing.T) {
 	t.Cleanup(func() { commit = "" })
 	out.Reset()
 	writeVersion(&out, &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
-	if !strings.Contains(out.String(), "commit feed42 go1.26.8") {
-		t.Errorf("version without vcs stamp = %q, want the -ldflags commit", out.String())
+	if !strings.Contains(out.String(), "kvtierfs unreleased commit feed42 go1.26.8") {
+		t.Errorf("version without vcs stamp = %q, want the -ldflags commit and no (devel)", out.String())
+	}
+	version = "v0.4.0-3-gfeed42"
+	t.Cleanup(func() { version = "" })
+	out.Reset()
+	writeVersion(&out, &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
+	if !strings.Contains(out.String(), "kvtierfs v0.4.0-3-gfeed42 commit feed42") {
+		t.Errorf("version stamped by -ldflags = %q, want it before the module's", out.String())
 	}
 }

@@ -14,6 +14,14 @@ import (
 // the Go toolchain cannot stamp it (a git worktree, -buildvcs=false).
 var commit string
 
+// version is the release version, set by `make build` and `make release`
+// through -ldflags (git describe); without it the module version is used.
+var version string
+
+// unreleased names the version of a build from a checkout that nothing
+// stamped: the toolchain's "(devel)" says nothing an operator can act on.
+const unreleased = "unreleased"
+
 func runVersion(args []string) error {
 	fl := newFlagSet("version")
 	if err := parseFlags(fl, args); err != nil {
@@ -27,7 +35,7 @@ func runVersion(args []string) error {
 	return nil
 }
 
-// writeVersion prints the module version, the commit (with "+dirty" when
+// writeVersion prints the release version, the commit (with "+dirty" when
 // built from a modified tree) and the Go version of this binary.
 func writeVersion(w io.Writer, info *debug.BuildInfo) {
 	b := buildOf(info)
@@ -37,13 +45,16 @@ func writeVersion(w io.Writer, info *debug.BuildInfo) {
 // build is what the binary knows of its own build.
 type build struct{ version, revision, goVersion string }
 
-// buildOf reads the build from info (nil: unknown), with commit where the
-// toolchain stamped no revision.
+// buildOf reads the build from the stamped version and commit and from info
+// (nil: unknown), the toolchain's where nothing was stamped.
 func buildOf(info *debug.BuildInfo) build {
-	b := build{version: "(unknown)", revision: commit, goVersion: runtime.Version()}
+	b := build{version: version, revision: commit, goVersion: runtime.Version()}
 	dirty := false
 	if info != nil {
-		b.version, b.goVersion = info.Main.Version, info.GoVersion
+		if b.version == "" {
+			b.version = info.Main.Version
+		}
+		b.goVersion = info.GoVersion
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -52,6 +63,9 @@ func buildOf(info *debug.BuildInfo) build {
 				dirty = s.Value == "true"
 			}
 		}
+	}
+	if b.version == "" || b.version == "(devel)" {
+		b.version = unreleased
 	}
 	if b.revision == "" {
 		b.revision = "unknown"

@@ -21,8 +21,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// PageSize is the alignment of the engine's buffers and row sizes.
-const PageSize = 4096
+// PageSize is the alignment of the engine's buffers and row sizes: vLLM's
+// SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT, mmap.PAGESIZE, this machine's page.
+var PageSize = os.Getpagesize()
 
 // Region is a shared offload region: a /dev/shm file of rows × rowBytes with no
 // header, mapped read-write like the engine's SharedOffloadRegion.

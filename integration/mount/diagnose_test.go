@@ -12,7 +12,7 @@ import (
 
 // diagRow is the row size of the diagnostics tests: one page, so that the
 // thousands of blocks the thresholds need stay small.
-const diagRow = engineio.PageSize
+var diagRow = engineio.PageSize
 
 // diagWindow is the tests' diagnostics window: long enough that a loaded
 // machine still fits each test's stores and lookups inside one window.

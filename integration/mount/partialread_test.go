@@ -67,7 +67,7 @@ func preadAt(path string, flags int, buf []byte, off int64, want []byte) error {
 // middle is a page-aligned range in the block's second half that stops a
 // page before its end, so reading it proves nothing by reaching the end.
 func middle(size int) (off int64, n int) {
-	off = int64(size/2) &^ (engineio.PageSize - 1)
+	off = int64(size/2) &^ int64(engineio.PageSize-1)
 	return off, min(1<<20, size-int(off)-engineio.PageSize)
 }
 

@@ -24,6 +24,10 @@ const UnitEnv = "KVTIERFS_UNIT"
 // CoverDirEnv names a directory for the daemons' coverage counters (`make cover`).
 const CoverDirEnv = "KVTIERFS_COVERDIR"
 
+// DaemonArchEnv names another GOARCH to build the daemons for, without cgo
+// (`.ci/arm64 e2e`: arm64, run by qemu-user through binfmt_misc).
+const DaemonArchEnv = "KVTIERFS_DAEMON_GOARCH"
+
 var (
 	buildDir string
 	binary   string
@@ -56,7 +60,11 @@ func Main(m *testing.M) {
 		// Daemons inherit the test's environment (daemon.Start, Run).
 		os.Setenv("GOCOVERDIR", cover)
 	}
-	out, err := exec.Command("go", append(build, "github.com/kvtierfs/kvtierfs/cmd/kvtierfs")...).CombinedOutput()
+	cmd := exec.Command("go", append(build, "github.com/kvtierfs/kvtierfs/cmd/kvtierfs")...)
+	if arch := os.Getenv(DaemonArchEnv); arch != "" {
+		cmd.Env = append(os.Environ(), "GOARCH="+arch, "CGO_ENABLED=0")
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building kvtierfs: %v\n%s", err, out)
 		os.RemoveAll(dir)

@@ -497,7 +497,7 @@ func TestPeerCannotFixTheRowSize(t *testing.T) {
 			t.Fatalf("the stray sender never connected: %+v", stray.Stats())
 		}
 	}
-	const pageRows = rows * rowBytes / engineio.PageSize // the same region as rows of one page
+	pageRows := rows * rowBytes / engineio.PageSize // the same region as rows of one page
 	pages, err := rowsync.NewRegion(make([]byte, rows*rowBytes), engineio.PageSize)
 	if err != nil {
 		t.Fatal(err)

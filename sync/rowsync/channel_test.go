@@ -3,6 +3,7 @@ package rowsync
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -267,7 +268,7 @@ func TestServerKeepsItsGeometry(t *testing.T) {
 	half := shmRegion(t, 2*testRows, testRowBytes/2)
 	fillHalf(src.Row(0), 1)
 	fillHalf(half.Row(1), 2)
-	const wrongSize = "geometry mismatch: sender has rows of 32768 bytes, receiver rows of 65536 bytes"
+	wrongSize := fmt.Sprintf("geometry mismatch: sender has rows of %d bytes, receiver rows of %d bytes", testRowBytes/2, testRowBytes)
 
 	for _, told := range []string{"flag", "own use", "nothing"} {
 		s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, Region: mapAt, Logf: discard,

@@ -15,10 +15,9 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-const (
-	testRows     = 16
-	testRowBytes = 16 * block.PageSize
-)
+const testRows = 16
+
+var testRowBytes = 16 * block.PageSize
 
 // startServer serves region on addr ("127.0.0.1:0" for any port).
 func startServer(t *testing.T, addr string, secret []byte, region *Region) *Server {
@@ -92,7 +91,7 @@ func TestMirrorTwoServers(t *testing.T) {
 		if ps.State != StateUp || ps.RowsSent != testRows || ps.Verified != testRows || ps.LastError != "" {
 			t.Errorf("peer stats %+v", ps)
 		}
-		if ps.Bytes != testRows*payload || payload != testRowBytes/2-block.PageSize {
+		if ps.Bytes != testRows*payload || payload != uint64(testRowBytes/2-block.PageSize) {
 			t.Errorf("%d bytes sent, want %d: zero pages must not travel", ps.Bytes, testRows*payload)
 		}
 	}
@@ -237,7 +236,8 @@ func TestMirrorGeometryMismatch(t *testing.T) {
 	s := startServer(t, "127.0.0.1:0", testSecret, shmRegion(t, testRows+1, testRowBytes))
 	m := newMirror(t, testSecret, 0, true, s.Addr().String())
 	err := m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0)))
-	if err == nil || !strings.Contains(err.Error(), "geometry mismatch: sender has 16 rows of 65536 bytes, receiver 17 rows of 65536 bytes") {
+	want := fmt.Sprintf("geometry mismatch: sender has %d rows of %d bytes, receiver %d rows of %[2]d bytes", testRows, testRowBytes, testRows+1)
+	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("MirrorRow across geometries = %v", err)
 	}
 	if err := m.MirrorRow(context.Background(), src, testRows, make([]byte, testRowBytes)); err == nil {

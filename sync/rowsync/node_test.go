@@ -181,7 +181,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	rowWrite := func(seed uint64) ([]byte, uint32) {
 		data := make([]byte, testRowBytes)
 		fillHalf(data, seed)
-		return Encode(&RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: testRowBytes, Extents: nonZeroExtents(data)}), block.CRC32C(data)
+		return Encode(&RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: uint64(testRowBytes), Extents: nonZeroExtents(data)}), block.CRC32C(data)
 	}
 
 	// The old connection has a row write half sent when the Mirror gives up

@@ -14,8 +14,8 @@ func UpdateCRC32C(crc uint32, p []byte) uint32 { return crc32.Update(crc, castag
 
 // UpdateCRC32CZeros extends a running CRC32C over n zero bytes.
 func UpdateCRC32CZeros(crc uint32, n uint64) uint32 {
-	for ; n > 0; n -= min(n, PageSize) {
-		crc = crc32.Update(crc, castagnoli, zeroPage[:min(n, PageSize)])
+	for ; n > 0; n -= min(n, uint64(len(zeros))) {
+		crc = crc32.Update(crc, castagnoli, zeros[:min(n, uint64(len(zeros)))])
 	}
 	return crc
 }

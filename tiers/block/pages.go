@@ -1,20 +1,48 @@
 package block
 
-import "bytes"
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+)
 
-// PageSize is the granularity of block sizes (the engine's rows are page
-// multiples) and of zero detection: an all-zero page of a block is a hole in
-// the store file and is never sent to a peer.
-const PageSize = 4096
+// PageSize is this machine's page size, probed (os.Getpagesize): 4 KiB on
+// x86-64, 4, 16 or 64 KiB on arm64 kernels. It is the granularity of block
+// sizes (vLLM's SharedOffloadRegion asserts that a row is a multiple of
+// mmap.PAGESIZE), of the alignment of direct I/O buffers, of zero detection
+// (an all-zero page of a block is a hole in the store file and is never sent
+// to a peer) and of the pages sampled from a written block.
+var PageSize = probePageSize()
 
-// zeroPage is a page of zeros to compare and checksum against.
-var zeroPage [PageSize]byte
+// TestPageSizeEnv, in a test binary's environment (and only there), sets
+// PageSize to a larger power of two, e.g. 65536 as on a 64 KiB-page Grace
+// kernel, so that the rules are tested at that page size on this machine.
+const TestPageSizeEnv = "KVTIERFS_TEST_PAGE_SIZE"
+
+// probePageSize is this machine's page size, or a test binary's TestPageSizeEnv.
+func probePageSize() int {
+	page := os.Getpagesize()
+	v := os.Getenv(TestPageSizeEnv)
+	if v == "" || !testing.Testing() {
+		return page
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < page || n&(n-1) != 0 {
+		panic(fmt.Sprintf("%s=%q: want a power of two no smaller than this machine's page size, %d", TestPageSizeEnv, v, page))
+	}
+	return n
+}
+
+// zeros is a run of zero bytes to compare and checksum against.
+var zeros [64 << 10]byte
 
 // IsZero reports whether every byte of p is zero.
 func IsZero(p []byte) bool {
 	for len(p) > 0 {
-		n := min(len(p), PageSize)
-		if !bytes.Equal(p[:n], zeroPage[:n]) {
+		n := min(len(p), len(zeros))
+		if !bytes.Equal(p[:n], zeros[:n]) {
 			return false
 		}
 		p = p[n:]
@@ -32,7 +60,7 @@ type Run struct{ Start, End int }
 func NonZeroRuns(p []byte, off int64) []Run {
 	var runs []Run
 	for start := 0; start < len(p); {
-		end := min(len(p), start+PageSize-int((off+int64(start))%PageSize))
+		end := min(len(p), start+PageSize-int((off+int64(start))%int64(PageSize)))
 		if !IsZero(p[start:end]) {
 			if len(runs) > 0 && runs[len(runs)-1].End == start {
 				runs[len(runs)-1].End = end

@@ -2,6 +2,8 @@ package block
 
 import (
 	"hash/crc32"
+	"os"
+	"strconv"
 	"testing"
 )
 
@@ -78,5 +80,16 @@ func TestCRC32C(t *testing.T) {
 	}
 	if got := UpdateCRC32C(UpdateCRC32C(0, p[:PageSize+1]), p[PageSize+1:]); got != want {
 		t.Errorf("CRC32C in two updates = %08x, want %08x", got, want)
+	}
+}
+
+// PageSize is this machine's page, or in a test binary the one TestPageSizeEnv names.
+func TestPageSizeProbed(t *testing.T) {
+	want := os.Getpagesize()
+	if v := os.Getenv(TestPageSizeEnv); v != "" {
+		want, _ = strconv.Atoi(v)
+	}
+	if PageSize != want {
+		t.Fatalf("PageSize = %d, want %d", PageSize, want)
 	}
 }

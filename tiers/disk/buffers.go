@@ -40,7 +40,7 @@ func (b *blockBuffers) get(size int) []byte {
 	b.mu.Unlock()
 	raw := make([]byte, pages+block.PageSize)
 	skip := 0
-	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % block.PageSize); rem != 0 {
+	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))) % uintptr(block.PageSize)); rem != 0 {
 		skip = block.PageSize - rem
 	}
 	return raw[skip : skip+size : skip+pages]

@@ -25,7 +25,7 @@ func blockFootprint(t *testing.T) int64 {
 	defer s.Close()
 	putBlock(t, s, evName(0), pageData(0, 1))
 	f := s.Stats().PhysicalBytes
-	if f < block.PageSize {
+	if f < page64 {
 		t.Fatalf("a one-page block occupies %d bytes", f)
 	}
 	return f
@@ -320,14 +320,14 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	f := blockFootprint(t)
 	// Room for two blocks plus one page.
 	clock := newFakeClock()
-	s := openStore(t, Config{Capacity: 2*f + block.PageSize, LookupProtect: protect, Now: clock.Now})
+	s := openStore(t, Config{Capacity: 2*f + page64, LookupProtect: protect, Now: clock.Now})
 	gone := watchRemovals(s)
 	put(t, s, 0)
 	put(t, s, 1)
 	s.Lookup(evName(0), 1)
 	s.Lookup(evName(1), 2)
 	before := s.Stats()
-	if before.FreeBytes != block.PageSize {
+	if before.FreeBytes != page64 {
 		t.Fatalf("FreeBytes = %d, want %d", before.FreeBytes, block.PageSize)
 	}
 	usedBefore := usedBytes(s)
@@ -346,7 +346,7 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	if got := s.Counters().NoSpace.Load(); got != 1 {
 		t.Errorf("NoSpace = %d, want 1", got)
 	}
-	if got := s.Counters().WriteBytes.Load(); got != 2*block.PageSize {
+	if got := s.Counters().WriteBytes.Load(); got != 2*page64 {
 		t.Errorf("WriteBytes = %d, want %d (the two published pages only)", got, 2*block.PageSize)
 	}
 	after := s.Stats()
@@ -364,9 +364,9 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	if _, err := w.WriteAt(pageData(2, 1), 0); err != nil {
 		t.Fatalf("one-page write into one free page: %v", err)
 	}
-	_, err = w.WriteAt(pageData(3, 1), block.PageSize)
+	_, err = w.WriteAt(pageData(3, 1), page64)
 	wantErrno(t, err, syscall.ENOSPC, "write past capacity")
-	if fi, _ := os.Stat(s.Path(tmp)); fi.Size() != block.PageSize {
+	if fi, _ := os.Stat(s.Path(tmp)); fi.Size() != page64 {
 		t.Errorf("tmp has %d bytes, want %d", fi.Size(), block.PageSize)
 	}
 	if st := s.Stats(); st.FreeBytes != 0 {
@@ -438,7 +438,7 @@ func TestENOSPCWriteLargerThanCapacity(t *testing.T) {
 	}
 	defer w.Close()
 	before := usedBytes(s)
-	_, err = w.WriteAt(pageData(1, int(capacity/block.PageSize)+1), 0)
+	_, err = w.WriteAt(pageData(1, int(capacity/page64)+1), 0)
 	wantErrno(t, err, syscall.ENOSPC, "write larger than the capacity")
 	if usedBytes(s) > before {
 		t.Errorf("used grew from %d to %d on a refused write", before, usedBytes(s))

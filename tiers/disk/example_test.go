@@ -41,8 +41,8 @@ func Example() {
 		return
 	}
 	d, _ := store.Digest(rel)
-	fmt.Println("after the rename:", store.Lookup(rel, 0), d.Size)
+	fmt.Println("after the rename:", store.Lookup(rel, 0), d.Size/int64(block.PageSize), "pages")
 	// Output:
 	// before the rename: false
-	// after the rename: true 8192
+	// after the rename: true 2 pages
 }

@@ -144,7 +144,7 @@ func TestTmpExpires(t *testing.T) {
 // are expired when room is needed. Before expiry, the refusal names them.
 func TestAbandonedTmpsDoNotFillTheStore(t *testing.T) {
 	clock := newFakeClock()
-	s := openStore(t, Config{Capacity: 4 * block.PageSize, Now: clock.Now, TmpMaxAge: time.Minute})
+	s := openStore(t, Config{Capacity: 4 * page64, Now: clock.Now, TmpMaxAge: time.Minute})
 	for i := range 4 {
 		writeTmp(t, s, evName(i), pageData(i, 1))
 	}

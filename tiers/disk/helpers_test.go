@@ -352,3 +352,6 @@ func checkRecord(t *testing.T, p string, data []byte) {
 		t.Errorf("record of %s = %x: want CRC32C %x and size %x in it", p, rec, crc, size)
 	}
 }
+
+// page64 is block.PageSize where sizes and offsets are int64.
+var page64 = int64(block.PageSize)

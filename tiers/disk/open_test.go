@@ -114,7 +114,7 @@ func TestOpenRebuildsIndex(t *testing.T) {
 	if st.Blocks != int64(len(blocks)) || st.InFlightTmp != 0 {
 		t.Errorf("after rebuild: %d blocks, %d tmps; want %d, 0", st.Blocks, st.InFlightTmp, len(blocks))
 	}
-	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*block.PageSize || got["other_r0"] != block.PageSize {
+	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*page64 || got["other_r0"] != page64 {
 		t.Errorf("RowBytes after rebuild = %v", got)
 	}
 	checkAccounting(t, s)
@@ -128,7 +128,7 @@ func TestOpenRebuildsIndex(t *testing.T) {
 	}
 	// The checksums were re-read from disk: corruption is still detected.
 	victim := blocks[3]
-	flipByte(t, s.Path(victim.rel), block.PageSize+7)
+	flipByte(t, s.Path(victim.rel), page64+7)
 	_, err = s.OpenBlock(victim.rel)
 	wantErrno(t, err, syscall.EIO, "OpenBlock of a block corrupted after rebuild")
 	if s.Contains(victim.rel) || exists(t, s.Path(victim.rel)) {
@@ -159,7 +159,7 @@ func TestOpenDropsBlockWhoseSizeDisagreesWithRecord(t *testing.T) {
 	}
 	f.Write(pageData(9, 1))
 	f.Close()
-	if err := os.Truncate(filepath.Join(dir, shrunk), block.PageSize); err != nil {
+	if err := os.Truncate(filepath.Join(dir, shrunk), page64); err != nil {
 		t.Fatal(err)
 	}
 

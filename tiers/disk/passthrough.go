@@ -192,7 +192,7 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		return written{}, err
 	}
 	w := written{size: size}
-	if size == 0 || size%block.PageSize != 0 {
+	if size == 0 || size%int64(block.PageSize) != 0 {
 		return w, nil // refused by the caller
 	}
 	s.mu.Lock()
@@ -248,12 +248,13 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 // the file allows it so that no readahead pulls more of the file back from
 // the disk. telling is false when every page read is zero.
 func readRun(f *os.File, size int64, i int) (pages map[int64][]byte, telling bool, err error) {
-	total := size / block.PageSize
+	page := int64(block.PageSize)
+	total := size / page
 	n := min(total, verifyPages)
 	first := min(total*int64(i)/verifyRuns, total-n)
 	last := max(first, total*int64(i+1)/verifyRuns-n)
-	start := (first + rand.Int64N(last-first+1)) * block.PageSize
-	buf, release, err := alignedBuffer(int(n) * block.PageSize)
+	start := (first + rand.Int64N(last-first+1)) * page
+	buf, release, err := alignedBuffer(int(n * page))
 	if err != nil {
 		return nil, false, err
 	}
@@ -268,9 +269,9 @@ func readRun(f *os.File, size int64, i int) (pages map[int64][]byte, telling boo
 	}
 	pages = make(map[int64][]byte, n)
 	for p := range n {
-		page := buf[p*block.PageSize : (p+1)*block.PageSize]
-		pages[start+p*block.PageSize] = append([]byte(nil), page...)
-		telling = telling || !block.IsZero(page)
+		data := buf[p*page : (p+1)*page]
+		pages[start+p*page] = append([]byte(nil), data...)
+		telling = telling || !block.IsZero(data)
 	}
 	return pages, telling, nil
 }
@@ -352,11 +353,11 @@ func nonZeroComplement(p []byte, off int64) [][2]int64 {
 		if !block.IsZero(p[start : start+block.PageSize]) {
 			continue
 		}
-		a := off + int64(start)
+		a, b := off+int64(start), off+int64(start+block.PageSize)
 		if n := len(out); n > 0 && out[n-1][1] == a {
-			out[n-1][1] += block.PageSize
+			out[n-1][1] = b
 		} else {
-			out = append(out, [2]int64{a, a + block.PageSize})
+			out = append(out, [2]int64{a, b})
 		}
 	}
 	return out

@@ -13,10 +13,10 @@ import (
 // holds the file's bytes; a run of zero pages is not telling.
 func TestReadRunStaysInItsPart(t *testing.T) {
 	for _, pages := range []int64{1, 2, 3, 8, 9, 23, 24, 25, 2048} {
-		size := pages * block.PageSize
+		size := pages * page64
 		data := make([]byte, size)
 		for p := range pages {
-			data[p*block.PageSize] = byte(p + 1) // every page non-zero, and told apart
+			data[p*page64] = byte(p + 1) // every page non-zero, and told apart
 		}
 		f := tempFile(t, data)
 		for i := 0; i < verifyRuns; i++ {
@@ -29,12 +29,12 @@ func TestReadRunStaysInItsPart(t *testing.T) {
 					t.Fatalf("%d pages, run %d: %d pages read (telling %v), want %d", pages, i, len(got), telling, want)
 				}
 				for off, page := range got {
-					if off < 0 || off+block.PageSize > size || !bytes.Equal(page, data[off:off+block.PageSize]) {
+					if off < 0 || off+page64 > size || !bytes.Equal(page, data[off:off+page64]) {
 						t.Fatalf("%d pages, run %d: page at %d is not the file's", pages, i, off)
 					}
-					partStart := pages * int64(i) / verifyRuns * block.PageSize
-					partEnd := pages * int64(i+1) / verifyRuns * block.PageSize
-					if partEnd-partStart >= verifyPages*block.PageSize && (off < partStart || off >= partEnd) {
+					partStart := pages * int64(i) / verifyRuns * page64
+					partEnd := pages * int64(i+1) / verifyRuns * page64
+					if partEnd-partStart >= verifyPages*page64 && (off < partStart || off >= partEnd) {
 						t.Fatalf("%d pages, run %d: page at %d outside its part [%d, %d)", pages, i, off, partStart, partEnd)
 					}
 				}
@@ -42,7 +42,7 @@ func TestReadRunStaysInItsPart(t *testing.T) {
 		}
 	}
 	zero := tempFile(t, make([]byte, 64*block.PageSize))
-	if _, telling, err := readRun(zero, 64*block.PageSize, 1); err != nil || telling {
+	if _, telling, err := readRun(zero, 64*page64, 1); err != nil || telling {
 		t.Fatalf("a run of zero pages: telling %v, err %v; want not telling", telling, err)
 	}
 }

@@ -19,16 +19,16 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 		name    string
 		corrupt func(t *testing.T, p string)
 	}{
-		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*block.PageSize/2) }},
+		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*page64/2) }},
 		{"flipped first byte", func(t *testing.T, p string) { flipByte(t, p, 0) }},
-		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*block.PageSize-1) }},
+		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*page64-1) }},
 		{"truncated", func(t *testing.T, p string) {
-			if err := os.Truncate(p, block.PageSize); err != nil {
+			if err := os.Truncate(p, page64); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"extended", func(t *testing.T, p string) {
-			if err := os.Truncate(p, 3*block.PageSize); err != nil {
+			if err := os.Truncate(p, 3*page64); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -77,7 +77,7 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 			if got := readBlock(t, s, good); !bytes.Equal(got, pageData(2, 2)) {
 				t.Error("intact block damaged")
 			}
-			if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != 2*block.PageSize {
+			if st := s.Stats(); st.Blocks != 1 || st.LogicalBytes != 2*page64 {
 				t.Errorf("Stats after corruption: %+v", st)
 			}
 			checkAccounting(t, s)
@@ -173,7 +173,7 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	}
 
 	// Corrupt on disk: PinBlock does not read, Verify catches it.
-	flipByte(t, s.Path(rel), 3*block.PageSize)
+	flipByte(t, s.Path(rel), 3*page64)
 	r, err = s.PinBlock(rel)
 	if err != nil {
 		t.Fatalf("PinBlock reads the block: %v", err)
@@ -270,15 +270,15 @@ func TestReadBlock(t *testing.T) {
 				if !bytes.Equal(got, data) || cap(got) != len(got) {
 					t.Fatalf("ReadBlock of block %d: %d bytes (cap %d), want its %d bytes", i, len(got), cap(got), len(data))
 				}
-				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%block.PageSize != 0 {
+				if addr := uintptr(unsafe.Pointer(unsafe.SliceData(got))); addr%uintptr(block.PageSize) != 0 {
 					t.Fatalf("ReadBlock of block %d returned a buffer at %#x, not page aligned", i, addr)
 				}
 				s.RecycleBlock(got)
 			}
 			for name, damage := range map[string]func(p string){
-				"flipped": func(p string) { flipByte(t, p, block.PageSize+5) },
+				"flipped": func(p string) { flipByte(t, p, page64+5) },
 				"truncated": func(p string) {
-					if err := os.Truncate(p, 2*block.PageSize); err != nil {
+					if err := os.Truncate(p, 2*page64); err != nil {
 						t.Fatal(err)
 					}
 				},
@@ -335,7 +335,7 @@ func TestReadIntoLandsInOrder(t *testing.T) {
 	rel := blockRel("cut_0123456789ab_r0", 1, hashHex(40, 64))
 	size := 9 * ReadChunk
 	putBlock(t, s, rel, bytes.Repeat(pageData(41, 16), size/(16*block.PageSize)))
-	if err := os.Truncate(s.Path(rel), 4*ReadChunk+block.PageSize); err != nil {
+	if err := os.Truncate(s.Path(rel), 4*ReadChunk+page64); err != nil {
 		t.Fatal(err)
 	}
 	r, err := s.PinBlock(rel)

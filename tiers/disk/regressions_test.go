@@ -20,7 +20,7 @@ import (
 // A: the checksum record's xattr block is accounted at Publish but never reserved.
 func TestRegressionCapacityExceededByRecordFootprint(t *testing.T) {
 	f := blockFootprint(t)
-	s := openStore(t, Config{Capacity: 3*f + block.PageSize})
+	s := openStore(t, Config{Capacity: 3*f + page64})
 	for i := 0; i < 6; i++ {
 		putBlock(t, s, evName(i), pageData(i, 1))
 		if st := s.Stats(); st.PhysicalBytes > st.CapacityBytes {
@@ -52,7 +52,7 @@ func TestRegressionReopenWithSmallerCapacity(t *testing.T) {
 		putBlock(t, s, evName(i), pageData(i, 1))
 	}
 	s.Close()
-	s = openStore(t, Config{Dir: dir, Capacity: 4 * block.PageSize})
+	s = openStore(t, Config{Dir: dir, Capacity: 4 * page64})
 	if st := s.Stats(); st.PhysicalBytes > st.CapacityBytes {
 		t.Fatalf("after Open: store holds %d bytes, capacity %d", st.PhysicalBytes, st.CapacityBytes)
 	}
@@ -146,7 +146,7 @@ func TestRegressionNeedlessEvictionBeforeENOSPC(t *testing.T) {
 	mkdirFor(t, s, rel)
 	w, _ := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o644)
 	defer w.Close()
-	_, err := w.WriteAt(pageData(2, int(2*f/block.PageSize)), 0)
+	_, err := w.WriteAt(pageData(2, int(2*f/page64)), 0)
 	if Errno(err) != syscall.ENOSPC {
 		t.Fatalf("err = %v", err)
 	}
@@ -164,7 +164,7 @@ func TestRegressionPublishAfterRefusedWrite(t *testing.T) {
 	w, _ := s.CreateTmp(tmp, engineCreateFlags, 0o644)
 	w.WriteAt(pageData(1, 2)[:block.PageSize], 0)
 	pwriteAt = func(int, []byte, int64) (int, error) { return 0, syscall.EIO }
-	_, err := w.WriteAt(pageData(1, 2)[block.PageSize:], block.PageSize)
+	_, err := w.WriteAt(pageData(1, 2)[page64:], page64)
 	pwriteAt = unix.Pwrite
 	if Errno(err) != syscall.EIO {
 		t.Fatal(err)

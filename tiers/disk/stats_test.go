@@ -8,10 +8,10 @@ import (
 )
 
 func TestStats(t *testing.T) {
-	s := openStore(t, Config{Capacity: 20 * block.PageSize})
+	s := openStore(t, Config{Capacity: 20 * page64})
 	empty := s.Stats()
-	if empty.Blocks != 0 || empty.LogicalBytes != 0 || empty.PhysicalBytes != 0 || empty.FreeBytes != 20*block.PageSize ||
-		empty.CapacityBytes != 20*block.PageSize || len(empty.Groups) != 0 || len(empty.RowBytes) != 0 || empty.Store != s.Root() {
+	if empty.Blocks != 0 || empty.LogicalBytes != 0 || empty.PhysicalBytes != 0 || empty.FreeBytes != 20*page64 ||
+		empty.CapacityBytes != 20*page64 || len(empty.Groups) != 0 || len(empty.RowBytes) != 0 || empty.Store != s.Root() {
 		t.Errorf("empty store Stats = %+v", empty)
 	}
 	putBlock(t, s, blockRel(testTier, 0, hashHex(1, 64)), pageData(1, 2))
@@ -21,7 +21,7 @@ func TestStats(t *testing.T) {
 	putBlock(t, s, blockRel("other_r0", 2, hashHex(5, 32)), pageData(5, 1))
 
 	st := s.Stats()
-	if st.Blocks != 5 || st.LogicalBytes != 8*block.PageSize {
+	if st.Blocks != 5 || st.LogicalBytes != 8*page64 {
 		t.Errorf("Blocks=%d LogicalBytes=%d, want 5, %d", st.Blocks, st.LogicalBytes, 8*block.PageSize)
 	}
 	if st.PhysicalBytes < st.LogicalBytes {
@@ -31,9 +31,9 @@ func TestStats(t *testing.T) {
 		t.Errorf("FreeBytes = %d, want capacity %d - physical %d", st.FreeBytes, st.CapacityBytes, st.PhysicalBytes)
 	}
 	want := map[string]GroupStats{
-		"0": {Blocks: 3, Bytes: 5 * block.PageSize},
-		"1": {Blocks: 1, Bytes: 2 * block.PageSize},
-		"2": {Blocks: 1, Bytes: 1 * block.PageSize},
+		"0": {Blocks: 3, Bytes: 5 * page64},
+		"1": {Blocks: 1, Bytes: 2 * page64},
+		"2": {Blocks: 1, Bytes: 1 * page64},
 	}
 	if len(st.Groups) != len(want) {
 		t.Errorf("Groups = %v, want %v", st.Groups, want)
@@ -43,7 +43,7 @@ func TestStats(t *testing.T) {
 			t.Errorf("Groups[%s] = %+v, want %+v", k, st.Groups[k], v)
 		}
 	}
-	if len(st.RowBytes) != 2 || st.RowBytes[testTier] != 2*block.PageSize || st.RowBytes["other_r0"] != block.PageSize {
+	if len(st.RowBytes) != 2 || st.RowBytes[testTier] != 2*page64 || st.RowBytes["other_r0"] != page64 {
 		t.Errorf("RowBytes = %v", st.RowBytes)
 	}
 	checkAccounting(t, s)
@@ -59,7 +59,7 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	mid := s.Stats()
-	if mid.InFlightTmp != 1 || mid.FreeBytes != st.FreeBytes-2*block.PageSize || mid.Blocks != 5 {
+	if mid.InFlightTmp != 1 || mid.FreeBytes != st.FreeBytes-2*page64 || mid.Blocks != 5 {
 		t.Errorf("with a tmp in flight: InFlightTmp=%d FreeBytes=%d Blocks=%d", mid.InFlightTmp, mid.FreeBytes, mid.Blocks)
 	}
 	w.Close()
@@ -67,14 +67,14 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := s.Stats()
-	if end.InFlightTmp != 0 || end.Blocks != 6 || end.Groups["1"] != (GroupStats{Blocks: 2, Bytes: 4 * block.PageSize}) ||
-		end.FreeBytes != end.CapacityBytes-end.PhysicalBytes || end.LogicalBytes != 10*block.PageSize {
+	if end.InFlightTmp != 0 || end.Blocks != 6 || end.Groups["1"] != (GroupStats{Blocks: 2, Bytes: 4 * page64}) ||
+		end.FreeBytes != end.CapacityBytes-end.PhysicalBytes || end.LogicalBytes != 10*page64 {
 		t.Errorf("after publishing: %+v groups %v", end, end.Groups)
 	}
 	// The returned maps are copies.
 	end.RowBytes[testTier] = 1
 	s.RowBytes()["other_r0"] = 1
-	if got := s.RowBytes(); got[testTier] != 2*block.PageSize || got["other_r0"] != block.PageSize {
+	if got := s.RowBytes(); got[testTier] != 2*page64 || got["other_r0"] != page64 {
 		t.Errorf("RowBytes changed through a returned map: %v", got)
 	}
 
@@ -97,10 +97,10 @@ func TestStats(t *testing.T) {
 
 // FreeBytes never exceeds the capacity, even when the filesystem has far more room.
 func TestStatsFreeBytesBoundedByCapacity(t *testing.T) {
-	s := openStore(t, Config{Capacity: 3 * block.PageSize})
+	s := openStore(t, Config{Capacity: 3 * page64})
 	putBlock(t, s, blockRel(testTier, 0, hashHex(1, 64)), pageData(1, 1))
 	st := s.Stats()
-	if st.FreeBytes != st.CapacityBytes-st.PhysicalBytes || st.FreeBytes > st.CapacityBytes || st.PhysicalBytes < block.PageSize {
+	if st.FreeBytes != st.CapacityBytes-st.PhysicalBytes || st.FreeBytes > st.CapacityBytes || st.PhysicalBytes < page64 {
 		t.Errorf("FreeBytes = %d with capacity %d and one page used", st.FreeBytes, st.CapacityBytes)
 	}
 }

@@ -412,7 +412,7 @@ func (s *Store) consistentSizes(found []*entry) ([]*entry, int) {
 	for tier, sizes := range counts {
 		best := int64(0)
 		for size, n := range sizes {
-			valid := size > 0 && size%block.PageSize == 0
+			valid := size > 0 && size%int64(block.PageSize) == 0
 			if valid && (best == 0 || n > sizes[best] || n == sizes[best] && size > best) {
 				best = size
 			}

@@ -226,7 +226,7 @@ func (w *Writer) pwrite(data []byte, off int64) (int, error) {
 		}
 		w.bounce = bounce
 	}
-	if !w.direct || off%block.PageSize != 0 || len(data)%block.PageSize != 0 {
+	if !w.direct || off%int64(block.PageSize) != 0 || len(data)%block.PageSize != 0 {
 		if w.direct {
 			if err := setFlag(fd, unix.O_DIRECT, false); err != nil {
 				return 0, err
@@ -542,7 +542,7 @@ func (s *Store) publish(tmpRel, destRel string) error {
 		}
 		t.size = sealed.size
 	}
-	if t.size == 0 || t.size%block.PageSize != 0 {
+	if t.size == 0 || t.size%int64(block.PageSize) != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, block.PageSize)
 	}

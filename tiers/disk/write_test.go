@@ -136,7 +136,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reopening a closed tmp: %v", err)
 	}
-	if _, err := w.WriteAt(data[block.PageSize:], block.PageSize); err != nil {
+	if _, err := w.WriteAt(data[page64:], page64); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -250,7 +250,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 	// Another tier has its own row size.
 	other := blockRel("other_tier_r0", 0, hashHex(3, 64))
 	putBlock(t, s, other, pageData(3, 3))
-	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*block.PageSize || got["other_tier_r0"] != 3*block.PageSize {
+	if got := s.RowBytes(); len(got) != 2 || got[testTier] != 2*page64 || got["other_tier_r0"] != 3*page64 {
 		t.Errorf("RowBytes = %v", got)
 	}
 
@@ -271,7 +271,7 @@ func TestPublishRowSizeMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	putBlock(t, s, a, pageData(6, 1))
-	if got := s.RowBytes()[testTier]; got != block.PageSize {
+	if got := s.RowBytes()[testTier]; got != page64 {
 		t.Errorf("RowBytes[%s] = %d after replacing its only block with a 1-page one", testTier, got)
 	}
 	if got := readBlock(t, s, a); !bytes.Equal(got, pageData(6, 1)) {
@@ -390,7 +390,7 @@ func TestPublishInvalidArguments(t *testing.T) {
 }
 
 func TestReplaceBlockKeepsAccountingExact(t *testing.T) {
-	s := openStore(t, Config{Capacity: 64 * block.PageSize})
+	s := openStore(t, Config{Capacity: 64 * page64})
 	a := blockRel(testTier, 0, hashHex(1, 64))
 	b := blockRel(testTier, 0, hashHex(2, 64))
 	putBlock(t, s, a, pageData(1, 2))
@@ -438,7 +438,7 @@ func TestRemoveTmp(t *testing.T) {
 
 	// Closed tmp.
 	tmp := writeTmp(t, s, rel, pageData(1, 3))
-	if usedBytes(s) != 3*block.PageSize {
+	if usedBytes(s) != 3*page64 {
 		t.Fatalf("used = %d with a 3-page tmp", usedBytes(s))
 	}
 	if err := s.RemoveTmp(tmp); err != nil {
@@ -466,10 +466,10 @@ func TestRemoveTmp(t *testing.T) {
 	if exists(t, s.Path(tmp)) || s.IsTracked(tmp) {
 		t.Fatal("open tmp still there after RemoveTmp")
 	}
-	if _, err := w.WriteAt(pageData(3, 1), block.PageSize); err != nil {
+	if _, err := w.WriteAt(pageData(3, 1), page64); err != nil {
 		t.Fatalf("write to an unlinked open tmp: %v", err)
 	}
-	if usedBytes(s) != 2*block.PageSize {
+	if usedBytes(s) != 2*page64 {
 		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*block.PageSize)
 	}
 	// The same name may be created again meanwhile.
@@ -483,7 +483,7 @@ func TestRemoveTmp(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if usedBytes(s) != block.PageSize {
+	if usedBytes(s) != page64 {
 		t.Errorf("used = %d after the orphaned writer closed, want %d", usedBytes(s), block.PageSize)
 	}
 	w2.Close()
@@ -546,7 +546,7 @@ func TestForgetTmp(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	tmp := writeTmp(t, s, rel, pageData(1, 2))
-	if usedBytes(s) != 2*block.PageSize {
+	if usedBytes(s) != 2*page64 {
 		t.Fatalf("used = %d", usedBytes(s))
 	}
 	// Renamed by the FUSE layer to a name outside the block layout.
@@ -554,11 +554,11 @@ func TestForgetTmp(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt")
-	if s.IsTracked(tmp) || usedBytes(s) != 2*block.PageSize {
+	if s.IsTracked(tmp) || usedBytes(s) != 2*page64 {
 		t.Errorf("after ForgetTmp: tracked=%v used=%d; the renamed file still counts", s.IsTracked(tmp), usedBytes(s))
 	}
 	s.ForgetTmp(tmp, testTier+"/notes.txt") // idempotent
-	if usedBytes(s) != 2*block.PageSize {
+	if usedBytes(s) != 2*page64 {
 		t.Errorf("second ForgetTmp changed used to %d", usedBytes(s))
 	}
 	checkAccounting(t, s)
@@ -605,7 +605,7 @@ func TestRemoveBlock(t *testing.T) {
 // writes was refused (no space) can never become a block, even if later writes
 // fill it.
 func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
-	s := openStore(t, Config{Capacity: 3 * block.PageSize})
+	s := openStore(t, Config{Capacity: 3 * page64})
 	rel := blockRel(testTier, 0, hashHex(6, 64))
 	data := pageData(6, 2)
 	mkdirFor(t, s, rel)
@@ -648,7 +648,7 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 		if _, err := w.WriteAt(data, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.Allocate(block.PageSize, block.PageSize, mode); err != nil {
+		if err := w.Allocate(page64, page64, mode); err != nil {
 			t.Fatalf("fallocate mode %#x: %v", mode, err)
 		}
 		w.Close()

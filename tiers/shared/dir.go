@@ -111,9 +111,6 @@ func (d OSDir) ReadFile(rel string) ([]byte, error) {
 // so that a distributed filesystem's client sees few requests.
 const fetchChunk = 4 << 20
 
-// directAlign is the alignment O_DIRECT wants of buffers, offsets and lengths.
-const directAlign = 4096
-
 // errDirectRefused is an O_DIRECT open or first read the filesystem refused.
 var errDirectRefused = errors.New("O_DIRECT refused")
 
@@ -144,7 +141,8 @@ func (d OSDir) readBlock(rel string, flags int, chunk func([]byte)) ([]byte, err
 		return nil, syscall.EINVAL
 	}
 	size := st.Size()
-	buf := alignedBuffer(int((size + directAlign - 1) / directAlign * directAlign))
+	align := int64(block.PageSize)
+	buf := alignedBuffer(int((size + align - 1) / align * align))
 	var n int64
 	for n < size {
 		got, err := f.ReadAt(buf[n:min(n+fetchChunk, int64(len(buf)))], n)
@@ -168,12 +166,14 @@ func (d OSDir) readBlock(rel string, flags int, chunk func([]byte)) ([]byte, err
 	return buf[:n], nil
 }
 
-// alignedBuffer is a buffer of size bytes starting on a directAlign boundary.
+// alignedBuffer is a buffer of size bytes starting on a page boundary, the
+// alignment O_DIRECT wants of buffers, offsets and lengths (a page is a
+// multiple of any device's logical block).
 func alignedBuffer(size int) []byte {
-	buf := make([]byte, size+directAlign)
-	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(buf))) & (directAlign - 1))
+	buf := make([]byte, size+block.PageSize)
+	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(buf))) % uintptr(block.PageSize))
 	if off != 0 {
-		off = directAlign - off
+		off = block.PageSize - off
 	}
 	return buf[off : off+size : off+size]
 }

@@ -15,7 +15,7 @@ func writtenBehind(t *testing.T, l *Level, local *fakeLocal, blocks ...int) {
 	want := l.Stats().WrittenBlocks + int64(len(blocks))
 	for _, i := range blocks {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	eventually(t, "blocks written behind", func() bool { return l.Stats().WrittenBlocks == want })
 }
@@ -57,7 +57,7 @@ func TestJournalAnswersWithoutCalls(t *testing.T) {
 	if !b.Lookup(blockRel(0)) {
 		t.Fatal("block written behind by A answered absent")
 	}
-	if size, ok := b.Size(blockRel(0)); !ok || size != testBlock {
+	if size, ok := b.Size(blockRel(0)); !ok || size != testBlock64 {
 		t.Fatalf("size %d, %v; want %d", size, ok, testBlock)
 	}
 	if !b.Lookup(filepath.Dir(blockRel(0))) || b.Lookup(filepath.Dir(spreadRel(1))) || b.Lookup("model/fff") {

@@ -12,7 +12,10 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-const testBlock = 4 * block.PageSize
+var (
+	testBlock   = 4 * block.PageSize
+	testBlock64 = int64(testBlock)
+)
 
 // TestWriteBehindDrains: published blocks reach the shared directory in the
 // local layout, with their record in the xattr and their zero page a hole,
@@ -22,7 +25,7 @@ func TestWriteBehindDrains(t *testing.T) {
 	l, local, _ := newTestLevel(t, OSDir{root}, root, nil)
 	for i := range 5 {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	eventually(t, "5 blocks written", func() bool { s := l.Stats(); return s.WrittenBlocks == 5 && s.QueueBlocks == 0 })
 	for i := range 5 {
@@ -35,7 +38,7 @@ func TestWriteBehindDrains(t *testing.T) {
 		}
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= testBlock+block.PageSize {
+	if err := syscall.Stat(filepath.Join(root, blockRel(0)), &st); err != nil || st.Blocks*512 >= int64(testBlock+block.PageSize) {
 		// (ext4 may give the record xattr a block of its own.)
 		t.Errorf("zero page not left as a hole: %d bytes allocated for %d and a record", st.Blocks*512, testBlock)
 	}
@@ -50,7 +53,7 @@ func TestWriteBehindDrains(t *testing.T) {
 	if got, _ := otherLocal.get(blockRel(3)); !bytes.Equal(got, blockData(3, testBlock)) {
 		t.Fatal("node B imported other bytes")
 	}
-	if s := other.Stats(); s.FetchedBlocks != 1 || s.FetchedBytes != testBlock || s.LookupHits != 1 {
+	if s := other.Stats(); s.FetchedBlocks != 1 || s.FetchedBytes != testBlock64 || s.LookupHits != 1 {
 		t.Errorf("node B stats %+v", s)
 	}
 }
@@ -62,10 +65,10 @@ func TestAdmissionLookedUp(t *testing.T) {
 	l, local, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Admit = AdmitLookedUp })
 	local.put(blockRel(1), blockData(1, testBlock))
 	local.put(blockRel(2), blockData(2, testBlock))
-	l.Published(blockRel(1), testBlock)
-	l.Published(blockRel(2), testBlock)
-	l.LookedUp(blockRel(2), testBlock)
-	l.LookedUp(blockRel(2), testBlock)
+	l.Published(blockRel(1), testBlock64)
+	l.Published(blockRel(2), testBlock64)
+	l.LookedUp(blockRel(2), testBlock64)
+	l.LookedUp(blockRel(2), testBlock64)
 	eventually(t, "the looked-up block written", func() bool { return l.Stats().WrittenBlocks >= 1 })
 	time.Sleep(50 * time.Millisecond)
 	if s := l.Stats(); s.WrittenBlocks != 1 || s.QueueBlocks != 0 {
@@ -80,14 +83,14 @@ func TestAdmissionLookedUp(t *testing.T) {
 // does not move, one block is written; each second of budget writes one more.
 func TestRateBudget(t *testing.T) {
 	root := t.TempDir()
-	l, local, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Rate = testBlock })
+	l, local, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Rate = testBlock64 })
 	for i := range 3 {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	eventually(t, "first block written", func() bool { return l.Stats().WrittenBlocks == 1 })
 	time.Sleep(50 * time.Millisecond)
-	if s := l.Stats(); s.WrittenBlocks != 1 || s.BytesBehind != 2*testBlock {
+	if s := l.Stats(); s.WrittenBlocks != 1 || s.BytesBehind != 2*testBlock64 {
 		t.Fatalf("before the budget refills: written %d, behind %d", s.WrittenBlocks, s.BytesBehind)
 	}
 	clock.Advance(time.Second)
@@ -100,16 +103,16 @@ func TestRateBudget(t *testing.T) {
 func TestQueueBoundDropsOldest(t *testing.T) {
 	root := t.TempDir()
 	hang := newHangingDir(OSDir{root})
-	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.QueueBytes = 3 * testBlock; c.Timeout = time.Hour })
+	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.QueueBytes = 3 * testBlock64; c.Timeout = time.Hour })
 	hang.hang()
 	for i := range 6 {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	// One block may be in flight (stuck); the queue holds three; the rest dropped.
 	eventually(t, "queue full", func() bool { s := l.Stats(); return s.QueueBlocks+s.DroppedBlocks >= 5 })
 	s := l.Stats()
-	if s.QueueBytes > 3*testBlock || s.DroppedBlocks < 2 {
+	if s.QueueBytes > 3*testBlock64 || s.DroppedBlocks < 2 {
 		t.Fatalf("queue %d bytes (bound %d), dropped %d", s.QueueBytes, 3*testBlock, s.DroppedBlocks)
 	}
 	hang.resume()
@@ -135,7 +138,7 @@ func TestSidecarWhenNoXattrs(t *testing.T) {
 	root := t.TempDir()
 	l, local, _ := newTestLevel(t, noXattrs{OSDir{root}}, root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
-	l.Published(blockRel(1), testBlock)
+	l.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return l.Stats().WrittenBlocks == 1 })
 	if _, err := os.Stat(filepath.Join(root, blockRel(1)+sidecarSuffix)); err != nil {
 		t.Fatalf("no sidecar: %v", err)
@@ -156,7 +159,7 @@ func TestCorruptDropped(t *testing.T) {
 	root := t.TempDir()
 	l, local, _ := newTestLevel(t, OSDir{root}, root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
-	l.Published(blockRel(1), testBlock)
+	l.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return l.Stats().WrittenBlocks == 1 })
 	p := filepath.Join(root, blockRel(1))
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
@@ -250,7 +253,7 @@ func TestUnreachable(t *testing.T) {
 	}
 	for i := range 3 {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	if _, err := l.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("fetch while unreachable: %v", err)
@@ -275,13 +278,13 @@ func TestDisconnectedKeepsQueue(t *testing.T) {
 	dir.down.Store(true)
 	for i := range 2 {
 		local.put(blockRel(i), blockData(i, testBlock))
-		l.Published(blockRel(i), testBlock)
+		l.Published(blockRel(i), testBlock64)
 	}
 	eventually(t, "unreachable", func() bool { return !l.Stats().Reachable })
 	if l.Lookup(blockRel(0)) {
 		t.Fatal("present while disconnected")
 	}
-	if s := l.Stats(); s.WrittenBlocks != 0 || s.DroppedBlocks != 0 || s.BytesBehind != 2*testBlock {
+	if s := l.Stats(); s.WrittenBlocks != 0 || s.DroppedBlocks != 0 || s.BytesBehind != 2*testBlock64 {
 		t.Fatalf("while disconnected: %+v", s)
 	}
 	dir.down.Store(false)
@@ -302,7 +305,7 @@ func TestStartsWhileUnreachable(t *testing.T) {
 		t.Fatal("reachable while the directory hangs")
 	}
 	local.put(blockRel(1), blockData(1, testBlock))
-	l.Published(blockRel(1), testBlock)
+	l.Published(blockRel(1), testBlock64)
 	hang.resume()
 	eventually(t, "joined and drained", func() bool { s := l.Stats(); return s.Reachable && s.WrittenBlocks == 1 && s.BytesBehind == 0 })
 	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local}); err == nil {
@@ -324,7 +327,7 @@ func TestRemovedMidReadIsAMiss(t *testing.T) {
 	root := t.TempDir()
 	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
-	writer.Published(blockRel(1), testBlock)
+	writer.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 1 })
 	reader, readerLocal, _ := newTestLevel(t, vanishingDir{OSDir{root}}, root, func(c *Config) { c.Holder = "node-b" })
 	if !reader.Lookup(blockRel(1)) {
@@ -366,11 +369,11 @@ func (d slowDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
 // as a miss and counts a timeout.
 func TestFetchBoundIsProgress(t *testing.T) {
 	root := t.TempDir()
-	const size = 5*fetchChunk + block.PageSize
+	size := 5*fetchChunk + block.PageSize
 	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
 	for i := range 2 {
 		local.put(blockRel(i), blockData(i, size))
-		writer.Published(blockRel(i), size)
+		writer.Published(blockRel(i), int64(size))
 	}
 	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 2 })
 

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -53,6 +54,9 @@ type region struct {
 	id   FileID
 	size int64
 	data []byte
+	// file stays open while mapped: after a fault, Guard asks it (not the
+	// path, which another user can swap) whether it shrank.
+	file *os.File
 	// faulted is set when a read of the mapping faulted (the file shrank):
 	// the region is skipped from then on and dropped at the next Refresh.
 	faulted atomic.Bool
@@ -440,56 +444,72 @@ func (s *Set) mapRegion(p string) (*region, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	r := &region{path: p, id: id, size: size}
 	if r.size == 0 {
+		f.Close()
 		return r, nil
 	}
 	if r.data, err = unix.Mmap(int(f.Fd()), 0, int(r.size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("mmap %s: %w", p, err)
 	}
+	r.file = f
 	return r, nil
 }
 
-// unmap releases the mapping; the caller holds the Set's write lock.
+// unmap releases the mapping and its file; the caller holds the Set's write lock.
 func (r *region) unmap() {
 	if r.data != nil {
 		unix.Munmap(r.data)
 		r.data = nil
+	}
+	if r.file != nil {
+		r.file.Close()
+		r.file = nil
 	}
 }
 
 // ErrFault is returned by Guard when the mapping it protected faulted.
 var ErrFault = errors.New("mapping faulted: its file shrank under it")
 
-// nilPage bounds the addresses a nil dereference faults at.
-const nilPage = 4096
-
-// Guard runs fn, which reads or writes a mapping of a file other users can
-// truncate (a region in /dev/shm), and turns the fault such an access raises
-// into ErrFault instead of SIGBUS ending the daemon. fn must not leave locks
-// or state half-changed when it stops at any byte.
-func Guard(fn func()) (err error) {
+// Guard runs fn, which reads or writes the first mapped bytes of file, a
+// file other users can truncate (a region in /dev/shm), and turns the fault
+// such an access raises into ErrFault instead of SIGBUS ending the daemon.
+// fn must not leave locks or state half-changed when it stops at any byte.
+//
+// A fault is told from a bug by its cause, not its address: a runtime error
+// is ErrFault only when file is now shorter than the mapping. The address
+// cannot be relied on: qemu-user delivers the SIGBUS of a truncated mapping
+// with address 0, which the Go runtime then reports as a nil dereference.
+// Any other panic, or a runtime error while the file still covers the
+// mapping, goes on.
+func Guard(file *os.File, mapped int64, fn func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
-		if v := recover(); v != nil {
-			// A fault carries its address; anything else (or a nil
-			// dereference, near address 0) is a bug, not a shrunk file.
-			if f, ok := v.(interface{ Addr() uintptr }); !ok || f.Addr() < nilPage {
-				panic(v)
-			}
-			err = fmt.Errorf("%w (%v)", ErrFault, v)
+		v := recover()
+		if v == nil {
+			return
 		}
+		if _, runtimeError := v.(runtime.Error); !runtimeError || !shrank(file, mapped) {
+			panic(v)
+		}
+		err = fmt.Errorf("%w (%v)", ErrFault, v)
 	}()
 	fn()
 	return nil
+}
+
+// shrank reports whether file now holds fewer than mapped bytes.
+func shrank(file *os.File, mapped int64) bool {
+	var st unix.Stat_t
+	return unix.Fstat(int(file.Fd()), &st) == nil && st.Size < mapped
 }
 
 // guard runs fn over the region's mapping through Guard; after a fault the
 // region is marked faulted, skipped from then on and dropped by the next
 // Refresh, and guard returns false.
 func (s *Set) guard(r *region, fn func()) bool {
-	err := Guard(fn)
+	err := Guard(r.file, r.size, fn)
 	if err == nil {
 		return true
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-const testRow = 64 << 10
+const testRow = 1 << 20
 
 // fill writes deterministic bytes for block i into the first half of row and zeroes the rest.
 func fill(row []byte, i int) {
@@ -129,7 +129,7 @@ func TestScanWrittenTwinRows(t *testing.T) {
 	}
 	pages := map[int64][]byte{}
 	for _, p := range []int64{0, 1, 2, 3, 4, 6} {
-		pages[p*block.PageSize] = written[p*block.PageSize : (p+1)*block.PageSize]
+		pages[p*page64] = written[p*page64 : (p+1)*page64]
 	}
 	if row, found := set.ScanWritten(testRow, pages); found && row.Sum.CRC() != block.CRC32C(written) {
 		t.Fatalf("found the twin row's checksum %08x, the written row's is %08x", row.Sum.CRC(), block.CRC32C(written))
@@ -175,7 +175,7 @@ func BenchmarkScanWritten(b *testing.B) {
 	pages := map[int64][]byte{}
 	for i := int64(0); i < 8; i++ {
 		off := i * (rowBytes / 2 / 8)
-		pages[off] = row[off : off+block.PageSize]
+		pages[off] = row[off : off+page64]
 	}
 	want := block.CRC32C(row)
 	b.SetBytes(rowBytes)
@@ -215,3 +215,6 @@ func benchRegion(b *testing.B, rows, rowBytes int) *Set {
 	}
 	return set
 }
+
+// page64 is block.PageSize where sizes and offsets are int64.
+var page64 = int64(block.PageSize)

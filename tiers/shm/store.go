@@ -28,12 +28,13 @@ type WrittenRow struct {
 // than maxCandidates rows hold them (the written one is unknown), when the pages are all zero (they tell no row
 // apart), or when a region faulted while it was read.
 func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool) {
-	if size <= 0 || size%block.PageSize != 0 || len(pages) == 0 {
+	page := int64(block.PageSize)
+	if size <= 0 || size%page != 0 || len(pages) == 0 {
 		return WrittenRow{}, false
 	}
 	telling := false
 	for off, p := range pages {
-		if len(p) != block.PageSize || off%block.PageSize != 0 || off+block.PageSize > size {
+		if len(p) != block.PageSize || off%page != 0 || off+page > size {
 			return WrittenRow{}, false
 		}
 		telling = telling || !block.IsZero(p)
@@ -47,7 +48,7 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	found, ambiguous, matched := false, false, 0
 	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
 		for off, p := range pages {
-			if !bytes.Equal(row[off:off+block.PageSize], p) {
+			if !bytes.Equal(row[off:off+page], p) {
 				return true
 			}
 		}
@@ -81,7 +82,7 @@ func scanRow(row []byte) WrittenRow {
 			continue
 		}
 		if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == int64(start) {
-			w.ZeroRuns[n-1][1] += block.PageSize
+			w.ZeroRuns[n-1][1] += int64(block.PageSize)
 		} else {
 			w.ZeroRuns = append(w.ZeroRuns, [2]int64{int64(start), int64(start + block.PageSize)})
 		}
