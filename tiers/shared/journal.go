@@ -1,8 +1,8 @@
 package shared
 
 import (
-	"encoding/hex"
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"

@@ -247,7 +247,7 @@ func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 		// unproven is a record the key does not authenticate; corrupt is a
 		// block whose bytes fail their authenticated record.
 		unproven, corrupt error
-		dropped   bool
+		dropped           bool
 	}
 	got, err := callProgressing(l.bound, func(progress func()) (r read, err error) {
 		before, err := l.dir.Stat(rel)
