@@ -45,7 +45,8 @@ type Dir interface {
 	Touch(rel string, t time.Time) error
 	// Append and ReadFrom write and tail the names journal (journal.go).
 	Append(rel string, data []byte) error
-	ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error)
+	// ReadFrom refuses a file larger than fileLimit (errTooLarge).
+	ReadFrom(rel string, off, limit, fileLimit int64) ([]byte, FileInfo, error)
 	Xattrs
 }
 
@@ -559,14 +560,17 @@ func (d *OSDir) Append(rel string, data []byte) error {
 	return f.Close()
 }
 
-// ReadFrom reads a regular file from off to its end (at most limit bytes),
-// with the stat of the file read.
-func (d *OSDir) ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error) {
+// ReadFrom reads a regular file of at most fileLimit bytes from off to its
+// end (at most limit bytes), with the stat of the file read.
+func (d *OSDir) ReadFrom(rel string, off, limit, fileLimit int64) ([]byte, FileInfo, error) {
 	f, info, err := d.openRegular(rel, unix.O_RDONLY, 0)
 	if err != nil {
 		return nil, info, err
 	}
 	defer f.Close()
+	if info.Size > fileLimit {
+		return nil, info, pathErr("read", rel, errTooLarge)
+	}
 	if off >= info.Size {
 		return nil, info, nil
 	}

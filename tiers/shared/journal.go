@@ -38,8 +38,15 @@ const (
 	// maxLogBytes is the size past which a node rewrites its own log with
 	// the names it published that are still in its set.
 	maxLogBytes = 64 << 20
-	// maxLogRead caps the bytes read from one log in one refresh.
+	// maxLogRead caps the bytes read from one log in one refresh; a read
+	// that long without a line's end is skipped (no line is that long).
 	maxLogRead = 64 << 20
+	// maxLogSize bounds a log a reader tails: larger ones are not kept by
+	// their holder (which compacts past maxLogBytes) and are skipped.
+	maxLogSize = 1 << 30
+	// unrecordedBatch is how many records of the walk go in one append, so
+	// that compaction keeps the log near maxLogBytes.
+	unrecordedBatch = 1 << 16
 )
 
 // journal is the node's set of the names the shared store holds, as the logs tell.
@@ -186,25 +193,24 @@ func (l *Level) journalUnrecorded(blocks []sharedBlock) {
 	j.mu.Unlock()
 	// Only a block whose record the key authenticates, of its size, is
 	// recorded: a file someone put there without the key stays unknown.
-	var missing []sharedBlock
 	var records []journalRecord
 	for _, b := range unknown {
 		if l.stopping() {
 			return
 		}
 		if l.authentic(b.rel, b.name, b.scanInfo.Size) {
-			missing = append(missing, b)
 			records = append(records, journalRecord{present: true, size: b.scanInfo.Size, rel: b.rel})
 		}
 	}
-	if len(missing) == 0 {
-		return
-	}
-	if l.bound.do(func() error { l.journalAppend(records); return nil }) != nil {
-		return
-	}
-	for _, b := range missing {
-		j.apply(b.rel, true, b.scanInfo.Size, true)
+	for len(records) > 0 {
+		batch := records[:min(len(records), unrecordedBatch)]
+		records = records[len(batch):]
+		if l.bound.do(func() error { l.journalAppend(batch); return nil }) != nil {
+			return
+		}
+		for _, r := range batch {
+			j.apply(r.rel, true, r.size, true)
+		}
 	}
 }
 
@@ -380,15 +386,16 @@ func (l *Level) tailLog(log string) bool {
 		info FileInfo
 	}
 	got, err := call(l.bound, func() (r read, err error) {
-		r.data, r.info, err = l.dir.ReadFrom(log, tail.off, maxLogRead)
+		r.data, r.info, err = l.dir.ReadFrom(log, tail.off, maxLogRead, maxLogSize)
 		if err == nil && (r.info.Dev != tail.dev || r.info.Ino != tail.ino || r.info.Size < tail.off) && tail.off > 0 {
 			// A new file under the name: read it from its start.
-			r.data, r.info, err = l.dir.ReadFrom(log, 0, maxLogRead)
+			r.data, r.info, err = l.dir.ReadFrom(log, 0, maxLogRead, maxLogSize)
 		}
 		return r, err
 	})
 	switch {
-	case errors.Is(err, syscall.ENOENT):
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, errTooLarge) || errors.Is(err, errNotRegular):
+		// Gone, or not a log its holder keeps: nothing to take from it.
 		return true
 	case err != nil:
 		return false
@@ -398,6 +405,9 @@ func (l *Level) tailLog(log string) bool {
 	}
 	// A line not ended yet is read again next time.
 	end := bytes.LastIndexByte(got.data, '\n') + 1
+	if end == 0 && len(got.data) == maxLogRead {
+		end = maxLogRead
+	}
 	name := path.Base(log)
 	for _, line := range strings.Split(string(got.data[:end]), "\n") {
 		rel, present, size, seq, ok := l.parseLine(name, line)

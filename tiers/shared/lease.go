@@ -108,6 +108,14 @@ func (l *Level) tryLease() bool {
 		// Unreachable or failing: stop evicting; the expiry ends our claim.
 		l.setLease(false, time.Time{}, "")
 		return false
+	case errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR):
+		// A link or a file where the lease or its directory belongs: the
+		// directory made real, the name is then taken over as expired.
+		if err := l.bound.do(l.ensureControlDir); err != nil {
+			l.setLease(false, time.Time{}, "")
+			return false
+		}
+		holder, expiry = "", time.Time{}
 	case err != nil:
 		// Not a lease of ours (a hand edit, a forgery, a FIFO, a far-future
 		// expiry): treat it as expired.
@@ -125,6 +133,9 @@ func (l *Level) tryLease() bool {
 	// create a fresh one.
 	aside := fmt.Sprintf("%s.expired-%s", leaseFile, l.cfg.Holder)
 	if err := l.bound.do(func() error { return l.dir.Rename(leaseFile, aside) }); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return l.createLease(now)
+		}
 		l.setLease(false, time.Time{}, holder)
 		return false
 	}
