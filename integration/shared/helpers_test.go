@@ -66,7 +66,7 @@ func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--shared", dir, "--shared-key-file", sharedKeyFile(t, sub), "--shared-timeout", "2s", "--shared-negative-ttl", "1s"}, extra...)
+	args := append([]string{"--shared", dir, "--shared-key-file", sharedKeyFile(t), "--shared-timeout", "2s", "--shared-negative-ttl", "1s"}, extra...)
 	region, err := engineio.CreateRegion(fmt.Sprintf("/dev/shm/kvtier-test-%s-%s-%d.mmap", filepath.Base(t.Name()), node.Name, os.Getpid()), 4, rowBytes)
 	if err != nil {
 		t.Fatal(err)
@@ -83,16 +83,16 @@ func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string)
 	return &replica{node: node, sub: sub, daemon: d, tier: tier, region: region}
 }
 
-// keyFiles are the --shared-key-file of each shared directory, made by the
-// test that first starts a replica on it: the replicas sharing it share the key.
+// keyFiles are the --shared-key-file of each test, made when it starts its
+// first replica: the replicas one test starts share the key.
 var keyFiles sync.Map
 
-func sharedKeyFile(t *testing.T, sub string) string {
+func sharedKeyFile(t *testing.T) string {
 	t.Helper()
-	if path, ok := keyFiles.Load(sub); ok {
+	if path, ok := keyFiles.Load(t.Name()); ok {
 		return path.(string)
 	}
-	path, _ := keyFiles.LoadOrStore(sub, mounttest.SharedKeyFile(t))
+	path, _ := keyFiles.LoadOrStore(t.Name(), mounttest.SharedKeyFile(t))
 	return path.(string)
 }
 

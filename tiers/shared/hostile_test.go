@@ -387,3 +387,14 @@ func TestForgeriesRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestKeyRequired: a level without a key of at least MinKeyBytes does not start.
+func TestKeyRequired(t *testing.T) {
+	root := t.TempDir()
+	for _, key := range [][]byte{nil, make([]byte, MinKeyBytes-1)} {
+		if l, err := New(Config{Dir: root, Local: newFakeLocal(), Key: key}); err == nil {
+			l.Close()
+			t.Fatalf("a level started with a key of %d bytes", len(key))
+		}
+	}
+}

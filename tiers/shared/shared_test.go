@@ -304,7 +304,7 @@ func TestStartsWhileUnreachable(t *testing.T) {
 	l.Published(blockRel(1), testBlock)
 	hang.resume()
 	eventually(t, "joined and drained", func() bool { s := l.Stats(); return s.Reachable && s.WrittenBlocks == 1 && s.BytesBehind == 0 })
-	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local}); err == nil {
+	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local, Key: testKey}); err == nil {
 		t.Fatal("a missing shared directory accepted")
 	}
 }
