@@ -98,7 +98,14 @@ func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
 			if bytes == 0 {
 				bytes = info.Size
 			}
-			out = append(out, sharedBlock{rel: child, name: name, bytes: bytes, lastUse: info.ModTime, scanInfo: info})
+			// A modification time in the future (clocks agree far better
+			// than Protect) was set by hand: the block counts as the oldest,
+			// never as one used a moment ago.
+			lastUse := info.ModTime
+			if lastUse.After(now.Add(l.cfg.Protect)) {
+				lastUse = time.Time{}
+			}
+			out = append(out, sharedBlock{rel: child, name: name, bytes: bytes, lastUse: lastUse, scanInfo: info})
 		}
 		return nil
 	}

@@ -398,3 +398,49 @@ func TestKeyRequired(t *testing.T) {
 		}
 	}
 }
+
+// TestPlantedNamesAndTimes: names a writer could plant ahead of a node (the
+// node's lease move-aside and probe under fixed names, as non-empty
+// directories) hold up neither the lease's takeover nor the prober's
+// recovery, and a block whose modification time was set a year ahead is
+// evicted first instead of never.
+func TestPlantedNamesAndTimes(t *testing.T) {
+	root := t.TempDir()
+	clock := newFakeClock()
+	for _, name := range []string{leaseFile + ".expired-node-a", controlDir + "/probe-node-a"} {
+		if err := os.MkdirAll(filepath.Join(root, name, "planted"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expired := keyHolder(testKey, "node-x").leaseContent(clock.Now().Add(-time.Second))
+	if err := os.WriteFile(filepath.Join(root, leaseFile), expired, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var size int64
+	for i, at := range []time.Time{clock.Now().Add(-time.Hour), clock.Now().AddDate(1, 0, 0), clock.Now().Add(-50 * time.Minute)} {
+		putBlock(t, root, testKey, blockRel(i), blockData(i, testBlock))
+		if err := os.Chtimes(filepath.Join(root, blockRel(i)), at, at); err != nil {
+			t.Fatal(err)
+		}
+		info, _ := NewOSDir(root).Stat(blockRel(i))
+		size = info.Allocated
+	}
+	hang := newHangingDir(NewOSDir(root))
+	l, _, _ := newTestLevel(t, hang, root, func(c *Config) {
+		c.Clock, c.Capacity, c.Protect, c.Timeout = clock, 2*size, time.Minute, 50*time.Millisecond
+	})
+	eventually(t, "the expired lease taken over", l.holding)
+	eventually(t, "one block evicted", func() bool { return l.Stats().EvictedBlocks == 1 })
+	if _, err := os.Stat(filepath.Join(root, blockRel(1))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the block dated a year ahead was spared")
+	}
+	if _, err := os.Stat(filepath.Join(root, blockRel(0))); err != nil {
+		t.Fatal("the oldest genuine block was evicted instead of the one dated ahead")
+	}
+	hang.hang()
+	if l.Lookup(blockRel(5)) || l.Reachable() {
+		t.Fatal("reachable while the directory hangs")
+	}
+	hang.resume()
+	eventually(t, "the prober's recovery", l.Reachable)
+}

@@ -228,7 +228,7 @@ func (l *Level) compactOwnLog(own string) {
 	}
 	j.mu.Unlock()
 	lines := l.signLines(records)
-	tmp := fmt.Sprintf("%s_%d.tmp", own, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s_%s.tmp", own, l.unique())
 	if err := l.dir.WriteFile(tmp, lines); err != nil {
 		l.dir.Remove(tmp)
 		return

@@ -131,7 +131,7 @@ func (l *Level) tryLease() bool {
 	// Expired: move it aside under a name of our own (only one node's rename
 	// moves it), check that what moved is the expired lease, then race to
 	// create a fresh one.
-	aside := fmt.Sprintf("%s.expired-%s", leaseFile, l.cfg.Holder)
+	aside := fmt.Sprintf("%s.expired-%s", leaseFile, l.unique())
 	if err := l.bound.do(func() error { return l.dir.Rename(leaseFile, aside) }); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
 			return l.createLease(now)
@@ -162,7 +162,7 @@ func (l *Level) leaseContent(expiry time.Time) []byte {
 func (l *Level) createLease(now time.Time) bool {
 	expiry := now.Add(l.cfg.LeaseTTL)
 	content := l.leaseContent(expiry)
-	tmp := fmt.Sprintf("%s.%s-%d.tmp", leaseFile, l.cfg.Holder, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s.%s.tmp", leaseFile, l.unique())
 	err := l.bound.do(func() error {
 		if err := l.ensureControlDir(); err != nil {
 			return err
@@ -184,7 +184,7 @@ func (l *Level) createLease(now time.Time) bool {
 func (l *Level) renewLease(now time.Time, current []byte) bool {
 	expiry := now.Add(l.cfg.LeaseTTL)
 	content := l.leaseContent(expiry)
-	tmp := fmt.Sprintf("%s.%s-%d.tmp", leaseFile, l.cfg.Holder, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s.%s.tmp", leaseFile, l.unique())
 	err := l.bound.do(func() error {
 		if err := l.dir.WriteFile(tmp, content); err != nil {
 			return err

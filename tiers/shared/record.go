@@ -2,19 +2,24 @@ package shared
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
-	"strconv"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// tmpSerial numbers the tmp files this process writes.
-var tmpSerial atomic.Uint64
+// unique is a part of a name no other writer can have made ahead of this
+// node (as a FIFO, a directory, a link): the holder and 64 random bits.
+func (l *Level) unique() string {
+	var b [8]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return l.cfg.Holder + "-" + hex.EncodeToString(b[:])
+}
 
 // isNotSupported reports an errno meaning the filesystem keeps no xattrs.
 func isNotSupported(err error) bool {
@@ -35,7 +40,7 @@ func (l *Level) put(rel string, name block.Name, data []byte) error {
 		return err
 	}
 	// A vLLM-style tmp name: `<h>.bin_<writer>.tmp`.
-	tmp := fmt.Sprintf("%s_%s-%d.tmp", rel, l.cfg.Holder, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s_%s.tmp", rel, l.unique())
 	if err := l.dir.WriteFile(tmp, data); err != nil {
 		l.dir.Remove(tmp)
 		return err
@@ -63,7 +68,7 @@ func (l *Level) writeRecord(rel, tmp string, rec []byte) error {
 		l.xattrsRefused.Store(true)
 		l.cfg.Logger.Warn("the shared filesystem keeps no xattrs: block digests go to sidecar files", "dir", l.cfg.Dir, "suffix", sidecarSuffix)
 	}
-	sideTmp := tmp + sidecarSuffix + "_" + strconv.FormatUint(tmpSerial.Add(1), 10) + ".tmp"
+	sideTmp := tmp + sidecarSuffix + "_" + l.unique() + ".tmp"
 	if err := l.dir.WriteFile(sideTmp, rec); err != nil {
 		l.dir.Remove(sideTmp)
 		return err

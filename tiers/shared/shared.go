@@ -281,9 +281,9 @@ func (l *Level) probe() error {
 	if err := l.ensureControlDir(); err != nil {
 		return err
 	}
-	rel := controlDir + "/probe-" + l.cfg.Holder
-	_ = l.dir.Remove(rel)
+	rel := controlDir + "/probe-" + l.unique()
 	if err := l.dir.WriteFile(rel, []byte("probe")); err != nil {
+		l.dir.Remove(rel)
 		return err
 	}
 	return l.dir.Remove(rel)
