@@ -444,3 +444,32 @@ func TestPlantedNamesAndTimes(t *testing.T) {
 	hang.resume()
 	eventually(t, "the prober's recovery", l.Reachable)
 }
+
+// TestOwnLogReplaced: a node's own log replaced by a FIFO, then by a link,
+// is made again at its next record, which other nodes read.
+func TestOwnLogReplaced(t *testing.T) {
+	root := t.TempDir()
+	a, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
+	writtenBehind(t, a, local, 0)
+	own := filepath.Join(root, a.ownLog())
+	replaceWith := []func(){
+		1: func() { fifo(t, root, a.ownLog()) },
+		2: func() {
+			os.Remove(own)
+			if err := os.Symlink(t.TempDir(), own); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for _, i := range []int{1, 2} {
+		replaceWith[i]()
+		writtenBehind(t, a, local, i)
+		b, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Holder = fmt.Sprintf("node-b%d", i) })
+		if !b.Lookup(blockRel(i)) {
+			t.Fatalf("block %d, recorded after the log was replaced, answered absent", i)
+		}
+		if st := b.Stats(); st.JournalFallbacks != 0 {
+			t.Fatalf("the journal fell back: %+v", st)
+		}
+	}
+}

@@ -169,6 +169,11 @@ func (l *Level) journalAppend(records []journalRecord) {
 	}
 	lines := l.signLines(records)
 	if err := l.dir.Append(j.own, lines); err != nil {
+		// Its directory or the log itself replaced by something else (a
+		// link, a FIFO): the name removed, never what it points to.
+		if info, err := l.dir.Stat(j.own); err == nil && !info.IsFile && !info.IsDir {
+			l.dir.Remove(j.own)
+		}
 		if l.ensureControlDir() != nil || l.dir.Append(j.own, lines) != nil {
 			return
 		}
