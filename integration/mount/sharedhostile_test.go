@@ -80,3 +80,36 @@ func TestSharedHostileDir(t *testing.T) {
 		t.Fatalf("B after the forged blocks: %+v", sh)
 	}
 }
+
+// TestSharedMountedAgain: the shared filesystem's client dies (a FUSE
+// server killed: every call on its mount ENOTCONN) and a filesystem is
+// mounted again at the same path: the daemon, which works from a descriptor
+// of the directory, opens the new one and drains the blocks that waited.
+func TestSharedMountedAgain(t *testing.T) {
+	// Another kvtierfs mount stands for the distributed filesystem's client.
+	client := mounttest.Start(t, mounttest.Options{})
+	sharedDir := client.Mountpoint
+	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
+	a := mounttest.Start(t, mounttest.Options{Args: args})
+	waitShared(t, a, "reachable", func(sh *shared.Stats) bool { return sh.Reachable })
+
+	client.Crash()
+	region := newRegion(t, 1)
+	tierA := openTier(t, a)
+	storeBlock(t, tierA, region.Row(0), 1)
+	waitShared(t, a, "unreachable once the client died", func(sh *shared.Stats) bool { return !sh.Reachable && sh.BytesBehind > 0 })
+
+	if err := unix.Unmount(sharedDir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sharedDir, "tmpfs", 0, "size=64m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(sharedDir, unix.MNT_DETACH) })
+	waitShared(t, a, "reachable and drained on the new mount", func(sh *shared.Stats) bool {
+		return sh.Reachable && sh.QueueBlocks == 0 && sh.BytesBehind == 0 && sh.WrittenBlocks == 1
+	})
+	if _, err := os.Stat(filepath.Join(sharedDir, relOf(t, tierA, a, 1))); err != nil {
+		t.Fatalf("the block that waited is not on the new mount: %v", err)
+	}
+}

@@ -93,7 +93,11 @@ func fileInfo(st *unix.Stat_t) FileInfo {
 
 // OSDir is a Dir on a mounted directory. Every call works relative to one
 // descriptor of the root, opened at the first call (the operator's path to
-// it is trusted, links included); below it, names resolve with openat2's
+// it is trusted, links included), and opened again only once the
+// descriptor's filesystem is gone (ENOTCONN, ENODEV, ESTALE: its client
+// died) and the path names another directory (the filesystem mounted
+// again), checked at most once per rootCheckEvery: a directory swapped in at
+// the path of a live one is never taken. Below the root, names resolve with openat2's
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or, where the kernel lacks openat2,
 // by a walk of O_NOFOLLOW|O_DIRECTORY opens, one component at a time.
 // Files are opened O_NONBLOCK (a FIFO never blocks an open) and checked to
@@ -103,26 +107,49 @@ type OSDir struct {
 	// noOpenat2 forces the component walk (set when openat2 answers ENOSYS).
 	noOpenat2 atomic.Bool
 
-	mu     sync.Mutex
-	rootFD int
-	opened bool
+	mu        sync.Mutex
+	rootFD    int
+	opened    bool
+	rootDev   uint64
+	rootIno   uint64
+	checkedAt time.Time
 }
+
+// rootCheckEvery is how often the root's descriptor is checked to be alive.
+const rootCheckEvery = time.Second
 
 // NewOSDir is the Dir of the directory root.
 func NewOSDir(root string) *OSDir { return &OSDir{root: root} }
 
-// rootDir returns the root's descriptor, opening it at the first call.
+// rootDir returns the root's descriptor, opening it at the first call and
+// again once its filesystem is gone and the path names another directory. A
+// descriptor replaced is left open: a call on another worker may still hold
+// its number.
 func (d *OSDir) rootDir() (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var st unix.Stat_t
 	if d.opened {
-		return d.rootFD, nil
+		if time.Since(d.checkedAt) < rootCheckEvery {
+			return d.rootFD, nil
+		}
+		d.checkedAt = time.Now()
+		if err := unix.Fstat(d.rootFD, &st); err != unix.ENOTCONN && err != unix.ENODEV && err != unix.ESTALE {
+			return d.rootFD, nil
+		}
+		if err := unix.Stat(d.root, &st); err != nil || st.Dev == d.rootDev && st.Ino == d.rootIno {
+			return d.rootFD, nil
+		}
 	}
 	fd, err := unix.Open(d.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, &fs.PathError{Op: "open", Path: d.root, Err: err}
 	}
-	d.rootFD, d.opened = fd, true
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, &fs.PathError{Op: "fstat", Path: d.root, Err: err}
+	}
+	d.rootFD, d.opened, d.rootDev, d.rootIno, d.checkedAt = fd, true, st.Dev, st.Ino, time.Now()
 	return fd, nil
 }
 

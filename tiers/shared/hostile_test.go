@@ -473,3 +473,31 @@ func TestOwnLogReplaced(t *testing.T) {
 		}
 	}
 }
+
+// TestRootSwappedWhileLive: the shared directory's path made to name another
+// directory while its filesystem answers (a writer to its parent) changes
+// nothing: the level goes on in the directory it opened.
+func TestRootSwappedWhileLive(t *testing.T) {
+	parent := t.TempDir()
+	root := filepath.Join(parent, "shared")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
+	writtenBehind(t, l, local, 0)
+	if err := os.Rename(root, root+".opened"); err != nil {
+		t.Fatal(err)
+	}
+	swapped := t.TempDir()
+	if err := os.Symlink(swapped, root); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(rootCheckEvery) // the descriptor is checked again
+	writtenBehind(t, l, local, 1)
+	if _, err := os.Stat(filepath.Join(root+".opened", blockRel(1))); err != nil {
+		t.Fatalf("the block written after the swap is not in the directory opened: %v", err)
+	}
+	if got := filesUnder(t, swapped); len(got) != 0 {
+		t.Fatalf("the level wrote into the directory swapped in: %v", got)
+	}
+}
