@@ -113,6 +113,8 @@ type OSDir struct {
 	rootDev   uint64
 	rootIno   uint64
 	checkedAt time.Time
+	// checking is set while one call checks the descriptor.
+	checking bool
 }
 
 // rootCheckEvery is how often the root's descriptor is checked to be alive.
@@ -124,27 +126,41 @@ func NewOSDir(root string) *OSDir { return &OSDir{root: root} }
 // rootDir returns the root's descriptor, opening it at the first call and
 // again once its filesystem is gone and the path names another directory. A
 // descriptor replaced is left open: a call on another worker may still hold
-// its number.
+// its number. One call at a time checks, without the lock: a check stuck in
+// a hung filesystem holds up no other call.
 func (d *OSDir) rootDir() (int, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	var st unix.Stat_t
-	if d.opened {
-		if time.Since(d.checkedAt) < rootCheckEvery {
-			return d.rootFD, nil
-		}
-		d.checkedAt = time.Now()
-		if err := unix.Fstat(d.rootFD, &st); err != unix.ENOTCONN && err != unix.ENODEV && err != unix.ESTALE {
-			return d.rootFD, nil
-		}
-		if err := unix.Stat(d.root, &st); err != nil || st.Dev == d.rootDev && st.Ino == d.rootIno {
-			return d.rootFD, nil
-		}
+	if !d.opened {
+		defer d.mu.Unlock()
+		return d.openRoot()
 	}
+	fd := d.rootFD
+	if d.checking || time.Since(d.checkedAt) < rootCheckEvery {
+		d.mu.Unlock()
+		return fd, nil
+	}
+	d.checking = true
+	d.mu.Unlock()
+	var st, now unix.Stat_t
+	err := unix.Fstat(fd, &st)
+	gone := (err == unix.ENOTCONN || err == unix.ENODEV || err == unix.ESTALE) &&
+		unix.Stat(d.root, &now) == nil && (now.Dev != d.rootDev || now.Ino != d.rootIno)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checking, d.checkedAt = false, time.Now()
+	if !gone {
+		return fd, nil
+	}
+	return d.openRoot()
+}
+
+// openRoot opens the root by its path; d.mu is held.
+func (d *OSDir) openRoot() (int, error) {
 	fd, err := unix.Open(d.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, &fs.PathError{Op: "open", Path: d.root, Err: err}
 	}
+	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return -1, &fs.PathError{Op: "fstat", Path: d.root, Err: err}
