@@ -104,10 +104,6 @@ func (l *Level) tryLease() bool {
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		return l.createLease(now)
-	case retryable(err):
-		// Unreachable or failing: stop evicting; the expiry ends our claim.
-		l.setLease(false, time.Time{}, "")
-		return false
 	case errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR):
 		// A link or a file where the lease or its directory belongs: the
 		// directory made real, the name is then taken over as expired.
@@ -116,10 +112,15 @@ func (l *Level) tryLease() bool {
 			return false
 		}
 		holder, expiry = "", time.Time{}
-	case err != nil:
-		// Not a lease of ours (a hand edit, a forgery, a FIFO, a far-future
-		// expiry): treat it as expired.
+	case errors.Is(err, errNotRegular) || errors.Is(err, errTooLarge) || content != nil && err != nil:
+		// Not a lease file (a FIFO, a sparse terabyte) or not a lease of
+		// ours (a hand edit, a forgery, a far-future expiry): expired.
 		holder, expiry = "", time.Time{}
+	case err != nil:
+		// Unreachable, failing, or replaced while read (ESTALE on a
+		// distributed filesystem): stop evicting; the expiry ends our claim.
+		l.setLease(false, time.Time{}, "")
+		return false
 	}
 	switch {
 	case holder == l.cfg.Holder && now.Before(expiry):

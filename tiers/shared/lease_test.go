@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -128,5 +130,34 @@ func TestLoserStopsEvicting(t *testing.T) {
 	}
 	if holder, held := l.leaseState(); held || holder != "node-x" {
 		t.Fatalf("holder %q held %v", holder, held)
+	}
+}
+
+// staleDir answers the reads of the lease, and of the lease moved aside,
+// with ESTALE, as a distributed filesystem's client may while another node
+// replaces the lease.
+type staleDir struct{ Dir }
+
+func (d staleDir) ReadFile(rel string, limit int64) ([]byte, error) {
+	if strings.HasPrefix(rel, leaseFile) {
+		return nil, syscall.ESTALE
+	}
+	return d.Dir.ReadFile(rel, limit)
+}
+
+// TestLeaseReadFailureTakesNothing: a lease read that fails for another
+// reason than the file (ESTALE while its holder renews it) never takes a
+// live lease over.
+func TestLeaseReadFailureTakesNothing(t *testing.T) {
+	root := t.TempDir()
+	clock := newFakeClock()
+	a, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Clock, c.Capacity = clock, 1<<40 })
+	eventually(t, "A holds the lease", a.holding)
+	b, _, _ := newTestLevel(t, staleDir{NewOSDir(root)}, root, func(c *Config) { c.Clock, c.Capacity, c.Holder = clock, 1<<40, "node-b" })
+	if b.tryLease() || b.holding() {
+		t.Fatal("B took the lease over on a failed read")
+	}
+	if !a.tryLease() {
+		t.Fatal("A lost its lease to B's failed read")
 	}
 }
