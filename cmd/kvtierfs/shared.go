@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -18,7 +19,7 @@ import (
 
 // sharedFlags are the --shared-* flags of `kvtierfs mount` (DESIGN.md "The shared level").
 type sharedFlags struct {
-	dir                         string
+	dir, keyFile                string
 	capacity, rate, queue       string
 	admit                       string
 	negativeTTL, timeout, lease time.Duration
@@ -27,6 +28,7 @@ type sharedFlags struct {
 func addSharedFlags(fl *pflag.FlagSet) *sharedFlags {
 	s := &sharedFlags{}
 	fl.StringVar(&s.dir, "shared", "", "directory on a distributed filesystem (mounted by its own client) shared by the nodes: a second level behind the store; empty disables it")
+	fl.StringVar(&s.keyFile, "shared-key-file", "", "file holding the key every replica sharing --shared holds (at least 16 bytes, mode 0600 or 0400): blocks, names and the eviction lease in the shared directory are authenticated with it; required with --shared")
 	fl.StringVar(&s.capacity, "shared-capacity", "0", "bytes of blocks the shared store may hold, e.g. 10TiB; only the node holding the eviction lease evicts (0: no eviction)")
 	fl.StringVar(&s.admit, "shared-admit", "all", "which published blocks are written behind to the shared store: all, or looked-up (once a lookup found them)")
 	fl.StringVar(&s.rate, "shared-rate", "256MiB", "write-behind byte budget per second")
@@ -45,6 +47,12 @@ func (s *sharedFlags) config() (cfg shared.Config, kernelNegative time.Duration,
 	cfg = shared.Config{Dir: s.dir, Timeout: s.timeout, LeaseTTL: s.lease}
 	if s.dir == "" {
 		return cfg, 0, nil
+	}
+	if s.keyFile == "" {
+		return cfg, 0, fmt.Errorf("--shared needs --shared-key-file: whoever can write %s could otherwise serve KV to every replica", s.dir)
+	}
+	if cfg.Key, err = rowsync.ReadSecretFile(s.keyFile); err != nil {
+		return cfg, 0, fmt.Errorf("--shared-key-file: %w", err)
 	}
 	if s.capacity != "0" {
 		if cfg.Capacity, err = parseSize("shared-capacity", s.capacity); err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +16,11 @@ import (
 // negative bound is split between the kernel and the level, and bad values
 // are refused.
 func TestSharedFlags(t *testing.T) {
-	c, err := parseMountFlags([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared", "--shared-capacity", "10GiB",
+	keyFile := filepath.Join(t.TempDir(), "shared.key")
+	if err := os.WriteFile(keyFile, []byte("the replicas' shared key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseMountFlags([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared", "--shared-key-file", keyFile, "--shared-capacity", "10GiB",
 		"--shared-admit", "looked-up", "--shared-rate", "64MiB", "--shared-queue", "512MiB", "--shared-negative-ttl", "3s",
 		"--shared-timeout", "1s", "--shared-lease-ttl", "30s"})
 	if err != nil {
@@ -22,16 +28,24 @@ func TestSharedFlags(t *testing.T) {
 	}
 	s := c.shared
 	if s.Dir != "/shared" || s.Capacity != 10<<30 || s.Admit != shared.AdmitLookedUp || s.Rate != 64<<20 || s.QueueBytes != 512<<20 ||
-		s.Timeout != time.Second || s.LeaseTTL != 30*time.Second {
+		s.Timeout != time.Second || s.LeaseTTL != 30*time.Second || string(s.Key) != "the replicas' shared key" {
 		t.Fatalf("config %+v", s)
 	}
 	if c.sharedKernelNegative+s.NegativeTTL != 3*time.Second || c.sharedKernelNegative > fusefs.DefaultNegativeTimeout {
 		t.Fatalf("negative bound split %s + %s, want 3s in all", c.sharedKernelNegative, s.NegativeTTL)
 	}
 	for _, bad := range [][]string{{"--shared-admit", "some"}, {"--shared-rate", "0"}, {"--shared-timeout", "0s"}} {
-		if _, err := parseMountFlags(append([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared"}, bad...)); err == nil {
+		if _, err := parseMountFlags(append([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared", "--shared-key-file", keyFile}, bad...)); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+	// No key, or a key others can read: refused.
+	if _, err := parseMountFlags([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared"}); err == nil || !strings.Contains(err.Error(), "--shared-key-file") {
+		t.Errorf("--shared without a key: %v", err)
+	}
+	os.Chmod(keyFile, 0o644)
+	if _, err := parseMountFlags([]string{"/mnt/x", "--store", t.TempDir(), "--shared", "/shared", "--shared-key-file", keyFile}); err == nil {
+		t.Error("a world-readable key file accepted")
 	}
 }
 

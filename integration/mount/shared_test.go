@@ -22,7 +22,7 @@ import (
 func sharedPair(t *testing.T) (a, b *mounttest.Daemon, sharedDir string) {
 	t.Helper()
 	sharedDir = t.TempDir()
-	args := []string{"--shared", sharedDir, "--shared-negative-ttl", "400ms", "--shared-timeout", "5s"}
+	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-negative-ttl", "400ms", "--shared-timeout", "5s"}
 	a = mounttest.Start(t, mounttest.Options{Args: args})
 	b = mounttest.Start(t, mounttest.Options{Args: args})
 	return a, b, sharedDir
@@ -199,7 +199,7 @@ func TestSharedChainStaged(t *testing.T) {
 func TestSharedUnreachable(t *testing.T) {
 	sharedDir := filepath.Join(t.TempDir(), "shared")
 	hung := mountHangFS(t, sharedDir)
-	args := []string{"--shared", sharedDir, "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
+	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
 	a := mounttest.Start(t, mounttest.Options{Args: args})
 	b := mounttest.Start(t, mounttest.Options{Args: args})
 	t.Cleanup(hung.resume) // before the daemons stop
@@ -259,7 +259,7 @@ func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*share
 func TestSharedLeaseAndCapacity(t *testing.T) {
 	sharedDir := t.TempDir()
 	const blocks, capacityBlocks = 8, 4
-	args := []string{"--shared", sharedDir, "--shared-capacity", strconv.Itoa(capacityBlocks * rowBytes),
+	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-capacity", strconv.Itoa(capacityBlocks * rowBytes),
 		"--shared-lease-ttl", "1s", "--shared-negative-ttl", "400ms"}
 	a := mounttest.Start(t, mounttest.Options{Args: args})
 	b := mounttest.Start(t, mounttest.Options{Args: args})

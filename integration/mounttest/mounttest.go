@@ -4,6 +4,8 @@
 package mounttest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -212,4 +214,18 @@ func CopyExecutable(t testing.TB, from, to string) {
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// SharedKeyFile writes a fresh random --shared-key-file (mode 0600) in a
+// temporary directory of the test and returns its path: the replicas given
+// the same file share one shared level.
+func SharedKeyFile(t testing.TB) string {
+	t.Helper()
+	key := make([]byte, 32)
+	rand.Read(key) // crypto/rand.Read never fails (Go ≥ 1.24)
+	path := filepath.Join(t.TempDir(), "shared.key")
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

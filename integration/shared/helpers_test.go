@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,7 +66,7 @@ func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--shared", dir, "--shared-timeout", "2s", "--shared-negative-ttl", "1s"}, extra...)
+	args := append([]string{"--shared", dir, "--shared-key-file", sharedKeyFile(t), "--shared-timeout", "2s", "--shared-negative-ttl", "1s"}, extra...)
 	region, err := engineio.CreateRegion(fmt.Sprintf("/dev/shm/kvtier-test-%s-%s-%d.mmap", filepath.Base(t.Name()), node.Name, os.Getpid()), 4, rowBytes)
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +81,19 @@ func startReplica(t *testing.T, node *gluster.Node, sub string, extra ...string)
 		t.Fatal("O_DIRECT probe failed on the mount")
 	}
 	return &replica{node: node, sub: sub, daemon: d, tier: tier, region: region}
+}
+
+// keyFiles are the --shared-key-file of each test, made when it starts its
+// first replica: the replicas one test starts share the key.
+var keyFiles sync.Map
+
+func sharedKeyFile(t *testing.T) string {
+	t.Helper()
+	if path, ok := keyFiles.Load(t.Name()); ok {
+		return path.(string)
+	}
+	path, _ := keyFiles.LoadOrStore(t.Name(), mounttest.SharedKeyFile(t))
+	return path.(string)
 }
 
 // path is block i's path on the replica's mount.

@@ -38,6 +38,7 @@ func TestSharedOverGluster(t *testing.T) {
 		{"removed-while-read", removedWhileRead},
 		{"mirrored-fetch", mirroredFetch},
 		{"lease-capacity", evictionLeaseAndCapacity},
+		{"hostile", hostileSharedDir},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, tc.name) })
 	}
@@ -477,5 +478,69 @@ func holdsCapacity(t *testing.T, c *gluster.Cluster, sub string, capacityBlocks,
 		if head := i-from < capacityBlocks; kept != head {
 			t.Errorf("block %d of the chain: kept %v, want the head kept and the tail evicted", i-from, kept)
 		}
+	}
+}
+
+// hostileSharedDir: another writer prepared the shared directory on the
+// volume: the eviction lease a FIFO, the engine's tier a link to a
+// directory outside the volume, and in another tier blocks put there
+// without the key (no record, a sparse tebibyte). The holder takes the
+// lease over and stays reachable, nothing is written through the link, and
+// the other node answers the forged blocks absent and fails their loads as
+// misses.
+func hostileSharedDir(t *testing.T, c *gluster.Cluster, sub string) {
+	root := filepath.Join(c.Nodes[0].Mount, sub)
+	outside := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, ".kvtierfs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(root, ".kvtierfs", "evict.lease"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, tierDir)); err != nil {
+		t.Fatal(err)
+	}
+	const forgedTier = "Forged_0123456789ab_r0"
+	forged := func(i int) string {
+		h := hashOf(i)
+		return filepath.Join(forgedTier, h[:3], h[3:5]+"_g0", h+".bin")
+	}
+	for _, i := range []int{301, 302} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, forged(i))), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, forged(301)), expectedRow(301), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, forged(302)), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(root, forged(302)), 1<<40); err != nil {
+		t.Fatal(err)
+	}
+
+	a := startReplica(t, c.Nodes[0], sub, "--shared-capacity", "1GiB", "--shared-lease-ttl", "3s")
+	a.waitStats(t, time.Minute, "the lease taken over from the FIFO", func(st shared.Stats) bool { return st.LeaseHeld })
+	a.store(t, 300)
+	st := a.waitStats(t, time.Minute, "the write-behind tried", func(st shared.Stats) bool { return st.QueueBlocks == 0 && st.BytesBehind == 0 })
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("the daemon wrote through the tier's link: %v", entries)
+	}
+	if st.WrittenBlocks != 0 || !st.Reachable || st.Timeouts != 0 {
+		t.Fatalf("A beside the FIFO and the link: %+v", st)
+	}
+	b := startReplica(t, c.Nodes[1], sub)
+	for _, i := range []int{301, 302} {
+		path := filepath.Join(b.daemon.Mountpoint, forged(i))
+		if b.tier.Exists(path) {
+			t.Fatalf("forged block %d answers present", i)
+		}
+		if err := b.tier.LoadIgnoringClose(path, b.region.Row(1)); !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("loading forged block %d: %v, want ENOENT", i, err)
+		}
+	}
+	if sh := b.stats(t); sh.FetchedBlocks != 0 || !sh.Reachable {
+		t.Fatalf("B after the forged blocks: %+v", sh)
 	}
 }

@@ -18,13 +18,16 @@ var errTimedOut = errors.New("shared store call timed out")
 // bound runs calls to the shared directory on a fixed set of workers, each
 // call waited for (a worker, then its answer) at most timeout. A call past
 // its bound marks the level unreachable: later calls fail at once with
-// ErrUnreachable until the prober finds the directory answering again.
-// Stuck calls hold at most the workers and their queue, so they never pile up.
+// ErrUnreachable until the prober finds the directory answering again and
+// no worker is still stuck in a call given up. Stuck calls hold at most the
+// workers and their queue, so they never pile up.
 type bound struct {
 	timeout time.Duration
 	jobs    chan *job
-	// unreachable is set on a timeout and cleared by the prober.
+	// unreachable is set on a timeout and cleared by the prober; stuck
+	// counts the workers still in a call whose caller gave up.
 	unreachable atomic.Bool
+	stuck       atomic.Int64
 	timeouts    atomic.Int64
 	// recovered is signalled (without blocking) when the prober clears unreachable.
 	recovered chan struct{}
@@ -35,15 +38,24 @@ type bound struct {
 	stop    chan struct{}
 }
 
-// job is one call handed to a worker; abandoned is set when its caller gave
-// up, and a worker that picks it up later skips it. progress is signalled by
-// a call that advanced, which starts its bound again.
+// job is one call handed to a worker. Its state moves from queued to
+// running (a worker took it) to finished, or to abandoned when its caller
+// gave up: a worker skips an abandoned job it had not started, and one that
+// was running counts as stuck until it returns. progress is signalled by a
+// call that advanced, which starts its bound again.
 type job struct {
-	fn        func() error
-	done      chan error
-	progress  chan struct{}
-	abandoned atomic.Bool
+	fn       func() error
+	done     chan error
+	progress chan struct{}
+	state    atomic.Int32
 }
+
+const (
+	jobQueued int32 = iota
+	jobRunning
+	jobFinished
+	jobAbandoned
+)
 
 func newBound(workers int, timeout time.Duration, probe func() error) *bound {
 	b := &bound{timeout: timeout, jobs: make(chan *job, workers), recovered: make(chan struct{}, 1),
@@ -60,10 +72,15 @@ func (b *bound) work() {
 		case <-b.stop:
 			return
 		case j := <-b.jobs:
-			if j.abandoned.Load() {
+			if !j.state.CompareAndSwap(jobQueued, jobRunning) {
 				continue
 			}
-			j.done <- j.fn()
+			err := j.fn()
+			if !j.state.CompareAndSwap(jobRunning, jobFinished) {
+				// Given up while it ran: this worker is free again.
+				b.unstuck()
+			}
+			j.done <- err
 		}
 	}
 }
@@ -81,7 +98,7 @@ func (b *bound) do(fn func() error) error {
 // advancing (a large block's read, chunk by chunk) runs to its end while one
 // that stalls for the bound is given up.
 func (b *bound) doProgressing(fn func(progress func()) error) error {
-	if b.unreachable.Load() {
+	if !b.reachable() {
 		return ErrUnreachable
 	}
 	j := &job{done: make(chan error, 1), progress: make(chan struct{}, 1)}
@@ -115,7 +132,17 @@ func (b *bound) doProgressing(fn func(progress func()) error) error {
 		case <-j.progress:
 			t.Reset(b.timeout)
 		case <-t.C:
-			j.abandoned.Store(true)
+			if !j.state.CompareAndSwap(jobQueued, jobAbandoned) {
+				if !j.state.CompareAndSwap(jobRunning, jobAbandoned) {
+					// It finished just now: its answer is on its way.
+					err := <-j.done
+					if unavailable(err) {
+						b.markUnreachable()
+					}
+					return err
+				}
+				b.stuck.Add(1)
+			}
 			b.timeouts.Add(1)
 			b.markUnreachable()
 			return errTimedOut
@@ -145,6 +172,25 @@ func unavailable(err error) bool {
 // once it is back.
 func retryable(err error) bool {
 	return errors.Is(err, ErrUnreachable) || errors.Is(err, errTimedOut) || unavailable(err)
+}
+
+// reachable reports whether calls are tried: no timeout since the prober's
+// last success, and no worker stuck in a call given up.
+func (b *bound) reachable() bool { return !b.unreachable.Load() && b.stuck.Load() == 0 }
+
+// unstuck counts a stuck call returned, and tells the writer when that made
+// the directory reachable again.
+func (b *bound) unstuck() {
+	if b.stuck.Add(-1) == 0 && !b.unreachable.Load() {
+		b.signalRecovered()
+	}
+}
+
+func (b *bound) signalRecovered() {
+	select {
+	case b.recovered <- struct{}{}:
+	default:
+	}
 }
 
 // markUnreachable marks the directory unreachable and starts the prober if none runs.
@@ -181,10 +227,7 @@ func (b *bound) probeUntilBack() {
 				b.probing = false
 				b.unreachable.Store(false)
 				b.probeMu.Unlock()
-				select {
-				case b.recovered <- struct{}{}:
-				default:
-				}
+				b.signalRecovered()
 				return
 			}
 			select {

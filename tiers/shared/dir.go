@@ -5,7 +5,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -17,14 +19,19 @@ import (
 
 // Dir is the shared directory as the level uses it, by paths relative to its
 // root. Any call may block for as long as the distributed filesystem's client
-// does; the level runs every call under its bound (bound.go).
+// does; the level runs every call under its bound (bound.go). Whoever can
+// write the directory is not trusted (DESIGN.md "Threat model"): no call
+// follows a link below the root, opens anything but a regular file for its
+// bytes, or reads more than the caller's bound.
 type Dir interface {
 	Stat(rel string) (FileInfo, error)
-	ReadFile(rel string) ([]byte, error)
-	// ReadBlock reads a regular file whole in chunks of at most fetchChunk
-	// bytes, handing each to chunk as it arrives (a fetch's progress and
-	// running CRC); each byte is handed once.
-	ReadBlock(rel string, chunk func([]byte)) ([]byte, error)
+	// ReadFile reads a regular file of at most limit bytes whole (errTooLarge beyond).
+	ReadFile(rel string, limit int64) ([]byte, error)
+	// ReadBlock reads a regular file of exactly size bytes (errWrongSize
+	// otherwise) in chunks of at most fetchChunk bytes, handing each to
+	// chunk as it arrives (a fetch's progress and running digests); each
+	// byte is handed once.
+	ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, error)
 	// WriteFile creates rel (which must not exist) holding data; all-zero
 	// pages are left as holes.
 	WriteFile(rel string, data []byte) error
@@ -32,20 +39,36 @@ type Dir interface {
 	Link(from, to string) error
 	Remove(rel string) error
 	MkdirAll(rel string) error
-	ReadDir(rel string) ([]fs.DirEntry, error)
+	// ReadDir lists a directory: the entries keep accepts (all if nil), at
+	// most limit of them (errTooLarge beyond).
+	ReadDir(rel string, limit int, keep func(name string) bool) ([]fs.DirEntry, error)
 	Touch(rel string, t time.Time) error
 	// Append and ReadFrom write and tail the names journal (journal.go).
 	Append(rel string, data []byte) error
-	ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error)
+	// ReadFrom refuses a file larger than fileLimit (errTooLarge).
+	ReadFrom(rel string, off, limit, fileLimit int64) ([]byte, FileInfo, error)
 	Xattrs
 }
 
-// Xattrs are the extended attribute calls; a filesystem that keeps none
-// answers ENOTSUP and the level falls back to sidecar files.
+// Xattrs are the extended attribute calls on regular files; a filesystem
+// that keeps none answers ENOTSUP and the level falls back to sidecar files.
 type Xattrs interface {
+	// GetXattr reads a value of at most maxXattr bytes.
 	GetXattr(rel, name string) ([]byte, error)
 	SetXattr(rel, name string, value []byte) error
 }
+
+// maxXattr bounds an xattr value the level reads: a sealed record.
+const maxXattr = maxSealedRecord
+
+// errTooLarge is a file, a directory or a value larger than it can legitimately be.
+var errTooLarge = errors.New("larger than it can be")
+
+// errWrongSize is a block file whose size is not its record's.
+var errWrongSize = errors.New("block file of another size than its record")
+
+// errNotRegular is a name that is not a regular file where one is read or written.
+var errNotRegular = errors.New("not a regular file")
 
 // FileInfo is what the level needs of a file: enough to tell the same file
 // apart from one that replaced it.
@@ -62,48 +85,266 @@ func (a FileInfo) sameFile(b FileInfo) bool {
 	return a.Dev == b.Dev && a.Ino == b.Ino && a.Size == b.Size && a.ModTime.Equal(b.ModTime) && a.Ctime == b.Ctime
 }
 
-// OSDir is a Dir on a mounted directory.
-type OSDir struct{ Root string }
+func fileInfo(st *unix.Stat_t) FileInfo {
+	return FileInfo{Size: st.Size, Allocated: st.Blocks * 512, ModTime: time.Unix(st.Mtim.Unix()),
+		Dev: st.Dev, Ino: st.Ino, Ctime: st.Ctim.Nano(),
+		IsDir: st.Mode&unix.S_IFMT == unix.S_IFDIR, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}
+}
 
-func (d OSDir) path(rel string) string {
-	if rel == "." {
-		// The root itself, through a link if it is one.
-		return d.Root + "/."
+// OSDir is a Dir on a mounted directory. Every call works relative to one
+// descriptor of the root, opened at the first call (the operator's path to
+// it is trusted, links included), and opened again only once the
+// descriptor's filesystem is gone (ENOTCONN, ENODEV, ESTALE: its client
+// died) and the path names another directory (the filesystem mounted
+// again), checked at most once per rootCheckEvery: a directory swapped in at
+// the path of a live one is never taken. Below the root, names resolve with openat2's
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or, where the kernel lacks openat2,
+// by a walk of O_NOFOLLOW|O_DIRECTORY opens, one component at a time.
+// Files are opened O_NONBLOCK (a FIFO never blocks an open) and checked to
+// be regular before a byte is read or written.
+type OSDir struct {
+	root string
+	// noOpenat2 forces the component walk (set when openat2 answers ENOSYS).
+	noOpenat2 atomic.Bool
+
+	mu        sync.Mutex
+	rootFD    int
+	opened    bool
+	rootDev   uint64
+	rootIno   uint64
+	checkedAt time.Time
+	// checking is set while one call checks the descriptor.
+	checking bool
+}
+
+// rootCheckEvery is how often the root's descriptor is checked to be alive.
+const rootCheckEvery = time.Second
+
+// NewOSDir is the Dir of the directory root.
+func NewOSDir(root string) *OSDir { return &OSDir{root: root} }
+
+// rootDir returns the root's descriptor, opening it at the first call and
+// again once its filesystem is gone and the path names another directory. A
+// descriptor replaced is left open: a call on another worker may still hold
+// its number. One call at a time checks, without the lock: a check stuck in
+// a hung filesystem holds up no other call.
+func (d *OSDir) rootDir() (int, error) {
+	d.mu.Lock()
+	if !d.opened {
+		defer d.mu.Unlock()
+		return d.openRoot()
 	}
-	return filepath.Join(d.Root, rel)
+	fd := d.rootFD
+	if d.checking || time.Since(d.checkedAt) < rootCheckEvery {
+		d.mu.Unlock()
+		return fd, nil
+	}
+	d.checking = true
+	d.mu.Unlock()
+	var st, now unix.Stat_t
+	err := unix.Fstat(fd, &st)
+	gone := (err == unix.ENOTCONN || err == unix.ENODEV || err == unix.ESTALE) &&
+		unix.Stat(d.root, &now) == nil && (now.Dev != d.rootDev || now.Ino != d.rootIno)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checking, d.checkedAt = false, time.Now()
+	if !gone {
+		return fd, nil
+	}
+	return d.openRoot()
+}
+
+// openRoot opens the root by its path; d.mu is held.
+func (d *OSDir) openRoot() (int, error) {
+	fd, err := unix.Open(d.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: d.root, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, &fs.PathError{Op: "fstat", Path: d.root, Err: err}
+	}
+	d.rootFD, d.opened, d.rootDev, d.rootIno, d.checkedAt = fd, true, st.Dev, st.Ino, time.Now()
+	return fd, nil
+}
+
+// components splits a relative path into plain names, refusing absolute
+// paths, empty, "." and ".." components.
+func components(rel string) ([]string, error) {
+	if rel == "." {
+		return nil, nil
+	}
+	parts := strings.Split(rel, "/")
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return nil, &fs.PathError{Op: "resolve", Path: rel, Err: syscall.EINVAL}
+		}
+	}
+	return parts, nil
+}
+
+// resolveFlags are openat2's: nothing above the root, no link anywhere.
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// open opens rel below the root without following any link.
+func (d *OSDir) open(rel string, flags int, mode uint32) (int, error) {
+	root, err := d.rootDir()
+	if err != nil {
+		return -1, err
+	}
+	parts, err := components(rel)
+	if err != nil {
+		return -1, err
+	}
+	flags |= unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
+	if len(parts) == 0 {
+		return retryEINTR(func() (int, error) { return unix.Openat(root, ".", flags, 0) })
+	}
+	if !d.noOpenat2.Load() {
+		how := unix.OpenHow{Flags: uint64(flags), Resolve: resolveFlags}
+		if flags&unix.O_CREAT != 0 {
+			how.Mode = uint64(mode)
+		}
+		fd, err := retryEINTR(func() (int, error) { return unix.Openat2(root, rel, &how) })
+		if !errors.Is(err, unix.ENOSYS) {
+			return fd, pathErr("open", rel, err)
+		}
+		d.noOpenat2.Store(true)
+	}
+	dir, err := d.walk(root, parts[:len(parts)-1])
+	if err != nil {
+		return -1, pathErr("open", rel, err)
+	}
+	if dir != root {
+		defer unix.Close(dir)
+	}
+	fd, err := retryEINTR(func() (int, error) { return unix.Openat(dir, parts[len(parts)-1], flags, mode) })
+	return fd, pathErr("open", rel, err)
+}
+
+// walk opens the directories parts below dir one at a time, none through a
+// link (the fallback where openat2 is missing); it returns dir itself for
+// no parts.
+func (d *OSDir) walk(dir int, parts []string) (int, error) {
+	cur := dir
+	for _, p := range parts {
+		next, err := retryEINTR(func() (int, error) {
+			return unix.Openat(cur, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		})
+		if cur != dir {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// parent opens the directory holding rel and returns it with rel's last
+// name; done closes it.
+func (d *OSDir) parent(rel string) (dir int, name string, done func(), err error) {
+	parts, err := components(rel)
+	if err != nil {
+		return -1, "", nil, err
+	}
+	if len(parts) == 0 {
+		return -1, "", nil, &fs.PathError{Op: "resolve", Path: rel, Err: syscall.EINVAL}
+	}
+	if len(parts) == 1 {
+		root, err := d.rootDir()
+		return root, parts[0], func() {}, err
+	}
+	fd, err := d.open(strings.Join(parts[:len(parts)-1], "/"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, "", nil, err
+	}
+	return fd, parts[len(parts)-1], func() { unix.Close(fd) }, nil
+}
+
+// openRegular opens rel and checks that it is a regular file.
+func (d *OSDir) openRegular(rel string, flags int, mode uint32) (*os.File, FileInfo, error) {
+	fd, err := d.open(rel, flags, mode)
+	if err != nil {
+		return nil, FileInfo{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, FileInfo{}, pathErr("fstat", rel, err)
+	}
+	info := fileInfo(&st)
+	if !info.IsFile {
+		unix.Close(fd)
+		return nil, info, pathErr("open", rel, errNotRegular)
+	}
+	// O_NONBLOCK only kept the open from waiting (a FIFO); the bytes of a
+	// regular file are read and written blocking.
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+		unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^unix.O_NONBLOCK)
+	}
+	return os.NewFile(uintptr(fd), rel), info, nil
+}
+
+func pathErr(op, rel string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &fs.PathError{Op: op, Path: rel, Err: err}
+}
+
+// retryEINTR repeats a call interrupted by a signal (Go's runtime sends them).
+func retryEINTR(fn func() (int, error)) (int, error) {
+	for {
+		fd, err := fn()
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }
 
 // Stat stats rel without following a link.
-func (d OSDir) Stat(rel string) (FileInfo, error) {
+func (d *OSDir) Stat(rel string) (FileInfo, error) {
 	var st unix.Stat_t
-	if err := unix.Lstat(d.path(rel), &st); err != nil {
+	if rel == "." {
+		root, err := d.rootDir()
+		if err != nil {
+			return FileInfo{}, err
+		}
+		if err := unix.Fstat(root, &st); err != nil {
+			return FileInfo{}, pathErr("stat", rel, err)
+		}
+		return fileInfo(&st), nil
+	}
+	dir, name, done, err := d.parent(rel)
+	if err != nil {
 		return FileInfo{}, err
 	}
-	return FileInfo{Size: st.Size, Allocated: st.Blocks * 512, ModTime: time.Unix(st.Mtim.Unix()),
-		Dev: st.Dev, Ino: st.Ino, Ctime: st.Ctim.Nano(),
-		IsDir: st.Mode&unix.S_IFMT == unix.S_IFDIR, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}, nil
+	defer done()
+	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return FileInfo{}, pathErr("stat", rel, err)
+	}
+	return fileInfo(&st), nil
 }
 
-// ReadFile reads a regular file whole, without following a link.
-func (d OSDir) ReadFile(rel string) ([]byte, error) {
-	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// ReadFile reads a regular file of at most limit bytes whole.
+func (d *OSDir) ReadFile(rel string, limit int64) ([]byte, error) {
+	f, info, err := d.openRegular(rel, unix.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
+	if info.Size > limit {
+		return nil, pathErr("read", rel, errTooLarge)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, syscall.EINVAL
-	}
-	buf := make([]byte, st.Size())
+	buf := make([]byte, info.Size)
 	n, err := f.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
-	// A file that shrank while read comes back short and fails its digest.
+	// A file that shrank while read comes back short.
 	return buf[:n], nil
 }
 
@@ -116,16 +357,16 @@ var errDirectRefused = errors.New("O_DIRECT refused")
 
 // ReadBlock reads a block with O_DIRECT (no copy through the client's page
 // cache), buffered where the filesystem refuses it.
-func (d OSDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
-	data, err := d.readBlock(rel, syscall.O_DIRECT, chunk)
+func (d *OSDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, error) {
+	data, err := d.readBlock(rel, size, unix.O_DIRECT, chunk)
 	if errors.Is(err, errDirectRefused) {
-		data, err = d.readBlock(rel, 0, chunk)
+		data, err = d.readBlock(rel, size, 0, chunk)
 	}
 	return data, err
 }
 
-func (d OSDir) readBlock(rel string, flags int, chunk func([]byte)) ([]byte, error) {
-	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW|flags, 0)
+func (d *OSDir) readBlock(rel string, size int64, flags int, chunk func([]byte)) ([]byte, error) {
+	f, info, err := d.openRegular(rel, unix.O_RDONLY|flags, 0)
 	if err != nil {
 		if flags != 0 && errors.Is(err, syscall.EINVAL) {
 			return nil, errDirectRefused
@@ -133,14 +374,11 @@ func (d OSDir) readBlock(rel string, flags int, chunk func([]byte)) ([]byte, err
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
+	// Sized by the record, never by the file: a sparse terabyte is refused
+	// before a byte is allocated.
+	if info.Size != size {
+		return nil, pathErr("read", rel, errWrongSize)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, syscall.EINVAL
-	}
-	size := st.Size()
 	align := int64(block.PageSize)
 	buf := alignedBuffer(int((size + align - 1) / align * align))
 	var n int64
@@ -179,8 +417,8 @@ func alignedBuffer(size int) []byte {
 }
 
 // WriteFile creates rel exclusively and writes data, skipping all-zero pages.
-func (d OSDir) WriteFile(rel string, data []byte) error {
-	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+func (d *OSDir) WriteFile(rel string, data []byte) error {
+	f, _, err := d.openRegular(rel, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
@@ -206,43 +444,155 @@ func (d OSDir) WriteFile(rel string, data []byte) error {
 	return f.Close()
 }
 
-// Rename renames within the directory.
-func (d OSDir) Rename(from, to string) error { return os.Rename(d.path(from), d.path(to)) }
+// Rename renames within the directory, over a file at to.
+func (d *OSDir) Rename(from, to string) error {
+	fromDir, fromName, doneFrom, err := d.parent(from)
+	if err != nil {
+		return err
+	}
+	defer doneFrom()
+	toDir, toName, doneTo, err := d.parent(to)
+	if err != nil {
+		return err
+	}
+	defer doneTo()
+	return pathErr("rename", from, unix.Renameat(fromDir, fromName, toDir, toName))
+}
 
-// Link makes a second name; it fails with EEXIST when to exists.
-func (d OSDir) Link(from, to string) error { return os.Link(d.path(from), d.path(to)) }
+// Link makes a second name; it fails with EEXIST when to exists. A link
+// at from is linked itself, never its target.
+func (d *OSDir) Link(from, to string) error {
+	fromDir, fromName, doneFrom, err := d.parent(from)
+	if err != nil {
+		return err
+	}
+	defer doneFrom()
+	toDir, toName, doneTo, err := d.parent(to)
+	if err != nil {
+		return err
+	}
+	defer doneTo()
+	return pathErr("link", from, unix.Linkat(fromDir, fromName, toDir, toName, 0))
+}
 
-// Remove removes a file.
-func (d OSDir) Remove(rel string) error { return os.Remove(d.path(rel)) }
+// Remove removes a name that is not a directory.
+func (d *OSDir) Remove(rel string) error {
+	dir, name, done, err := d.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return pathErr("remove", rel, unix.Unlinkat(dir, name, 0))
+}
 
-// MkdirAll creates a directory and its parents.
-func (d OSDir) MkdirAll(rel string) error { return os.MkdirAll(d.path(rel), 0o700) }
+// MkdirAll creates a directory and its parents (mode 0700), one component
+// at a time from the root; an existing link is never walked through.
+func (d *OSDir) MkdirAll(rel string) error {
+	root, err := d.rootDir()
+	if err != nil {
+		return err
+	}
+	parts, err := components(rel)
+	if err != nil {
+		return err
+	}
+	cur := root
+	defer func() {
+		if cur != root {
+			unix.Close(cur)
+		}
+	}()
+	for _, p := range parts {
+		if err := unix.Mkdirat(cur, p, 0o700); err != nil && err != unix.EEXIST {
+			return pathErr("mkdir", rel, err)
+		}
+		next, err := d.walk(cur, []string{p})
+		if err != nil {
+			return pathErr("mkdir", rel, err)
+		}
+		if cur != root {
+			unix.Close(cur)
+		}
+		cur = next
+	}
+	return nil
+}
 
-// ReadDir lists a directory.
-func (d OSDir) ReadDir(rel string) ([]fs.DirEntry, error) { return os.ReadDir(d.path(rel)) }
+// listBatch is how many entries one getdents pass asks for.
+const listBatch = 4096
 
-// Touch sets a file's modification time, which the evictor reads as its last use.
-func (d OSDir) Touch(rel string, t time.Time) error { return os.Chtimes(d.path(rel), t, t) }
-
-// GetXattr reads an extended attribute.
-func (d OSDir) GetXattr(rel, name string) ([]byte, error) {
-	buf := make([]byte, 1024)
-	n, err := unix.Lgetxattr(d.path(rel), name, buf)
+// ReadDir lists a directory in batches, keeping at most limit entries.
+func (d *OSDir) ReadDir(rel string, limit int, keep func(string) bool) ([]fs.DirEntry, error) {
+	fd, err := d.open(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	var out []fs.DirEntry
+	for {
+		batch, err := f.ReadDir(listBatch)
+		for _, e := range batch {
+			if keep != nil && !keep(e.Name()) {
+				continue
+			}
+			if len(out) == limit {
+				return nil, pathErr("readdir", rel, errTooLarge)
+			}
+			out = append(out, e)
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			return out, nil
+		case err != nil:
+			return nil, err
+		}
+	}
+}
+
+// Touch sets a file's modification time, which the evictor reads as its last use.
+func (d *OSDir) Touch(rel string, t time.Time) error {
+	dir, name, done, err := d.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ts := unix.NsecToTimespec(t.UnixNano())
+	return pathErr("utimes", rel, unix.UtimesNanoAt(dir, name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW))
+}
+
+// GetXattr reads an extended attribute of a regular file.
+func (d *OSDir) GetXattr(rel, name string) ([]byte, error) {
+	f, _, err := d.openRegular(rel, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, maxXattr)
+	n, err := unix.Fgetxattr(int(f.Fd()), name, buf)
+	if errors.Is(err, unix.ERANGE) {
+		return nil, pathErr("getxattr", rel, errTooLarge)
+	}
+	if err != nil {
+		return nil, pathErr("getxattr", rel, err)
 	}
 	return buf[:n], nil
 }
 
-// SetXattr sets an extended attribute.
-func (d OSDir) SetXattr(rel, name string, value []byte) error {
-	return unix.Lsetxattr(d.path(rel), name, value, 0)
+// SetXattr sets an extended attribute of a regular file.
+func (d *OSDir) SetXattr(rel, name string, value []byte) error {
+	f, _, err := d.openRegular(rel, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pathErr("setxattr", rel, unix.Fsetxattr(int(f.Fd()), name, value, 0))
 }
 
 // Append appends data to rel (created if missing) in one O_APPEND write, so
 // that records written by several processes never interleave within one.
-func (d OSDir) Append(rel string, data []byte) error {
-	f, err := os.OpenFile(d.path(rel), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+func (d *OSDir) Append(rel string, data []byte) error {
+	f, _, err := d.openRegular(rel, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -253,21 +603,16 @@ func (d OSDir) Append(rel string, data []byte) error {
 	return f.Close()
 }
 
-// ReadFrom reads a regular file from off to its end (at most limit bytes),
-// with the stat of the file read.
-func (d OSDir) ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error) {
-	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// ReadFrom reads a regular file of at most fileLimit bytes from off to its
+// end (at most limit bytes), with the stat of the file read.
+func (d *OSDir) ReadFrom(rel string, off, limit, fileLimit int64) ([]byte, FileInfo, error) {
+	f, info, err := d.openRegular(rel, unix.O_RDONLY, 0)
 	if err != nil {
-		return nil, FileInfo{}, err
+		return nil, info, err
 	}
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, FileInfo{}, err
-	}
-	info := FileInfo{Size: st.Size, Dev: st.Dev, Ino: st.Ino, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}
-	if !info.IsFile {
-		return nil, info, syscall.EINVAL
+	if info.Size > fileLimit {
+		return nil, info, pathErr("read", rel, errTooLarge)
 	}
 	if off >= info.Size {
 		return nil, info, nil

@@ -22,6 +22,9 @@ const chainGap = time.Second
 // takes at most --shared-timeout).
 const staleTmpAge = 10 * time.Minute
 
+// maxWalkListing bounds the names of one directory the evictor's walk reads.
+const maxWalkListing = 1 << 20
+
 // errStopping ends a walk when the level closes.
 var errStopping = errors.New("shared level closing")
 
@@ -51,11 +54,15 @@ func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
 	now := l.cfg.Clock.Now()
 	var walk func(rel string, depth int) error
 	walk = func(rel string, depth int) error {
-		entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(rel) })
-		if err != nil {
-			if errors.Is(err, syscall.ENOENT) {
-				return nil
-			}
+		entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(rel, maxWalkListing, nil) })
+		switch {
+		case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR):
+			// Gone, or a link where a directory belongs: never walked through.
+			return nil
+		case errors.Is(err, errTooLarge):
+			l.cfg.Logger.Warn("shared store directory too large to walk: skipped", "path", rel, "limit", maxWalkListing)
+			return nil
+		case err != nil:
 			return err
 		}
 		for _, e := range entries {
@@ -91,7 +98,14 @@ func (l *Level) scan() (out []sharedBlock, staleTmps []string, err error) {
 			if bytes == 0 {
 				bytes = info.Size
 			}
-			out = append(out, sharedBlock{rel: child, name: name, bytes: bytes, lastUse: info.ModTime, scanInfo: info})
+			// A modification time in the future (clocks agree far better
+			// than Protect) was set by hand: the block counts as the oldest,
+			// never as one used a moment ago.
+			lastUse := info.ModTime
+			if lastUse.After(now.Add(l.cfg.Protect)) {
+				lastUse = time.Time{}
+			}
+			out = append(out, sharedBlock{rel: child, name: name, bytes: bytes, lastUse: lastUse, scanInfo: info})
 		}
 		return nil
 	}
@@ -195,7 +209,7 @@ func (l *Level) evict() {
 		changed, err := call(l.bound, func() (changed bool, err error) {
 			// The lease is read again before every removal: a node whose
 			// lease another took over removes nothing more.
-			if got, err := l.dir.ReadFile(leaseFile); err != nil || string(got) != string(mine) {
+			if got, err := l.dir.ReadFile(leaseFile, maxLeaseBytes); err != nil || string(got) != string(mine) {
 				return false, errLeaseLost
 			}
 			// A block rewritten or fetched since the scan is not the one chosen.

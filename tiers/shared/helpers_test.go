@@ -1,8 +1,12 @@
 package shared
 
 import (
+	"crypto/sha256"
+	"path/filepath"
+
 	"bytes"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"sync"
 	"sync/atomic"
@@ -139,13 +143,13 @@ func (h *hangingDir) wait() {
 }
 
 func (h *hangingDir) Stat(rel string) (FileInfo, error) { h.wait(); return h.Dir.Stat(rel) }
-func (h *hangingDir) ReadFile(rel string) ([]byte, error) {
+func (h *hangingDir) ReadFile(rel string, limit int64) ([]byte, error) {
 	h.wait()
-	return h.Dir.ReadFile(rel)
+	return h.Dir.ReadFile(rel, limit)
 }
-func (h *hangingDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+func (h *hangingDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, error) {
 	h.wait()
-	return h.Dir.ReadBlock(rel, chunk)
+	return h.Dir.ReadBlock(rel, size, chunk)
 }
 func (h *hangingDir) WriteFile(rel string, data []byte) error {
 	h.wait()
@@ -158,9 +162,9 @@ func (h *hangingDir) MkdirAll(rel string) error {
 	h.wait()
 	return h.Dir.MkdirAll(rel)
 }
-func (h *hangingDir) ReadDir(rel string) ([]fs.DirEntry, error) {
+func (h *hangingDir) ReadDir(rel string, limit int, keep func(string) bool) ([]fs.DirEntry, error) {
 	h.wait()
-	return h.Dir.ReadDir(rel)
+	return h.Dir.ReadDir(rel, limit, keep)
 }
 func (h *hangingDir) Touch(rel string, t time.Time) error { h.wait(); return h.Dir.Touch(rel, t) }
 func (h *hangingDir) GetXattr(rel, n string) ([]byte, error) {
@@ -170,6 +174,18 @@ func (h *hangingDir) GetXattr(rel, n string) ([]byte, error) {
 func (h *hangingDir) SetXattr(rel, n string, v []byte) error {
 	h.wait()
 	return h.Dir.SetXattr(rel, n, v)
+}
+
+// testKey is the shared key of the test levels.
+var testKey = []byte("the replicas' shared test key")
+
+// keyHolder is another replica holding key, as far as the files it signs
+// in the shared directory go (log names and lines, leases).
+func keyHolder(key []byte, holder string) *Level {
+	l := &Level{cfg: Config{Key: key, Holder: holder, LeaseTTL: DefaultLeaseTTL, Clock: newFakeClock()}}
+	l.journal.init()
+	l.journal.own = namesDir + "/" + l.logName(holder)
+	return l
 }
 
 // blockRel is the layout path of test block i.
@@ -196,7 +212,7 @@ func newTestLevel(t *testing.T, dir Dir, root string, mod func(*Config)) (*Level
 	local := newFakeLocal()
 	clock := newFakeClock()
 	cfg := Config{Dir: root, FS: dir, Local: local, Clock: clock, Timeout: 200 * time.Millisecond,
-		Rate: 1 << 30, Holder: "node-a"}
+		Rate: 1 << 30, Holder: "node-a", Key: testKey}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -253,4 +269,24 @@ func (d *downDir) MkdirAll(rel string) error {
 		return err
 	}
 	return d.Dir.MkdirAll(rel)
+}
+
+// sealedRecordOf is the sealed record l writes for data at rel.
+func (l *Level) sealedRecordOf(t *testing.T, rel string, data []byte) []byte {
+	t.Helper()
+	_, name := block.Parse(rel)
+	rec, err := block.DigestOf(data).MarshalRecord(name.Binding())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	return l.sealRecord(rel, rec, sum[:])
+}
+
+// setSealed sets a sealed record on the shared file at rel.
+func setSealed(t *testing.T, root, rel string, sealed []byte) {
+	t.Helper()
+	if err := unix.Setxattr(filepath.Join(root, rel), recordXattr, sealed, 0); err != nil {
+		t.Fatal(err)
+	}
 }

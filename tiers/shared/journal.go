@@ -2,6 +2,7 @@ package shared
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,12 +17,15 @@ import (
 )
 
 // The names journal (DESIGN.md "The shared level"): every node appends the
-// names it publishes in the shared store ("+ <size> <rel>", after the
-// block's rename) and removes ("- <rel>", after the removal) to its own log
-// under namesDir, and tails every node's log at most once per half of
-// NegativeTTL, so that lookups are answered from memory. The journal only
-// saves calls: a name it holds is still verified at its fetch, and a name it
-// lacks is at worst a miss.
+// names it publishes in the shared store ("+ <seq> <size> <rel> <tag>",
+// after the block's rename) and removes ("- <seq> <rel> <tag>", after the
+// removal) to its own log under namesDir, and tails every node's log at most
+// once per half of NegativeTTL, so that lookups are answered from memory.
+// A log's name carries a tag of its holder and each line a tag of the log's
+// name and the line (auth.go), and a log's sequence numbers only grow: lines
+// nobody with the key wrote, lines copied from another log and old lines
+// appended again are skipped. The journal only saves calls: a name it holds
+// is still verified at its fetch, and a name it lacks is at worst a miss.
 
 const (
 	namesDir  = controlDir + "/names"
@@ -34,8 +38,15 @@ const (
 	// maxLogBytes is the size past which a node rewrites its own log with
 	// the names it published that are still in its set.
 	maxLogBytes = 64 << 20
-	// maxLogRead caps the bytes read from one log in one refresh.
+	// maxLogRead caps the bytes read from one log in one refresh; a read
+	// that long without a line's end is skipped (no line is that long).
 	maxLogRead = 64 << 20
+	// maxLogSize bounds a log a reader tails: larger ones are not kept by
+	// their holder (which compacts past maxLogBytes) and are skipped.
+	maxLogSize = 1 << 30
+	// unrecordedBatch is how many records of the walk go in one append, so
+	// that compaction keeps the log near maxLogBytes.
+	unrecordedBatch = 1 << 16
 )
 
 // journal is the node's set of the names the shared store holds, as the logs tell.
@@ -59,6 +70,11 @@ type journal struct {
 	triedAt time.Time
 	// ownBytes is the size of this node's log as far as it appended.
 	ownBytes int64
+	// own is this node's log; appending serialises its appends, so that
+	// its sequence numbers reach the log in order; seq is the last one used.
+	own       string
+	appending sync.Mutex
+	seq       uint64
 }
 
 type journalName struct {
@@ -69,6 +85,16 @@ type journalName struct {
 type logTail struct {
 	off      int64
 	dev, ino uint64
+	// seq is the last sequence number taken from the log, kept when the log
+	// is replaced (compacted): an older line never counts again.
+	seq uint64
+}
+
+// journalRecord is one line of a log before it is numbered and tagged.
+type journalRecord struct {
+	present bool
+	size    int64
+	rel     string
 }
 
 func (j *journal) init() {
@@ -77,43 +103,83 @@ func (j *journal) init() {
 	j.tails = make(map[string]logTail)
 }
 
-// ownLog is this node's log.
-func (l *Level) ownLog() string {
-	return namesDir + "/" + strings.ReplaceAll(l.cfg.Holder, "/", "_") + logSuffix
+// logName is the base name of holder's log: the holder and a tag of it.
+func (l *Level) logName(holder string) string {
+	holder = strings.ReplaceAll(holder, "/", "_")
+	return holder + "-" + hex.EncodeToString(l.tag(domainLog, []byte(holder))[:logTagBytes]) + logSuffix
 }
+
+// logTagBytes are the bytes of a log name's tag.
+const logTagBytes = 16
+
+// authenticLog reports whether name is a log name some holder of the key made.
+func (l *Level) authenticLog(name string) bool {
+	base, ok := strings.CutSuffix(name, logSuffix)
+	i := strings.LastIndexByte(base, '-')
+	return ok && i > 0 && l.logName(base[:i]) == name
+}
+
+// ownLog is this node's log.
+func (l *Level) ownLog() string { return l.journal.own }
 
 // journalAdd records a block this node published; it runs on a bound worker
 // after the block's rename, so a name in a log was always published first.
 func (l *Level) journalAdd(rel string, size int64) {
-	l.journalAppend(fmt.Sprintf("+ %d %s\n", size, rel))
+	l.journalAppend([]journalRecord{{present: true, size: size, rel: rel}})
 	l.journal.apply(rel, true, size, true)
 }
 
 // journalRemove records a block this node removed; on a bound worker.
 func (l *Level) journalRemove(rel string) {
-	l.journalAppend("- " + rel + "\n")
+	l.journalAppend([]journalRecord{{rel: rel}})
 	l.journal.apply(rel, false, 0, true)
 }
 
-// journalAppend appends one record to this node's log, first rewriting the
-// log with the names it still holds once it passed maxLogBytes. A failed
-// append is a name other nodes miss: a miss, never a wrong block.
-func (l *Level) journalAppend(record string) {
+// signLines numbers and tags records as lines of this node's log. The
+// numbers follow the clock (so a holder restarted under the same name goes
+// on above its old lines) and always grow. j.appending is held.
+func (l *Level) signLines(records []journalRecord) []byte {
 	j := &l.journal
-	own := l.ownLog()
+	var buf bytes.Buffer
+	name := path.Base(j.own)
+	for _, r := range records {
+		j.seq = max(j.seq+1, uint64(max(0, l.cfg.Clock.Now().UnixNano())))
+		body := fmt.Sprintf("- %d %s", j.seq, r.rel)
+		if r.present {
+			body = fmt.Sprintf("+ %d %d %s", j.seq, r.size, r.rel)
+		}
+		fmt.Fprintf(&buf, "%s %x\n", body, l.tag(domainLine, []byte(name), []byte(body)))
+	}
+	return buf.Bytes()
+}
+
+// journalAppend appends records to this node's log in one write, first
+// rewriting the log with the names it still holds once it passed
+// maxLogBytes. A failed append is a name other nodes miss: a miss, never a
+// wrong block.
+func (l *Level) journalAppend(records []journalRecord) {
+	j := &l.journal
+	j.appending.Lock()
+	defer j.appending.Unlock()
 	j.mu.Lock()
 	compact := j.ownBytes > maxLogBytes
 	j.mu.Unlock()
 	if compact {
-		l.compactOwnLog(own)
+		l.compactOwnLog(j.own)
 	}
-	if err := l.dir.Append(own, []byte(record)); err != nil {
-		if l.dir.MkdirAll(namesDir) != nil || l.dir.Append(own, []byte(record)) != nil {
+	lines := l.signLines(records)
+	if err := l.dir.Append(j.own, lines); err != nil {
+		// Its directory or the log itself replaced by something else (a
+		// link, a FIFO): the name removed, never what it points to.
+		if info, err := l.dir.Stat(j.own); err == nil && !info.IsFile && !info.IsDir {
+			l.dir.Remove(j.own)
+		}
+		if l.ensureControlDir() != nil || l.dir.Append(j.own, lines) != nil {
 			return
 		}
 	}
 	j.mu.Lock()
-	j.ownBytes += int64(len(record))
+	j.ownBytes += int64(len(lines))
 	j.mu.Unlock()
 }
 
@@ -122,42 +188,53 @@ func (l *Level) journalAppend(record string) {
 // whose append failed), so that the journal comes to know every block.
 func (l *Level) journalUnrecorded(blocks []sharedBlock) {
 	j := &l.journal
-	var buf strings.Builder
 	j.mu.Lock()
-	var missing []sharedBlock
+	var unknown []sharedBlock
 	for _, b := range blocks {
 		if _, ok := j.names[b.rel]; !ok {
-			fmt.Fprintf(&buf, "+ %d %s\n", b.scanInfo.Size, b.rel)
-			missing = append(missing, b)
+			unknown = append(unknown, b)
 		}
 	}
 	j.mu.Unlock()
-	if len(missing) == 0 {
-		return
+	// Only a block whose record the key authenticates, of its size, is
+	// recorded: a file someone put there without the key stays unknown.
+	var records []journalRecord
+	for _, b := range unknown {
+		if l.stopping() {
+			return
+		}
+		if l.authentic(b.rel, b.name, b.scanInfo.Size) {
+			records = append(records, journalRecord{present: true, size: b.scanInfo.Size, rel: b.rel})
+		}
 	}
-	if l.bound.do(func() error { l.journalAppend(buf.String()); return nil }) != nil {
-		return
-	}
-	for _, b := range missing {
-		j.apply(b.rel, true, b.scanInfo.Size, true)
+	for len(records) > 0 {
+		batch := records[:min(len(records), unrecordedBatch)]
+		records = records[len(batch):]
+		if l.bound.do(func() error { l.journalAppend(batch); return nil }) != nil {
+			return
+		}
+		for _, r := range batch {
+			j.apply(r.rel, true, r.size, true)
+		}
 	}
 }
 
 // compactOwnLog replaces this node's log (tmp + rename) with one record per
 // name it published that its set still holds; readers see a new file and
-// read it from its start.
+// read it from its start. j.appending is held.
 func (l *Level) compactOwnLog(own string) {
 	j := &l.journal
-	var buf bytes.Buffer
+	var records []journalRecord
 	j.mu.Lock()
 	for rel, n := range j.names {
 		if n.mine {
-			fmt.Fprintf(&buf, "+ %d %s\n", n.size, rel)
+			records = append(records, journalRecord{present: true, size: n.size, rel: rel})
 		}
 	}
 	j.mu.Unlock()
-	tmp := fmt.Sprintf("%s_%d.tmp", own, tmpSerial.Add(1))
-	if err := l.dir.WriteFile(tmp, buf.Bytes()); err != nil {
+	lines := l.signLines(records)
+	tmp := fmt.Sprintf("%s_%s.tmp", own, l.unique())
+	if err := l.dir.WriteFile(tmp, lines); err != nil {
 		l.dir.Remove(tmp)
 		return
 	}
@@ -166,7 +243,7 @@ func (l *Level) compactOwnLog(own string) {
 		return
 	}
 	j.mu.Lock()
-	j.ownBytes = int64(buf.Len())
+	j.ownBytes = int64(len(lines))
 	j.mu.Unlock()
 }
 
@@ -201,27 +278,45 @@ func (j *journal) countDirs(rel string, n int) {
 // forget drops a name found missing or refused at its fetch.
 func (l *Level) journalForget(rel string) { l.journal.apply(rel, false, 0, false) }
 
-// parseRecord reads one log line; ok is false for anything but a well-formed
-// record of a block path of the layout.
-func parseRecord(line string) (rel string, present bool, size int64, ok bool) {
-	op, rest, _ := strings.Cut(line, " ")
+// parseLine reads one line of the log named log; ok is false for anything
+// but a well-formed record of a block path of the layout whose tag verifies.
+func (l *Level) parseLine(log, line string) (rel string, present bool, size int64, seq uint64, ok bool) {
+	body, tag, found := cutLast(line, " ")
+	if !found || tag != hex.EncodeToString(l.tag(domainLine, []byte(log), []byte(body))) {
+		return "", false, 0, 0, false
+	}
+	op, rest, _ := strings.Cut(body, " ")
+	seqText, rest, _ := strings.Cut(rest, " ")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if err != nil {
+		return "", false, 0, 0, false
+	}
 	switch op {
 	case "+":
 		sz, r, found := strings.Cut(rest, " ")
 		n, err := strconv.ParseInt(sz, 10, 64)
-		if !found || err != nil || n < 0 {
-			return "", false, 0, false
+		if !found || err != nil || n <= 0 || n > maxBlockBytes {
+			return "", false, 0, 0, false
 		}
 		rel, present, size = r, true, n
 	case "-":
 		rel = rest
 	default:
-		return "", false, 0, false
+		return "", false, 0, 0, false
 	}
 	if kind, _ := block.Parse(rel); kind != block.File || !inLayout(rel) {
-		return "", false, 0, false
+		return "", false, 0, 0, false
 	}
-	return rel, present, size, true
+	return rel, present, size, seq, true
+}
+
+// cutLast is strings.Cut at the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
 }
 
 // inLayout reports a clean relative path whose components are plain names
@@ -255,24 +350,25 @@ func (l *Level) readJournal(now time.Time) {
 	if fresh {
 		return
 	}
-	entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(namesDir) })
+	// Only logs whose names verify are kept (and counted against maxLogs):
+	// files anyone else put there are never opened.
+	entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(namesDir, maxLogs, l.authenticLog) })
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		entries = nil
+	case errors.Is(err, errTooLarge):
+		j.mu.Lock()
+		j.overflowed = true
+		j.mu.Unlock()
+		return
 	case err != nil:
 		return
 	}
 	var logs []string
 	for _, e := range entries {
-		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), logSuffix) {
+		if e.Type().IsRegular() {
 			logs = append(logs, namesDir+"/"+e.Name())
 		}
-	}
-	if len(logs) > maxLogs {
-		j.mu.Lock()
-		j.overflowed = true
-		j.mu.Unlock()
-		return
 	}
 	for _, log := range logs {
 		if !l.tailLog(log) {
@@ -295,26 +391,33 @@ func (l *Level) tailLog(log string) bool {
 		info FileInfo
 	}
 	got, err := call(l.bound, func() (r read, err error) {
-		r.data, r.info, err = l.dir.ReadFrom(log, tail.off, maxLogRead)
+		r.data, r.info, err = l.dir.ReadFrom(log, tail.off, maxLogRead, maxLogSize)
 		if err == nil && (r.info.Dev != tail.dev || r.info.Ino != tail.ino || r.info.Size < tail.off) && tail.off > 0 {
 			// A new file under the name: read it from its start.
-			r.data, r.info, err = l.dir.ReadFrom(log, 0, maxLogRead)
+			r.data, r.info, err = l.dir.ReadFrom(log, 0, maxLogRead, maxLogSize)
 		}
 		return r, err
 	})
 	switch {
-	case errors.Is(err, syscall.ENOENT):
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, errTooLarge) || errors.Is(err, errNotRegular):
+		// Gone, or not a log its holder keeps: nothing to take from it.
 		return true
 	case err != nil:
 		return false
 	}
 	if got.info.Dev != tail.dev || got.info.Ino != tail.ino {
-		tail = logTail{dev: got.info.Dev, ino: got.info.Ino}
+		tail = logTail{dev: got.info.Dev, ino: got.info.Ino, seq: tail.seq}
 	}
 	// A line not ended yet is read again next time.
 	end := bytes.LastIndexByte(got.data, '\n') + 1
+	if end == 0 && len(got.data) == maxLogRead {
+		end = maxLogRead
+	}
+	name := path.Base(log)
 	for _, line := range strings.Split(string(got.data[:end]), "\n") {
-		if rel, present, size, ok := parseRecord(line); ok {
+		rel, present, size, seq, ok := l.parseLine(name, line)
+		if ok && seq > tail.seq {
+			tail.seq = seq
 			j.apply(rel, present, size, false)
 		}
 	}

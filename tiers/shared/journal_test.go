@@ -43,9 +43,9 @@ func spreadRel(i int) string {
 // and no stat; the present one answers its size.
 func TestJournalAnswersWithoutCalls(t *testing.T) {
 	root := t.TempDir()
-	a, aLocal, _ := newTestLevel(t, OSDir{root}, root, nil)
+	a, aLocal, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	writtenBehind(t, a, aLocal, 0)
-	dir := &countingDir{Dir: OSDir{root}, listings: map[string]int{}}
+	dir := &countingDir{Dir: NewOSDir(root), listings: map[string]int{}}
 	b, _, _ := newTestLevel(t, dir, root, func(c *Config) { c.Holder = "node-b" })
 	listingsAtStart, statsAtStart := layoutCalls(dir)
 	const n = 2000
@@ -78,9 +78,9 @@ func TestJournalAnswersWithoutCalls(t *testing.T) {
 // block (corrupt, dropped at its fetch) makes it absent on B.
 func TestJournalVisibility(t *testing.T) {
 	root := t.TempDir()
-	a, aLocal, _ := newTestLevel(t, OSDir{root}, root, nil)
+	a, aLocal, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	writtenBehind(t, a, aLocal, 0)
-	b, _, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) {
+	b, _, clock := newTestLevel(t, NewOSDir(root), root, func(c *Config) {
 		c.Holder = "node-b"
 		c.NegativeTTL = 2 * time.Second
 	})
@@ -109,7 +109,7 @@ func TestJournalVisibility(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, blockRel(2)+".new"), blockData(99, testBlock), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := (OSDir{root}).SetXattr(blockRel(2)+".new", checksumXattr, mustXattr(t, root, blockRel(2))); err != nil {
+	if err := NewOSDir(root).SetXattr(blockRel(2)+".new", recordXattr, mustXattr(t, root, blockRel(2))); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(filepath.Join(root, blockRel(2)+".new"), filepath.Join(root, blockRel(2))); err != nil {
@@ -129,7 +129,7 @@ func TestJournalVisibility(t *testing.T) {
 
 func mustXattr(t *testing.T, root, rel string) []byte {
 	t.Helper()
-	rec, err := (OSDir{root}).GetXattr(rel, checksumXattr)
+	rec, err := NewOSDir(root).GetXattr(rel, recordXattr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +139,8 @@ func mustXattr(t *testing.T, root, rel string) []byte {
 // TestJournalRemovalRecords: "-" records remove names, in log order.
 func TestJournalRemovalRecords(t *testing.T) {
 	root := t.TempDir()
-	writeLog(t, root, "other", fmt.Sprintf("+ 10 %s\n+ 11 %s\n- %s\n", blockRel(1), blockRel(2), blockRel(1)))
-	l, _, _ := newTestLevel(t, OSDir{root}, root, nil)
+	writeLog(t, root, keyHolder(testKey, "other"), journalRecord{true, 10, blockRel(1)}, journalRecord{true, 11, blockRel(2)}, journalRecord{false, 0, blockRel(1)})
+	l, _, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	if l.Lookup(blockRel(1)) {
 		t.Fatal("removed name answered present")
 	}
@@ -152,37 +152,51 @@ func TestJournalRemovalRecords(t *testing.T) {
 	}
 }
 
-func writeLog(t *testing.T, root, holder, content string) {
+func writeLog(t *testing.T, root string, holder *Level, records ...journalRecord) {
+	t.Helper()
+	appendLog(t, root, holder, holder.signLines(records))
+}
+
+// appendLog appends raw bytes to holder's log.
+func appendLog(t *testing.T, root string, holder *Level, content []byte) {
 	t.Helper()
 	dir := filepath.Join(root, namesDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, holder+logSuffix), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(filepath.Join(root, holder.ownLog()), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteString(content); err != nil {
+	if _, err := f.Write(content); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestJournalHostileLines: garbage, paths out of the layout and a line not
-// ended yet are skipped; the line is read once it is ended.
+// TestJournalHostileLines: lines tagged with the key but malformed (garbage,
+// paths out of the layout, sizes no block has) and a line not ended yet are
+// skipped; the line is read once it is ended.
 func TestJournalHostileLines(t *testing.T) {
 	root := t.TempDir()
 	good := blockRel(1)
 	h := good[strings.LastIndex(good, "/")+1:]
 	hostile := []string{
-		"garbage", "+", "+ 10", "+ x " + good, "+ -1 " + good, "* 10 " + good, "",
-		"+ 10 ../" + good, "+ 10 /" + good, "+ 10 model/../" + good, "+ 10 ./" + good,
-		"+ 10 model//abc/de_g0/" + h, "+ 10 " + namesDir + "/de_g0/" + h, "+ 10 model/abc/de_g0/notahash.bin",
-		"+ 10 model/abc/de_g0/" + h + "\x00", "- ../" + good, "+ 10 " + good + " trailing",
-		"\xff\xfe", "+ 99999999999999999999999 " + good,
+		"garbage", "+", "+ 1 10", "+ 1 x " + good, "+ 1 -1 " + good, "+ 1 0 " + good, "* 1 10 " + good, "", "+ 10 " + good,
+		"+ 1 10 ../" + good, "+ 1 10 /" + good, "+ 1 10 model/../" + good, "+ 1 10 ./" + good,
+		"+ 1 10 model//abc/de_g0/" + h, "+ 1 10 " + namesDir + "/de_g0/" + h, "+ 1 10 model/abc/de_g0/notahash.bin",
+		"+ 1 10 model/abc/de_g0/" + h + "\x00", "- 1 ../" + good, "\xff\xfe", "+ 1 99999999999999999999999 " + good,
+		fmt.Sprintf("+ 1 %d %s", int64(maxBlockBytes)+1, good),
 	}
-	writeLog(t, root, "evil", strings.Join(hostile, "\n")+"\n+ 10 "+good)
-	l, _, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.NegativeTTL = 2 * time.Second })
+	evil := keyHolder(testKey, "evil")
+	logName := filepath.Base(evil.ownLog())
+	var content []byte
+	for _, body := range hostile {
+		content = fmt.Appendf(content, "%s %x\n", body, evil.tag(domainLine, []byte(logName), []byte(body)))
+	}
+	unended := evil.signLines([]journalRecord{{true, 10, good}})
+	appendLog(t, root, evil, append(content, unended[:len(unended)-1]...))
+	l, _, clock := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.NegativeTTL = 2 * time.Second })
 	if l.Lookup(good) {
 		t.Fatal("a line not ended yet was read")
 	}
@@ -190,7 +204,7 @@ func TestJournalHostileLines(t *testing.T) {
 		l.journal.mu.Lock()
 		t.Fatalf("%d names kept from hostile lines: %v", n, l.journal.names)
 	}
-	writeLog(t, root, "evil", "\n")
+	appendLog(t, root, evil, []byte("\n"))
 	clock.Advance(time.Second)
 	if !l.Lookup(good) {
 		t.Fatal("the line ended later not read")
@@ -204,9 +218,9 @@ func TestJournalHostileLines(t *testing.T) {
 // and lookups go to the listings, counted.
 func TestJournalCapFallsBack(t *testing.T) {
 	root := t.TempDir()
-	a, aLocal, _ := newTestLevel(t, OSDir{root}, root, nil)
+	a, aLocal, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	writtenBehind(t, a, aLocal, 0)
-	dir := &countingDir{Dir: OSDir{root}, listings: map[string]int{}}
+	dir := &countingDir{Dir: NewOSDir(root), listings: map[string]int{}}
 	b, _, _ := newTestLevel(t, dir, root, func(c *Config) { c.Holder = "node-b" })
 	b.journal.mu.Lock()
 	for i := range maxJournalNames {
@@ -227,28 +241,51 @@ func TestJournalCapFallsBack(t *testing.T) {
 	}
 }
 
-// TestJournalRecordsUnrecordedBlocks: a block put straight into the shared
-// directory (no record in any log) is absent to the journal until the lease
-// holder's walk records it in its own log.
+// TestJournalRecordsUnrecordedBlocks: a block with a record the key
+// authenticates but in no log (its writer's append failed) is absent to the
+// journal until the lease holder's walk records it in its own log; a block
+// put there without the key (no record, or one sealed with another key) is
+// never recorded.
 func TestJournalRecordsUnrecordedBlocks(t *testing.T) {
 	root := t.TempDir()
-	writeLog(t, root, "other", fmt.Sprintf("+ 10 %s\n", spreadRel(1)))
-	p := filepath.Join(root, blockRel(0))
-	os.MkdirAll(filepath.Dir(p), 0o700)
-	if err := os.WriteFile(p, blockData(0, testBlock), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	b, _, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Holder = "node-b" })
+	writeLog(t, root, keyHolder(testKey, "other"), journalRecord{true, 10, spreadRel(1)})
+	putBlock(t, root, testKey, blockRel(0), blockData(0, testBlock))
+	putBlock(t, root, []byte("a key the replicas do not hold"), blockRel(1), blockData(1, testBlock))
+	putBlock(t, root, nil, blockRel(2), blockData(2, testBlock))
+	b, _, clock := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Holder = "node-b" })
 	if b.Lookup(blockRel(0)) {
 		t.Fatal("a block no log records answered present")
 	}
-	newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Capacity = 1 << 40 })
+	holder, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Capacity = 1 << 40 })
 	eventually(t, "the walk's record in the holder's log", func() bool {
-		log, _ := os.ReadFile(filepath.Join(root, namesDir, "node-a"+logSuffix))
-		return strings.Contains(string(log), fmt.Sprintf("+ %d %s\n", testBlock, blockRel(0)))
+		log, _ := os.ReadFile(filepath.Join(root, holder.ownLog()))
+		return strings.Contains(string(log), fmt.Sprintf(" %d %s ", testBlock, blockRel(0)))
 	})
+	log, _ := os.ReadFile(filepath.Join(root, holder.ownLog()))
+	if strings.Contains(string(log), blockRel(1)) || strings.Contains(string(log), blockRel(2)) {
+		t.Fatalf("the walk recorded a block without an authentic record:\n%s", log)
+	}
 	clock.Advance(time.Hour)
 	if !b.Lookup(blockRel(0)) {
 		t.Fatal("a block the walk recorded answered absent")
+	}
+	if b.Lookup(blockRel(1)) || b.Lookup(blockRel(2)) {
+		t.Fatal("a block without an authentic record answered present")
+	}
+}
+
+// putBlock puts a block straight into the shared directory with a record
+// sealed with key (none if nil), and no log line.
+func putBlock(t *testing.T, root string, key []byte, rel string, data []byte) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if key != nil {
+		setSealed(t, root, rel, keyHolder(key, "writer").sealedRecordOf(t, rel, data))
 	}
 }

@@ -1,6 +1,7 @@
 package shared
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,10 +11,18 @@ import (
 	"time"
 )
 
-// leaseFile is the eviction lease: "<holder> <expiry, Unix ns>". It is taken
-// by linking a complete tmp file to its name (fails if it exists), renewed by
-// its holder at a third of its lifetime, and taken over only once expired.
+// leaseFile is the eviction lease: "<holder> <expiry, Unix ns> <tag>", the
+// tag authenticating the rest (auth.go). It is taken by linking a complete
+// tmp file to its name (fails if it exists), renewed by its holder at a
+// third of its lifetime, and taken over only once expired. A lease that is
+// not a regular file of at most maxLeaseBytes, does not verify, or expires
+// more than maxLeaseAhead lease lifetimes from now counts as expired.
 const leaseFile = controlDir + "/evict.lease"
+
+const (
+	maxLeaseBytes = 512
+	maxLeaseAhead = 2
+)
 
 // lease is this node's view of the eviction lease.
 type lease struct {
@@ -30,17 +39,25 @@ type lease struct {
 	seen string
 }
 
-// parseLease reads a lease file's content.
-func parseLease(b []byte) (holder string, expiry time.Time, err error) {
+// parseLease reads a lease file's content, checking its tag and that it
+// expires within maxLeaseAhead lifetimes of now.
+func (l *Level) parseLease(b []byte, now time.Time) (holder string, expiry time.Time, err error) {
 	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return "", time.Time{}, fmt.Errorf("lease %q: want holder and expiry", b)
+	if len(fields) != 3 {
+		return "", time.Time{}, fmt.Errorf("lease %q: want holder, expiry and tag", b)
 	}
 	ns, err := strconv.ParseInt(fields[1], 10, 64)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("lease %q: %w", b, err)
 	}
-	return fields[0], time.Unix(0, ns), nil
+	if fields[2] != hex.EncodeToString(l.tag(domainLease, []byte(fields[0]), []byte(fields[1]))) {
+		return "", time.Time{}, fmt.Errorf("lease of %q: %w", fields[0], errForged)
+	}
+	expiry = time.Unix(0, ns)
+	if expiry.Sub(now) > maxLeaseAhead*l.cfg.LeaseTTL {
+		return "", time.Time{}, fmt.Errorf("lease of %q expires at %s, more than %d lease lifetimes ahead", fields[0], expiry, maxLeaseAhead)
+	}
+	return fields[0], expiry, nil
 }
 
 // holding reports whether this node may evict now: it holds the lease and
@@ -68,11 +85,11 @@ func (l *Level) setLease(held bool, expiry time.Time, seen string) {
 
 // readLease reads the lease file under the bound.
 func (l *Level) readLease() (holder string, expiry time.Time, content []byte, err error) {
-	content, err = call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(leaseFile) })
+	content, err = call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(leaseFile, maxLeaseBytes) })
 	if err != nil {
 		return "", time.Time{}, nil, err
 	}
-	holder, expiry, err = parseLease(content)
+	holder, expiry, err = l.parseLease(content, l.cfg.Clock.Now())
 	return holder, expiry, content, err
 }
 
@@ -87,14 +104,23 @@ func (l *Level) tryLease() bool {
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		return l.createLease(now)
-	case err != nil && content == nil:
-		// Unreachable or failing: stop evicting; the expiry ends our claim.
+	case errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR):
+		// A link or a file where the lease or its directory belongs: the
+		// directory made real, the name is then taken over as expired.
+		if err := l.bound.do(l.ensureControlDir); err != nil {
+			l.setLease(false, time.Time{}, "")
+			return false
+		}
+		holder, expiry = "", time.Time{}
+	case errors.Is(err, errNotRegular) || errors.Is(err, errTooLarge) || content != nil && err != nil:
+		// Not a lease file (a FIFO, a sparse terabyte) or not a lease of
+		// ours (a hand edit, a forgery, a far-future expiry): expired.
+		holder, expiry = "", time.Time{}
+	case err != nil:
+		// Unreachable, failing, or replaced while read (ESTALE on a
+		// distributed filesystem): stop evicting; the expiry ends our claim.
 		l.setLease(false, time.Time{}, "")
 		return false
-	case err != nil:
-		// An unreadable lease (torn by a crash mid-write is impossible
-		// with link, but a hand edit is not): treat it as expired.
-		expiry = time.Time{}
 	}
 	switch {
 	case holder == l.cfg.Holder && now.Before(expiry):
@@ -106,12 +132,15 @@ func (l *Level) tryLease() bool {
 	// Expired: move it aside under a name of our own (only one node's rename
 	// moves it), check that what moved is the expired lease, then race to
 	// create a fresh one.
-	aside := fmt.Sprintf("%s.expired-%s", leaseFile, l.cfg.Holder)
+	aside := fmt.Sprintf("%s.expired-%s", leaseFile, l.unique())
 	if err := l.bound.do(func() error { return l.dir.Rename(leaseFile, aside) }); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return l.createLease(now)
+		}
 		l.setLease(false, time.Time{}, holder)
 		return false
 	}
-	moved, _ := call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(aside) })
+	moved, _ := call(l.bound, func() ([]byte, error) { return l.dir.ReadFile(aside, maxLeaseBytes) })
 	if string(moved) != string(content) {
 		// A live lease was created in between and moved by us: put it back.
 		l.bound.do(func() error { return l.dir.Link(aside, leaseFile) })
@@ -125,7 +154,8 @@ func (l *Level) tryLease() bool {
 
 // leaseContent is the lease file's content for this node until expiry.
 func (l *Level) leaseContent(expiry time.Time) []byte {
-	return fmt.Appendf(nil, "%s %d\n", l.cfg.Holder, expiry.UnixNano())
+	ns := strconv.FormatInt(expiry.UnixNano(), 10)
+	return fmt.Appendf(nil, "%s %s %x\n", l.cfg.Holder, ns, l.tag(domainLease, []byte(l.cfg.Holder), []byte(ns)))
 }
 
 // createLease links a complete lease file into place (EEXIST if another node
@@ -133,9 +163,9 @@ func (l *Level) leaseContent(expiry time.Time) []byte {
 func (l *Level) createLease(now time.Time) bool {
 	expiry := now.Add(l.cfg.LeaseTTL)
 	content := l.leaseContent(expiry)
-	tmp := fmt.Sprintf("%s.%s-%d.tmp", leaseFile, l.cfg.Holder, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s.%s.tmp", leaseFile, l.unique())
 	err := l.bound.do(func() error {
-		if err := l.dir.MkdirAll(controlDir); err != nil {
+		if err := l.ensureControlDir(); err != nil {
 			return err
 		}
 		if err := l.dir.WriteFile(tmp, content); err != nil {
@@ -155,14 +185,14 @@ func (l *Level) createLease(now time.Time) bool {
 func (l *Level) renewLease(now time.Time, current []byte) bool {
 	expiry := now.Add(l.cfg.LeaseTTL)
 	content := l.leaseContent(expiry)
-	tmp := fmt.Sprintf("%s.%s-%d.tmp", leaseFile, l.cfg.Holder, tmpSerial.Add(1))
+	tmp := fmt.Sprintf("%s.%s.tmp", leaseFile, l.unique())
 	err := l.bound.do(func() error {
 		if err := l.dir.WriteFile(tmp, content); err != nil {
 			return err
 		}
 		// Checked again just before the rename: a takeover since the read
 		// above must not be overwritten.
-		if got, err := l.dir.ReadFile(leaseFile); err != nil || string(got) != string(current) {
+		if got, err := l.dir.ReadFile(leaseFile, maxLeaseBytes); err != nil || string(got) != string(current) {
 			l.dir.Remove(tmp)
 			return errLeaseLost
 		}
@@ -208,7 +238,7 @@ func (l *Level) releaseLease() {
 	l.lease.held = false
 	l.lease.mu.Unlock()
 	l.bound.do(func() error {
-		if got, err := l.dir.ReadFile(leaseFile); err != nil || string(got) != string(mine) {
+		if got, err := l.dir.ReadFile(leaseFile, maxLeaseBytes); err != nil || string(got) != string(mine) {
 			return err
 		}
 		return l.dir.Remove(leaseFile)

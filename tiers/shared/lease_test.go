@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -14,12 +16,12 @@ import (
 func TestLeaseExclusive(t *testing.T) {
 	root := t.TempDir()
 	clock := newFakeClock()
-	hangA := newHangingDir(OSDir{root})
+	hangA := newHangingDir(NewOSDir(root))
 	a, _, _ := newTestLevel(t, hangA, root, func(c *Config) {
 		c.Clock, c.Capacity, c.LeaseTTL, c.Timeout = clock, 1<<40, 9*time.Second, 50*time.Millisecond
 	})
 	eventually(t, "A holds the lease", a.holding)
-	b, _, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) {
+	b, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) {
 		c.Clock, c.Capacity, c.LeaseTTL, c.Holder = clock, 1<<40, 9*time.Second, "node-b"
 	})
 	if b.tryLease() {
@@ -51,7 +53,7 @@ func TestLeaseExclusive(t *testing.T) {
 		t.Fatal("renewal")
 	}
 	content, _ := os.ReadFile(filepath.Join(root, leaseFile))
-	if holder, _, err := parseLease(content); err != nil || holder != "node-b" {
+	if holder, _, err := b.parseLease(content, clock.Now()); err != nil || holder != "node-b" {
 		t.Fatalf("lease file %q", content)
 	}
 }
@@ -70,7 +72,7 @@ func TestEvictionOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.Chtimes(p, at, at)
-		info, _ := OSDir{root}.Stat(blockRel(i))
+		info, _ := NewOSDir(root).Stat(blockRel(i))
 		return info.Allocated
 	}
 	// A chain of three written in one burst, a later single block, and a
@@ -80,7 +82,7 @@ func TestEvictionOrder(t *testing.T) {
 	write(2, old.Add(200*time.Millisecond))
 	write(3, old.Add(10*time.Minute))
 	write(4, now.Add(-time.Second))
-	l, _, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) {
+	l, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) {
 		c.Clock, c.Capacity, c.Protect = clock, 3*size, time.Minute
 	})
 	eventually(t, "evicted to capacity", func() bool { return l.Stats().EvictedBlocks == 2 })
@@ -100,12 +102,13 @@ func TestEvictionOrder(t *testing.T) {
 func TestLoserStopsEvicting(t *testing.T) {
 	root := t.TempDir()
 	clock := newFakeClock()
-	l, _, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) {
+	l, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) {
 		c.Clock, c.Capacity, c.Protect = clock, 1, time.Nanosecond
 	})
 	eventually(t, "lease held", l.holding)
 	// Another node's lease replaces ours behind our back.
-	os.WriteFile(filepath.Join(root, leaseFile), []byte("node-x 9000000000000000000\n"), 0o600)
+	other := keyHolder(testKey, "node-x").leaseContent(clock.Now().Add(DefaultLeaseTTL))
+	os.WriteFile(filepath.Join(root, leaseFile), other, 0o600)
 	p := filepath.Join(root, blockRel(1))
 	os.MkdirAll(filepath.Dir(p), 0o700)
 	os.WriteFile(p, blockData(1, testBlock), 0o600)
@@ -120,7 +123,6 @@ func TestLoserStopsEvicting(t *testing.T) {
 	if l.holding() {
 		t.Fatal("still holding after seeing another holder")
 	}
-	clock.Advance(time.Hour)
 	l.tryLease()
 	l.evict()
 	if _, err := os.Stat(p); err != nil {
@@ -128,5 +130,34 @@ func TestLoserStopsEvicting(t *testing.T) {
 	}
 	if holder, held := l.leaseState(); held || holder != "node-x" {
 		t.Fatalf("holder %q held %v", holder, held)
+	}
+}
+
+// staleDir answers the reads of the lease, and of the lease moved aside,
+// with ESTALE, as a distributed filesystem's client may while another node
+// replaces the lease.
+type staleDir struct{ Dir }
+
+func (d staleDir) ReadFile(rel string, limit int64) ([]byte, error) {
+	if strings.HasPrefix(rel, leaseFile) {
+		return nil, syscall.ESTALE
+	}
+	return d.Dir.ReadFile(rel, limit)
+}
+
+// TestLeaseReadFailureTakesNothing: a lease read that fails for another
+// reason than the file (ESTALE while its holder renews it) never takes a
+// live lease over.
+func TestLeaseReadFailureTakesNothing(t *testing.T) {
+	root := t.TempDir()
+	clock := newFakeClock()
+	a, _, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Clock, c.Capacity = clock, 1<<40 })
+	eventually(t, "A holds the lease", a.holding)
+	b, _, _ := newTestLevel(t, staleDir{NewOSDir(root)}, root, func(c *Config) { c.Clock, c.Capacity, c.Holder = clock, 1<<40, "node-b" })
+	if b.tryLease() || b.holding() {
+		t.Fatal("B took the lease over on a failed read")
+	}
+	if !a.tryLease() {
+		t.Fatal("A lost its lease to B's failed read")
 	}
 }

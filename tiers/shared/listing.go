@@ -69,14 +69,15 @@ func (l *Level) listed(dir string, now time.Time) (ls listing, called bool, err 
 // list reads dir under the bound; its time is taken before the call, so a
 // name created after it is seen within NegativeTTL of its creation.
 func (l *Level) list(dir string, now time.Time) (listing, error) {
-	entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(dir) })
+	entries, err := call(l.bound, func() ([]fs.DirEntry, error) { return l.dir.ReadDir(dir, maxListing, nil) })
 	switch {
-	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP):
+		// A link where a directory of the layout belongs is never followed.
 		return listing{at: now, absent: true}, nil
+	case errors.Is(err, errTooLarge):
+		return listing{}, errListingTooLarge
 	case err != nil:
 		return listing{}, err
-	case len(entries) > maxListing:
-		return listing{}, errListingTooLarge
 	}
 	ls := listing{at: now, names: make(map[string]fs.FileMode, len(entries))}
 	for _, e := range entries {

@@ -3,7 +3,6 @@ package shared
 import (
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,11 +17,11 @@ type countingDir struct {
 	stats    int
 }
 
-func (c *countingDir) ReadDir(rel string) ([]fs.DirEntry, error) {
+func (c *countingDir) ReadDir(rel string, limit int, keep func(string) bool) ([]fs.DirEntry, error) {
 	c.mu.Lock()
 	c.listings[rel]++
 	c.mu.Unlock()
-	return c.Dir.ReadDir(rel)
+	return c.Dir.ReadDir(rel, limit, keep)
 }
 
 func (c *countingDir) Stat(rel string) (FileInfo, error) {
@@ -48,15 +47,10 @@ func (c *countingDir) counts() (map[string]int, int) {
 // node writes is seen once the listing is NegativeTTL old.
 func TestLookupsListOnce(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel string, i int) {
-		os.MkdirAll(filepath.Dir(filepath.Join(root, rel)), 0o700)
-		if err := os.WriteFile(filepath.Join(root, rel), blockData(i, testBlock), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel string, i int) { putBlock(t, root, testKey, rel, blockData(i, testBlock)) }
 	held := blockRel(0)
 	write(held, 0)
-	dir := &countingDir{Dir: OSDir{root}, listings: map[string]int{}}
+	dir := &countingDir{Dir: NewOSDir(root), listings: map[string]int{}}
 	l, _, clock := newTestLevel(t, dir, root, func(c *Config) { c.NegativeTTL = 2 * time.Second })
 	_, statsAtStart := dir.counts()
 

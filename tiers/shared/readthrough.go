@@ -1,6 +1,7 @@
 package shared
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"path"
@@ -109,7 +110,7 @@ func (l *Level) noteRecent(rel string) {
 // the layout's directories: listing.go); while the store is unreachable
 // every lookup answers absent at once.
 func (l *Level) Lookup(rel string) bool {
-	kind, _ := block.Parse(rel)
+	kind, name := block.Parse(rel)
 	isBlock := kind == block.File
 	if isBlock {
 		l.c.lookups.Add(1)
@@ -158,10 +159,25 @@ func (l *Level) Lookup(rel string) bool {
 		// Unreachable or failing: absent, and not cached (the store may be back soon).
 		return false
 	}
-	info, err := call(l.bound, func() (FileInfo, error) { return l.dir.Stat(rel) })
+	// A block answers present only with a record the key authenticates,
+	// of its size: nobody without the key makes a replica answer present.
+	info, err := call(l.bound, func() (FileInfo, error) {
+		info, err := l.dir.Stat(rel)
+		if err != nil || !isBlock || !info.IsFile {
+			return info, err
+		}
+		sealed, ok, err := l.readRecord(rel)
+		if err != nil || !ok {
+			return FileInfo{}, err
+		}
+		if d, _, err := l.openRecord(rel, name, sealed); err != nil || d.Size != info.Size {
+			return FileInfo{}, nil
+		}
+		return info, nil
+	})
 	switch {
 	case err == nil:
-	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR):
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP):
 		l.reads.remember(rel, false, now)
 		return false
 	default:
@@ -228,31 +244,48 @@ func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 	type read struct {
 		data      []byte
 		hasRecord bool
-		corrupt   error
-		dropped   bool
+		// unproven is a record the key does not authenticate; corrupt is a
+		// block whose bytes fail their authenticated record.
+		unproven, corrupt error
+		dropped           bool
 	}
 	got, err := callProgressing(l.bound, func(progress func()) (r read, err error) {
 		before, err := l.dir.Stat(rel)
 		if err != nil {
 			return r, err
 		}
-		// The CRC is computed as the chunks arrive, while they are in cache.
+		// The record comes first: it tells the only size the block may have.
+		sealed, hasRecord, err := l.readRecord(rel)
+		if r.hasRecord = hasRecord; err != nil || !hasRecord {
+			return r, err
+		}
+		// A record that does not verify under the key is refused and left
+		// alone: a replica holding another key must not remove our blocks.
+		d, want, err := l.openRecord(rel, name, sealed)
+		if r.unproven = err; err != nil {
+			return r, nil
+		}
+		// The digests are computed as the chunks arrive, while they are in cache.
 		var crc uint32
-		r.data, err = l.dir.ReadBlock(rel, func(chunk []byte) {
+		sum := sha256.New()
+		r.data, err = l.dir.ReadBlock(rel, d.Size, func(chunk []byte) {
 			crc = block.UpdateCRC32C(crc, chunk)
+			sum.Write(chunk)
 			progress()
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, errWrongSize) || errors.Is(err, errNotRegular):
+			r.corrupt = err
+		case err != nil:
 			return r, err
+		default:
+			r.corrupt = verify(d, int64(len(r.data)), crc, sum.Sum(nil), want)
 		}
-		var rec []byte
-		if rec, r.hasRecord, err = l.readRecord(rel); err != nil || !r.hasRecord {
-			return r, err
-		}
-		if r.corrupt = verify(name, int64(len(r.data)), crc, rec); r.corrupt == nil {
+		if r.corrupt == nil {
 			l.dir.Touch(rel, l.cfg.Clock.Now())
 			return r, nil
 		}
+		r.data = nil
 		// Removed only if the name still holds the file read: another node
 		// may have replaced it meanwhile.
 		if now, err := l.dir.Stat(rel); err != nil || !now.sameFile(before) {
@@ -279,6 +312,11 @@ func (l *Level) fetch(rel string, name block.Name) ([]byte, error) {
 		l.reads.remember(rel, false, start)
 		l.journalForget(rel)
 		return nil, fmt.Errorf("fetch %s: no digest record: %w", rel, syscall.ENOENT)
+	case got.unproven != nil:
+		l.reads.remember(rel, false, start)
+		l.journalForget(rel)
+		l.cfg.Logger.Warn("block in the shared store not authenticated by the shared key: refused", "path", path.Join(l.cfg.Dir, rel), "reason", got.unproven)
+		return nil, fmt.Errorf("fetch %s: %v: %w", rel, got.unproven, syscall.ENOENT)
 	case got.corrupt != nil:
 		l.reads.remember(rel, false, start)
 		l.journalForget(rel)

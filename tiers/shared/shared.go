@@ -14,11 +14,13 @@
 package shared
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -95,9 +97,12 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 
 // Config configures a Level.
 type Config struct {
-	// Dir is the shared directory (for stats); FS reaches it, OSDir{Dir} if nil.
+	// Dir is the shared directory (for stats); FS reaches it, NewOSDir(Dir) if nil.
 	Dir string
 	FS  Dir
+	// Key authenticates everything the level reads back from the shared
+	// directory (auth.go); every replica holds the same, at least MinKeyBytes.
+	Key []byte
 	// Local is the node's store.
 	Local Local
 	// Capacity bounds the bytes of blocks in the shared store; 0 disables eviction.
@@ -192,8 +197,11 @@ func New(cfg Config) (*Level, error) {
 	if cfg.Local == nil {
 		return nil, fmt.Errorf("shared level without a local store")
 	}
+	if len(cfg.Key) < MinKeyBytes {
+		return nil, fmt.Errorf("shared level with a key of %d bytes, want at least %d", len(cfg.Key), MinKeyBytes)
+	}
 	if cfg.FS == nil {
-		cfg.FS = OSDir{Root: cfg.Dir}
+		cfg.FS = NewOSDir(cfg.Dir)
 	}
 	setDefaults(&cfg)
 	l := &Level{cfg: cfg, dir: cfg.FS, stop: make(chan struct{})}
@@ -214,6 +222,7 @@ func New(cfg Config) (*Level, error) {
 	l.wb.init()
 	l.reads.init()
 	l.journal.init()
+	l.journal.own = namesDir + "/" + l.logName(cfg.Holder)
 	l.wg.Add(2)
 	go l.writeLoop()
 	go l.leaseLoop()
@@ -262,18 +271,19 @@ func (l *Level) Close() {
 	l.bound.close()
 }
 
-// Reachable reports whether the shared directory answers within the bound.
-func (l *Level) Reachable() bool { return !l.bound.unreachable.Load() }
+// Reachable reports whether the shared directory answers within the bound:
+// no call timed out since the prober last succeeded, and none is still stuck.
+func (l *Level) Reachable() bool { return l.bound.reachable() }
 
 // probe is the prober's test: a file written and removed, which reaches
 // the filesystem's server (a stat could be answered from the client's cache).
 func (l *Level) probe() error {
-	if err := l.dir.MkdirAll(controlDir); err != nil {
+	if err := l.ensureControlDir(); err != nil {
 		return err
 	}
-	rel := controlDir + "/probe-" + l.cfg.Holder
-	_ = l.dir.Remove(rel)
+	rel := controlDir + "/probe-" + l.unique()
 	if err := l.dir.WriteFile(rel, []byte("probe")); err != nil {
+		l.dir.Remove(rel)
 		return err
 	}
 	return l.dir.Remove(rel)
@@ -281,6 +291,25 @@ func (l *Level) probe() error {
 
 // controlDir holds the level's own files in the shared directory.
 const controlDir = ".kvtierfs"
+
+// ensureControlDir makes controlDir and namesDir directories: a link or a
+// file another writer put at either name is removed (the name itself, never
+// what it points to) and the directory made.
+func (l *Level) ensureControlDir() error {
+	for _, dir := range []string{controlDir, namesDir} {
+		err := l.dir.MkdirAll(dir)
+		if errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
+			l.cfg.Logger.Warn("not a directory in the shared store: replaced", "path", dir, "err", err)
+			if err = l.dir.Remove(dir); err == nil {
+				err = l.dir.MkdirAll(dir)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Stats takes a snapshot of the level.
 func (l *Level) Stats() Stats {
@@ -318,8 +347,9 @@ func (l *Level) Stats() Stats {
 	return st
 }
 
-// checksumXattr is the xattr holding a block's digest record, the local store's.
-const checksumXattr = block.RecordXattr
+// recordXattr is the xattr holding a shared block's sealed record: the
+// local store's record (block.RecordXattr's format), its SHA-256 and tag.
+const recordXattr = block.ReservedXattrPrefix + "shared"
 
 // sidecarSuffix names the file holding a block's record where xattrs are refused.
 const sidecarSuffix = ".kvdigest"

@@ -22,7 +22,7 @@ var (
 // and a second node reads them back verified.
 func TestWriteBehindDrains(t *testing.T) {
 	root := t.TempDir()
-	l, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	l, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	for i := range 5 {
 		local.put(blockRel(i), blockData(i, testBlock))
 		l.Published(blockRel(i), testBlock64)
@@ -33,7 +33,7 @@ func TestWriteBehindDrains(t *testing.T) {
 		if err != nil || !bytes.Equal(got, blockData(i, testBlock)) {
 			t.Fatalf("block %d in the shared dir: %v", i, err)
 		}
-		if _, err := (OSDir{root}).GetXattr(blockRel(i), checksumXattr); err != nil {
+		if _, err := NewOSDir(root).GetXattr(blockRel(i), recordXattr); err != nil {
 			t.Fatalf("block %d has no record xattr: %v", i, err)
 		}
 	}
@@ -42,7 +42,7 @@ func TestWriteBehindDrains(t *testing.T) {
 		// (ext4 may give the record xattr a block of its own.)
 		t.Errorf("zero page not left as a hole: %d bytes allocated for %d and a record", st.Blocks*512, testBlock)
 	}
-	other, otherLocal, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Holder = "node-b" })
+	other, otherLocal, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Holder = "node-b" })
 	if !other.Lookup(blockRel(3)) {
 		t.Fatal("node B does not find a written block")
 	}
@@ -62,7 +62,7 @@ func TestWriteBehindDrains(t *testing.T) {
 // for its first local lookup, and is queued once.
 func TestAdmissionLookedUp(t *testing.T) {
 	root := t.TempDir()
-	l, local, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Admit = AdmitLookedUp })
+	l, local, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Admit = AdmitLookedUp })
 	local.put(blockRel(1), blockData(1, testBlock))
 	local.put(blockRel(2), blockData(2, testBlock))
 	l.Published(blockRel(1), testBlock64)
@@ -83,7 +83,7 @@ func TestAdmissionLookedUp(t *testing.T) {
 // does not move, one block is written; each second of budget writes one more.
 func TestRateBudget(t *testing.T) {
 	root := t.TempDir()
-	l, local, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Rate = testBlock64 })
+	l, local, clock := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Rate = testBlock64 })
 	for i := range 3 {
 		local.put(blockRel(i), blockData(i, testBlock))
 		l.Published(blockRel(i), testBlock64)
@@ -102,7 +102,7 @@ func TestRateBudget(t *testing.T) {
 // TestQueueBoundDropsOldest: beyond the queue's bytes the oldest blocks are dropped and counted.
 func TestQueueBoundDropsOldest(t *testing.T) {
 	root := t.TempDir()
-	hang := newHangingDir(OSDir{root})
+	hang := newHangingDir(NewOSDir(root))
 	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.QueueBytes = 3 * testBlock64; c.Timeout = time.Hour })
 	hang.hang()
 	for i := range 6 {
@@ -136,14 +136,14 @@ func TestQueueBoundDropsOldest(t *testing.T) {
 // which fetches read and verify.
 func TestSidecarWhenNoXattrs(t *testing.T) {
 	root := t.TempDir()
-	l, local, _ := newTestLevel(t, noXattrs{OSDir{root}}, root, nil)
+	l, local, _ := newTestLevel(t, noXattrs{NewOSDir(root)}, root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
 	l.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return l.Stats().WrittenBlocks == 1 })
 	if _, err := os.Stat(filepath.Join(root, blockRel(1)+sidecarSuffix)); err != nil {
 		t.Fatalf("no sidecar: %v", err)
 	}
-	other, otherLocal, _ := newTestLevel(t, noXattrs{OSDir{root}}, root, func(c *Config) { c.Holder = "node-b" })
+	other, otherLocal, _ := newTestLevel(t, noXattrs{NewOSDir(root)}, root, func(c *Config) { c.Holder = "node-b" })
 	if _, err := other.Fetch(blockRel(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestSidecarWhenNoXattrs(t *testing.T) {
 // record is refused but left alone.
 func TestCorruptDropped(t *testing.T) {
 	root := t.TempDir()
-	l, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	l, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
 	l.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return l.Stats().WrittenBlocks == 1 })
@@ -168,7 +168,7 @@ func TestCorruptDropped(t *testing.T) {
 	}
 	f.WriteAt([]byte{0xff}, 100)
 	f.Close()
-	other, otherLocal, _ := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.Holder = "node-b" })
+	other, otherLocal, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Holder = "node-b" })
 	if _, err := other.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("corrupt fetch: %v, want ENOENT", err)
 	}
@@ -204,13 +204,12 @@ func TestCorruptDropped(t *testing.T) {
 // the shared store is asked again.
 func TestNegativeCacheExpiry(t *testing.T) {
 	root := t.TempDir()
-	l, _, clock := newTestLevel(t, OSDir{root}, root, func(c *Config) { c.NegativeTTL = 2 * time.Second })
+	l, _, clock := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.NegativeTTL = 2 * time.Second })
 	rel := blockRel(1)
 	if l.Lookup(rel) {
 		t.Fatal("present before written")
 	}
-	os.MkdirAll(filepath.Dir(filepath.Join(root, rel)), 0o700)
-	os.WriteFile(filepath.Join(root, rel), blockData(1, testBlock), 0o600)
+	putBlock(t, root, testKey, rel, blockData(1, testBlock))
 	clock.Advance(time.Second)
 	if l.Lookup(rel) {
 		t.Fatal("negative answer not cached")
@@ -233,7 +232,7 @@ func TestNegativeCacheExpiry(t *testing.T) {
 // queue drains once it answers again.
 func TestUnreachable(t *testing.T) {
 	root := t.TempDir()
-	hang := newHangingDir(OSDir{root})
+	hang := newHangingDir(NewOSDir(root))
 	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.Timeout = 50 * time.Millisecond; c.Workers = 2 })
 	hang.hang()
 	if l.Lookup(blockRel(1)) {
@@ -273,7 +272,7 @@ func TestUnreachable(t *testing.T) {
 // are written once it answers again.
 func TestDisconnectedKeepsQueue(t *testing.T) {
 	root := t.TempDir()
-	dir := &downDir{Dir: OSDir{root}}
+	dir := &downDir{Dir: NewOSDir(root)}
 	l, local, _ := newTestLevel(t, dir, root, func(c *Config) { c.Timeout = 50 * time.Millisecond })
 	dir.down.Store(true)
 	for i := range 2 {
@@ -298,7 +297,7 @@ func TestDisconnectedKeepsQueue(t *testing.T) {
 // not keep the level from starting; it joins once the directory answers.
 func TestStartsWhileUnreachable(t *testing.T) {
 	root := t.TempDir()
-	hang := newHangingDir(OSDir{root})
+	hang := newHangingDir(NewOSDir(root))
 	hang.hang()
 	l, local, _ := newTestLevel(t, hang, root, func(c *Config) { c.Timeout = 50 * time.Millisecond })
 	if l.Reachable() {
@@ -308,7 +307,7 @@ func TestStartsWhileUnreachable(t *testing.T) {
 	l.Published(blockRel(1), testBlock64)
 	hang.resume()
 	eventually(t, "joined and drained", func() bool { s := l.Stats(); return s.Reachable && s.WrittenBlocks == 1 && s.BytesBehind == 0 })
-	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local}); err == nil {
+	if _, err := New(Config{Dir: filepath.Join(root, "missing"), Local: local, Key: testKey}); err == nil {
 		t.Fatal("a missing shared directory accepted")
 	}
 }
@@ -316,20 +315,20 @@ func TestStartsWhileUnreachable(t *testing.T) {
 // vanishingDir removes a block as it is read, as another node's evictor may.
 type vanishingDir struct{ Dir }
 
-func (d vanishingDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+func (d vanishingDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, error) {
 	d.Dir.Remove(rel)
-	return d.Dir.ReadBlock(rel, chunk)
+	return d.Dir.ReadBlock(rel, size, chunk)
 }
 
 // TestRemovedMidReadIsAMiss: a block removed while it is fetched is a miss
 // (ENOENT), not corruption, and answers absent afterwards.
 func TestRemovedMidReadIsAMiss(t *testing.T) {
 	root := t.TempDir()
-	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	writer, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	local.put(blockRel(1), blockData(1, testBlock))
 	writer.Published(blockRel(1), testBlock64)
 	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 1 })
-	reader, readerLocal, _ := newTestLevel(t, vanishingDir{OSDir{root}}, root, func(c *Config) { c.Holder = "node-b" })
+	reader, readerLocal, _ := newTestLevel(t, vanishingDir{NewOSDir(root)}, root, func(c *Config) { c.Holder = "node-b" })
 	if !reader.Lookup(blockRel(1)) {
 		t.Fatal("not found before the read")
 	}
@@ -352,9 +351,9 @@ type slowDir struct {
 	release chan struct{}
 }
 
-func (d slowDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
+func (d slowDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, error) {
 	first := true
-	return d.Dir.ReadBlock(rel, func(p []byte) {
+	return d.Dir.ReadBlock(rel, size, func(p []byte) {
 		if d.stall && !first {
 			<-d.release
 		}
@@ -370,7 +369,7 @@ func (d slowDir) ReadBlock(rel string, chunk func([]byte)) ([]byte, error) {
 func TestFetchBoundIsProgress(t *testing.T) {
 	root := t.TempDir()
 	size := 5*fetchChunk + block.PageSize
-	writer, local, _ := newTestLevel(t, OSDir{root}, root, nil)
+	writer, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
 	for i := range 2 {
 		local.put(blockRel(i), blockData(i, size))
 		writer.Published(blockRel(i), int64(size))
@@ -378,7 +377,7 @@ func TestFetchBoundIsProgress(t *testing.T) {
 	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 2 })
 
 	const timeout = time.Second
-	slow := slowDir{Dir: OSDir{root}, pause: timeout * 2 / 5}
+	slow := slowDir{Dir: NewOSDir(root), pause: timeout * 2 / 5}
 	reader, readerLocal, _ := newTestLevel(t, slow, root, func(c *Config) { c.Holder = "node-b"; c.Timeout = timeout })
 	start := time.Now()
 	if _, err := reader.Fetch(blockRel(0)); err != nil {
@@ -391,7 +390,7 @@ func TestFetchBoundIsProgress(t *testing.T) {
 		t.Fatal("the slow fetch did not outlast one bound: the test proves nothing")
 	}
 
-	stalled := slowDir{Dir: OSDir{root}, stall: true, release: make(chan struct{})}
+	stalled := slowDir{Dir: NewOSDir(root), stall: true, release: make(chan struct{})}
 	defer close(stalled.release)
 	stuck, stuckLocal, _ := newTestLevel(t, stalled, root, func(c *Config) { c.Holder = "node-c"; c.Timeout = timeout })
 	if _, err := stuck.Fetch(blockRel(1)); !errors.Is(err, syscall.ENOENT) {
