@@ -1,0 +1,346 @@
+// Package lookupbudget decides which present blocks a lookup may answer
+// present, so that an engine whose lookup promotes every key it confirms
+// (stock vLLM: one primary-tier row per key found on disk, issue 23) is
+// never told of more keys than its primary tier can promote at once. It
+// needs neither FUSE nor I/O; fusefs asks it for every block lookup.
+//
+// # The rule
+//
+// A batch is the run of one thread's block lookups of one tier: vLLM's
+// fs-tier lookup thread looks one request's keys up per step, the
+// full-attention group in prefix order, then each window group from the
+// end (DESIGN.md "The lookup budget"). A pause longer than Options.Gap, a
+// lookup of another tier, or a lookup of a group the batch already left,
+// starts a new batch.
+//
+// The first group of a batch is its prefix group. Each of its present keys
+// answers present while a row is left for it: rows of the primary region,
+// minus the rows promised to keys answered present and not loaded yet (by
+// any batch), minus a reserve of Options.WindowRows rows for every other
+// group the tier has. The first key without a row caps the batch: it and
+// every later key of the prefix group answer absent. A key the store lacks
+// ends the prefix too (the engine's walk stops at its first miss).
+//
+// Other groups of a capped batch answer present only for the WindowRows
+// chunks just before the cap (the window the engine's scan from the end
+// finds first, one chunk more for an unverified EAGLE group), while rows
+// are left; of a batch that was not capped they answer as the store says.
+// So vLLM's walk returns the cap's chunks instead of 0 or parking, and a
+// prefix that fits is answered exactly as without the budget.
+//
+// A key's answer holds for Options.Gap after its latest lookup (an engine
+// that asks again within a request gets the same answer). A promise ends
+// when its block is loaded, Options.Gap after the latest load of its batch
+// (the engine promotes a step's hits together; the window keys it did not
+// need are never loaded), or after Options.PromiseTTL. A tier whose
+// engine matches through .kvtier/match loads in waves: it is exempt.
+package lookupbudget
+
+import (
+	"sync"
+	"time"
+)
+
+// Key names one block: its tier directory, KV group and chunk hash.
+type Key struct {
+	Tier  string
+	Group int
+	Hash  string
+}
+
+// Options configure a Budget; zero fields take the defaults.
+type Options struct {
+	// WindowRows is the rows reserved for each group of a tier other than
+	// its prefix group. Default DefaultWindowRows.
+	WindowRows int
+	// Gap ends a batch and a key's answer. Default DefaultGap.
+	Gap time.Duration
+	// PromiseTTL is how long a key answered present holds its row unloaded.
+	// Default DefaultPromiseTTL.
+	PromiseTTL time.Duration
+	// MaxKeys bounds the answers and promises remembered; past it they are
+	// all forgotten. Default DefaultMaxKeys.
+	MaxKeys int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Defaults.
+const (
+	// DefaultWindowRows covers a sliding window of up to 3 chunks plus
+	// EAGLE's extra chunk, or a window of 4.
+	DefaultWindowRows = 4
+	// DefaultGap is the pause that ends a batch (staging's batch gap).
+	DefaultGap = time.Second
+	// DefaultPromiseTTL is how long an unloaded present answer holds a row:
+	// the engine promotes what a step's lookup found within a step or two.
+	DefaultPromiseTTL = 5 * time.Second
+	// DefaultMaxKeys bounds the remembered keys.
+	DefaultMaxKeys = 1 << 18
+	// maxThreads bounds the threads with a batch.
+	maxThreads = 1024
+)
+
+// Stats describe what the budget did since the mount.
+type Stats struct {
+	// Rows is the primary region's row count the budget works with (0:
+	// unknown, nothing is withheld).
+	Rows int `json:"rows"`
+	// WindowRows is the rows reserved per window group.
+	WindowRows int `json:"window_rows"`
+	// ChainsCapped counts batches whose prefix was cut at the budget;
+	// KeysWithheld the present keys answered absent because of it.
+	ChainsCapped int64 `json:"chains_capped"`
+	KeysWithheld int64 `json:"keys_withheld"`
+	// LastCap is the prefix chunks the latest capped batch answered present.
+	LastCap int `json:"last_cap"`
+	// Promised is the rows promised now to keys not loaded yet.
+	Promised int `json:"promised"`
+}
+
+// Budget applies the rule (see the package doc). Safe for concurrent use.
+type Budget struct {
+	opts Options
+
+	mu        sync.Mutex
+	rows      int
+	answers   map[Key]answer
+	promises  map[Key]promise
+	batches   map[uint32]*batch
+	groups    map[string]map[int]bool // groups seen per tier
+	exempt    map[string]bool
+	lastSweep time.Time
+	stats     Stats
+}
+
+type answer struct {
+	present bool
+	at      time.Time
+}
+
+type promise struct {
+	at    time.Time
+	batch *batch
+}
+
+// batch is one thread's run of lookups of one tier.
+type batch struct {
+	tier      string
+	at        time.Time
+	groups    []int // in the order the batch reached them
+	positions map[string]int
+	prefixLen int  // prefix keys answered present
+	ended     bool // the prefix ended: a miss or the cap
+	capped    bool
+	loadedAt  time.Time // latest load of a key the batch answered present
+}
+
+// New returns a budget with no rows known yet.
+func New(opts Options) *Budget {
+	if opts.WindowRows <= 0 {
+		opts.WindowRows = DefaultWindowRows
+	}
+	if opts.Gap <= 0 {
+		opts.Gap = DefaultGap
+	}
+	if opts.PromiseTTL <= 0 {
+		opts.PromiseTTL = DefaultPromiseTTL
+	}
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Budget{
+		opts:     opts,
+		answers:  map[Key]answer{},
+		promises: map[Key]promise{},
+		batches:  map[uint32]*batch{},
+		groups:   map[string]map[int]bool{},
+		exempt:   map[string]bool{},
+	}
+}
+
+// SetRows sets the primary region's row count; 0 withholds nothing.
+func (b *Budget) SetRows(rows int) {
+	b.mu.Lock()
+	b.rows = rows
+	b.mu.Unlock()
+}
+
+// NoteGroup records that tier has group (seen in a store or a lookup).
+func (b *Budget) NoteGroup(tier string, group int) {
+	b.mu.Lock()
+	b.noteGroupLocked(tier, group)
+	b.mu.Unlock()
+}
+
+func (b *Budget) noteGroupLocked(tier string, group int) {
+	g := b.groups[tier]
+	if g == nil {
+		if len(b.groups) >= maxThreads*4 {
+			clear(b.groups)
+		}
+		g = map[int]bool{}
+		b.groups[tier] = g
+	}
+	g[group] = true
+}
+
+// Exempt turns the budget off for tier: its engine matches without staging
+// (.kvtier/match) and loads the hit in waves.
+func (b *Budget) Exempt(tier string) {
+	b.mu.Lock()
+	if len(b.exempt) >= maxThreads*4 {
+		clear(b.exempt)
+	}
+	b.exempt[tier] = true
+	b.mu.Unlock()
+}
+
+// Answer returns what the lookup of key by thread answers, the store
+// holding it (present) or not.
+func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rows <= 0 || b.exempt[key.Tier] {
+		return present
+	}
+	now := b.opts.Now()
+	b.sweepLocked(now)
+	bt := b.batchLocked(key, thread, now)
+	if present {
+		b.noteGroupLocked(key.Tier, key.Group)
+	}
+	if !present {
+		if key.Group == bt.groups[0] {
+			bt.ended = true
+		}
+		return false
+	}
+	if a, ok := b.answers[key]; ok && now.Sub(a.at) <= b.opts.Gap {
+		a.at = now
+		b.answers[key] = a
+		if a.present && key.Group == bt.groups[0] && !bt.ended {
+			bt.positions[key.Hash] = bt.prefixLen
+			bt.prefixLen++
+		}
+		if !a.present {
+			b.stats.KeysWithheld++
+		}
+		return a.present
+	}
+	ok := b.decideLocked(key, bt, now)
+	if len(b.answers) >= b.opts.MaxKeys {
+		clear(b.answers)
+	}
+	b.answers[key] = answer{present: ok, at: now}
+	if !ok {
+		b.stats.KeysWithheld++
+	}
+	return ok
+}
+
+// decideLocked applies the rule to a present key not answered lately.
+func (b *Budget) decideLocked(key Key, bt *batch, now time.Time) bool {
+	if key.Group == bt.groups[0] {
+		if bt.ended {
+			return false
+		}
+		reserve := b.opts.WindowRows * (len(b.groups[key.Tier]) - 1)
+		if b.rows-len(b.promises)-reserve <= 0 {
+			bt.ended = true
+			if !bt.capped {
+				bt.capped = true
+				b.stats.ChainsCapped++
+				b.stats.LastCap = bt.prefixLen
+			}
+			return false
+		}
+		b.promiseLocked(key, bt, now)
+		bt.positions[key.Hash] = bt.prefixLen
+		bt.prefixLen++
+		return true
+	}
+	pos, known := bt.positions[key.Hash]
+	inWindow := known && pos >= bt.prefixLen-b.opts.WindowRows
+	switch {
+	case !bt.capped && !inWindow:
+		return true
+	case inWindow && len(b.promises) < b.rows:
+		b.promiseLocked(key, bt, now)
+		return true
+	}
+	return false
+}
+
+func (b *Budget) promiseLocked(key Key, bt *batch, now time.Time) {
+	if len(b.promises) >= b.opts.MaxKeys {
+		clear(b.promises)
+	}
+	b.promises[key] = promise{at: now, batch: bt}
+}
+
+// batchLocked returns the batch key's lookup by thread belongs to, starting
+// a new one where the rule says so.
+func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
+	bt := b.batches[thread]
+	fresh := bt == nil || bt.tier != key.Tier || now.Sub(bt.at) > b.opts.Gap
+	if !fresh && bt.groups[len(bt.groups)-1] != key.Group {
+		for _, g := range bt.groups {
+			fresh = fresh || g == key.Group
+		}
+		if !fresh {
+			bt.groups = append(bt.groups, key.Group)
+		}
+	}
+	if fresh {
+		if bt == nil && len(b.batches) >= maxThreads {
+			clear(b.batches)
+		}
+		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}}
+		b.batches[thread] = bt
+	}
+	bt.at = now
+	return bt
+}
+
+// sweepLocked drops expired promises, at most once per Gap.
+func (b *Budget) sweepLocked(now time.Time) {
+	if now.Sub(b.lastSweep) < b.opts.Gap {
+		return
+	}
+	b.lastSweep = now
+	for k, p := range b.promises {
+		loaded := !p.batch.loadedAt.IsZero() && now.Sub(p.batch.loadedAt) > b.opts.Gap
+		if loaded || now.Sub(p.at) > b.opts.PromiseTTL {
+			delete(b.promises, k)
+		}
+	}
+	for k, a := range b.answers {
+		if now.Sub(a.at) > b.opts.Gap {
+			delete(b.answers, k)
+		}
+	}
+}
+
+// Loaded records that the engine opened key for a load: its row is the
+// engine's now, no longer a promise.
+func (b *Budget) Loaded(key Key) {
+	b.mu.Lock()
+	if p, ok := b.promises[key]; ok {
+		p.batch.loadedAt = b.opts.Now()
+		delete(b.promises, key)
+	}
+	b.mu.Unlock()
+}
+
+// Stats returns the counters.
+func (b *Budget) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.stats
+	st.Rows, st.WindowRows, st.Promised = b.rows, b.opts.WindowRows, len(b.promises)
+	return st
+}

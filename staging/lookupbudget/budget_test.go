@@ -1,0 +1,188 @@
+package lookupbudget
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// clock is a manual clock for the budget.
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time            { return c.now }
+func (c *clock) advance(d time.Duration)   { c.now = c.now.Add(d) }
+func newBudget(rows int, c *clock) *Budget { b := New(Options{Now: c.Now}); b.SetRows(rows); return b }
+func hash(chain string, chunk int) string  { return fmt.Sprintf("%s-%04d", chain, chunk) }
+func key(group int, chain string, chunk int) Key {
+	return Key{Tier: "t", Group: group, Hash: hash(chain, chunk)}
+}
+
+// upstreamBatch looks a chain of n stored chunks up as vLLM's first step
+// does: group 0 ascending over every key, then each other group from the
+// end. It returns which chunks answered present, per group.
+func upstreamBatch(b *Budget, thread uint32, chain string, n, groups int) [][]bool {
+	out := make([][]bool, groups)
+	out[0] = make([]bool, n)
+	for c := 0; c < n; c++ {
+		out[0][c] = b.Answer(key(0, chain, c), thread, true)
+	}
+	for g := 1; g < groups; g++ {
+		out[g] = make([]bool, n)
+		for c := n - 1; c >= 0; c-- {
+			out[g][c] = b.Answer(key(g, chain, c), thread, true)
+		}
+	}
+	return out
+}
+
+func presentRange(answers []bool) (first, count int) {
+	first = -1
+	for c, p := range answers {
+		if p {
+			if first < 0 {
+				first = c
+			}
+			count++
+		}
+	}
+	return first, count
+}
+
+func noteGroups(b *Budget, groups int) {
+	for g := range groups {
+		b.NoteGroup("t", g)
+	}
+}
+
+func TestPrefixThatFitsIsUnchanged(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(124, c)
+	noteGroups(b, 2)
+	got := upstreamBatch(b, 1, "a", 100, 2)
+	for g := range got {
+		if _, n := presentRange(got[g]); n != 100 {
+			t.Errorf("group %d: %d of 100 present, want all", g, n)
+		}
+	}
+	if st := b.Stats(); st.ChainsCapped != 0 || st.KeysWithheld != 0 {
+		t.Errorf("stats %+v: want nothing capped or withheld", st)
+	}
+}
+
+func TestLongPrefixCappedBelowRowsWithWindow(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(124, c)
+	noteGroups(b, 2)
+	got := upstreamBatch(b, 1, "a", 170, 2)
+	if first, n := presentRange(got[0]); first != 0 || n != 120 {
+		t.Errorf("prefix group: %d present from %d, want 120 from 0 (124 rows - 4 for the window group)", n, first)
+	}
+	if first, n := presentRange(got[1]); first != 116 || n != 4 {
+		t.Errorf("window group: %d present from %d, want the 4 chunks 116..119 before the cap", n, first)
+	}
+	st := b.Stats()
+	if st.ChainsCapped != 1 || st.LastCap != 120 || st.KeysWithheld != 50+166 || st.Promised != 124 {
+		t.Errorf("stats %+v: want 1 chain capped at 120, 216 keys withheld, 124 rows promised", st)
+	}
+}
+
+func TestFullAttentionAloneGetsEveryRow(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(124, c)
+	noteGroups(b, 1)
+	if first, n := presentRange(upstreamBatch(b, 1, "a", 273, 1)[0]); first != 0 || n != 124 {
+		t.Errorf("%d present from %d, want 124 from 0", n, first)
+	}
+}
+
+func TestAbsentKeyEndsPrefix(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(124, c)
+	noteGroups(b, 1)
+	for i := range 3 {
+		b.Answer(key(0, "a", i), 1, true)
+	}
+	if b.Answer(key(0, "a", 3), 1, false) {
+		t.Fatal("an absent key answered present")
+	}
+	if b.Answer(key(0, "a", 4), 1, true) {
+		t.Error("a key past the prefix's first miss answered present: the walk never loads it, its row is wasted")
+	}
+}
+
+func TestRowsSharedBetweenBatchesAtOnce(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(124, c)
+	noteGroups(b, 2)
+	first := upstreamBatch(b, 1, "a", 170, 2)
+	second := upstreamBatch(b, 1, "b", 170, 2)
+	_, na := presentRange(first[0])
+	_, nb0 := presentRange(second[0])
+	_, nb1 := presentRange(second[1])
+	if na != 120 || nb0 != 0 || nb1 != 0 {
+		t.Errorf("first %d, second %d+%d present: want 120, then nothing (every row promised)", na, nb0, nb1)
+	}
+	// The engine loads what the first batch took; a new batch of the
+	// thread after that finds the rows again.
+	for c := 0; c < 120; c++ {
+		b.Loaded(key(0, "a", c))
+	}
+	b.Loaded(key(1, "a", 119))
+	if st := b.Stats(); st.Promised != 3 {
+		t.Errorf("after the loads %d rows promised, want the 3 window keys not loaded", st.Promised)
+	}
+	c.advance(2 * time.Second)
+	third := upstreamBatch(b, 1, "c", 170, 2)
+	if _, n := presentRange(third[0]); n != 120 {
+		t.Errorf("a later batch got %d present, want 120", n)
+	}
+}
+
+func TestAnswerHoldsWhileAskedAgain(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(10, c)
+	noteGroups(b, 1)
+	upstreamBatch(b, 1, "a", 20, 1)
+	// The engine walks again (another step) from another group order: a
+	// withheld key stays withheld, a present one present.
+	c.advance(100 * time.Millisecond)
+	if b.Answer(key(0, "a", 15), 1, true) || !b.Answer(key(0, "a", 5), 2, true) {
+		t.Error("an answer changed within the gap")
+	}
+	c.advance(DefaultPromiseTTL + time.Second) // promises and answers expired
+	if !b.Answer(key(0, "a", 15), 3, true) {
+		t.Error("a key withheld long ago is still withheld with every row free")
+	}
+}
+
+func TestExemptTierAndUnknownRows(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(0, c)
+	if _, n := presentRange(upstreamBatch(b, 1, "a", 50, 1)[0]); n != 50 {
+		t.Errorf("rows unknown: %d of 50 present, want all", n)
+	}
+	b.SetRows(10)
+	b.Exempt("t")
+	if _, n := presentRange(upstreamBatch(b, 1, "b", 50, 1)[0]); n != 50 {
+		t.Errorf("exempt tier: %d of 50 present, want all", n)
+	}
+	if st := b.Stats(); st.KeysWithheld != 0 {
+		t.Errorf("withheld %d keys, want none", st.KeysWithheld)
+	}
+}
+
+func TestBoundedState(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := New(Options{Now: c.Now, MaxKeys: 64})
+	b.SetRows(1 << 20)
+	for thread := range uint32(3000) {
+		for i := range 10 {
+			b.Answer(key(0, fmt.Sprint(thread), i), thread, true)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.answers) > 64 || len(b.promises) > 64 || len(b.batches) > maxThreads {
+		t.Errorf("state grew: %d answers, %d promises, %d batches", len(b.answers), len(b.promises), len(b.batches))
+	}
+}
