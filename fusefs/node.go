@@ -121,8 +121,12 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // is cached by the kernel as long as the layout's other absent names.
 func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	start := time.Now()
-	present, inShared := n.fsys.lookupBlock(ref, callerThread(ctx))
+	present, inShared, withheld := n.fsys.lookupBlock(ref, callerThread(ctx), true)
 	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+	if withheld {
+		// Not cached: the next request's lookup asks again.
+		return nil, syscall.ENOENT
+	}
 	if !present && !inShared {
 		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
 		return nil, syscall.ENOENT

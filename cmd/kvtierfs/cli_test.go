@@ -133,6 +133,7 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--capacity", "lots"), []string{"--capacity", `"lots"`, "want a positive size"}},
 		{"mount", mount("--max-request", "2GiB"), []string{"--max-request", "2GiB", "to 1GiB"}},
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
+		{"mount", mount("--lookup-budget", "on"), []string{"--lookup-budget", `"on"`, "want auto or off"}},
 		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
 		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
 		{"mount", mount("--kv-events-endpoint", "127.0.0.1:5557"), []string{"--kv-events-endpoint", "127.0.0.1:5557", "tcp://*:5557"}},
