@@ -450,6 +450,10 @@ func (f *FS) noteStore(ref block.Ref) {
 	}
 	if f.budget != nil {
 		f.budget.NoteGroup(ref.Name.Tier, ref.Name.Group)
+		if f.budget.Rows() == 0 && f.regions != nil {
+			// The first block gives the rows their size.
+			f.refreshBudget()
+		}
 	}
 	if d, ok := f.store.Digest(ref.Rel); ok {
 		f.diagnostics.Stored(ref, d.Size)

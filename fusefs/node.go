@@ -217,6 +217,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
 	}
+	if n.fsys.budget != nil {
+		n.fsys.budget.NoteWriter(callerThread(ctx))
+	}
 	child, errno := n.LoopbackNode.Lookup(ctx, name, out)
 	if errno != 0 {
 		w.Close()

@@ -102,6 +102,7 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 		if !cfg.Staging {
 			args = append(args, "--staging-bytes", "0")
 		}
+		args = append(args, "--lookup-budget", budgetMode(cfg.LookupBudget))
 		n.daemon, err = daemon.Start(daemon.Options{Binary: cfg.Binary, Mountpoint: n.mountpoint, Store: n.store,
 			ShmGlob: n.region.Path, Args: args, Log: &n.log})
 		if err != nil {

@@ -15,11 +15,12 @@
 //
 // The first group of a batch is its prefix group. Each of its present keys
 // answers present while a row is left for it: rows of the primary region,
-// minus the rows promised to keys answered present and not loaded yet (by
-// any batch), minus a reserve of Options.WindowRows rows for every other
-// group the tier has. The first key without a row caps the batch: it and
-// every later key of the prefix group answer absent. A key the store lacks
-// ends the prefix too (the engine's walk stops at its first miss).
+// minus the rows promised to keys the same thread answered present and that
+// are not loaded yet (the batches of the requests looked up at once share
+// the rows), minus a reserve of Options.WindowRows rows for every other group
+// the tier has. The first key without a row caps the batch: it and every
+// later key of the prefix group answer absent. A key the store lacks ends
+// the prefix too (the engine's walk stops at its first miss).
 //
 // Other groups of a capped batch answer present only for the WindowRows
 // chunks just before the cap (the window the engine's scan from the end
@@ -28,12 +29,17 @@
 // So vLLM's walk returns the cap's chunks instead of 0 or parking, and a
 // prefix that fits is answered exactly as without the budget.
 //
-// A key's answer holds for Options.Gap after its latest lookup (an engine
-// that asks again within a request gets the same answer). A promise ends
-// when its block is loaded, Options.Gap after the latest load of its batch
-// (the engine promotes a step's hits together; the window keys it did not
-// need are never loaded), or after Options.PromiseTTL. A tier whose
-// engine matches through .kvtier/match loads in waves: it is exempt.
+// A present answer holds for Options.Gap after the key's latest lookup, for
+// every thread (a load's lookup of a promised key always finds it); an
+// absent one for the thread it was given to (an engine that asks again
+// within a request gets the same answer). A promise ends when its block is
+// loaded, Options.Gap after the latest load of its batch (the engine
+// promotes a step's hits together; the window keys it did not need are
+// never loaded), or after Options.PromiseTTL. A thread that creates a block
+// tmp file is one of the engine's writers, whose lookups are a store's
+// existence checks: they answer as the store says, and their promises end.
+// A tier whose engine matches through .kvtier/match loads in waves: it is
+// exempt.
 package lookupbudget
 
 import (
@@ -104,23 +110,28 @@ type Budget struct {
 
 	mu        sync.Mutex
 	rows      int
-	answers   map[Key]answer
+	present   map[Key]time.Time       // latest present answer per key
+	withheld  map[threadKey]time.Time // latest absent answer per key and thread
 	promises  map[Key]promise
+	promised  map[uint32]int // promises per thread
 	batches   map[uint32]*batch
+	writers   map[uint32]bool
 	groups    map[string]map[int]bool // groups seen per tier
 	exempt    map[string]bool
 	lastSweep time.Time
 	stats     Stats
 }
 
-type answer struct {
-	present bool
-	at      time.Time
+// threadKey is a key as one thread was answered it.
+type threadKey struct {
+	key    Key
+	thread uint32
 }
 
 type promise struct {
-	at    time.Time
-	batch *batch
+	at     time.Time
+	batch  *batch
+	thread uint32
 }
 
 // batch is one thread's run of lookups of one tier.
@@ -154,9 +165,12 @@ func New(opts Options) *Budget {
 	}
 	return &Budget{
 		opts:     opts,
-		answers:  map[Key]answer{},
+		present:  map[Key]time.Time{},
+		withheld: map[threadKey]time.Time{},
 		promises: map[Key]promise{},
+		promised: map[uint32]int{},
 		batches:  map[uint32]*batch{},
+		writers:  map[uint32]bool{},
 		groups:   map[string]map[int]bool{},
 		exempt:   map[string]bool{},
 	}
@@ -167,6 +181,13 @@ func (b *Budget) SetRows(rows int) {
 	b.mu.Lock()
 	b.rows = rows
 	b.mu.Unlock()
+}
+
+// Rows is the row count SetRows set last.
+func (b *Budget) Rows() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rows
 }
 
 // NoteGroup records that tier has group (seen in a store or a lookup).
@@ -204,52 +225,54 @@ func (b *Budget) Exempt(tier string) {
 func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.rows <= 0 || b.exempt[key.Tier] {
+	if b.rows <= 0 || b.exempt[key.Tier] || b.writers[thread] {
 		return present
 	}
 	now := b.opts.Now()
 	b.sweepLocked(now)
 	bt := b.batchLocked(key, thread, now)
-	if present {
-		b.noteGroupLocked(key.Tier, key.Group)
-	}
 	if !present {
 		if key.Group == bt.groups[0] {
 			bt.ended = true
 		}
 		return false
 	}
-	if a, ok := b.answers[key]; ok && now.Sub(a.at) <= b.opts.Gap {
-		a.at = now
-		b.answers[key] = a
-		if a.present && key.Group == bt.groups[0] && !bt.ended {
+	b.noteGroupLocked(key.Tier, key.Group)
+	tk := threadKey{key: key, thread: thread}
+	if at, ok := b.withheld[tk]; ok && now.Sub(at) <= b.opts.Gap {
+		b.withheld[tk] = now
+		return false
+	}
+	_, promised := b.promises[key]
+	if at, ok := b.present[key]; promised || ok && now.Sub(at) <= b.opts.Gap {
+		b.present[key] = now
+		if key.Group == bt.groups[0] && !bt.ended {
 			bt.positions[key.Hash] = bt.prefixLen
 			bt.prefixLen++
 		}
-		if !a.present {
-			b.stats.KeysWithheld++
-		}
-		return a.present
+		return true
 	}
-	ok := b.decideLocked(key, bt, now)
-	if len(b.answers) >= b.opts.MaxKeys {
-		clear(b.answers)
+	if len(b.present)+len(b.withheld) >= b.opts.MaxKeys {
+		clear(b.present)
+		clear(b.withheld)
 	}
-	b.answers[key] = answer{present: ok, at: now}
-	if !ok {
+	if !b.decideLocked(key, bt, thread, now) {
+		b.withheld[tk] = now
 		b.stats.KeysWithheld++
+		return false
 	}
-	return ok
+	b.present[key] = now
+	return true
 }
 
 // decideLocked applies the rule to a present key not answered lately.
-func (b *Budget) decideLocked(key Key, bt *batch, now time.Time) bool {
+func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) bool {
 	if key.Group == bt.groups[0] {
 		if bt.ended {
 			return false
 		}
 		reserve := b.opts.WindowRows * (len(b.groups[key.Tier]) - 1)
-		if b.rows-len(b.promises)-reserve <= 0 {
+		if b.rows-b.promised[thread]-reserve <= 0 {
 			bt.ended = true
 			if !bt.capped {
 				bt.capped = true
@@ -258,7 +281,7 @@ func (b *Budget) decideLocked(key Key, bt *batch, now time.Time) bool {
 			}
 			return false
 		}
-		b.promiseLocked(key, bt, now)
+		b.promiseLocked(key, bt, thread, now)
 		bt.positions[key.Hash] = bt.prefixLen
 		bt.prefixLen++
 		return true
@@ -268,18 +291,28 @@ func (b *Budget) decideLocked(key Key, bt *batch, now time.Time) bool {
 	switch {
 	case !bt.capped && !inWindow:
 		return true
-	case inWindow && len(b.promises) < b.rows:
-		b.promiseLocked(key, bt, now)
+	case inWindow && b.promised[thread] < b.rows:
+		b.promiseLocked(key, bt, thread, now)
 		return true
 	}
 	return false
 }
 
-func (b *Budget) promiseLocked(key Key, bt *batch, now time.Time) {
+func (b *Budget) promiseLocked(key Key, bt *batch, thread uint32, now time.Time) {
 	if len(b.promises) >= b.opts.MaxKeys {
 		clear(b.promises)
+		clear(b.promised)
 	}
-	b.promises[key] = promise{at: now, batch: bt}
+	b.promises[key] = promise{at: now, batch: bt, thread: thread}
+	b.promised[thread]++
+}
+
+// dropPromiseLocked ends key's promise.
+func (b *Budget) dropPromiseLocked(key Key, p promise) {
+	delete(b.promises, key)
+	if b.promised[p.thread]--; b.promised[p.thread] <= 0 {
+		delete(b.promised, p.thread)
+	}
 }
 
 // batchLocked returns the batch key's lookup by thread belongs to, starting
@@ -315,12 +348,17 @@ func (b *Budget) sweepLocked(now time.Time) {
 	for k, p := range b.promises {
 		loaded := !p.batch.loadedAt.IsZero() && now.Sub(p.batch.loadedAt) > b.opts.Gap
 		if loaded || now.Sub(p.at) > b.opts.PromiseTTL {
-			delete(b.promises, k)
+			b.dropPromiseLocked(k, p)
 		}
 	}
-	for k, a := range b.answers {
-		if now.Sub(a.at) > b.opts.Gap {
-			delete(b.answers, k)
+	for k, at := range b.present {
+		if now.Sub(at) > b.opts.Gap {
+			delete(b.present, k)
+		}
+	}
+	for k, at := range b.withheld {
+		if now.Sub(at) > b.opts.Gap {
+			delete(b.withheld, k)
 		}
 	}
 }
@@ -331,9 +369,29 @@ func (b *Budget) Loaded(key Key) {
 	b.mu.Lock()
 	if p, ok := b.promises[key]; ok {
 		p.batch.loadedAt = b.opts.Now()
-		delete(b.promises, key)
+		b.dropPromiseLocked(key, p)
 	}
 	b.mu.Unlock()
+}
+
+// NoteWriter records that thread created a block tmp file: it is one of the
+// engine's writers, whose lookups are a store's existence checks.
+func (b *Budget) NoteWriter(thread uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.writers[thread] {
+		return
+	}
+	if len(b.writers) >= maxThreads {
+		clear(b.writers)
+	}
+	b.writers[thread] = true
+	delete(b.batches, thread)
+	for k, p := range b.promises {
+		if p.thread == thread {
+			b.dropPromiseLocked(k, p)
+		}
+	}
 }
 
 // Stats returns the counters.

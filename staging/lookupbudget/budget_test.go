@@ -182,7 +182,34 @@ func TestBoundedState(t *testing.T) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.answers) > 64 || len(b.promises) > 64 || len(b.batches) > maxThreads {
-		t.Errorf("state grew: %d answers, %d promises, %d batches", len(b.answers), len(b.promises), len(b.batches))
+	if len(b.present)+len(b.withheld) > 64 || len(b.promises) > 64 || len(b.batches) > maxThreads {
+		t.Errorf("state grew: %d answers, %d promises, %d batches", len(b.present)+len(b.withheld), len(b.promises), len(b.batches))
+	}
+}
+
+func TestWritersAndOtherThreadsAreNotHeldToAnotherThreadsCap(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(10, c)
+	noteGroups(b, 1)
+	upstreamBatch(b, 1, "a", 20, 1)
+	// A store's existence check of a withheld key, from a writer thread
+	// (it created a tmp file before), answers as the store says: no
+	// rewrite of a block on disk.
+	b.NoteWriter(7)
+	if !b.Answer(key(0, "a", 15), 7, true) {
+		t.Error("a writer's existence check of a withheld key answered absent")
+	}
+	// Another thread's own batch decides afresh; its answer does not bind
+	// the thread that was given the cap.
+	if !b.Answer(key(0, "a", 16), 8, true) {
+		t.Error("another thread's first lookup of a key withheld from thread 1 answered absent with its rows free")
+	}
+	if b.Answer(key(0, "a", 16), 1, true) {
+		t.Error("thread 1 got a present answer for a key it was told absent")
+	}
+	// A thread that turns out to be a writer gives its promises back.
+	b.NoteWriter(8)
+	if st := b.Stats(); st.Promised != 10 {
+		t.Errorf("%d rows promised, want thread 1's 10", st.Promised)
 	}
 }
