@@ -449,7 +449,7 @@ func (f *FS) noteStore(ref block.Ref) {
 		f.stager.NoteStore(ref)
 	}
 	if f.budget != nil {
-		f.budget.NoteGroup(ref.Name.Tier, ref.Name.Group)
+		f.budget.NoteStore(budgetKey(ref.Name))
 		if f.budget.Rows() == 0 && f.regions != nil {
 			// The first block gives the rows their size.
 			f.refreshBudget()

@@ -22,12 +22,14 @@
 // later key of the prefix group answer absent. A key the store lacks ends
 // the prefix too (the engine's walk stops at its first miss).
 //
-// Other groups of a capped batch answer present only for the WindowRows
-// chunks just before the cap (the window the engine's scan from the end
-// finds first, one chunk more for an unverified EAGLE group), while rows
-// are left; of a batch that was not capped they answer as the store says.
-// So vLLM's walk returns the cap's chunks instead of 0 or parking, and a
-// prefix that fits is answered exactly as without the budget.
+// Other groups answer present for the WindowRows chunks just before the
+// prefix's end (the window the engine's scan from the end finds first, one
+// chunk more for an unverified EAGLE group) while rows are left, and for
+// other chunks only while the batch is not capped and rows are left beyond
+// a window's (an engine that walks a window group from its start takes a
+// row for every key it confirms). So vLLM's walk returns the cap's chunks
+// instead of 0 or parking, and a prefix that fits is answered exactly as
+// without the budget.
 //
 // A present answer holds for Options.Gap after the key's latest lookup, for
 // every thread (a load's lookup of a promised key always finds it); an
@@ -43,6 +45,7 @@
 package lookupbudget
 
 import (
+	"container/list"
 	"sync"
 	"time"
 )
@@ -108,18 +111,44 @@ type Stats struct {
 type Budget struct {
 	opts Options
 
-	mu        sync.Mutex
-	rows      int
-	present   map[Key]time.Time       // latest present answer per key
-	withheld  map[threadKey]time.Time // latest absent answer per key and thread
-	promises  map[Key]promise
-	promised  map[uint32]int // promises per thread
-	batches   map[uint32]*batch
-	writers   map[uint32]bool
-	groups    map[string]map[int]bool // groups seen per tier
-	exempt    map[string]bool
-	lastSweep time.Time
-	stats     Stats
+	mu       sync.Mutex
+	rows     int
+	present  map[Key]time.Time       // latest present answer per key
+	withheld map[threadKey]time.Time // latest absent answer per key and thread
+	promises map[Key]promise
+	promised map[uint32]int // promises per thread
+	batches  map[uint32]*batch
+	writers  map[uint32]bool
+	groups   map[string]map[int]bool // groups seen per tier
+	exempt   map[string]bool
+	// prev links a key to the one before it in its chain: from a batch's
+	// consecutive prefix keys, else from consecutive stores of the group.
+	prev       map[Key]link
+	lastStored map[groupID]stored
+	// resident estimates the blocks the engine's primary rows hold: the
+	// latest rows' worth of blocks loaded or stored, most recent last.
+	resident      *list.List
+	residentEntry map[Key]*list.Element
+	lastSweep     time.Time
+	stats         Stats
+}
+
+// link is a key's predecessor and whether a lookup batch taught it.
+type link struct {
+	prev       Key
+	fromLookup bool
+}
+
+// groupID is one tier's group.
+type groupID struct {
+	tier  string
+	group int
+}
+
+// stored is a group's latest store.
+type stored struct {
+	key Key
+	at  time.Time
 }
 
 // threadKey is a key as one thread was answered it.
@@ -140,7 +169,11 @@ type batch struct {
 	at        time.Time
 	groups    []int // in the order the batch reached them
 	positions map[string]int
-	prefixLen int  // prefix keys answered present
+	prefixLen int // prefix keys answered present or found resident before them
+	held      int // rows of resident prefix keys the engine did not look up
+	last      Key // the latest prefix key looked up
+	hasLast   bool
+	counted   map[Key]bool
 	ended     bool // the prefix ended: a miss or the cap
 	capped    bool
 	loadedAt  time.Time // latest load of a key the batch answered present
@@ -164,15 +197,19 @@ func New(opts Options) *Budget {
 		opts.Now = time.Now
 	}
 	return &Budget{
-		opts:     opts,
-		present:  map[Key]time.Time{},
-		withheld: map[threadKey]time.Time{},
-		promises: map[Key]promise{},
-		promised: map[uint32]int{},
-		batches:  map[uint32]*batch{},
-		writers:  map[uint32]bool{},
-		groups:   map[string]map[int]bool{},
-		exempt:   map[string]bool{},
+		opts:          opts,
+		present:       map[Key]time.Time{},
+		withheld:      map[threadKey]time.Time{},
+		promises:      map[Key]promise{},
+		promised:      map[uint32]int{},
+		batches:       map[uint32]*batch{},
+		writers:       map[uint32]bool{},
+		groups:        map[string]map[int]bool{},
+		exempt:        map[string]bool{},
+		prev:          map[Key]link{},
+		lastStored:    map[groupID]stored{},
+		resident:      list.New(),
+		residentEntry: map[Key]*list.Element{},
 	}
 }
 
@@ -190,7 +227,7 @@ func (b *Budget) Rows() int {
 	return b.rows
 }
 
-// NoteGroup records that tier has group (seen in a store or a lookup).
+// NoteGroup records that tier has group (the store holds its blocks).
 func (b *Budget) NoteGroup(tier string, group int) {
 	b.mu.Lock()
 	b.noteGroupLocked(tier, group)
@@ -238,6 +275,9 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		return false
 	}
 	b.noteGroupLocked(key.Tier, key.Group)
+	if key.Group == bt.groups[0] && !bt.ended {
+		b.countSkippedLocked(bt, key)
+	}
 	tk := threadKey{key: key, thread: thread}
 	if at, ok := b.withheld[tk]; ok && now.Sub(at) <= b.opts.Gap {
 		b.withheld[tk] = now
@@ -272,7 +312,7 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 			return false
 		}
 		reserve := b.opts.WindowRows * (len(b.groups[key.Tier]) - 1)
-		if b.rows-b.promised[thread]-reserve <= 0 {
+		if b.rows-b.promised[thread]-bt.held-reserve <= 0 {
 			bt.ended = true
 			if !bt.capped {
 				bt.capped = true
@@ -288,10 +328,8 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 	}
 	pos, known := bt.positions[key.Hash]
 	inWindow := known && pos >= bt.prefixLen-b.opts.WindowRows
-	switch {
-	case !bt.capped && !inWindow:
-		return true
-	case inWindow && b.promised[thread] < b.rows:
+	used := b.promised[thread] + bt.held
+	if inWindow && used < b.rows || !bt.capped && used+b.opts.WindowRows < b.rows {
 		b.promiseLocked(key, bt, thread, now)
 		return true
 	}
@@ -315,6 +353,69 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 	}
 }
 
+// countSkippedLocked counts the keys of key's chain just before it that the
+// batch did not look up and the engine's rows likely hold (its walk found
+// them there): they take rows of the batch too. It then links key after
+// the batch's previous prefix key when nothing lies between them.
+func (b *Budget) countSkippedLocked(bt *batch, key Key) {
+	skipped := 0
+	for k, steps := key, 0; steps < b.rows; steps++ {
+		l, ok := b.prev[k]
+		if !ok || l.prev == key || (bt.hasLast && l.prev == bt.last) || bt.counted[l.prev] || b.residentEntry[l.prev] == nil {
+			break
+		}
+		k = l.prev
+		bt.counted[k] = true
+		bt.positions[k.Hash] = bt.prefixLen
+		bt.prefixLen++
+		bt.held++
+		skipped++
+	}
+	if bt.hasLast && skipped == 0 {
+		b.linkLocked(key, link{prev: bt.last, fromLookup: true})
+	}
+	bt.last, bt.hasLast = key, true
+}
+
+func (b *Budget) linkLocked(key Key, l link) {
+	if len(b.prev) >= b.opts.MaxKeys {
+		clear(b.prev)
+	}
+	b.prev[key] = l
+}
+
+// NoteStore records that the engine stored key (its rename landed): its row
+// holds the block, and it follows the group's previous store unless a
+// lookup taught where it goes.
+func (b *Budget) NoteStore(key Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.noteGroupLocked(key.Tier, key.Group)
+	b.residentLocked(key)
+	id := groupID{tier: key.Tier, group: key.Group}
+	now := b.opts.Now()
+	last, ok := b.lastStored[id]
+	if l, linked := b.prev[key]; ok && last.key != key && now.Sub(last.at) <= b.opts.Gap && !(linked && l.fromLookup) {
+		b.linkLocked(key, link{prev: last.key})
+	}
+	if !ok && len(b.lastStored) >= maxThreads*4 {
+		clear(b.lastStored)
+	}
+	b.lastStored[id] = stored{key: key, at: now}
+}
+
+// residentLocked notes that a row of the engine holds key now.
+func (b *Budget) residentLocked(key Key) {
+	if e := b.residentEntry[key]; e != nil {
+		b.resident.MoveToBack(e)
+		return
+	}
+	b.residentEntry[key] = b.resident.PushBack(key)
+	for b.resident.Len() > max(b.rows, 1) {
+		delete(b.residentEntry, b.resident.Remove(b.resident.Front()).(Key))
+	}
+}
+
 // batchLocked returns the batch key's lookup by thread belongs to, starting
 // a new one where the rule says so.
 func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
@@ -332,7 +433,7 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 		if bt == nil && len(b.batches) >= maxThreads {
 			clear(b.batches)
 		}
-		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}}
+		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}}
 		b.batches[thread] = bt
 	}
 	bt.at = now
@@ -371,6 +472,7 @@ func (b *Budget) Loaded(key Key) {
 		p.batch.loadedAt = b.opts.Now()
 		b.dropPromiseLocked(key, p)
 	}
+	b.residentLocked(key)
 	b.mu.Unlock()
 }
 

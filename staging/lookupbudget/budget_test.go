@@ -58,14 +58,26 @@ func TestPrefixThatFitsIsUnchanged(t *testing.T) {
 	c := &clock{now: time.Unix(1000, 0)}
 	b := newBudget(124, c)
 	noteGroups(b, 2)
-	got := upstreamBatch(b, 1, "a", 100, 2)
+	// Both groups' keys fit in the rows: every key answers present.
+	got := upstreamBatch(b, 1, "a", 50, 2)
 	for g := range got {
-		if _, n := presentRange(got[g]); n != 100 {
-			t.Errorf("group %d: %d of 100 present, want all", g, n)
+		if _, n := presentRange(got[g]); n != 50 {
+			t.Errorf("group %d: %d of 50 present, want all", g, n)
 		}
 	}
-	if st := b.Stats(); st.ChainsCapped != 0 || st.KeysWithheld != 0 {
-		t.Errorf("stats %+v: want nothing capped or withheld", st)
+	// The prefix fits, its window group's keys do not all: the prefix and
+	// the window group's last chunks answer present, which is the hit the
+	// walk finds without the budget (a window group needs its last chunks).
+	c.advance(10 * time.Second)
+	got = upstreamBatch(b, 1, "b", 100, 2)
+	if first, n := presentRange(got[0]); first != 0 || n != 100 {
+		t.Errorf("prefix group: %d present from %d, want all 100", n, first)
+	}
+	if first, n := presentRange(got[1]); first+n != 100 || n < DefaultWindowRows {
+		t.Errorf("window group: %d present from %d, want at least the last %d", n, first, DefaultWindowRows)
+	}
+	if st := b.Stats(); st.ChainsCapped != 0 || st.Promised > 124 {
+		t.Errorf("stats %+v: want nothing capped, at most 124 rows promised", st)
 	}
 }
 
@@ -211,5 +223,38 @@ func TestWritersAndOtherThreadsAreNotHeldToAnotherThreadsCap(t *testing.T) {
 	b.NoteWriter(8)
 	if st := b.Stats(); st.Promised != 10 {
 		t.Errorf("%d rows promised, want thread 1's 10", st.Promised)
+	}
+}
+
+// The engine's walk skips the chunks its rows still hold (a primary-tier
+// hit needs no lookup), but they take rows of the hit too.
+func TestResidentChunksBeforeTheLookupsTakeRows(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(40, c)
+	for i := range 60 {
+		b.NoteStore(key(0, "a", i)) // stored in order
+	}
+	for i := range 20 {
+		b.Loaded(key(0, "a", i)) // loaded again: in the engine's rows now
+	}
+	present := 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "a", i), 1, true) {
+			present++
+		}
+	}
+	if present != 20 {
+		t.Errorf("%d looked-up chunks present after 20 resident ones, want 20 (40 rows)", present)
+	}
+	// Another chain's lookups are not charged for them.
+	c.advance(10 * time.Second)
+	present = 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "b", i), 2, true) {
+			present++
+		}
+	}
+	if present != 40 {
+		t.Errorf("%d of another chain present, want 40", present)
 	}
 }
