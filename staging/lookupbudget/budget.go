@@ -125,6 +125,9 @@ type Budget struct {
 	// consecutive prefix keys, else from consecutive stores of the group.
 	prev       map[Key]link
 	lastStored map[groupID]stored
+	// ascending marks the window groups an engine walks from their start
+	// (the stock walk), whose keys its rows hold all take rows of the hit.
+	ascending map[groupID]bool
 	// resident estimates the blocks the engine's primary rows hold: the
 	// latest rows' worth of blocks loaded or stored, most recent last.
 	resident      *list.List
@@ -174,7 +177,8 @@ type batch struct {
 	last      Key // the latest prefix key looked up
 	hasLast   bool
 	counted   map[Key]bool
-	ended     bool // the prefix ended: a miss or the cap
+	lastPos   map[int]int // latest position looked up per other group
+	ended     bool        // the prefix ended: a miss or the cap
 	capped    bool
 	loadedAt  time.Time // latest load of a key the batch answered present
 }
@@ -208,6 +212,7 @@ func New(opts Options) *Budget {
 		exempt:        map[string]bool{},
 		prev:          map[Key]link{},
 		lastStored:    map[groupID]stored{},
+		ascending:     map[groupID]bool{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
 	}
@@ -268,6 +273,9 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	now := b.opts.Now()
 	b.sweepLocked(now)
 	bt := b.batchLocked(key, thread, now)
+	if key.Group != bt.groups[0] {
+		b.learnDirectionLocked(bt, key)
+	}
 	if !present {
 		if key.Group == bt.groups[0] {
 			bt.ended = true
@@ -324,6 +332,7 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 		b.promiseLocked(key, bt, thread, now)
 		bt.positions[key.Hash] = bt.prefixLen
 		bt.prefixLen++
+		b.chargeResidentLocked(bt, key)
 		return true
 	}
 	pos, known := bt.positions[key.Hash]
@@ -369,12 +378,46 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 		bt.positions[k.Hash] = bt.prefixLen
 		bt.prefixLen++
 		bt.held++
+		b.chargeResidentLocked(bt, k)
 		skipped++
 	}
 	if bt.hasLast && skipped == 0 {
 		b.linkLocked(key, link{prev: bt.last, fromLookup: true})
 	}
 	bt.last, bt.hasLast = key, true
+}
+
+// chargeResidentLocked charges the batch for the keys of prefix's chunk in
+// the tier's ascending window groups that the engine's rows hold: that walk
+// finds them there and holds them for the hit.
+func (b *Budget) chargeResidentLocked(bt *batch, prefix Key) {
+	for g := range b.groups[prefix.Tier] {
+		k := Key{Tier: prefix.Tier, Group: g, Hash: prefix.Hash}
+		if g != prefix.Group && b.ascending[groupID{tier: prefix.Tier, group: g}] && !bt.counted[k] && b.residentEntry[k] != nil {
+			bt.counted[k] = true
+			bt.held++
+		}
+	}
+}
+
+// learnDirectionLocked learns from the first two lookups of a window group
+// in a batch whether the engine walks it from its start or from its end.
+func (b *Budget) learnDirectionLocked(bt *batch, key Key) {
+	pos, known := bt.positions[key.Hash]
+	if !known {
+		return
+	}
+	last, ok := bt.lastPos[key.Group]
+	switch {
+	case !ok:
+		bt.lastPos[key.Group] = pos
+	case last >= 0 && last != pos:
+		if len(b.ascending) >= maxThreads*4 {
+			clear(b.ascending)
+		}
+		b.ascending[groupID{tier: key.Tier, group: key.Group}] = pos > last
+		bt.lastPos[key.Group] = -1 // learnt from the batch's first two
+	}
 }
 
 func (b *Budget) linkLocked(key Key, l link) {
@@ -385,8 +428,8 @@ func (b *Budget) linkLocked(key Key, l link) {
 }
 
 // NoteStore records that the engine stored key (its rename landed): its row
-// holds the block, and it follows the group's previous store unless a
-// lookup taught where it goes.
+// holds the block, and it follows the group's previous store (since the
+// tier's latest lookup batch began) unless a lookup taught where it goes.
 func (b *Budget) NoteStore(key Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -433,7 +476,14 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 		if bt == nil && len(b.batches) >= maxThreads {
 			clear(b.batches)
 		}
-		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}}
+		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
+		// Stores after this lookup are another request's: no link to
+		// the stores before it.
+		for id := range b.lastStored {
+			if id.tier == key.Tier {
+				delete(b.lastStored, id)
+			}
+		}
 		b.batches[thread] = bt
 	}
 	bt.at = now
