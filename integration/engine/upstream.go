@@ -10,7 +10,8 @@ import (
 // The upstream engine: vLLM main's scheduler-side lookup over its
 // TieringOffloadingManager with a CPU primary tier and the fs tier, as read
 // in vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py
-// (_lookup_complete_chunks, _maximal_prefix_lookup, _sliding_window_lookup),
+// (get_num_new_matched_tokens, _lookup_complete_chunks,
+// _maximal_prefix_lookup, _sliding_window_lookup, _touch),
 // vllm/v1/kv_offload/tiering/manager.py (lookup, _initiate_promotion) and
 // vllm/v1/kv_offload/tiering/async_lookup.py (AsyncLookupManager).
 
@@ -95,6 +96,7 @@ func (s *scheduler) lookupUpstream(ctx context.Context, keys [][]string, tokens 
 				continue
 			}
 			hit, deferred := s.upstreamWalk(l, r)
+			s.touchUpstream(r, hit)
 			if deferred && step < upstreamMaxSteps {
 				pending++
 				continue
@@ -119,6 +121,22 @@ func (s *scheduler) lookupUpstream(ctx context.Context, keys [][]string, tokens 
 		hits[i] = r.hit
 	}
 	return hits, nil
+}
+
+// touchUpstream is the scheduler's _touch after each lookup: the request's
+// keys its primary rows hold become the most recently used, every chunk of
+// a full-attention group and, of a windowed group, those from its window
+// before the hit on.
+func (s *scheduler) touchUpstream(r *upstreamRequest, hit int) {
+	for g, group := range s.cfg.Groups {
+		from := 0
+		if group.Kind != ctlabi.KindFull {
+			from = max(0, hit-group.Tail)
+		}
+		for _, hash := range r.keys[from:] {
+			s.primary.touch(blockKey{group: g, hash: hash})
+		}
+	}
 }
 
 // finishUpstream loads a request's hit from the primary tier to the GPUs

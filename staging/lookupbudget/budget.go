@@ -364,24 +364,40 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 
 // countSkippedLocked counts the keys of key's chain just before it that the
 // batch did not look up and the engine's rows likely hold (its walk found
-// them there): they take rows of the batch too. It then links key after
-// the batch's previous prefix key when nothing lies between them.
+// them there): they take rows of the batch too. The walk back from key must
+// end at the batch's previous prefix key, or at a chain's head for the
+// batch's first one; a walk that ends anywhere else followed a wrong link
+// (the engine's writers rename in parallel) and counts nothing. Key is then
+// linked after the previous prefix key when nothing lies between them.
 func (b *Budget) countSkippedLocked(bt *batch, key Key) {
-	skipped := 0
-	for k, steps := key, 0; steps < b.rows; steps++ {
+	var skipped []Key
+	joined := false
+	for k := key; len(skipped) < b.rows; {
 		l, ok := b.prev[k]
-		if !ok || l.prev == key || (bt.hasLast && l.prev == bt.last) || bt.counted[l.prev] || b.residentEntry[l.prev] == nil {
-			break
+		switch {
+		case !ok:
+			joined = !bt.hasLast
+		case bt.hasLast && l.prev == bt.last:
+			joined = true
+		case l.prev != key && !bt.counted[l.prev] && b.residentEntry[l.prev] != nil:
+			k = l.prev
+			skipped = append(skipped, k)
+			continue
 		}
-		k = l.prev
+		break
+	}
+	if !joined {
+		skipped = nil
+	}
+	for i := len(skipped) - 1; i >= 0; i-- {
+		k := skipped[i]
 		bt.counted[k] = true
 		bt.positions[k.Hash] = bt.prefixLen
 		bt.prefixLen++
 		bt.held++
 		b.chargeResidentLocked(bt, k)
-		skipped++
 	}
-	if bt.hasLast && skipped == 0 {
+	if bt.hasLast && len(skipped) == 0 {
 		b.linkLocked(key, link{prev: bt.last, fromLookup: true})
 	}
 	bt.last, bt.hasLast = key, true
