@@ -205,11 +205,14 @@ func agentConfig(t *testing.T, engine string) Config {
 	return cfg
 }
 
-// TestAgent: stock hits only while a hit fits in the primary tier (the first
-// turns of the later sessions, on the shared preamble); fixed streams every
-// turn's previous prefix through the tier in waves.
+// TestAgent: stock on a mount without the lookup budget (the field) hits
+// only while a hit fits in the primary tier (the first turns of the later
+// sessions, on the shared preamble); fixed streams every turn's previous
+// prefix through the tier in waves; upstream (vLLM main) gets more with the
+// budget than without.
 func TestAgent(t *testing.T) {
 	stock := agentConfig(t, EngineStock)
+	stock.LookupBudget = false
 	res := run(t, stock)
 	if res.ZeroHitRequests != stock.Requests-(stock.Sessions-1) || res.RetryPeak != stock.Rows {
 		t.Errorf("stock: %d of %d requests without a hit, retry peak %d; want %d, pinned at %d",
@@ -225,6 +228,20 @@ func TestAgent(t *testing.T) {
 	}
 	if res.Waves <= int64(fixed.Requests) || res.RowsIdentical != res.RowsChecked {
 		t.Errorf("fixed: %d waves for %d requests, %d/%d rows identical", res.Waves, fixed.Requests, res.RowsIdentical, res.RowsChecked)
+	}
+
+	var coverage [2]float64
+	for i, budget := range []bool{false, true} {
+		upstream := agentConfig(t, EngineUpstream)
+		upstream.LookupBudget = budget
+		res = run(t, upstream)
+		coverage[i] = res.Coverage
+		if budget && (res.ParkedRequests != 0 || res.RowsIdentical != res.RowsChecked) {
+			t.Errorf("upstream, budget auto: %d parked, %d/%d rows identical", res.ParkedRequests, res.RowsIdentical, res.RowsChecked)
+		}
+	}
+	if coverage[1] <= coverage[0] {
+		t.Errorf("upstream: coverage %.4f with the budget, %.4f without; want more", coverage[1], coverage[0])
 	}
 }
 
@@ -264,7 +281,7 @@ func TestTP2OneNodeGQA(t *testing.T) {
 // its allowed values.
 func TestValidateNamesTheFlag(t *testing.T) {
 	for want, mutate := range map[string]func(*Config){
-		"--engine \"x\": want stock or fixed":  func(c *Config) { c.Engine = "x" },
+		"--engine \"x\": want one of stock, upstream, fixed": func(c *Config) { c.Engine = "x" },
 		"--row-bytes 1000":                     func(c *Config) { c.RowBytes = 1000 },
 		"--nodes 3: want 1 or 2":               func(c *Config) { c.Nodes = 3 },
 		"--world-size 3":                       func(c *Config) { c.WorldSize = 3 },

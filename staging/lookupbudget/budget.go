@@ -82,8 +82,9 @@ const (
 	// DefaultGap is the pause that ends a batch (staging's batch gap).
 	DefaultGap = time.Second
 	// DefaultPromiseTTL is how long an unloaded present answer holds a row:
-	// the engine promotes what a step's lookup found within a step or two.
-	DefaultPromiseTTL = 5 * time.Second
+	// the engine promotes what a step's lookup found within a step or two,
+	// and a request whose walk gave up must not hold rows from the next.
+	DefaultPromiseTTL = time.Second
 	// DefaultMaxKeys bounds the remembered keys.
 	DefaultMaxKeys = 1 << 18
 	// maxThreads bounds the threads with a batch.
@@ -506,9 +507,10 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 	return bt
 }
 
-// sweepLocked drops expired promises, at most once per Gap.
+// sweepLocked drops expired promises and answers, at most four times per
+// PromiseTTL.
 func (b *Budget) sweepLocked(now time.Time) {
-	if now.Sub(b.lastSweep) < b.opts.Gap {
+	if now.Sub(b.lastSweep) < b.opts.PromiseTTL/4 {
 		return
 	}
 	b.lastSweep = now
