@@ -20,7 +20,7 @@
 // the rows), minus a reserve of Options.WindowRows rows for every other group
 // the tier has. The first key without a row caps the batch: it and every
 // later key of the prefix group answer absent. A key the store lacks ends
-// the prefix too (the engine's walk stops at its first miss).
+// a prefix that has begun (the engine's walk stops at its first miss).
 //
 // Other groups answer present for the WindowRows chunks just before the
 // prefix's end (the window the engine's scan from the end finds first, one
@@ -278,7 +278,7 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.learnDirectionLocked(bt, key)
 	}
 	if !present {
-		if key.Group == bt.groups[0] {
+		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
 			bt.ended = true
 		}
 		return false
@@ -350,6 +350,9 @@ func (b *Budget) promiseLocked(key Key, bt *batch, thread uint32, now time.Time)
 	if len(b.promises) >= b.opts.MaxKeys {
 		clear(b.promises)
 		clear(b.promised)
+	}
+	if p, ok := b.promises[key]; ok {
+		b.dropPromiseLocked(key, p)
 	}
 	b.promises[key] = promise{at: now, batch: bt, thread: thread}
 	b.promised[thread]++

@@ -258,3 +258,17 @@ func TestResidentChunksBeforeTheLookupsTakeRows(t *testing.T) {
 		t.Errorf("%d of another chain present, want 40", present)
 	}
 }
+
+// A key looked up before it was stored, then again once it is, answers
+// present: a miss before any present key ends no prefix.
+func TestKeyStoredWhileLookedUp(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(4, c)
+	noteGroups(b, 1)
+	if b.Answer(key(0, "a", 0), 1, false) {
+		t.Fatal("absent answered present")
+	}
+	if !b.Answer(key(0, "a", 0), 1, true) {
+		t.Error("the key, stored since, answered absent")
+	}
+}
