@@ -10,8 +10,8 @@
 // fs-tier lookup thread looks one request's keys up per step, the
 // full-attention group in prefix order, then each window group from the
 // end (DESIGN.md "The lookup budget"). A pause longer than Options.Gap, a
-// lookup of another tier, or a lookup of a group the batch already left,
-// starts a new batch.
+// lookup of another tier, of a group the batch already left, or of a prefix
+// key the batch already has, starts a new batch.
 //
 // The first group of a batch is its prefix group. Each of its present keys
 // answers present while a row is left for it: rows of the primary region,
@@ -484,6 +484,11 @@ func (b *Budget) residentLocked(key Key) {
 func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 	bt := b.batches[thread]
 	fresh := bt == nil || bt.tier != key.Tier || now.Sub(bt.at) > b.opts.Gap
+	if !fresh && key.Group == bt.groups[0] {
+		// A prefix key the batch already has: the thread started over.
+		_, again := bt.positions[key.Hash]
+		fresh = again || bt.counted[key]
+	}
 	if !fresh && bt.groups[len(bt.groups)-1] != key.Group {
 		for _, g := range bt.groups {
 			fresh = fresh || g == key.Group

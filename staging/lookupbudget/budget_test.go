@@ -272,3 +272,17 @@ func TestKeyStoredWhileLookedUp(t *testing.T) {
 		t.Error("the key, stored since, answered absent")
 	}
 }
+
+// A thread that asks a key of its prefix again starts over: a miss of a
+// block removed since does not end the prefix for the next keys it asks.
+func TestThreadStartsOver(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(4, c)
+	noteGroups(b, 1)
+	b.Answer(key(0, "a", 0), 1, true)
+	b.Loaded(key(0, "a", 0))
+	b.Answer(key(0, "a", 0), 1, false) // removed since
+	if !b.Answer(key(0, "a", 1), 1, true) {
+		t.Error("a key asked after a removed one answered absent")
+	}
+}
