@@ -122,10 +122,9 @@ type Budget struct {
 	writers  map[uint32]bool
 	groups   map[string]map[int]bool // groups seen per tier
 	exempt   map[string]bool
-	// prev links a key to the one before it in its chain: from a batch's
-	// consecutive prefix keys, else from consecutive stores of the group.
-	prev       map[Key]link
-	lastStored map[groupID]stored
+	// prev links a key to the one before it in its chain, from a batch's
+	// consecutive prefix keys.
+	prev map[Key]Key
 	// ascending marks the window groups an engine walks from their start
 	// (the stock walk), whose keys its rows hold all take rows of the hit.
 	ascending map[groupID]bool
@@ -137,22 +136,10 @@ type Budget struct {
 	stats         Stats
 }
 
-// link is a key's predecessor and whether a lookup batch taught it.
-type link struct {
-	prev       Key
-	fromLookup bool
-}
-
 // groupID is one tier's group.
 type groupID struct {
 	tier  string
 	group int
-}
-
-// stored is a group's latest store.
-type stored struct {
-	key Key
-	at  time.Time
 }
 
 // threadKey is a key as one thread was answered it.
@@ -211,8 +198,7 @@ func New(opts Options) *Budget {
 		writers:       map[uint32]bool{},
 		groups:        map[string]map[int]bool{},
 		exempt:        map[string]bool{},
-		prev:          map[Key]link{},
-		lastStored:    map[groupID]stored{},
+		prev:          map[Key]Key{},
 		ascending:     map[groupID]bool{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
@@ -368,23 +354,22 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 
 // countSkippedLocked counts the keys of key's chain just before it that the
 // batch did not look up and the engine's rows likely hold (its walk found
-// them there): they take rows of the batch too. The walk back from key must
-// end at the batch's previous prefix key, or at a chain's head for the
-// batch's first one; a walk that ends anywhere else followed a wrong link
-// (the engine's writers rename in parallel) and counts nothing. Key is then
-// linked after the previous prefix key when nothing lies between them.
+// them there): they take rows of the batch too. The walk back from key
+// follows the links earlier batches taught and must end at the batch's
+// previous prefix key, or at a chain's head for the batch's first one. Key
+// is then linked after the previous prefix key when nothing lies between.
 func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 	var skipped []Key
 	joined := false
 	for k := key; len(skipped) < b.rows; {
-		l, ok := b.prev[k]
+		prev, ok := b.prev[k]
 		switch {
 		case !ok:
 			joined = !bt.hasLast
-		case bt.hasLast && l.prev == bt.last:
+		case bt.hasLast && prev == bt.last:
 			joined = true
-		case l.prev != key && !bt.counted[l.prev] && b.residentEntry[l.prev] != nil:
-			k = l.prev
+		case prev != key && !bt.counted[prev] && b.residentEntry[prev] != nil:
+			k = prev
 			skipped = append(skipped, k)
 			continue
 		}
@@ -402,7 +387,10 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 		b.chargeResidentLocked(bt, k)
 	}
 	if bt.hasLast && len(skipped) == 0 {
-		b.linkLocked(key, link{prev: bt.last, fromLookup: true})
+		if len(b.prev) >= b.opts.MaxKeys {
+			clear(b.prev)
+		}
+		b.prev[key] = bt.last
 	}
 	bt.last, bt.hasLast = key, true
 }
@@ -440,31 +428,13 @@ func (b *Budget) learnDirectionLocked(bt *batch, key Key) {
 	}
 }
 
-func (b *Budget) linkLocked(key Key, l link) {
-	if len(b.prev) >= b.opts.MaxKeys {
-		clear(b.prev)
-	}
-	b.prev[key] = l
-}
-
-// NoteStore records that the engine stored key (its rename landed): its row
-// holds the block, and it follows the group's previous store (since the
-// tier's latest lookup batch began) unless a lookup taught where it goes.
+// NoteStore records that the engine stored key (its rename landed): a row
+// of the engine holds the block.
 func (b *Budget) NoteStore(key Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.noteGroupLocked(key.Tier, key.Group)
 	b.residentLocked(key)
-	id := groupID{tier: key.Tier, group: key.Group}
-	now := b.opts.Now()
-	last, ok := b.lastStored[id]
-	if l, linked := b.prev[key]; ok && last.key != key && now.Sub(last.at) <= b.opts.Gap && !(linked && l.fromLookup) {
-		b.linkLocked(key, link{prev: last.key})
-	}
-	if !ok && len(b.lastStored) >= maxThreads*4 {
-		clear(b.lastStored)
-	}
-	b.lastStored[id] = stored{key: key, at: now}
 }
 
 // residentLocked notes that a row of the engine holds key now.
@@ -502,13 +472,6 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 			clear(b.batches)
 		}
 		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
-		// Stores after this lookup are another request's: no link to
-		// the stores before it.
-		for id := range b.lastStored {
-			if id.tier == key.Tier {
-				delete(b.lastStored, id)
-			}
-		}
 		b.batches[thread] = bt
 	}
 	bt.at = now

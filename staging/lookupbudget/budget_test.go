@@ -231,12 +231,11 @@ func TestWritersAndOtherThreadsAreNotHeldToAnotherThreadsCap(t *testing.T) {
 func TestResidentChunksBeforeTheLookupsTakeRows(t *testing.T) {
 	c := &clock{now: time.Unix(1000, 0)}
 	b := newBudget(40, c)
-	for i := range 60 {
-		b.NoteStore(key(0, "a", i)) // stored in order
-	}
+	upstreamBatch(b, 2, "a", 40, 1) // an earlier request teaches the chain
 	for i := range 20 {
-		b.Loaded(key(0, "a", i)) // loaded again: in the engine's rows now
+		b.Loaded(key(0, "a", i)) // loaded: in the engine's rows now
 	}
+	c.advance(2 * time.Second) // that request is done
 	present := 0
 	for i := 20; i < 60; i++ {
 		if b.Answer(key(0, "a", i), 1, true) {
