@@ -137,6 +137,18 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 		n.fsys.lookupsWithheld.Add(1)
 		return nil, syscall.ENOENT
 	}
+	child, errno := n.presentBlockEntry(ctx, name, ref, inShared, out)
+	if errno == 0 && n.fsys.budget != nil {
+		// Every lookup of a present block must reach the lookup budget:
+		// the kernel may not answer a later request's lookup from its cache.
+		out.SetEntryTimeout(0)
+	}
+	return child, errno
+}
+
+// presentBlockEntry is the entry of a block the store, or the shared store,
+// holds.
+func (n *node) presentBlockEntry(ctx context.Context, name string, ref block.Ref, inShared bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if inShared {
 		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}

@@ -31,13 +31,17 @@
 // instead of 0 or parking, and a prefix that fits is answered exactly as
 // without the budget.
 //
-// A present answer holds for Options.Gap after the key's latest lookup, for
-// every thread (a load's lookup of a promised key always finds it); an
-// absent one for the thread it was given to (an engine that asks again
+// A present answer holds for Options.Gap after the key's latest lookup,
+// within its batch and for other threads (a load's lookup of a promised key
+// always finds it), while the same thread asking in a new batch (a new
+// request) is decided afresh; an absent one holds for the thread it was
+// given to (an engine that asks again
 // within a request gets the same answer). A promise ends when its block is
 // loaded, Options.Gap after the latest load of its batch (the engine
 // promotes a step's hits together; the window keys it did not need are
-// never loaded), or after Options.PromiseTTL. A thread that creates a block
+// never loaded), when its thread starts a batch after the promise's batch
+// had a load or began more than Options.Gap/10 before (that request is past
+// its lookups), or after Options.PromiseTTL. A thread that creates a block
 // tmp file is one of the engine's writers, whose lookups are a store's
 // existence checks: they answer as the store says, and their promises end.
 // A tier whose engine matches through .kvtier/match loads in waves: it is
@@ -114,7 +118,7 @@ type Budget struct {
 
 	mu       sync.Mutex
 	rows     int
-	present  map[Key]time.Time       // latest present answer per key
+	present  map[Key]presentAnswer   // latest present answer per key
 	withheld map[threadKey]time.Time // latest absent answer per key and thread
 	promises map[Key]promise
 	promised map[uint32]int // promises per thread
@@ -142,6 +146,14 @@ type groupID struct {
 	group int
 }
 
+// presentAnswer is a key's latest present answer: when, and to which
+// thread's batch.
+type presentAnswer struct {
+	at     time.Time
+	thread uint32
+	batch  *batch
+}
+
 // threadKey is a key as one thread was answered it.
 type threadKey struct {
 	key    Key
@@ -157,7 +169,7 @@ type promise struct {
 // batch is one thread's run of lookups of one tier.
 type batch struct {
 	tier      string
-	at        time.Time
+	began, at time.Time
 	groups    []int // in the order the batch reached them
 	positions map[string]int
 	prefixLen int // prefix keys answered present or found resident before them
@@ -190,7 +202,7 @@ func New(opts Options) *Budget {
 	}
 	return &Budget{
 		opts:          opts,
-		present:       map[Key]time.Time{},
+		present:       map[Key]presentAnswer{},
 		withheld:      map[threadKey]time.Time{},
 		promises:      map[Key]promise{},
 		promised:      map[uint32]int{},
@@ -278,10 +290,14 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.withheld[tk] = now
 		return false
 	}
-	_, promised := b.promises[key]
-	if at, ok := b.present[key]; promised || ok && now.Sub(at) <= b.opts.Gap {
-		b.present[key] = now
-		if key.Group == bt.groups[0] && !bt.ended {
+	// A present answer holds for the batch it was given in and for other
+	// threads (a load's lookup); the same thread asking again in a new
+	// batch is a new request, which takes rows of its own.
+	a, answered := b.present[key]
+	if answered && now.Sub(a.at) <= b.opts.Gap && (a.batch == bt || a.thread != thread) {
+		a.at = now
+		b.present[key] = a
+		if key.Group == bt.groups[0] && !bt.ended && a.batch != bt {
 			bt.positions[key.Hash] = bt.prefixLen
 			bt.prefixLen++
 		}
@@ -296,7 +312,7 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.stats.KeysWithheld++
 		return false
 	}
-	b.present[key] = now
+	b.present[key] = presentAnswer{at: now, thread: thread, batch: bt}
 	return true
 }
 
@@ -471,11 +487,26 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 		if bt == nil && len(b.batches) >= maxThreads {
 			clear(b.batches)
 		}
-		bt = &batch{tier: key.Tier, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
+		b.endRequestsLocked(thread, now)
+		bt = &batch{tier: key.Tier, began: now, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
 		b.batches[thread] = bt
 	}
 	bt.at = now
 	return bt
+}
+
+// endRequestsLocked ends, as thread starts a new batch, the promises of its
+// earlier batches whose requests are past their lookups: a batch that had
+// a load (the engine loads a hit once it is decided), or one that began
+// more than a tenth of Gap ago and had none (its walk gave up). Batches of
+// the requests looked up in the same step begin within that tenth and keep
+// sharing the rows.
+func (b *Budget) endRequestsLocked(thread uint32, now time.Time) {
+	for k, p := range b.promises {
+		if p.thread == thread && (!p.batch.loadedAt.IsZero() || now.Sub(p.batch.began) > b.opts.Gap/10) {
+			b.dropPromiseLocked(k, p)
+		}
+	}
 }
 
 // sweepLocked drops expired promises and answers, at most four times per
@@ -491,8 +522,8 @@ func (b *Budget) sweepLocked(now time.Time) {
 			b.dropPromiseLocked(k, p)
 		}
 	}
-	for k, at := range b.present {
-		if now.Sub(at) > b.opts.Gap {
+	for k, a := range b.present {
+		if now.Sub(a.at) > b.opts.Gap {
 			delete(b.present, k)
 		}
 	}
