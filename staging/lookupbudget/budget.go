@@ -271,6 +271,11 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	}
 	now := b.opts.Now()
 	b.sweepLocked(now)
+	// The engine looks up only what its rows lack.
+	if e := b.residentEntry[key]; e != nil {
+		b.resident.Remove(e)
+		delete(b.residentEntry, key)
+	}
 	bt := b.batchLocked(key, thread, now)
 	if key.Group != bt.groups[0] {
 		b.learnDirectionLocked(bt, key)

@@ -285,3 +285,20 @@ func TestThreadStartsOver(t *testing.T) {
 		t.Error("a key asked after a removed one answered absent")
 	}
 }
+
+// A block the engine looks up is not in its rows (it looks up only what
+// they lack), whatever its loads or stores said before.
+func TestLookedUpIsNotResident(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(2, c)
+	noteGroups(b, 1)
+	upstreamBatch(b, 2, "a", 2, 1) // teaches a1 follows a0
+	b.Loaded(key(0, "a", 0))
+	b.Loaded(key(0, "a", 1))
+	c.advance(2 * time.Second)
+	b.Answer(key(0, "a", 0), 3, true) // evicted since: the engine asks for it
+	c.advance(2 * time.Second)
+	if !b.Answer(key(0, "a", 1), 1, true) || !b.Answer(key(0, "a", 2), 1, true) {
+		t.Error("a batch was charged for a block the engine looked up since it was loaded")
+	}
+}
