@@ -219,9 +219,13 @@ func (f *FS) match(request []byte, thread uint32) []byte {
 		return ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, err)
 	}
 	serving := f.sync == nil || f.sync.ServeLoads()
+	if f.budget != nil {
+		// An engine that matches here loads its hit in waves.
+		f.budget.Exempt(req.Tier)
+	}
 	res, err := match.Hit(req, func(group int, key string) bool {
 		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
-		present, inShared := f.lookupBlock(ref, thread)
+		present, inShared, _ := f.lookupBlock(ref, thread, false)
 		return (present || inShared) && serving
 	})
 	f.matches.Add(1)

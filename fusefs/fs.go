@@ -30,6 +30,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -98,6 +99,10 @@ type Options struct {
 	SyncDeadline time.Duration
 	// Stager stages the blocks that follow a load in RAM; nil disables staging.
 	Stager *staging.Stager
+	// LookupBudget withholds present blocks an engine that promotes on
+	// lookup could not promote (--lookup-budget); nil answers every lookup
+	// as the store says.
+	LookupBudget *lookupbudget.Budget
 	// Diagnostics names the field failures in stat; nil means the defaults.
 	Diagnostics Diagnoser
 	// WarningWindow is how long a warning raised by a counter (checksum
@@ -143,6 +148,7 @@ type FS struct {
 	sync        *rowsync.Node
 	syncRegions *SyncRegions
 	stager      *staging.Stager
+	budget      *lookupbudget.Budget
 	diagnostics Diagnoser
 	// recent clears the counters' warnings once they stop growing.
 	recent   *diagnose.Recent
@@ -202,7 +208,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
+		stager: opts.Stager, budget: opts.LookupBudget, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
 		primed: make(map[string]time.Time), recent: diagnose.NewRecent(opts.WarningWindow, nil)}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
@@ -284,9 +290,36 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	opts.Store.OnRemove(f.forget)
 	opts.Store.OnImport(f.imported)
 	if f.regions != nil {
+		f.refreshBudget()
 		go f.watchRegions()
 	}
 	return f, nil
+}
+
+// budgetKey is a block's name as the lookup budget knows it.
+func budgetKey(n block.Name) lookupbudget.Key {
+	return lookupbudget.Key{Tier: n.Tier, Group: n.Group, Hash: n.Hash}
+}
+
+// refreshBudget tells the lookup budget the primary region's rows and the
+// groups of each tier the store holds.
+func (f *FS) refreshBudget() {
+	if f.budget == nil {
+		return
+	}
+	d := f.store.Stats()
+	rows := 0
+	for _, r := range f.regions.Infos(rowSizes(d.RowBytes)) {
+		rows = max(rows, int(r.Rows))
+	}
+	f.budget.SetRows(rows)
+	for tier := range d.RowBytes {
+		for g := range d.Groups {
+			if n, err := strconv.Atoi(g); err == nil {
+				f.budget.NoteGroup(tier, n)
+			}
+		}
+	}
 }
 
 // ProbePoll makes the kernel learn that the mount answers no POLL, by
@@ -316,6 +349,7 @@ func (f *FS) watchRegions() {
 			if err := f.regions.Refresh(); err != nil {
 				f.logger.Debug("shm regions", "err", err)
 			}
+			f.refreshBudget()
 			if f.syncRegions != nil {
 				f.syncRegions.Sweep()
 			}
@@ -424,6 +458,13 @@ func (f *FS) noteMissedDir(ctx context.Context, rel string) {
 func (f *FS) noteStore(ref block.Ref) {
 	if f.stager != nil {
 		f.stager.NoteStore(ref)
+	}
+	if f.budget != nil {
+		f.budget.NoteStore(budgetKey(ref.Name))
+		if f.budget.Rows() == 0 && f.regions != nil {
+			// The first block gives the rows their size.
+			f.refreshBudget()
+		}
 	}
 	if d, ok := f.store.Digest(ref.Rel); ok {
 		f.diagnostics.Stored(ref, d.Size)

@@ -121,8 +121,12 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // is cached by the kernel as long as the layout's other absent names.
 func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	start := time.Now()
-	present, inShared := n.fsys.lookupBlock(ref, callerThread(ctx))
+	present, inShared, withheld := n.fsys.lookupBlock(ref, callerThread(ctx), true)
 	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
+	if withheld {
+		// Not cached: the next request's lookup asks again.
+		return nil, syscall.ENOENT
+	}
 	if !present && !inShared {
 		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
 		return nil, syscall.ENOENT
@@ -133,6 +137,18 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 		n.fsys.lookupsWithheld.Add(1)
 		return nil, syscall.ENOENT
 	}
+	child, errno := n.presentBlockEntry(ctx, name, ref, inShared, out)
+	if errno == 0 && n.fsys.budget != nil {
+		// Every lookup of a present block must reach the lookup budget:
+		// the kernel may not answer a later request's lookup from its cache.
+		out.SetEntryTimeout(0)
+	}
+	return child, errno
+}
+
+// presentBlockEntry is the entry of a block the store, or the shared store,
+// holds.
+func (n *node) presentBlockEntry(ctx context.Context, name string, ref block.Ref, inShared bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if inShared {
 		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}
@@ -212,6 +228,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
+	}
+	if n.fsys.budget != nil {
+		n.fsys.budget.NoteWriter(callerThread(ctx))
 	}
 	child, errno := n.lookupStore(ctx, name, out)
 	if errno != 0 {

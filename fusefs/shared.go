@@ -35,17 +35,25 @@ type SharedLevel interface {
 
 // lookupBlock looks a block up in the store and, missing there, in the
 // shared store (DESIGN.md "The shared level"), and tells staging, the
-// diagnostics and the shared level's admission about it.
-func (f *FS) lookupBlock(ref block.Ref, thread uint32) (present, inShared bool) {
+// diagnostics and the shared level's admission about it. The engine's own
+// lookups (not a match's probes) also go through the lookup budget, which
+// may withhold a present block: it then answers absent (DESIGN.md "The
+// lookup budget").
+func (f *FS) lookupBlock(ref block.Ref, thread uint32, engine bool) (present, inShared, withheld bool) {
 	present = f.store.Lookup(ref.Rel, thread)
 	inShared = !present && f.shared != nil && f.shared.Lookup(ref.Rel)
+	if engine && f.budget != nil {
+		if found := present || inShared; !f.budget.Answer(budgetKey(ref.Name), thread, found) && found {
+			present, inShared, withheld = false, false, true
+		}
+	}
 	f.noteLookup(ref, thread, present || inShared)
 	if present && f.shared != nil {
 		if d, ok := f.store.Digest(ref.Rel); ok {
 			f.shared.LookedUp(ref.Rel, d.Size)
 		}
 	}
-	return present, inShared
+	return present, inShared, withheld
 }
 
 // sharedBlockEntry answers the lookup of a block only the shared store holds:

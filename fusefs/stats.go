@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
@@ -50,6 +51,13 @@ func (f *FS) Stats() ctlabi.Stats {
 		st.Counters.NamesPrimed = f.primer.Looked()
 	}
 	st.Counters.Matches = f.matches.Load()
+	if f.budget != nil {
+		b := f.budget.Stats()
+		st.Counters.BudgetChainsCapped, st.Counters.BudgetKeysWithheld = b.ChainsCapped, b.KeysWithheld
+		if b.ChainsCapped > 0 {
+			st.Warnings = append(st.Warnings, budgetWarning(b))
+		}
+	}
 	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
 	if f.stager != nil {
 		ss := f.stager.Stats()
@@ -182,4 +190,15 @@ func plural(n int64, singular string, pluralForm ...string) string {
 		return fmt.Sprintf("%d %s", n, pluralForm[0])
 	}
 	return fmt.Sprintf("%d %ss", n, singular)
+}
+
+// budgetWarning names the lookup budget's cap and what lifts it.
+func budgetWarning(b lookupbudget.Stats) ctlabi.Warning {
+	return ctlabi.Warning{Code: ctlabi.WarnLookupBudgetCapped, Message: fmt.Sprintf(
+		"%d lookups found prefixes longer than the engine's primary tier can promote at once (%d rows): the lookup budget "+
+			"answered present only the first chunks that fit (%d at the latest cap, %d rows kept for each window group) and withheld "+
+			"%d present blocks, so an engine whose lookup promotes every key it confirms gets that hit instead of none. To serve "+
+			"longer prefixes from this tier, give the primary tier more rows (cpu_bytes_to_use), or match through "+
+			"MOUNTPOINT/.kvtier/match and load the hit in waves",
+		b.ChainsCapped, b.Rows, b.LastCap, b.WindowRows, b.KeysWithheld)}
 }

@@ -48,7 +48,8 @@ type intFlag struct {
 type benchFlags struct {
 	fl                       *pflag.FlagSet
 	scenario, engines, syncs string
-	stagings                 string
+	stagings, budgets        string
+	atOnce                   bool
 	stepGap                  time.Duration
 	rowBytes, groups, kv     string
 	hashSeed, model, gpuKind string
@@ -66,7 +67,7 @@ func newBenchFlags() *benchFlags {
 	b := &benchFlags{fl: newFlagSet("bench")}
 	fl := b.fl
 	fl.StringVar(&b.scenario, "scenario", "", "scenario: "+strings.Join(benchScenarios, ", ")+" (or as the first argument)")
-	fl.StringVar(&b.engines, "engine", "", "engine behaviours to run, comma-separated: stock, fixed (default stock,fixed; multinode: fixed)")
+	fl.StringVar(&b.engines, "engine", "", "engine behaviours to run, comma-separated: stock, upstream, fixed (default stock,fixed; multinode: fixed)")
 	fl.StringVar(&b.syncs, "sync", "", "row mirroring between the nodes, comma-separated: off, on (default off; multinode: off,on; agent: on)")
 	fl.StringVar(&b.rowBytes, "row-bytes", "", fmt.Sprintf("row and block size, a multiple of the page size (%d here; default 256KiB; disk: 8MiB; the field's row is %d)", os.Getpagesize(), engine.FieldRowBytes))
 	b.ints = []intFlag{
@@ -93,6 +94,8 @@ func newBenchFlags() *benchFlags {
 		b.ints[i].value = fl.Int(b.ints[i].name, 0, b.ints[i].usage)
 	}
 	fl.StringVar(&b.stagings, "staging", "on", "the mounts' wave staging, comma-separated: off, on (engine scenarios; disk: one of them)")
+	fl.StringVar(&b.budgets, "lookup-budget", "auto", "the mounts' --lookup-budget, comma-separated: auto, off (engine scenarios)")
+	fl.BoolVar(&b.atOnce, "at-once", false, "eagle, long-prefix: the measured cold requests arrive together (their lookups share the scheduler's steps)")
 	fl.DurationVar(&b.stepGap, "step-gap", 0, "time the fixed engine computes between waves of one lookup, after a wave reached the GPUs (e.g. 200ms)")
 	fl.IntVar(&b.threads, "threads", engine.DefaultIOThreads, "tier I/O threads for stores and for loads")
 	fl.StringVar(&b.kv, "kv", engine.KVMLA, "KV layout across ranks: mla (replicated) or gqa (per rank)")
@@ -119,7 +122,7 @@ func newBenchFlags() *benchFlags {
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
 	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds"}
-	engineOnlyFlags = []string{"engine", "sync", "staging", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns"}
+	engineOnlyFlags = []string{"engine", "sync", "staging", "lookup-budget", "at-once", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns"}
 )
 
 func runBench(args []string) error {
@@ -231,6 +234,7 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 		return cfg, err
 	}
 	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
+	cfg.AtOnce = b.atOnce
 	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap, cfg.Netns = b.replicatedKV, b.capacity, b.dir, b.stepGap, b.netns
 	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
 	return cfg, nil
@@ -255,22 +259,29 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if err != nil {
 		return usageError{err}
 	}
+	budgets, err := parseBudgets(b.budgets)
+	if err != nil {
+		return usageError{err}
+	}
 	var results []engine.Result
 	for _, eng := range engines {
 		for _, sync := range syncs {
 			for _, staging := range stagings {
-				cfg.Engine, cfg.Sync, cfg.Staging = eng, sync, staging
-				if err := cfg.Validate(); err != nil {
-					return usageError{err}
+				for _, budget := range budgets {
+					cfg.Engine, cfg.Sync, cfg.Staging, cfg.LookupBudget = eng, sync, staging, budget
+					if err := cfg.Validate(); err != nil {
+						return usageError{err}
+					}
+					res, err := engine.Run(ctx, cfg)
+					if ctx.Err() != nil {
+						return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
+					}
+					if err != nil {
+						return fmt.Errorf("%s, --engine %s, --sync %s, --staging %s, --lookup-budget %s: %w",
+							scenario, eng, onOff(sync), onOff(staging), res.LookupBudget, err)
+					}
+					results = append(results, res)
 				}
-				res, err := engine.Run(ctx, cfg)
-				if ctx.Err() != nil {
-					return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
-				}
-				if err != nil {
-					return fmt.Errorf("%s, --engine %s, --sync %s, --staging %s: %w", scenario, eng, onOff(sync), onOff(staging), err)
-				}
-				results = append(results, res)
 			}
 		}
 	}
@@ -288,7 +299,7 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if err := json.Unmarshal(last.Stats, &st); err != nil {
 		return fmt.Errorf("decoding the mount's stats: %w", err)
 	}
-	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, sync %s run:\n", last.Engine, last.Sync)
+	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, sync %s, lookup budget %s run:\n", last.Engine, last.Sync, last.LookupBudget)
 	printStats(os.Stdout, st)
 	fmt.Println()
 	engine.WriteVerdict(os.Stdout, results)
@@ -306,12 +317,29 @@ func (b *benchFlags) engineList(scenario string) ([]string, error) {
 	var engines []string
 	for _, name := range strings.Split(b.engines, ",") {
 		name = strings.TrimSpace(name)
-		if name != engine.EngineStock && name != engine.EngineFixed {
-			return nil, fmt.Errorf("--engine %q: want stock, fixed or both comma-separated", b.engines)
+		if !slices.Contains(engine.Engines(), name) {
+			return nil, fmt.Errorf("--engine %q: want %s, comma-separated", b.engines, strings.Join(engine.Engines(), ", "))
 		}
 		engines = append(engines, name)
 	}
 	return engines, nil
+}
+
+// parseBudgets parses --lookup-budget: a comma-separated list of auto and
+// off, true for auto.
+func parseBudgets(value string) ([]bool, error) {
+	var out []bool
+	for _, name := range strings.Split(value, ",") {
+		switch strings.TrimSpace(name) {
+		case "auto":
+			out = append(out, true)
+		case "off":
+			out = append(out, false)
+		default:
+			return nil, fmt.Errorf("--lookup-budget %q: want auto, off or both comma-separated", value)
+		}
+	}
+	return out, nil
 }
 
 // parseOnOff parses a comma-separated list of off and on.

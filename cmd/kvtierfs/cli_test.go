@@ -138,6 +138,7 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--row-bytes", "1000"), []string{"--row-bytes 1000", "a multiple of the page size"}},
 		{"mount", mount("--row-bytes", "1GiB"), []string{"--row-bytes 1GiB", "up to 268435456 bytes"}},
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
+		{"mount", mount("--lookup-budget", "on"), []string{"--lookup-budget", `"on"`, "want auto or off"}},
 		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
 		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
 		{"mount", mount("--kv-events-endpoint", "127.0.0.1:5557"), []string{"--kv-events-endpoint", "127.0.0.1:5557", "tcp://*:5557"}},

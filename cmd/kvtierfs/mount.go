@@ -26,6 +26,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -69,6 +70,7 @@ type mountConfig struct {
 	allowOther    bool
 	nonempty      bool
 	primeLookups  bool
+	lookupBudget  bool
 	engineUID     int
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
 	kvEventsEndpoint string
@@ -101,6 +103,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting); a warning on checksum failures, refused stores or store I/O errors clears after a window without one", diagnose.MaxReadGrace))
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most 128KiB, so a mirrored row must be larger than its read requests)")
+	lookupBudget := fl.String("lookup-budget", "auto", "auto: answer present, within one request's lookup, for no more keys than the engine's primary tier (its shm region's rows) can promote at once, so an engine whose lookup promotes every key it confirms (stock vLLM) gets the longest hit it can load instead of none; off: answer every lookup as the store says")
 	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
 	fl.BoolVar(&c.nonempty, "nonempty", false, "mount over a mountpoint that holds files (the mount hides them; by default a non-empty mountpoint is refused)")
 	fl.BoolVar(&c.allowOther, "allow-other", false, "let users other than the one mounting reach the mount (needed when --engine-uid is another user; as non-root, user_allow_other in /etc/fuse.conf)")
@@ -132,6 +135,12 @@ func parseMountFlags(args []string) (mountConfig, error) {
 		if c.stagingBytes, err = parseSize("staging-bytes", *stagingBytes); err != nil {
 			return c, usageError{err}
 		}
+	}
+	switch *lookupBudget {
+	case "auto", "off":
+		c.lookupBudget = *lookupBudget == "auto"
+	default:
+		return c, usageError{fmt.Errorf("--lookup-budget %q: want auto or off", *lookupBudget)}
 	}
 	if c.diagMinBytes, err = parseSize("diagnostics-min-bytes", *diagMinBytes); err != nil {
 		return c, usageError{err}
@@ -272,6 +281,9 @@ func runMount(args []string) error {
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics, WarningWindow: c.diagWindow,
 		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
+	if c.lookupBudget {
+		opts.LookupBudget = lookupbudget.New(lookupbudget.Options{})
+	}
 	if sharedLevel != nil {
 		opts.Shared = sharedLevel
 		opts.NegativeTimeout = c.sharedKernelNegative

@@ -142,6 +142,10 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	if c.Matches > 0 {
 		fmt.Fprintf(t, "matches\t%d batched match requests\n", c.Matches)
 	}
+	if c.BudgetChainsCapped > 0 {
+		fmt.Fprintf(t, "lookup budget\t%d chains capped at the primary tier's rows, %d present keys withheld\n",
+			c.BudgetChainsCapped, c.BudgetKeysWithheld)
+	}
 	if r := st.Replication; r != nil {
 		fmt.Fprintf(t, "replication\t--replicated-kv %s, mirroring %s (%s; %d samples, %d mismatches), %d rows mirrored, %d lookups withheld\n",
 			r.Mode, map[bool]string{true: "on", false: "off"}[r.Allowed], r.DecidedBy, r.Samples, r.Mismatches, c.RowsMirrored, c.LookupsWithheld)

@@ -82,6 +82,11 @@ type Counters struct {
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`
 	LookupsWithheld int64 `json:"lookups_withheld"`
+	// BudgetChainsCapped counts lookup batches the lookup budget cut short
+	// (more present keys than the primary tier could promote at once),
+	// BudgetKeysWithheld the present blocks it answered absent.
+	BudgetChainsCapped int64 `json:"budget_chains_capped"`
+	BudgetKeysWithheld int64 `json:"budget_keys_withheld"`
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
@@ -173,6 +178,9 @@ const (
 	WarnPrimaryTierExhausted = "primary_tier_exhausted"
 	// WarnWriteOnlyTier: many bytes written to the tier, none read.
 	WarnWriteOnlyTier = "write_only_tier"
+	// WarnLookupBudgetCapped: the lookup budget cut prefixes longer than
+	// the primary tier can promote at once (issue 23).
+	WarnLookupBudgetCapped = "lookup_budget_capped"
 )
 
 // WarningCodes lists every Warn* code, in the order metrics export them.
@@ -180,7 +188,7 @@ var WarningCodes = []string{
 	WarnChecksumFailures, WarnNoSpace, WarnStoreIOErrors, WarnUnprovenBlocks,
 	WarnShmUnmappable, WarnShmIgnored, WarnShmGeometry, WarnPeerDown, WarnMirroringOff,
 	WarnSharedUnreachable, WarnSharedBehind,
-	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted,
+	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted, WarnLookupBudgetCapped,
 }
 
 // Warning is a known failure the operator should act on: its code and a

@@ -113,7 +113,7 @@ func TestBenchBadFlags(t *testing.T) {
 	}{
 		{[]string{"nope"}, `--scenario "nope": want one of eagle, multinode, long-prefix, agent, disk`},
 		{[]string{}, "--scenario: missing"},
-		{[]string{"eagle", "--engine", "fast"}, `--engine "fast": want stock, fixed`},
+		{[]string{"eagle", "--engine", "fast"}, `--engine "fast": want stock, upstream, fixed`},
 		{[]string{"multinode", "--sync", "maybe"}, `--sync "maybe": want off, on`},
 		{[]string{"eagle", "--nodes", "5"}, "--nodes 5: want 1 to 4"},
 		{[]string{"eagle", "--row-bytes", "1000"}, "--row-bytes 1000: want a positive multiple of 4096"},

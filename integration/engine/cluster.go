@@ -111,6 +111,7 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 		if !cfg.Staging {
 			args = append(args, "--staging-bytes", "0")
 		}
+		args = append(args, "--lookup-budget", budgetMode(cfg.LookupBudget))
 		var wrapper []string
 		if c.netns != nil {
 			wrapper = c.netns.Wrapper(n.index)

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,10 +40,17 @@ const (
 	// EngineStock is the engine as the field found it: the old store filter
 	// and a lookup that promotes every key it confirms.
 	EngineStock = "stock"
-	// EngineFixed keeps the EAGLE segment head, matches without staging and
-	// stages the hit in waves.
+	// EngineUpstream is vLLM main today: the EAGLE store filter fixed, and
+	// a lookup that still promotes every key it confirms, asynchronously
+	// (see upstream.go).
+	EngineUpstream = "upstream"
+	// EngineFixed keeps the EAGLE segment head, matches without staging
+	// (.kvtier/match) and stages the hit in waves.
 	EngineFixed = "fixed"
 )
+
+// Engines lists the engine behaviours, in the order of the docs.
+func Engines() []string { return []string{EngineStock, EngineUpstream, EngineFixed} }
 
 // KV layouts across TP ranks.
 const (
@@ -123,8 +131,15 @@ func FormatGroups(groups []Group) string {
 type Config struct {
 	// Scenario is one of Scenarios().
 	Scenario string
-	// Engine is EngineStock or EngineFixed (--engine).
+	// Engine is one of Engines() (--engine).
 	Engine string
+	// LookupBudget runs the mounts with --lookup-budget auto, else off
+	// (--lookup-budget).
+	LookupBudget bool
+	// AtOnce has the measured cold requests of eagle and long-prefix arrive
+	// together: their lookups run in the same scheduler steps, before any
+	// of their prefills (--at-once).
+	AtOnce bool
 	// Sync turns on the filesystem's row mirroring between the nodes (--sync).
 	Sync bool
 	// Netns puts each node's daemon in a network namespace of its own, the
@@ -226,6 +241,7 @@ func DefaultConfig(scenario string) (Config, error) {
 		Requests:       1,
 		IOThreads:      DefaultIOThreads,
 		Staging:        true,
+		LookupBudget:   true,
 		GPU:            gpu.KindAuto,
 		GPUDevices:     []int{0},
 		ReplicatedKV:   "auto",
@@ -287,8 +303,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.StepGap < 0:
 		return fmt.Errorf("--step-gap %v: want a duration of at least 0", c.StepGap)
-	case c.Engine != EngineStock && c.Engine != EngineFixed:
-		return fmt.Errorf("--engine %q: want %s or %s", c.Engine, EngineStock, EngineFixed)
+	case !slices.Contains(Engines(), c.Engine):
+		return fmt.Errorf("--engine %q: want one of %s", c.Engine, strings.Join(Engines(), ", "))
 	case c.RowBytes <= 0 || c.RowBytes%engineio.PageSize != 0:
 		return fmt.Errorf("--row-bytes %d: want a positive multiple of %d (the field's row is %d)", c.RowBytes, engineio.PageSize, FieldRowBytes)
 	case c.Nodes < 1 || c.Nodes > MaxNodes:
@@ -330,6 +346,9 @@ func (c Config) Validate() error {
 // validateScenario checks the fields that shape the scenario's prompts.
 func (c Config) validateScenario() error {
 	chunk := c.TokensPerChunk
+	if c.AtOnce && c.Scenario != ScenarioEagle && c.Scenario != ScenarioLongPrefix {
+		return fmt.Errorf("--at-once: applies to %s and %s only", ScenarioEagle, ScenarioLongPrefix)
+	}
 	switch c.Scenario {
 	case ScenarioEagle, ScenarioLongPrefix:
 		if c.PromptTokens <= chunk {

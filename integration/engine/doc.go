@@ -43,11 +43,26 @@
 // answer MISS and the AND of the groups vetoes the hit, with the summed RETRY
 // of the step pinned at the row count (DESIGN §3, failures 1 and 3).
 //
+// EngineUpstream is vLLM main today (upstream.go): the EAGLE store filter
+// fixed (match.Retained), and the scheduler's walk over the tiering manager:
+// asynchronous fs lookups (every new key RETRY at first, its verdict kept
+// while a request that asked is active, one faccessat batch per step, each
+// request's keys together), a key on disk starting a promotion into a free
+// or least recently used ready row (HIT_PENDING) or MISS when no row is
+// left, full-attention groups from the start and window groups from the
+// end, the convergence loop, EAGLE's extra chunk, _touch after each lookup,
+// and "ask again" while any key is pending, counted parked after 40 steps.
+// Requests that arrive together (Config.AtOnce) share the steps and rows.
+//
 // EngineFixed keeps {0} ∪ {acc-tail … acc-1} for EAGLE groups
-// (match.Retained), matches without staging (match.Hit over the primary
-// tier and faccessat through the mount), then stages the blocks the hit needs
-// in waves sized to the rows that can be allocated, loads each wave to the
-// GPUs and releases its rows before the next.
+// (match.Retained), matches without staging (one request to the mount's
+// .kvtier/match), then stages the blocks the hit needs in waves sized to
+// the rows that can be allocated, loads each wave to the GPUs and releases
+// its rows before the next.
+//
+// The mounts run with --lookup-budget auto unless Config.LookupBudget is
+// off: for stock and upstream the mount then answers present only for the
+// keys the primary tier can promote at once (issue 23).
 //
 // A load that fails (the engine deletes the file) drops the request's
 // external hit: the engine recomputes it. A wrong row raises nothing, as in the

@@ -110,11 +110,13 @@ func TestEagle(t *testing.T) {
 }
 
 // TestLongPrefix: a 348,000-token prompt on a 124-row primary tier, cold.
-// Stock: the lookup reserves a row per key, runs out at the row count and the
-// sliding group vetoes: coverage 0 with the summed RETRY pinned at 124.
-// Fixed: 169 of 169.9 chunks served (99.5%) in several waves.
+// Stock, on a mount with --lookup-budget off (the field): the lookup
+// reserves a row per key, runs out at the row count and the sliding group
+// vetoes: coverage 0 with the summed RETRY pinned at 124. Fixed: 169 of
+// 169.9 chunks served (99.5%) in several waves.
 func TestLongPrefix(t *testing.T) {
 	stock := ciConfig(t, ScenarioLongPrefix, EngineStock)
+	stock.LookupBudget = false
 	res := run(t, stock)
 	if res.Coverage != 0 || res.RetryPeak != stock.Rows || res.BytesRead != 0 {
 		t.Errorf("stock: coverage %.4f, retry peak %d (rows %d), %d B read; want 0, pinned at the rows, 0", res.Coverage, res.RetryPeak, stock.Rows, res.BytesRead)
@@ -242,11 +244,14 @@ func agentConfig(t *testing.T, engine string) Config {
 	return cfg
 }
 
-// TestAgent: stock hits only while a hit fits in the primary tier (the first
-// turns of the later sessions, on the shared preamble); fixed streams every
-// turn's previous prefix through the tier in waves.
+// TestAgent: stock on a mount without the lookup budget (the field) hits
+// only while a hit fits in the primary tier (the first turns of the later
+// sessions, on the shared preamble); fixed streams every turn's previous
+// prefix through the tier in waves; upstream (vLLM main) gets more with the
+// budget than without.
 func TestAgent(t *testing.T) {
 	stock := agentConfig(t, EngineStock)
+	stock.LookupBudget = false
 	res := run(t, stock)
 	if res.ZeroHitRequests != stock.Requests-(stock.Sessions-1) || res.RetryPeak != stock.Rows {
 		t.Errorf("stock: %d of %d requests without a hit, retry peak %d; want %d, pinned at %d",
@@ -262,6 +267,20 @@ func TestAgent(t *testing.T) {
 	}
 	if res.Waves <= int64(fixed.Requests) || res.RowsIdentical != res.RowsChecked {
 		t.Errorf("fixed: %d waves for %d requests, %d/%d rows identical", res.Waves, fixed.Requests, res.RowsIdentical, res.RowsChecked)
+	}
+
+	var coverage [2]float64
+	for i, budget := range []bool{false, true} {
+		upstream := agentConfig(t, EngineUpstream)
+		upstream.LookupBudget = budget
+		res = run(t, upstream)
+		coverage[i] = res.Coverage
+		if budget && (res.ParkedRequests != 0 || res.RowsIdentical != res.RowsChecked) {
+			t.Errorf("upstream, budget auto: %d parked, %d/%d rows identical", res.ParkedRequests, res.RowsIdentical, res.RowsChecked)
+		}
+	}
+	if coverage[1] <= coverage[0] {
+		t.Errorf("upstream: coverage %.4f with the budget, %.4f without; want more", coverage[1], coverage[0])
 	}
 }
 
@@ -301,7 +320,7 @@ func TestTP2OneNodeGQA(t *testing.T) {
 // its allowed values.
 func TestValidateNamesTheFlag(t *testing.T) {
 	for want, mutate := range map[string]func(*Config){
-		"--engine \"x\": want stock or fixed":  func(c *Config) { c.Engine = "x" },
+		"--engine \"x\": want one of stock, upstream, fixed": func(c *Config) { c.Engine = "x" },
 		"--row-bytes 1000":                     func(c *Config) { c.RowBytes = 1000 },
 		"--nodes 5: want 1 to 4":               func(c *Config) { c.Nodes = 5 },
 		"--world-size 3":                       func(c *Config) { c.WorldSize = 3 },

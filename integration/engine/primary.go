@@ -134,3 +134,12 @@ func (p *primaryTier) unpin(row int) {
 		p.free = append(p.free, row)
 	}
 }
+
+// touch makes a cached row holding block the most recently used.
+func (p *primaryTier) touch(block blockKey) {
+	row, ok := p.byBlock[block]
+	if !ok || p.lruEntry[row] == nil {
+		return
+	}
+	p.lru.MoveToBack(p.lruEntry[row])
+}

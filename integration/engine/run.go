@@ -37,9 +37,13 @@ type Result struct {
 	Seconds float64 `json:"seconds"`
 
 	// Requests is the number of measured requests; ZeroHitRequests those
-	// that got no hit at all.
+	// that got no hit at all; ParkedRequests those of the upstream engine
+	// still deferred ("ask again") after its 40 steps, counted as no hit.
 	Requests        int `json:"requests"`
 	ZeroHitRequests int `json:"zero_hit_requests"`
+	ParkedRequests  int `json:"parked_requests"`
+	// LookupBudget ("auto" or "off") is the mounts' --lookup-budget.
+	LookupBudget string `json:"lookup_budget"`
 	// RetryPeak is the largest summed RETRY of one stock lookup probe: the
 	// rows it reserved for promotions; it pins at the row count when the
 	// primary tier is exhausted.
@@ -104,13 +108,14 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		Sync:           onOff(cfg.Sync),
 		PrimaryRows:    cfg.Rows,
 		Staging:        onOff(cfg.Staging),
+		LookupBudget:   budgetMode(cfg.LookupBudget),
 		StepGapSeconds: cfg.StepGap.Seconds(),
 		Geometry: Geometry{
 			RowBytes: cfg.RowBytes, SlotBytes: cfg.SlotBytes(), Rows: cfg.Rows, TokensPerChunk: cfg.TokensPerChunk,
 			WorldSize: cfg.WorldSize, Nodes: cfg.Nodes, KV: cfg.KV, Groups: FormatGroups(cfg.Groups),
 		},
 	}
-	reporter := newProgressReporter(cfg.Progress, fmt.Sprintf("%s/%s/sync %s/staging %s", cfg.Scenario, cfg.Engine, res.Sync, res.Staging))
+	reporter := newProgressReporter(cfg.Progress, fmt.Sprintf("%s/%s/sync %s/staging %s/budget %s", cfg.Scenario, cfg.Engine, res.Sync, res.Staging, res.LookupBudget))
 	cl, err := startCluster(ctx, cfg)
 	if err != nil {
 		return res, err
@@ -158,6 +163,14 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	return res, nil
 }
 
+// budgetMode is the --lookup-budget value of on.
+func budgetMode(on bool) string {
+	if on {
+		return "auto"
+	}
+	return "off"
+}
+
 func onOff(b bool) string {
 	if b {
 		return "on"
@@ -184,7 +197,8 @@ func runScenario(ctx context.Context, s *scheduler) error {
 }
 
 // storeThenAskCold serves every prompt once (prefill and store), restarts the
-// engine and serves them again, measured: every hit must come from the disk.
+// engine and serves them again, measured (together with AtOnce): every hit
+// must come from the disk.
 func storeThenAskCold(ctx context.Context, s *scheduler, prompts [][]uint32) error {
 	for i, p := range prompts {
 		if err := s.serve(ctx, p); err != nil {
@@ -194,6 +208,9 @@ func storeThenAskCold(ctx context.Context, s *scheduler, prompts [][]uint32) err
 	}
 	s.restart()
 	s.measuring = true
+	if s.cfg.AtOnce {
+		return s.serveTogether(ctx, prompts)
+	}
 	for i, p := range prompts {
 		if err := s.serve(ctx, p); err != nil {
 			return err

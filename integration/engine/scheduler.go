@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,6 +104,7 @@ func (s *scheduler) retained(g Group, chunk int) bool {
 	if s.cfg.Engine == EngineStock {
 		return match.StockRetained(g.Kind, g.Tail, g.Acc, chunk)
 	}
+	// The upstream engine has the EAGLE store filter fixed (vLLM #52771).
 	return match.Retained(g.Kind, g.Tail, g.Acc, chunk)
 }
 
@@ -132,24 +134,56 @@ func (s *scheduler) neededBlocks(keys []string, hit int) []blockKey {
 // serve runs one request: lookup, load of the hit, prefill and store of the
 // rest. A measured request counts towards the coverage.
 func (s *scheduler) serve(ctx context.Context, tokens []uint32) error {
-	keys := chunkHashes(tokens, s.cfg.TokensPerChunk, s.cfg.HashSeed)
+	return s.serveTogether(ctx, [][]uint32{tokens})
+}
+
+// serveTogether runs requests that arrive at once: their lookups and loads
+// (in the same scheduler steps for the upstream engine, one after another
+// for the others), then the prefill and store of each one's rest.
+func (s *scheduler) serveTogether(ctx context.Context, prompts [][]uint32) error {
+	keys := make([][]string, len(prompts))
+	tokens := make([]int, len(prompts))
+	for i, p := range prompts {
+		keys[i], tokens[i] = chunkHashes(p, s.cfg.TokensPerChunk, s.cfg.HashSeed), len(p)
+	}
+	hits, err := s.lookup(ctx, keys, tokens)
+	if err != nil {
+		return err
+	}
+	for i, hit := range hits {
+		if s.measuring {
+			s.res.Requests++
+			s.res.TokensTotal += int64(tokens[i])
+			s.res.TokensHit += int64(hit * s.cfg.TokensPerChunk)
+			if hit == 0 {
+				s.res.ZeroHitRequests++
+			}
+		}
+		if err := s.prefill(ctx, keys[i], hit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lookup runs the engine's lookups of requests that arrive together and
+// returns each one's hit in chunks.
+func (s *scheduler) lookup(ctx context.Context, keys [][]string, tokens []int) ([]int, error) {
+	if s.cfg.Engine == EngineUpstream {
+		return s.lookupUpstream(ctx, keys, tokens)
+	}
 	lookup := s.lookupFixed
 	if s.cfg.Engine == EngineStock {
 		lookup = s.lookupStock
 	}
-	hit, err := lookup(ctx, keys)
-	if err != nil {
-		return err
-	}
-	if s.measuring {
-		s.res.Requests++
-		s.res.TokensTotal += int64(len(tokens))
-		s.res.TokensHit += int64(hit * s.cfg.TokensPerChunk)
-		if hit == 0 {
-			s.res.ZeroHitRequests++
+	hits := make([]int, len(keys))
+	for i, k := range keys {
+		var err error
+		if hits[i], err = lookup(ctx, k); err != nil {
+			return nil, err
 		}
 	}
-	return s.prefill(ctx, keys, hit)
+	return hits, nil
 }
 
 // reservation is a row reserved for promoting block by the stock lookup.
@@ -292,22 +326,16 @@ func (s *scheduler) lookupOrder() []int {
 	return order
 }
 
-// lookupFixed is the fixed engine's lookup: match without staging, then stage
-// the hit's blocks in waves sized to the rows that can be allocated, loading
-// each wave to the GPUs and releasing its rows before the next. It returns the
-// hit in chunks.
+// lookupFixed is the fixed engine's lookup: match without staging (one
+// request to the mount's .kvtier/match), then stage the hit's blocks in
+// waves sized to the rows that can be allocated, loading each wave to the
+// GPUs and releasing its rows before the next. It returns the hit in chunks.
 func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error) {
-	match, err := match.Hit(s.matchRequest(keys), func(group int, hash string) bool {
-		b := blockKey{group: group, hash: hash}
-		if _, ok := s.primary.find(b); ok {
-			return true
-		}
-		return s.exists(b)
-	})
-	if err != nil || match.HitChunks == 0 {
+	hit, err := s.matchThroughMount(keys)
+	if err != nil || hit == 0 {
 		return 0, err
 	}
-	needed := s.neededBlocks(keys, match.HitChunks)
+	needed := s.neededBlocks(keys, hit)
 	for step := 0; len(needed) > 0; step++ {
 		if step > 0 && s.cfg.StepGap > 0 {
 			// The engine computes on what the previous wave loaded.
@@ -363,7 +391,34 @@ func (s *scheduler) lookupFixed(ctx context.Context, keys []string) (int, error)
 		}
 		s.progress("wave %d: %d blocks staged, %d to go", s.res.Waves, len(fetch), len(needed))
 	}
-	return match.HitChunks, nil
+	return hit, nil
+}
+
+// matchThroughMount asks the head's MOUNTPOINT/.kvtier/match for the hit of
+// keys under the engine's rules; its probes count as lookups.
+func (s *scheduler) matchThroughMount(keys []string) (int, error) {
+	req, err := ctlabi.EncodeMatchRequest(s.matchRequest(keys))
+	if err != nil {
+		return 0, err
+	}
+	f, err := os.OpenFile(filepath.Join(s.head.mountpoint, ctlabi.Dir, ctlabi.MatchFile), os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if _, err := f.Write(req); err != nil {
+		return 0, fmt.Errorf("writing the match request: %w", err)
+	}
+	answer, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
+	if err != nil {
+		return 0, fmt.Errorf("reading the match answer: %w", err)
+	}
+	res, err := ctlabi.DecodeMatchResult(answer)
+	if err != nil {
+		return 0, err
+	}
+	s.res.Lookups += int64(res.Probes)
+	return res.HitChunks, nil
 }
 
 // promote reads blocks from the tier into rows of the head's region, as the

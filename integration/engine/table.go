@@ -33,11 +33,16 @@ func WriteTable(w io.Writer, results []Result) error {
 	}
 	row("engine", func(r Result, _ ctlabi.Stats) string { return r.Engine })
 	row("sync", func(r Result, _ ctlabi.Stats) string { return r.Sync })
+	row("lookup budget", func(r Result, _ ctlabi.Stats) string { return r.LookupBudget })
 	row("requests", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Requests) })
 	row("tokens total", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.TokensTotal) })
 	row("tokens hit (not re-prefilled)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.TokensHit) })
 	row("coverage", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.1f%%", 100*r.Coverage) })
 	row("requests with no hit", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.ZeroHitRequests) })
+	row("requests parked (no answer in 40 steps)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.ParkedRequests) })
+	row("mount: chains capped/keys withheld", func(_ Result, m ctlabi.Stats) string {
+		return fmt.Sprintf("%d/%d", m.Counters.BudgetChainsCapped, m.Counters.BudgetKeysWithheld)
+	})
 	row("rows identical at the GPUs", func(r Result, _ ctlabi.Stats) string {
 		return fmt.Sprintf("%d/%d", r.RowsIdentical, r.RowsChecked)
 	})
@@ -61,7 +66,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	})
 	row("mount: loads from staging", func(_ Result, m ctlabi.Stats) string { return fmt.Sprint(m.Counters.LoadsFromStaging) })
 	row("load/store errors", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%d/%d", r.LoadErrors, r.StoreErrors) })
-	row("lookups (faccessat)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Lookups) })
+	row("lookups (faccessat or match probes)", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Lookups) })
 	row("seconds", func(r Result, _ ctlabi.Stats) string { return fmt.Sprintf("%.2f", r.Seconds) })
 	row("gpu", func(r Result, _ ctlabi.Stats) string { return r.GPU })
 	row("mount: blocks", func(_ Result, m ctlabi.Stats) string { return fmt.Sprint(m.Disk.Blocks) })
