@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,11 +18,23 @@ const MaxNoteBytes = 1024
 // trusted namespace as root, which the engine's uid (owner of the store
 // tree) can neither read nor forge; in the user namespace otherwise.
 func noteXattr(name string) string {
-	if os.Geteuid() == 0 {
+	if notesTrusted() {
 		return "trusted.kvtierfs." + name
 	}
 	return "user.kvtierfs." + name
 }
+
+// notesTrusted reports whether this process may use trusted.* xattrs: root
+// of the initial user namespace, whose CAP_SYS_ADMIN the kernel asks for.
+// Root of another user namespace (a rootless container, the arm64 test
+// runner) is refused them with EPERM, so its notes go to user.* instead.
+var notesTrusted = sync.OnceValue(func() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	m, err := os.ReadFile("/proc/self/uid_map")
+	return err == nil && strings.Join(strings.Fields(string(m)), " ") == "0 0 4294967295"
+})
 
 // ReadNote returns the daemon's note name, kept on the store root across
 // restarts; an error wrapping fs.ErrNotExist when there is none.
