@@ -62,11 +62,12 @@ func eachResolution(t *testing.T, test func(t *testing.T, walking bool)) {
 		test(t, !kernelHasOpenat2())
 	})
 	t.Run("walk", func(t *testing.T) {
+		before := noOpenat2.Load()
 		restore := WithoutOpenat2()
 		defer func() {
 			restore()
-			if noOpenat2.Load() {
-				t.Error("WithoutOpenat2's restore left the walk on")
+			if noOpenat2.Load() != before {
+				t.Error("WithoutOpenat2's restore did not restore the resolution before it")
 			}
 		}()
 		test(t, true)
