@@ -3,90 +3,33 @@ package disk
 import (
 	"os"
 	"path"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // The store never follows a symbolic link, in any component of a path, nor
 // leaves its root: anyone who can write through the mount can plant a link
-// where a block or tmp file is expected (DESIGN "The store"). Files are opened
-// relative to the root's descriptor with openat2's RESOLVE_BENEATH and
-// RESOLVE_NO_SYMLINKS; where openat2 answers ENOSYS (kernels before 5.6, some
-// sandboxes, qemu-user) the path is walked one component at a time from the
-// root, each opened with O_NOFOLLOW, so the rule holds there too.
-
-// openResolve is how the store resolves its paths.
-const openResolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+// where a block or tmp file is expected (DESIGN "The store"). Every path is
+// opened beneath the root's descriptor by tiers/internal/beneath (openat2,
+// or a walk of O_NOFOLLOW opens where the kernel lacks it).
 
 // openFile opens a store-relative path with flags (O_NOFOLLOW and O_CLOEXEC
 // added) without following links.
 func (s *Store) openFile(rel string, flags int, mode uint32) (*os.File, error) {
-	fd, err := s.openat(rel, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	fd, err := beneath.Open(s.rootFD, rel, flags, mode)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: s.Path(rel), Err: err}
 	}
 	return os.NewFile(uintptr(fd), s.Path(rel)), nil
 }
 
-// openat resolves rel beneath the root, retrying the races openat2 reports
-// (EAGAIN: a rename elsewhere in the store while resolving).
-func (s *Store) openat(rel string, flags int, mode uint32) (int, error) {
-	if rel == "" {
-		rel = "." // the root
-	}
-	how := unix.OpenHow{Flags: uint64(flags), Mode: uint64(mode), Resolve: openResolve}
-	for range 8 {
-		fd, err := openat2(s.rootFD, rel, &how)
-		switch err {
-		case unix.EAGAIN, unix.EINTR:
-			continue
-		case unix.ENOSYS:
-			return s.walkOpen(rel, flags, mode)
-		}
-		return fd, err
-	}
-	return -1, unix.EAGAIN
-}
-
-// openat2 is the openat2 system call; tests replace it with one that
-// answers ENOSYS to exercise walkOpen on kernels that have it.
-var openat2 = unix.Openat2
-
-// walkOpen resolves rel beneath the root without openat2: every directory
-// on the way is opened from the previous one with O_NOFOLLOW|O_DIRECTORY
-// (a link there fails with ENOTDIR), the last component with O_NOFOLLOW,
-// and names leaving the root are refused with EXDEV as RESOLVE_BENEATH does.
-func (s *Store) walkOpen(rel string, flags int, mode uint32) (int, error) {
-	rel = path.Clean(rel)
-	if path.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, "../") {
-		return -1, unix.EXDEV
-	}
-	dir := s.rootFD
-	defer func() {
-		if dir != s.rootFD {
-			unix.Close(dir)
-		}
-	}()
-	parts := strings.Split(rel, "/")
-	for _, name := range parts[:len(parts)-1] {
-		next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return -1, err
-		}
-		if dir != s.rootFD {
-			unix.Close(dir)
-		}
-		dir = next
-	}
-	return unix.Openat(dir, parts[len(parts)-1], flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
-}
-
 // OpenAt opens a store-relative path beneath the root (O_NOFOLLOW and
 // O_CLOEXEC added) without following a link in any component: the mount's
 // operations on names outside the block layout resolve them through it.
 func (s *Store) OpenAt(rel string, flags int, mode uint32) (int, error) {
-	return s.openat(rel, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	return beneath.Open(s.rootFD, rel, flags, mode)
 }
 
 // OpenParent opens the directory holding rel (O_PATH) beneath the root
@@ -114,7 +57,7 @@ func (s *Store) Lstat(rel string) (unix.Stat_t, error) {
 // openDir opens the directory holding rel, for the *at calls that publish a
 // block: the name a rename acts on is then resolved in that directory only.
 func (s *Store) openDir(rel string) (int, error) {
-	return s.openat(path.Dir(rel), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	return beneath.Open(s.rootFD, path.Dir(rel), unix.O_PATH|unix.O_DIRECTORY, 0)
 }
 
 // fileID is a file's identity.

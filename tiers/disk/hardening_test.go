@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // failPwrite makes the store's writes land only the first `land` bytes, in
@@ -518,20 +519,10 @@ func eachResolver(t *testing.T, test func(t *testing.T)) {
 	})
 }
 
-// withoutOpenat2 makes the store see openat2 answer ENOSYS until the test ends.
+// withoutOpenat2 makes the store walk its paths, as where openat2 answers
+// ENOSYS, until the test ends.
 func withoutOpenat2(t *testing.T) {
-	t.Helper()
-	calls := 0
-	openat2 = func(int, string, *unix.OpenHow) (int, error) {
-		calls++
-		return -1, unix.ENOSYS
-	}
-	t.Cleanup(func() {
-		openat2 = unix.Openat2
-		if calls == 0 {
-			t.Error("the store never asked for openat2: the walk was not exercised")
-		}
-	})
+	t.Cleanup(beneath.WithoutOpenat2())
 }
 
 // Without openat2 the walk still resolves the layout (a block stores and

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // importSerial numbers the tmp files Import writes.
@@ -67,7 +68,7 @@ func (s *Store) MakeDirs(relDir string) error {
 		if comp == "." || comp == "" {
 			continue
 		}
-		pfd, err := s.openat(parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		pfd, err := beneath.Open(s.rootFD, parent, unix.O_PATH|unix.O_DIRECTORY, 0)
 		if err != nil {
 			return err
 		}
@@ -76,7 +77,7 @@ func (s *Store) MakeDirs(relDir string) error {
 		dir := path.Join(parent, comp)
 		switch {
 		case err == nil:
-			fd, err := s.openat(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			fd, err := beneath.Open(s.rootFD, dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 			if err != nil {
 				return err
 			}

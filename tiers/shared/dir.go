@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // Dir is the shared directory as the level uses it, by paths relative to its
@@ -97,15 +97,12 @@ func fileInfo(st *unix.Stat_t) FileInfo {
 // descriptor's filesystem is gone (ENOTCONN, ENODEV, ESTALE: its client
 // died) and the path names another directory (the filesystem mounted
 // again), checked at most once per rootCheckEvery: a directory swapped in at
-// the path of a live one is never taken. Below the root, names resolve with openat2's
-// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or, where the kernel lacks openat2,
-// by a walk of O_NOFOLLOW|O_DIRECTORY opens, one component at a time.
+// the path of a live one is never taken. Below the root, names resolve
+// without following a link (tiers/internal/beneath).
 // Files are opened O_NONBLOCK (a FIFO never blocks an open) and checked to
 // be regular before a byte is read or written.
 type OSDir struct {
 	root string
-	// noOpenat2 forces the component walk (set when openat2 answers ENOSYS).
-	noOpenat2 atomic.Bool
 
 	mu        sync.Mutex
 	rootFD    int
@@ -169,78 +166,21 @@ func (d *OSDir) openRoot() (int, error) {
 	return fd, nil
 }
 
-// components splits a relative path into plain names, refusing absolute
-// paths, empty, "." and ".." components.
-func components(rel string) ([]string, error) {
-	if rel == "." {
-		return nil, nil
-	}
-	parts := strings.Split(rel, "/")
-	for _, p := range parts {
-		if p == "" || p == "." || p == ".." {
-			return nil, &fs.PathError{Op: "resolve", Path: rel, Err: syscall.EINVAL}
-		}
-	}
-	return parts, nil
-}
-
-// resolveFlags are openat2's: nothing above the root, no link anywhere.
-const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-
-// open opens rel below the root without following any link.
+// open opens rel below the root (O_NONBLOCK added: a FIFO never blocks an
+// open) without following any link.
 func (d *OSDir) open(rel string, flags int, mode uint32) (int, error) {
 	root, err := d.rootDir()
 	if err != nil {
 		return -1, err
 	}
-	parts, err := components(rel)
-	if err != nil {
-		return -1, err
-	}
-	flags |= unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
-	if len(parts) == 0 {
-		return retryEINTR(func() (int, error) { return unix.Openat(root, ".", flags, 0) })
-	}
-	if !d.noOpenat2.Load() {
-		how := unix.OpenHow{Flags: uint64(flags), Resolve: resolveFlags}
-		if flags&unix.O_CREAT != 0 {
-			how.Mode = uint64(mode)
-		}
-		fd, err := retryEINTR(func() (int, error) { return unix.Openat2(root, rel, &how) })
-		if !errors.Is(err, unix.ENOSYS) {
-			return fd, pathErr("open", rel, err)
-		}
-		d.noOpenat2.Store(true)
-	}
-	dir, err := d.walk(root, parts[:len(parts)-1])
-	if err != nil {
-		return -1, pathErr("open", rel, err)
-	}
-	if dir != root {
-		defer unix.Close(dir)
-	}
-	fd, err := retryEINTR(func() (int, error) { return unix.Openat(dir, parts[len(parts)-1], flags, mode) })
+	fd, err := beneath.Open(root, rel, flags|unix.O_NONBLOCK, mode)
 	return fd, pathErr("open", rel, err)
 }
 
-// walk opens the directories parts below dir one at a time, none through a
-// link (the fallback where openat2 is missing); it returns dir itself for
-// no parts.
-func (d *OSDir) walk(dir int, parts []string) (int, error) {
-	cur := dir
-	for _, p := range parts {
-		next, err := retryEINTR(func() (int, error) {
-			return unix.Openat(cur, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		})
-		if cur != dir {
-			unix.Close(cur)
-		}
-		if err != nil {
-			return -1, err
-		}
-		cur = next
-	}
-	return cur, nil
+// components splits rel into the plain names beneath.Open accepts.
+func components(rel string) ([]string, error) {
+	parts, err := beneath.Split(rel)
+	return parts, pathErr("resolve", rel, err)
 }
 
 // parent opens the directory holding rel and returns it with rel's last
@@ -293,16 +233,6 @@ func pathErr(op, rel string, err error) error {
 		return nil
 	}
 	return &fs.PathError{Op: op, Path: rel, Err: err}
-}
-
-// retryEINTR repeats a call interrupted by a signal (Go's runtime sends them).
-func retryEINTR(fn func() (int, error)) (int, error) {
-	for {
-		fd, err := fn()
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
 }
 
 // Stat stats rel without following a link.
@@ -506,7 +436,7 @@ func (d *OSDir) MkdirAll(rel string) error {
 		if err := unix.Mkdirat(cur, p, 0o700); err != nil && err != unix.EEXIST {
 			return pathErr("mkdir", rel, err)
 		}
-		next, err := d.walk(cur, []string{p})
+		next, err := beneath.Open(cur, p, unix.O_PATH|unix.O_DIRECTORY, 0)
 		if err != nil {
 			return pathErr("mkdir", rel, err)
 		}

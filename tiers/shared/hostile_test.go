@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // The shared directory is written by others (DESIGN.md "Threat model"):
@@ -116,11 +117,10 @@ func TestSparseFilesRefused(t *testing.T) {
 func linkModes(t *testing.T, fn func(t *testing.T, dir func(root string) Dir)) {
 	for _, walk := range []bool{false, true} {
 		t.Run(fmt.Sprintf("walk=%v", walk), func(t *testing.T) {
-			fn(t, func(root string) Dir {
-				d := NewOSDir(root)
-				d.noOpenat2.Store(walk)
-				return d
-			})
+			if walk {
+				t.Cleanup(beneath.WithoutOpenat2())
+			}
+			fn(t, func(root string) Dir { return NewOSDir(root) })
 		})
 	}
 }
