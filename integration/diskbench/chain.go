@@ -179,7 +179,7 @@ func (r *chainRun) runPhase(p int, first bool, res *ChainResult) (time.Duration,
 		name, budget = "staging on", r.cfg.StagingBytes
 	}
 	d, err := daemon.Start(daemon.Options{Binary: r.cfg.Binary, Mountpoint: filepath.Join(r.work, "mnt"), Store: r.store,
-		ShmGlob: r.region.Path, Args: []string{"--staging-bytes", fmt.Sprint(budget)}})
+		ShmGlob: r.region.Path, Args: []string{"--staging-bytes", fmt.Sprint(budget), "--lookup-budget", "off"}})
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", name, err)
 	}
@@ -220,7 +220,7 @@ func (r *chainRun) runPhase(p int, first bool, res *ChainResult) (time.Duration,
 // writing one side after the other measurably favoured the later one.
 func (r *chainRun) storeChain() error {
 	d, err := daemon.Start(daemon.Options{Binary: r.cfg.Binary, Mountpoint: filepath.Join(r.work, "mnt"), Store: r.store,
-		ShmGlob: r.region.Path})
+		ShmGlob: r.region.Path, Args: []string{"--lookup-budget", "off"}})
 	if err != nil {
 		return err
 	}
