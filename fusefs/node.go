@@ -230,7 +230,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, n.errno(err)
 	}
 	if n.fsys.budget != nil {
-		n.fsys.budget.NoteWriter(callerThread(ctx))
+		n.fsys.budget.NoteIOThread(callerThread(ctx))
 	}
 	child, errno := n.lookupStore(ctx, name, out)
 	if errno != 0 {

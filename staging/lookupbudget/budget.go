@@ -42,8 +42,10 @@
 // never loaded), when its thread starts a batch after the promise's batch
 // had a load or began more than Options.Gap/10 before (that request is past
 // its lookups), or after Options.PromiseTTL. A thread that creates a block
-// tmp file is one of the engine's writers, whose lookups are a store's
-// existence checks: they answer as the store says, and their promises end.
+// tmp file or opens a block for a load is one of the engine's I/O threads,
+// not its lookup thread (vLLM's lookups only ask faccessat or stat): its
+// lookups check what it is about to write or read, so they answer as the
+// store says, and its promises end.
 // A tier whose engine matches through .kvtier/match loads in waves: it is
 // exempt.
 package lookupbudget
@@ -123,7 +125,7 @@ type Budget struct {
 	promises map[Key]promise
 	promised map[uint32]int // promises per thread
 	batches  map[uint32]*batch
-	writers  map[uint32]bool
+	io       map[uint32]bool         // the engine's I/O threads (NoteIOThread)
 	groups   map[string]map[int]bool // groups seen per tier
 	exempt   map[string]bool
 	// prev links a key to the one before it in its chain, from a batch's
@@ -207,7 +209,7 @@ func New(opts Options) *Budget {
 		promises:      map[Key]promise{},
 		promised:      map[uint32]int{},
 		batches:       map[uint32]*batch{},
-		writers:       map[uint32]bool{},
+		io:            map[uint32]bool{},
 		groups:        map[string]map[int]bool{},
 		exempt:        map[string]bool{},
 		prev:          map[Key]Key{},
@@ -266,7 +268,7 @@ func (b *Budget) Exempt(tier string) {
 func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.rows <= 0 || b.exempt[key.Tier] || b.writers[thread] {
+	if b.rows <= 0 || b.exempt[key.Tier] || b.io[thread] {
 		return present
 	}
 	now := b.opts.Now()
@@ -551,18 +553,19 @@ func (b *Budget) Loaded(key Key) {
 	b.mu.Unlock()
 }
 
-// NoteWriter records that thread created a block tmp file: it is one of the
-// engine's writers, whose lookups are a store's existence checks.
-func (b *Budget) NoteWriter(thread uint32) {
+// NoteIOThread records that thread created a block tmp file or opened a
+// block for a load: it is one of the engine's I/O threads, whose lookups
+// check the block it is about to write or read.
+func (b *Budget) NoteIOThread(thread uint32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.writers[thread] {
+	if b.io[thread] {
 		return
 	}
-	if len(b.writers) >= maxThreads {
-		clear(b.writers)
+	if len(b.io) >= maxThreads {
+		clear(b.io)
 	}
-	b.writers[thread] = true
+	b.io[thread] = true
 	delete(b.batches, thread)
 	for k, p := range b.promises {
 		if p.thread == thread {

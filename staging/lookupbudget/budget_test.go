@@ -207,7 +207,7 @@ func TestWritersAndOtherThreadsAreNotHeldToAnotherThreadsCap(t *testing.T) {
 	// A store's existence check of a withheld key, from a writer thread
 	// (it created a tmp file before), answers as the store says: no
 	// rewrite of a block on disk.
-	b.NoteWriter(7)
+	b.NoteIOThread(7)
 	if !b.Answer(key(0, "a", 15), 7, true) {
 		t.Error("a writer's existence check of a withheld key answered absent")
 	}
@@ -220,7 +220,7 @@ func TestWritersAndOtherThreadsAreNotHeldToAnotherThreadsCap(t *testing.T) {
 		t.Error("thread 1 got a present answer for a key it was told absent")
 	}
 	// A thread that turns out to be a writer gives its promises back.
-	b.NoteWriter(8)
+	b.NoteIOThread(8)
 	if st := b.Stats(); st.Promised != 10 {
 		t.Errorf("%d rows promised, want thread 1's 10", st.Promised)
 	}
