@@ -1,8 +1,10 @@
 package main
 
 import (
+	"crypto/subtle"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -65,4 +67,23 @@ func (c *slotConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// requireToken serves next only to requests carrying token as a bearer
+// credential (Prometheus' `authorization: {credentials_file: FILE}`), so
+// that metrics and profiles stay the node operator's although every local
+// user reaches the port; a nil token lets every request through.
+func requireToken(token []byte, next http.Handler) http.Handler {
+	if token == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvtierfs"`)
+			http.Error(w, "a bearer token (--metrics-token-file) is required", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -52,6 +52,7 @@ type mountConfig struct {
 	capacity      int64
 	shmGlob       string
 	metricsAddr   string
+	metricsToken  string
 	lookupProtect time.Duration
 	debug         bool
 	debugFUSE     bool
@@ -90,6 +91,7 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.StringVar(&capacity, "capacity", "", "bytes the store may hold, e.g. 400GiB, 10G, 500MB (default 90% of the store filesystem)")
 	fl.StringVar(&c.shmGlob, "shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	fl.StringVar(&c.metricsAddr, "metrics-addr", "127.0.0.1:9477", "address of the Prometheus /metrics endpoint; empty disables it")
+	fl.StringVar(&c.metricsToken, "metrics-token-file", "", "file holding a token (at least 16 bytes, mode 0600 or 0400) that /metrics and /debug/pprof require as a bearer credential, keeping them the node operator's; /healthz stays open (default: no token, any local user may scrape)")
 	fl.DurationVar(&c.lookupProtect, "lookup-protect", disk.DefaultLookupProtect, "keep blocks that answered a lookup this long from eviction")
 	fl.StringVar(&c.listen, "listen", "", "address where peers send mirrored rows, e.g. 0.0.0.0:7470 (multi-node)")
 	fl.StringArrayVar(&c.peers, "peer", nil, "address of a peer daemon to mirror loaded rows to; repeat for each (multi-node)")
@@ -247,6 +249,12 @@ func runMount(args []string) error {
 	build := thisBuild()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric(build))
 	var metricsListener net.Listener
+	var metricsToken []byte
+	if c.metricsToken != "" {
+		if metricsToken, err = rowsync.ReadSecretFile(c.metricsToken); err != nil {
+			return fmt.Errorf("--metrics-token-file: %w", err)
+		}
+	}
 	if c.metricsAddr != "" {
 		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {
 			return fmt.Errorf("--metrics-addr %s: %w (choose another address, or --metrics-addr '' to disable metrics)", c.metricsAddr, err)
@@ -313,11 +321,11 @@ func runMount(args []string) error {
 	}
 	if metricsListener != nil {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", requireToken(metricsToken, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 		mux.Handle("/healthz", newHealth(serving.Load, store.Check))
 		if c.debug {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.Handle("/debug/pprof/", requireToken(metricsToken, http.HandlerFunc(pprof.Index)))
+			mux.Handle("/debug/pprof/profile", requireToken(metricsToken, http.HandlerFunc(pprof.Profile)))
 		}
 		defer serveMetrics(metricsListener, mux).Close()
 	}

@@ -267,3 +267,61 @@ func TestHealthAndBuildInfo(t *testing.T) {
 		t.Errorf("the start-up log does not name the version:\n%s", d.Log())
 	}
 }
+
+// TestMetricsTokenKeepsMetricsToTheOperator: with --metrics-token-file,
+// /metrics and /debug/pprof answer only a request bearing the token, which
+// a local user who reaches the port does not have; /healthz stays open for
+// probes. A token file others could read is refused at mount.
+func TestMetricsTokenKeepsMetricsToTheOperator(t *testing.T) {
+	token := "operator-token-0123456789"
+	file := filepath.Join(t.TempDir(), "metrics.token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--metrics-addr", "127.0.0.1:0", "--metrics-token-file", file, "--debug"}})
+	m := regexp.MustCompile(`metrics=http://(\S+)/metrics`).FindStringSubmatch(d.Log())
+	if m == nil {
+		t.Fatalf("the daemon did not log its metrics address:\n%s", d.Log())
+	}
+	get := func(path, bearer string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+m[1]+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, path := range []string{"/metrics", "/debug/pprof/", "/debug/pprof/heap"} {
+		for _, bearer := range []string{"", "operator-token-wrong-guess"} {
+			if code, _ := get(path, bearer); code != http.StatusUnauthorized {
+				t.Errorf("%s with token %q: %d, want 401", path, bearer, code)
+			}
+		}
+	}
+	if code, body := get("/metrics", token); code != http.StatusOK || !strings.Contains(body, "kvtierfs_build_info") {
+		t.Errorf("/metrics with the token: %d, no kvtierfs_build_info", code)
+	}
+	if code, _ := get("/debug/pprof/", token); code != http.StatusOK {
+		t.Errorf("/debug/pprof/ with the token: %d", code)
+	}
+	if code, body := get("/healthz", ""); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz without a token: %d %q", code, body)
+	}
+
+	readable := filepath.Join(t.TempDir(), "readable.token")
+	if err := os.WriteFile(readable, []byte(token), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mounttest.Launch(t, mounttest.Options{Args: []string{"--metrics-token-file", readable}}); err == nil ||
+		!strings.Contains(err.Error(), "--metrics-token-file") {
+		t.Fatalf("a world-readable token file: %v, want a refusal naming --metrics-token-file", err)
+	}
+}
