@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,18 @@ type container struct {
 	} `yaml:"volumeMounts"`
 }
 
+// volume is a pod's volume: a host path or a Secret.
+type volume struct {
+	Name     string `yaml:"name"`
+	HostPath *struct {
+		Path string `yaml:"path"`
+	} `yaml:"hostPath"`
+	Secret *struct {
+		SecretName  string `yaml:"secretName"`
+		DefaultMode int    `yaml:"defaultMode"`
+	} `yaml:"secret"`
+}
+
 // probe is a container's readiness, startup or liveness probe.
 type probe struct {
 	Exec struct {
@@ -135,14 +148,10 @@ type workload struct {
 					Operator string `yaml:"operator"`
 				} `yaml:"tolerations"`
 				PriorityClassName string      `yaml:"priorityClassName"`
+				HostNetwork       bool        `yaml:"hostNetwork"`
 				InitContainers    []container `yaml:"initContainers"`
 				Containers        []container `yaml:"containers"`
-				Volumes           []struct {
-					Name     string `yaml:"name"`
-					HostPath *struct {
-						Path string `yaml:"path"`
-					} `yaml:"hostPath"`
-				} `yaml:"volumes"`
+				Volumes           []volume    `yaml:"volumes"`
 			} `yaml:"spec"`
 		} `yaml:"template"`
 	} `yaml:"spec"`
@@ -385,7 +394,20 @@ func TestPrometheusAlertRules(t *testing.T) {
 // request covering --staging-bytes plus the daemon's overhead, and a rolling
 // update that never runs two daemons on one node.
 func TestDaemonSetIsANodeAgent(t *testing.T) {
-	ds := readWorkloads(t)["DaemonSet/kvtierfs"]
+	objects := readWorkloads(t)
+	for _, name := range []string{"DaemonSet/kvtierfs", "DaemonSet/kvtierfs-tp"} {
+		ds, ok := objects[name]
+		if !ok {
+			t.Fatalf("no %s among the manifests", name)
+		}
+		t.Run(name, func(t *testing.T) { checkNodeAgent(t, ds) })
+	}
+}
+
+// checkNodeAgent checks a DaemonSet against node-exporter's norms: every
+// taint tolerated, node-critical priority, health probes, memory for its
+// staging, one node at a time.
+func checkNodeAgent(t *testing.T, ds workload) {
 	spec := ds.Spec.Template.Spec
 	tolerated := false
 	for _, tol := range spec.Tolerations {
@@ -447,4 +469,56 @@ func parseQuantity(q string) (int64, error) {
 		}
 	}
 	return strconv.ParseInt(q, 10, 64)
+}
+
+// TestTPDaemonSetIsOneGroup checks the recipe for a tensor-parallel group:
+// the node network, one peer list for every node (each daemon skips itself,
+// integration/multinode TestOnePeerListForThree), the row size, and the
+// peers' secret and the metrics token from a Secret only the daemon reads.
+func TestTPDaemonSetIsOneGroup(t *testing.T) {
+	ds, ok := readWorkloads(t)["DaemonSet/kvtierfs-tp"]
+	if !ok {
+		t.Fatal("no DaemonSet kvtierfs-tp")
+	}
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork {
+		t.Error("hostNetwork is off: the peers' addresses are the nodes'")
+	}
+	args := spec.Containers[0].Args
+	_, port, err := net.SplitHostPort(flagValue(args, "--listen"))
+	if err != nil {
+		t.Fatalf("--listen %q: %v", flagValue(args, "--listen"), err)
+	}
+	var peers []string
+	for i, a := range args {
+		if a == "--peer" && i+1 < len(args) {
+			peers = append(peers, args[i+1])
+		}
+	}
+	if len(peers) < 2 {
+		t.Errorf("peers %v: want every node of the group (at least two), the same list on each", peers)
+	}
+	for _, p := range peers {
+		if _, pp, err := net.SplitHostPort(p); err != nil || pp != port {
+			t.Errorf("peer %q does not name the port the daemons --listen on (%s)", p, port)
+		}
+	}
+	if rowBytes, err := parseSize("row-bytes", flagValue(args, "--row-bytes")); err != nil || rowBytes <= 0 || rowBytes%4096 != 0 {
+		t.Errorf("--row-bytes %q: want a block file's size (%v)", flagValue(args, "--row-bytes"), err)
+	}
+	secrets := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.DefaultMode == 0o400 {
+			secrets[v.Name] = true
+		}
+	}
+	for _, flag := range []string{"--secret-file", "--metrics-token-file"} {
+		file, read := flagValue(args, flag), false
+		for _, m := range spec.Containers[0].VolumeMounts {
+			read = read || secrets[m.Name] && strings.HasPrefix(file, m.MountPath+"/")
+		}
+		if !read {
+			t.Errorf("%s %q is not in a Secret volume of mode 0400", flag, file)
+		}
+	}
 }
