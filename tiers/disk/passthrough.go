@@ -67,9 +67,11 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	if w.file == nil || t.expect == 0 || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
 		return 0, false
 	}
+	reserving := time.Now()
 	if err := s.reserve(t.expect, w.rel); err != nil {
 		return 0, false
 	}
+	s.TimePhase(PhaseCreateReserve, reserving)
 	s.mu.Lock()
 	t.allocated += t.expect
 	t.passthrough = true

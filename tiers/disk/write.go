@@ -70,7 +70,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	// publish of the same tmp name meanwhile is refused.
 	s.creating[rel] = true
 	s.mu.Unlock()
+	opened := time.Now()
 	f, direct, id, size, err := s.openTmp(rel, flags, mode, truncate)
+	s.TimePhase(PhaseCreateFile, opened)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.creating, rel)
@@ -514,9 +516,11 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if !ok {
 		return newError("rename", tmpRel, syscall.EINVAL, "not a tmp file written through this mount")
 	}
+	phase := time.Now()
 	if err := t.awaitRelease(tmpRel); err != nil {
 		return err
 	}
+	s.TimePhase(PhaseReleaseWait, phase)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.sealed {
@@ -536,12 +540,15 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	setFlag(int(f.Fd()), unix.O_NOATIME, true)
 	var sealed written
 	if t.passthrough {
+		phase = time.Now()
 		var err error
 		if sealed, err = s.sealPassthrough(t, f); err != nil {
 			return err
 		}
 		t.size = sealed.size
+		s.TimePhase(PhaseProbe, phase)
 	}
+	phase = time.Now()
 	if t.size == 0 || t.size%int64(block.PageSize) != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, block.PageSize)
@@ -592,9 +599,14 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
+	s.TimePhase(PhaseChecksum, phase)
+	phase = time.Now()
 	if err := writeDigest(f, name, digest); err != nil {
 		return err
 	}
+	s.TimePhase(PhaseRecord, phase)
+	phase = time.Now()
+	defer s.TimePhase(PhaseRenameat, phase)
 	_, physical, err := fileSize(f)
 	if err != nil {
 		return err
