@@ -211,15 +211,16 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return n.createOther(ctx, name, flags, mode, out)
 	}
 	defer n.fsys.store.TimePhase(disk.PhaseCreate, time.Now())
-	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
+	w, err := n.fsys.store.CreateTmp(rel, int(flags))
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
 	}
-	child, errno := n.lookupStore(ctx, name, out)
-	if errno != 0 {
+	e, err := n.fsys.index.entryAt(w.Fd(), "")
+	if err != nil {
 		w.Close()
-		return nil, nil, 0, errno
+		return nil, nil, 0, n.errno(err)
 	}
+	child := n.indexedChild(ctx, e, out)
 	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1}
 	if fd, ok := w.Passthrough(); ok {
 		h.passthroughFd = fd

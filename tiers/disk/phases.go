@@ -28,6 +28,8 @@ const (
 	PhaseReleaseWait
 	// PhaseProbe reads the probe pages, finds the row and punches zero pages.
 	PhaseProbe
+	// PhaseProbeRead is the read of the probe pages, part of PhaseProbe.
+	PhaseProbeRead
 	// PhaseChecksum checksums what no row gave and checks vLLM's CRC32C xattr.
 	PhaseChecksum
 	// PhaseRecord writes the digest record.
@@ -41,7 +43,7 @@ const (
 
 // phaseNames name the phases in stats.json and the metrics.
 var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
-	"rename", "rename_release_wait", "rename_probe", "rename_checksum", "rename_record", "rename_renameat", "rename_index"}
+	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index"}
 
 // String is the phase's name in stats.json.
 func (p Phase) String() string { return phaseNames[p] }

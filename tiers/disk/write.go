@@ -44,10 +44,11 @@ const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscal
 // open flags: O_EXCL, O_TRUNC and the sync flags are honoured, others dropped,
 // and O_DIRECT kept, so an engine writing O_DIRECT writes to the disk as it
 // would without the mount, not into dirty pages the kernel then throttles. The
-// name is resolved without following links, and what it opens must be a
-// regular file no other name links to; the store keeps its descriptor until
-// the tmp is published or removed.
-func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
+// file is created private to the store's owner (PrivateFileMode), whatever
+// mode the engine asked for. The name is resolved without following links,
+// and what it opens must be a regular file no other name links to; the store
+// keeps its descriptor until the tmp is published or removed.
+func (s *Store) CreateTmp(rel string, flags int) (*Writer, error) {
 	kind, name := block.Parse(rel)
 	if kind != block.TmpFile {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
@@ -71,7 +72,7 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	s.creating[rel] = true
 	s.mu.Unlock()
 	opened := time.Now()
-	f, direct, id, size, err := s.openTmp(rel, flags, mode, truncate)
+	f, direct, id, size, err := s.openTmp(rel, flags, truncate)
 	s.TimePhase(PhaseCreateFile, opened)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -99,40 +100,46 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 
 // openTmp opens (creating it) the tmp file rel and checks that it is a file
 // of its own, made private to the store; direct is whether it is open
-// O_DIRECT.
-func (s *Store) openTmp(rel string, flags int, mode uint32, truncate bool) (f *os.File, direct bool, id fileID, size int64, err error) {
+// O_DIRECT. A new file is created private, and an empty one is not
+// truncated: each metadata change costs the store filesystem's journal.
+func (s *Store) openTmp(rel string, flags int, truncate bool) (f *os.File, direct bool, id fileID, size int64, err error) {
 	direct = flags&syscall.O_DIRECT != 0
-	f, err = s.openFile(rel, flags, mode&0o7777)
+	f, err = s.openFile(rel, flags, PrivateFileMode)
 	if direct && errors.Is(err, syscall.EINVAL) {
 		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
 		direct = false
-		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, mode&0o7777)
+		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, PrivateFileMode)
 	}
 	if err != nil {
 		return nil, false, fileID{}, 0, err
 	}
-	id, private, err := idOf(f)
-	if err == nil && !private {
+	var st unix.Stat_t
+	err = unix.Fstat(int(f.Fd()), &st)
+	if err == nil && (st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1) {
 		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
 	}
-	if err == nil {
+	if err == nil && !s.isPrivate(&st, PrivateFileMode) {
 		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
 	}
 	if err == nil && flags&syscall.O_NONBLOCK != 0 {
 		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
 	}
-	if err == nil && truncate {
+	size = st.Size
+	if err == nil && truncate && size > 0 {
 		err = f.Truncate(0)
-	}
-	if err == nil {
-		size, _, err = fileSize(f)
+		size = 0
 	}
 	if err != nil {
 		f.Close()
 		return nil, false, fileID{}, 0, err
 	}
+	id = fileID{st.Dev, st.Ino}
 	return f, direct, id, size, nil
 }
+
+// Fd is the tmp's store file, open until Close: the mount answers the
+// CREATE's entry from it (fstat) rather than by resolving the name again.
+func (w *Writer) Fd() int { return int(w.file.Fd()) }
 
 // WriteAt appends p at off, which must be the current end of the file. On a
 // failed or short store write, the tmp's size and checksum cover only the

@@ -42,11 +42,17 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	if !telling {
 		return WrittenRow{}, false
 	}
+	keyAt, key := keyWord(pages)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out WrittenRow
 	found, ambiguous, matched := false, false, 0
 	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
+		// One word first: a region of many rows is passed over at one
+		// load per row, not one page compare and map walk per row.
+		if binary.LittleEndian.Uint64(row[keyAt:]) != key {
+			return true
+		}
 		for off, p := range pages {
 			if !bytes.Equal(row[off:off+page], p) {
 				return true
@@ -70,6 +76,24 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 		return true
 	})
 	return out, found && !ambiguous && complete
+}
+
+// keyWord is the offset and value of the first non-zero 8-byte word of
+// pages (at least one page is not all zero), which most rows do not hold.
+func keyWord(pages map[int64][]byte) (at int64, word uint64) {
+	first := int64(-1)
+	for off, p := range pages {
+		if (first < 0 || off < first) && !block.IsZero(p) {
+			first = off
+		}
+	}
+	p := pages[first]
+	for i := 0; i+8 <= len(p); i += 8 {
+		if w := binary.LittleEndian.Uint64(p[i:]); w != 0 {
+			return first + int64(i), w
+		}
+	}
+	return first, 0
 }
 
 // scanRow computes a row's CRC32C, probe windows and all-zero page runs.
