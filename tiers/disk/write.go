@@ -476,10 +476,11 @@ func (s *Store) reserveOnce(n int64, forRel string) error {
 }
 
 // limitLocked is the number of bytes the store may use now: the capacity, or
-// less when the filesystem is filling up from outside.
+// less when the filesystem is filling up from outside. It asks through the
+// root's descriptor: no path is resolved under the store's lock.
 func (s *Store) limitLocked() int64 {
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.root, &st); err != nil {
+	if err := unix.Fstatfs(s.rootFD, &st); err != nil {
 		return s.capacity
 	}
 	avail := int64(st.Bavail) * st.Bsize
