@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 // statsCollector exports at scrape time one stats snapshot: its numbers
@@ -42,12 +43,14 @@ var (
 		"Rows of the engine's primary (shm) regions whose geometry is known.", nil, nil)
 	primaryRegionsDesc = prometheus.NewDesc("kvtierfs_primary_regions",
 		"Engine shm regions found.", nil, nil)
+	storePhaseDesc = prometheus.NewDesc("kvtierfs_store_phase_seconds",
+		"Duration of each step of stores' tmp creates and renames, as the daemon times them (disk.Phase).", []string{"phase"}, nil)
 )
 
 // Describe sends the fixed descriptors.
 func (s statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{warningDesc, peerUpDesc, peerRowsSentDesc, peerRowsVerifiedDesc, peerRowsReceivedDesc,
-		peerBytesDesc, mirroringAllowedDesc, primaryRowsDesc, primaryRegionsDesc} {
+		peerBytesDesc, mirroringAllowedDesc, primaryRowsDesc, primaryRegionsDesc, storePhaseDesc} {
 		ch <- d
 	}
 	for _, d := range s.numbers {
@@ -85,6 +88,9 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(primaryRowsDesc, prometheus.GaugeValue, float64(rows))
 	ch <- prometheus.MustNewConstMetric(primaryRegionsDesc, prometheus.GaugeValue, float64(len(st.Primary.Regions)))
+	for name, ph := range st.Disk.StorePhases {
+		ch <- storePhaseHistogram(name, ph)
+	}
 	for i, m := range ctlabi.Metrics {
 		value, ok := m.Value(&st)
 		if !ok {
@@ -96,6 +102,20 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(s.numbers[i], kind, value)
 	}
+}
+
+// storePhaseHistogram is a phase's histogram in seconds, its buckets merged
+// by octave (one per doubling of the duration).
+func storePhaseHistogram(name string, ph disk.PhaseStats) prometheus.Metric {
+	cumulative := map[float64]uint64{}
+	var seen uint64
+	for i, n := range ph.Buckets {
+		seen += uint64(n)
+		if i%disk.PhaseBucketsPerOctave == 0 && i < len(ph.Buckets)-1 { // the last counts everything longer: +Inf
+			cumulative[disk.PhaseBucketBound(i).Seconds()] = seen
+		}
+	}
+	return prometheus.MustNewConstHistogram(storePhaseDesc, uint64(ph.Count), ph.SumSeconds, cumulative, name)
 }
 
 func boolValue(b bool) float64 {

@@ -78,6 +78,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	case block.File:
 		return n.blockEntry(ctx, name, block.Ref{Rel: rel, Name: blockName}, out)
 	case block.TmpFile:
+		defer n.fsys.store.TimePhase(disk.PhaseTmpLookup, time.Now())
 		return n.lookupStore(ctx, name, out)
 	}
 	level := layoutLevel(rel)
@@ -225,18 +226,20 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if kind != block.TmpFile {
 		return n.createOther(ctx, name, flags, mode, out)
 	}
-	w, err := n.fsys.store.CreateTmp(rel, int(flags), mode)
+	defer n.fsys.store.TimePhase(disk.PhaseCreate, time.Now())
+	w, err := n.fsys.store.CreateTmp(rel, int(flags))
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
 	}
 	if n.fsys.budget != nil {
 		n.fsys.budget.NoteIOThread(callerThread(ctx))
 	}
-	child, errno := n.lookupStore(ctx, name, out)
-	if errno != 0 {
+	e, err := n.fsys.index.entryAt(w.Fd(), "")
+	if err != nil {
 		w.Close()
-		return nil, nil, 0, errno
+		return nil, nil, 0, n.errno(err)
 	}
+	child := n.indexedChild(ctx, e, out)
 	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1}
 	if fd, ok := w.Passthrough(); ok {
 		h.passthroughFd = fd
@@ -296,11 +299,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		if flags != 0 {
 			return syscall.EINVAL
 		}
+		defer n.fsys.store.TimePhase(disk.PhaseRename, time.Now())
 		n.fsys.invalidate(dstRef)
 		n.fsys.index.forgetBlock(dstRel)
 		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
 			return n.errno(err)
 		}
+		defer n.fsys.store.TimePhase(disk.PhaseIndex, time.Now())
 		n.fsys.index.refreshBlock(dstRel)
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)

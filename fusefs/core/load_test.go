@@ -74,7 +74,7 @@ func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 		t.Fatal(err)
 	}
 	tmp := rel + "_1.tmp"
-	w, err := f.store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY, 0o600)
+	w, err := f.store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,14 @@ func TestPassthroughDigestFromRow(t *testing.T) {
 		t.Fatalf("stores from row %d, read back %d, %d bytes written; want 2, 0 and %d",
 			st.StoresFromRow, st.StoresReadBack, st.WriteBytes, 3*rowBytes)
 	}
+	// The daemon timed each passthrough store's reservation, probe and probe
+	// read, and every rename.
+	phases := m.d.Stats().Disk.StorePhases
+	for name, want := range map[string]int64{"create_reserve": 2, "rename_probe": 2, "rename_probe_read": 2, "rename": st.Writes} {
+		if got := phases[name].Count; got != want {
+			t.Errorf("store phase %s timed %d times, want %d", name, got, want)
+		}
+	}
 	for i := 1; i < 3; i++ {
 		m.loadsBack(t, i, m.region.Row(3), expectedRow(i))
 	}

@@ -107,3 +107,23 @@ func (s *Sum) Chunks() []uint32 {
 
 // ChunkCount is the number of chunks of a block of size bytes.
 func ChunkCount(size int64) int { return int((size + ChunkSize - 1) / ChunkSize) }
+
+// SumOfChunks is the Sum of size bytes whose chunks (ChunkSize bytes each,
+// the last one possibly short) were checksummed apart, in parallel: crcs
+// holds each chunk's CRC32C, in order.
+func SumOfChunks(crcs []uint32, size int64) Sum {
+	var s Sum
+	for i, crc := range crcs {
+		n := min(ChunkSize, size-int64(i)*ChunkSize)
+		s.n += n
+		if n < ChunkSize {
+			s.cur = crc
+			break
+		}
+		s.whole = mulModP(chunkShift, s.whole) ^ crc
+		if len(s.chunks) <= MaxChunks {
+			s.chunks = append(s.chunks, crc)
+		}
+	}
+	return s
+}

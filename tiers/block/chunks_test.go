@@ -2,6 +2,7 @@ package block
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -38,6 +39,14 @@ func TestSum(t *testing.T) {
 		}
 		if s.Len() != int64(size) || s.CRC() != CRC32C(data) {
 			t.Errorf("%d bytes: Sum has %d bytes, crc %08x; want %08x", size, s.Len(), s.CRC(), CRC32C(data))
+		}
+		var crcs []uint32
+		for i := 0; i < size; i += ChunkSize {
+			crcs = append(crcs, CRC32C(data[i:min(i+ChunkSize, size)]))
+		}
+		if apart := SumOfChunks(crcs, int64(size)); apart.Len() != s.Len() || apart.CRC() != s.CRC() || !slices.Equal(apart.Chunks(), s.Chunks()) {
+			t.Errorf("%d bytes: the sum of its chunks summed apart has %d bytes, crc %08x, %d chunks; want %d, %08x, %d",
+				size, apart.Len(), apart.CRC(), len(apart.Chunks()), s.Len(), s.CRC(), len(s.Chunks()))
 		}
 		chunks := s.Chunks()
 		if size > MaxChunks*ChunkSize {

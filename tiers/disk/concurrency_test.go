@@ -50,7 +50,7 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 	}
 	store := func(k int, abandon bool) {
 		tmp := tmpRelFor(rel(k), int(seq.Add(1)))
-		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		w, err := s.CreateTmp(tmp, engineCreateFlags)
 		if err != nil {
 			fail("CreateTmp: %v", err)
 			return

@@ -180,7 +180,7 @@ func TestEvictNeverTakesBlockWithReadInFlight(t *testing.T) {
 	rel := evName(9)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestENOSPCWhenEverythingIsProtected(t *testing.T) {
 	rel := evName(2)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestENOSPCUntilProtectionEnds(t *testing.T) {
 	rel := evName(2)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +432,7 @@ func TestENOSPCWriteLargerThanCapacity(t *testing.T) {
 	rel := evName(1)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}

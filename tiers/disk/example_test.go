@@ -26,7 +26,7 @@ func Example() {
 	name := block.Name{Tier: "DeepSeek_0123456789ab_r0", Group: 0, Hash: "3fa90000000000000000000000000001"}
 	rel, tmp := name.Path(), name.TmpPath("0123456789")
 	os.MkdirAll(filepath.Dir(store.Path(rel)), 0o700) // the engine's makedirs
-	w, err := store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY, 0o600)
+	w, err := store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY)
 	if err != nil {
 		fmt.Println(err)
 		return

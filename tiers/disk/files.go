@@ -63,16 +63,6 @@ func (s *Store) openDir(rel string) (int, error) {
 // fileID is a file's identity.
 type fileID struct{ dev, ino uint64 }
 
-// idOf returns the identity of an open file, and whether it is a regular file
-// with one link (nothing else names it).
-func idOf(f *os.File) (id fileID, private bool, err error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fileID{}, false, err
-	}
-	return fileID{st.Dev, st.Ino}, st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1, nil
-}
-
 // nameID returns the identity of what name in directory dirfd is now,
 // without following a link.
 func nameID(dirfd int, name string) (fileID, error) {

@@ -42,7 +42,7 @@ func TestShortPwrite(t *testing.T) {
 		rel := evName(int(flags & syscall.O_DIRECT))
 		mkdirFor(t, s, rel)
 		tmp := tmpRelFor(rel, 1)
-		w, err := s.CreateTmp(tmp, flags, 0o600)
+		w, err := s.CreateTmp(tmp, flags)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestTmpExpires(t *testing.T) {
 	openRel := evName(1)
 	mkdirFor(t, s, openRel)
 	openTmp := tmpRelFor(openRel, 99)
-	w, err := s.CreateTmp(openTmp, engineCreateFlags, 0o600)
+	w, err := s.CreateTmp(openTmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestAbandonedTmpsDoNotFillTheStore(t *testing.T) {
 	}
 	rel := evName(9)
 	mkdirFor(t, s, rel)
-	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o600)
+	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +411,7 @@ func TestCreateTmpRefusesHardLink(t *testing.T) {
 	if err := os.Link(s.Path(rel), s.Path(tmp)); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.CreateTmp(tmp, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC, 0o600)
+	_, err := s.CreateTmp(tmp, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
 	wantErrno(t, err, syscall.EPERM, "CreateTmp over a hard link to a block")
 	if got := readBlock(t, s, rel); !bytes.Equal(got, pageData(0, 1)) {
 		t.Fatal("block changed")
@@ -436,7 +436,7 @@ func testCreateTmpDoesNotFollowDirectoryLinks(t *testing.T) {
 	if err := os.Symlink(outside, dir); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o600)
+	_, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags)
 	if err == nil {
 		t.Fatal("CreateTmp through a directory link succeeded")
 	}
@@ -483,7 +483,7 @@ func TestPublishBeforeCloseAccounting(t *testing.T) {
 	rel := evName(0)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o600)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func writeTmp(t *testing.T, s *Store, rel string, data []byte) string {
 	t.Helper()
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, int(tmpSeq.Add(1)))
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatalf("CreateTmp(%s): %v", tmp, err)
 	}

@@ -31,7 +31,7 @@ func (s *Store) Import(rel string, data []byte) error {
 		return err
 	}
 	tmp := name.TmpPath(fmt.Sprintf("kvtierfs-import-%d", importSerial.Add(1)))
-	w, err := s.CreateTmp(tmp, unix.O_EXCL, PrivateFileMode)
+	w, err := s.CreateTmp(tmp, unix.O_EXCL)
 	if err != nil {
 		return err
 	}

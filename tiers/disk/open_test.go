@@ -57,7 +57,7 @@ func TestOpenRebuildsIndex(t *testing.T) {
 	// A tmp still being written when the daemon stops.
 	openTmp := tmpRelFor(blockRel(testTier, 0, hashHex(50, 64)), 1)
 	mkdirFor(t, s, openTmp)
-	w, err := s.CreateTmp(openTmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(openTmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}

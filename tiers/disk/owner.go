@@ -42,3 +42,10 @@ func (s *Store) MakePrivate(fd int, mode uint32) error {
 	}
 	return unix.Fchmod(fd, mode)
 }
+
+// isPrivate reports whether a file with status st already belongs to the
+// store's owner with exactly mode, so MakePrivate would change nothing.
+func (s *Store) isPrivate(st *unix.Stat_t, mode uint32) bool {
+	owner := s.Owner()
+	return int(st.Uid) == owner.UID && int(st.Gid) == owner.GID && st.Mode&0o7777 == mode
+}

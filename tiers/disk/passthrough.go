@@ -67,9 +67,11 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	if w.file == nil || t.expect == 0 || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
 		return 0, false
 	}
+	reserving := time.Now()
 	if err := s.reserve(t.expect, w.rel); err != nil {
 		return 0, false
 	}
+	s.TimePhase(PhaseCreateReserve, reserving)
 	s.mu.Lock()
 	t.allocated += t.expect
 	t.passthrough = true
@@ -198,30 +200,40 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()
+	// The file is read O_DIRECT where it allows it (no readahead pulls more
+	// of it back from the disk), into recycled page-aligned buffers.
+	fd := int(f.Fd())
+	direct := setDirect(fd, true) == nil
+	defer setDirect(fd, false)
 	var row shm.WrittenRow
 	found := false
+	reading := time.Now()
+	run := s.buffers.get(verifyPages * block.PageSize)
 	for i := 0; rows != nil && i < verifyRuns; i++ {
-		pages, telling, err := readRun(f, size, i)
+		pages, telling, err := readRun(f, size, i, run, &direct)
 		if err != nil {
+			s.buffers.put(run)
 			return w, err
 		}
 		if telling {
+			s.TimePhase(PhaseProbeRead, reading)
 			row, found = rows.ScanWritten(size, pages)
 			break
 		}
 	}
+	s.buffers.put(run)
 	s.counters.WriteBytes.Add(size)
 	if found {
 		s.counters.StoresFromRow.Add(1)
 		// The row may have changed since the kernel wrote the file: a page
 		// zero in the row is punched only where the file holds zeros too, or
 		// the hole would turn the file into the row and hide the change.
-		if row.ZeroRuns, err = zeroRunsOfFile(f, row.ZeroRuns); err != nil {
+		if row.ZeroRuns, err = s.zeroRunsOfFile(f, row.ZeroRuns, &direct); err != nil {
 			return w, err
 		}
 	} else {
 		s.counters.StoresReadBack.Add(1)
-		if row, err = readBack(f, size); err != nil {
+		if row, err = s.readBack(f, size, &direct); err != nil {
 			return w, err
 		}
 	}
@@ -244,33 +256,24 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 }
 
 // readRun reads a run of up to verifyPages whole pages at a random place in
-// part i of verifyRuns of a size-byte file, in one request, O_DIRECT where
-// the file allows it so that no readahead pulls more of the file back from
-// the disk. telling is false when every page read is zero.
-func readRun(f *os.File, size int64, i int) (pages map[int64][]byte, telling bool, err error) {
+// part i of verifyRuns of a size-byte file, in one request, into buf (page
+// aligned, verifyPages long; the pages returned are slices of it). telling
+// is false when every page read is zero.
+func readRun(f *os.File, size int64, i int, buf []byte, direct *bool) (pages map[int64][]byte, telling bool, err error) {
 	page := int64(block.PageSize)
 	total := size / page
 	n := min(total, verifyPages)
 	first := min(total*int64(i)/verifyRuns, total-n)
 	last := max(first, total*int64(i+1)/verifyRuns-n)
 	start := (first + rand.Int64N(last-first+1)) * page
-	buf, release, err := alignedBuffer(int(n * page))
-	if err != nil {
-		return nil, false, err
-	}
-	defer release()
-	fd := int(f.Fd())
-	if err := setDirect(fd, true); err == nil {
-		defer setDirect(fd, false)
-	}
-	direct := true
-	if _, err := readFullAt(f, buf, start, &direct); err != nil {
+	buf = buf[:n*page]
+	if _, err := readFullAt(f, buf, start, direct); err != nil {
 		return nil, false, err
 	}
 	pages = make(map[int64][]byte, n)
 	for p := range n {
 		data := buf[p*page : (p+1)*page]
-		pages[start+p*page] = append([]byte(nil), data...)
+		pages[start+p*page] = data
 		telling = telling || !block.IsZero(data)
 	}
 	return pages, telling, nil
@@ -281,20 +284,15 @@ const readBackChunk = 4 << 20
 
 // readBack reads a tmp file whose row was not found: its checksum, probe
 // windows and all-zero page runs.
-func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
-	buf, release, err := alignedBuffer(readBackChunk)
-	if err != nil {
-		return shm.WrittenRow{}, err
-	}
-	defer release()
-	direct := setDirect(int(f.Fd()), true) == nil
-	defer setDirect(int(f.Fd()), false)
+func (s *Store) readBack(f *os.File, size int64, direct *bool) (shm.WrittenRow, error) {
+	buf := s.buffers.get(readBackChunk)
+	defer s.buffers.put(buf)
 	var w shm.WrittenRow
 	offsets := block.ProbeOffsets(size)
 	w.Probes = make([]uint64, len(offsets))
 	for at := int64(0); at < size; at += readBackChunk {
 		chunk := buf[:min(readBackChunk, size-at)]
-		if _, err := readFullAt(f, chunk, at, &direct); err != nil {
+		if _, err := readFullAt(f, chunk, at, direct); err != nil {
 			return w, err
 		}
 		w.Sum.Write(chunk)
@@ -316,22 +314,17 @@ func readBack(f *os.File, size int64) (shm.WrittenRow, error) {
 
 // zeroRunsOfFile reads the page runs of f that the row found holds as zeros
 // and returns the all-zero page runs among them.
-func zeroRunsOfFile(f *os.File, runs [][2]int64) ([][2]int64, error) {
+func (s *Store) zeroRunsOfFile(f *os.File, runs [][2]int64, direct *bool) ([][2]int64, error) {
 	if len(runs) == 0 {
 		return nil, nil
 	}
-	buf, release, err := alignedBuffer(readBackChunk)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	direct := setDirect(int(f.Fd()), true) == nil
-	defer setDirect(int(f.Fd()), false)
+	buf := s.buffers.get(readBackChunk)
+	defer s.buffers.put(buf)
 	var out [][2]int64
 	for _, r := range runs {
 		for at := r[0]; at < r[1]; at += readBackChunk {
 			chunk := buf[:min(readBackChunk, r[1]-at)]
-			if _, err := readFullAt(f, chunk, at, &direct); err != nil {
+			if _, err := readFullAt(f, chunk, at, direct); err != nil {
 				return nil, err
 			}
 			for _, z := range nonZeroComplement(chunk, at) {
@@ -385,13 +378,4 @@ func readFullAt(f *os.File, p []byte, off int64, direct *bool) (int, error) {
 		done += n
 	}
 	return done, nil
-}
-
-// alignedBuffer maps n bytes of page-aligned memory for O_DIRECT reads.
-func alignedBuffer(n int) ([]byte, func(), error) {
-	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return nil, nil, err
-	}
-	return buf, func() { unix.Munmap(buf) }, nil
 }

@@ -12,6 +12,9 @@ import (
 // Each run a rename reads back lies inside the file and inside its part, and
 // holds the file's bytes; a run of zero pages is not telling.
 func TestReadRunStaysInItsPart(t *testing.T) {
+	var buffers blockBuffers
+	buf := buffers.get(verifyPages * block.PageSize)
+	direct := false
 	for _, pages := range []int64{1, 2, 3, 8, 9, 23, 24, 25, 2048} {
 		size := pages * page64
 		data := make([]byte, size)
@@ -21,7 +24,7 @@ func TestReadRunStaysInItsPart(t *testing.T) {
 		f := tempFile(t, data)
 		for i := 0; i < verifyRuns; i++ {
 			for range 20 {
-				got, telling, err := readRun(f, size, i)
+				got, telling, err := readRun(f, size, i, buf, &direct)
 				if err != nil {
 					t.Fatalf("%d pages, run %d: %v", pages, i, err)
 				}
@@ -42,7 +45,7 @@ func TestReadRunStaysInItsPart(t *testing.T) {
 		}
 	}
 	zero := tempFile(t, make([]byte, 64*block.PageSize))
-	if _, telling, err := readRun(zero, 64*page64, 1); err != nil || telling {
+	if _, telling, err := readRun(zero, 64*page64, 1, buf, &direct); err != nil || telling {
 		t.Fatalf("a run of zero pages: telling %v, err %v; want not telling", telling, err)
 	}
 }

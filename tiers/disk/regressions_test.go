@@ -144,7 +144,7 @@ func TestRegressionNeedlessEvictionBeforeENOSPC(t *testing.T) {
 	s.Lookup(evName(0), 1)
 	rel := evName(2)
 	mkdirFor(t, s, rel)
-	w, _ := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o644)
+	w, _ := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags)
 	defer w.Close()
 	_, err := w.WriteAt(pageData(2, int(2*f/page64)), 0)
 	if Errno(err) != syscall.ENOSPC {
@@ -161,7 +161,7 @@ func TestRegressionPublishAfterRefusedWrite(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, _ := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, _ := s.CreateTmp(tmp, engineCreateFlags)
 	w.WriteAt(pageData(1, 2)[:block.PageSize], 0)
 	pwriteAt = func(int, []byte, int64) (int, error) { return 0, syscall.EIO }
 	_, err := w.WriteAt(pageData(1, 2)[page64:], page64)

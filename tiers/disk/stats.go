@@ -62,6 +62,8 @@ type Stats struct {
 	NeverLookedUp int64                 `json:"never_looked_up"`
 	RowBytes      map[string]int64      `json:"row_bytes"`
 	Groups        map[string]GroupStats `json:"-"`
+	// StorePhases times the steps of stores' creates and renames (phases.go).
+	StorePhases map[string]PhaseStats `json:"store_phases"`
 }
 
 // Stats returns the current occupancy. Groups are keyed by group number.
@@ -89,6 +91,7 @@ func (s *Store) Stats() Stats {
 		st.Groups[strconv.Itoa(group)] = g
 	}
 	st.CapacityBytes, st.FreeBytes = s.spaceLocked()
+	st.StorePhases = s.PhaseStats()
 	return st
 }
 

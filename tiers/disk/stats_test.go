@@ -51,7 +51,7 @@ func TestStats(t *testing.T) {
 	// A tmp being written takes free space and shows as in flight.
 	rel := blockRel(testTier, 1, hashHex(6, 64))
 	mkdirFor(t, s, rel)
-	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}

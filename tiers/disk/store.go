@@ -158,6 +158,7 @@ type Store struct {
 	capacity  int64
 	fsReserve int64
 	counters  Counters
+	phases    phaseTimes
 	// rows finds the engine's row a passthrough tmp was written from.
 	rows WrittenRows
 

@@ -44,10 +44,11 @@ const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscal
 // open flags: O_EXCL, O_TRUNC and the sync flags are honoured, others dropped,
 // and O_DIRECT kept, so an engine writing O_DIRECT writes to the disk as it
 // would without the mount, not into dirty pages the kernel then throttles. The
-// name is resolved without following links, and what it opens must be a
-// regular file no other name links to; the store keeps its descriptor until
-// the tmp is published or removed.
-func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
+// file is created private to the store's owner (PrivateFileMode), whatever
+// mode the engine asked for. The name is resolved without following links,
+// and what it opens must be a regular file no other name links to; the store
+// keeps its descriptor until the tmp is published or removed.
+func (s *Store) CreateTmp(rel string, flags int) (*Writer, error) {
 	kind, name := block.Parse(rel)
 	if kind != block.TmpFile {
 		return nil, newError("create", rel, syscall.EINVAL, "not a block tmp file name")
@@ -70,7 +71,9 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 	// publish of the same tmp name meanwhile is refused.
 	s.creating[rel] = true
 	s.mu.Unlock()
-	f, direct, id, size, err := s.openTmp(rel, flags, mode, truncate)
+	opened := time.Now()
+	f, direct, id, size, err := s.openTmp(rel, flags, truncate)
+	s.TimePhase(PhaseCreateFile, opened)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.creating, rel)
@@ -97,40 +100,46 @@ func (s *Store) CreateTmp(rel string, flags int, mode uint32) (*Writer, error) {
 
 // openTmp opens (creating it) the tmp file rel and checks that it is a file
 // of its own, made private to the store; direct is whether it is open
-// O_DIRECT.
-func (s *Store) openTmp(rel string, flags int, mode uint32, truncate bool) (f *os.File, direct bool, id fileID, size int64, err error) {
+// O_DIRECT. A new file is created private, and an empty one is not
+// truncated: each metadata change costs the store filesystem's journal.
+func (s *Store) openTmp(rel string, flags int, truncate bool) (f *os.File, direct bool, id fileID, size int64, err error) {
 	direct = flags&syscall.O_DIRECT != 0
-	f, err = s.openFile(rel, flags, mode&0o7777)
+	f, err = s.openFile(rel, flags, PrivateFileMode)
 	if direct && errors.Is(err, syscall.EINVAL) {
 		// The store filesystem has no O_DIRECT (tmpfs): write through its cache.
 		direct = false
-		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, mode&0o7777)
+		f, err = s.openFile(rel, flags&^syscall.O_DIRECT, PrivateFileMode)
 	}
 	if err != nil {
 		return nil, false, fileID{}, 0, err
 	}
-	id, private, err := idOf(f)
-	if err == nil && !private {
+	var st unix.Stat_t
+	err = unix.Fstat(int(f.Fd()), &st)
+	if err == nil && (st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1) {
 		err = newError("create", rel, syscall.EPERM, "the tmp name holds something else than a file of its own (a hard link, a FIFO, a device)")
 	}
-	if err == nil {
+	if err == nil && !s.isPrivate(&st, PrivateFileMode) {
 		err = s.MakePrivate(int(f.Fd()), PrivateFileMode)
 	}
 	if err == nil && flags&syscall.O_NONBLOCK != 0 {
 		err = setFlag(int(f.Fd()), syscall.O_NONBLOCK, false)
 	}
-	if err == nil && truncate {
+	size = st.Size
+	if err == nil && truncate && size > 0 {
 		err = f.Truncate(0)
-	}
-	if err == nil {
-		size, _, err = fileSize(f)
+		size = 0
 	}
 	if err != nil {
 		f.Close()
 		return nil, false, fileID{}, 0, err
 	}
+	id = fileID{st.Dev, st.Ino}
 	return f, direct, id, size, nil
 }
+
+// Fd is the tmp's store file, open until Close: the mount answers the
+// CREATE's entry from it (fstat) rather than by resolving the name again.
+func (w *Writer) Fd() int { return int(w.file.Fd()) }
 
 // WriteAt appends p at off, which must be the current end of the file. On a
 // failed or short store write, the tmp's size and checksum cover only the
@@ -467,10 +476,11 @@ func (s *Store) reserveOnce(n int64, forRel string) error {
 }
 
 // limitLocked is the number of bytes the store may use now: the capacity, or
-// less when the filesystem is filling up from outside.
+// less when the filesystem is filling up from outside. It asks through the
+// root's descriptor: no path is resolved under the store's lock.
 func (s *Store) limitLocked() int64 {
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.root, &st); err != nil {
+	if err := unix.Fstatfs(s.rootFD, &st); err != nil {
 		return s.capacity
 	}
 	avail := int64(st.Bavail) * st.Bsize
@@ -514,9 +524,11 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if !ok {
 		return newError("rename", tmpRel, syscall.EINVAL, "not a tmp file written through this mount")
 	}
+	phase := time.Now()
 	if err := t.awaitRelease(tmpRel); err != nil {
 		return err
 	}
+	s.TimePhase(PhaseReleaseWait, phase)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.sealed {
@@ -536,12 +548,15 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	setFlag(int(f.Fd()), unix.O_NOATIME, true)
 	var sealed written
 	if t.passthrough {
+		phase = time.Now()
 		var err error
 		if sealed, err = s.sealPassthrough(t, f); err != nil {
 			return err
 		}
 		t.size = sealed.size
+		s.TimePhase(PhaseProbe, phase)
 	}
+	phase = time.Now()
 	if t.size == 0 || t.size%int64(block.PageSize) != 0 {
 		return newError("rename", tmpRel, syscall.EINVAL,
 			"block size %d is not a positive multiple of the page size %d", t.size, block.PageSize)
@@ -592,9 +607,14 @@ func (s *Store) publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
+	s.TimePhase(PhaseChecksum, phase)
+	phase = time.Now()
 	if err := writeDigest(f, name, digest); err != nil {
 		return err
 	}
+	s.TimePhase(PhaseRecord, phase)
+	phase = time.Now()
+	defer s.TimePhase(PhaseRenameat, phase)
 	_, physical, err := fileSize(f)
 	if err != nil {
 		return err

@@ -38,7 +38,7 @@ func TestPublishRoundTrip(t *testing.T) {
 		data := pageData(i, c.pages)
 		mkdirFor(t, s, c.rel)
 		tmp := tmpRelFor(c.rel, 1000+i)
-		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		w, err := s.CreateTmp(tmp, engineCreateFlags)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	data := pageData(5, 2)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	w, err = s.CreateTmp(tmp, syscall.O_WRONLY, 0o644)
+	w, err = s.CreateTmp(tmp, syscall.O_WRONLY)
 	if err != nil {
 		t.Fatalf("reopening a closed tmp: %v", err)
 	}
@@ -158,7 +158,7 @@ func TestWriteOutOfOrder(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(7, 64))
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestPublishRejectsBadSizes(t *testing.T) {
 		rel := blockRel(testTier, 0, hashHex(100+i, 64))
 		mkdirFor(t, s, rel)
 		tmp := tmpRelFor(rel, i)
-		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		w, err := s.CreateTmp(tmp, engineCreateFlags)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +313,7 @@ func TestPublishWhileWriterOpen(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func TestRemoveTmp(t *testing.T) {
 
 	// Open tmp: unlinked now, its bytes stay accounted until the writer closes.
 	tmp = tmpRelFor(rel, 2)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +473,7 @@ func TestRemoveTmp(t *testing.T) {
 		t.Errorf("used = %d while the unlinked tmp is open, want %d", usedBytes(s), 2*block.PageSize)
 	}
 	// The same name may be created again meanwhile.
-	w2, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w2, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatalf("recreate after RemoveTmp: %v", err)
 	}
@@ -501,18 +501,18 @@ func TestCreateTmpErrors(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	mkdirFor(t, s, rel)
 	for _, bad := range []string{rel, "config.json", testTier + "/.o_direct_probe_1.tmp", rel + ".tmp"} {
-		_, err := s.CreateTmp(bad, engineCreateFlags, 0o644)
+		_, err := s.CreateTmp(bad, engineCreateFlags)
 		wantErrno(t, err, syscall.EINVAL, "CreateTmp("+bad+")")
 		if exists(t, s.Path(bad)) {
 			t.Errorf("CreateTmp(%s) created a file", bad)
 		}
 	}
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	_, err = s.CreateTmp(tmp, engineCreateFlags)
 	wantErrno(t, err, syscall.EBUSY, "second CreateTmp while open")
 	if w.File() == nil || w.File().Name() != s.Path(tmp) {
 		t.Errorf("Writer.File() = %v", w.File())
@@ -523,14 +523,14 @@ func TestCreateTmpErrors(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	_, err = s.CreateTmp(tmp, engineCreateFlags)
 	if !errors.Is(err, fs.ErrExist) {
 		t.Errorf("O_EXCL CreateTmp of an existing tmp: %v, want EEXIST", err)
 	}
 	_, err = w.WriteAt(pageData(1, 1), 0)
 	wantErrno(t, err, syscall.EBADF, "WriteAt after Close")
 	missing := tmpRelFor(blockRel(testTier, 0, hashHex(2, 64)), 1)
-	if _, err := s.CreateTmp(missing, engineCreateFlags, 0o644); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := s.CreateTmp(missing, engineCreateFlags); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("CreateTmp in a missing directory: %v, want ENOENT", err)
 	}
 	if fi, err := os.Stat(s.Path(tmp)); err != nil || fi.Mode().Perm() != PrivateFileMode {
@@ -610,7 +610,7 @@ func TestPublishRefusesTmpWithRefusedWrite(t *testing.T) {
 	data := pageData(6, 2)
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, 1)
-	w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,7 +641,7 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 		data := pageData(20+i, 4)
 		mkdirFor(t, s, rel)
 		tmp := tmpRelFor(rel, 1)
-		w, err := s.CreateTmp(tmp, engineCreateFlags, 0o644)
+		w, err := s.CreateTmp(tmp, engineCreateFlags)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -143,6 +143,31 @@ func TestScanWrittenTwinRows(t *testing.T) {
 	}
 }
 
+// A row that holds the first word of the pages read (the word tried first)
+// but not all of them is not the written row.
+func TestScanWrittenComparesEveryPage(t *testing.T) {
+	set, data, path := regionFile(t, 4)
+	written := append([]byte(nil), data[1*testRow:2*testRow]...)
+	changed := append([]byte(nil), data...)
+	copy(changed[1*testRow+3*page64+100:], "not the bytes written")
+	if err := os.WriteFile(path, changed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[int64][]byte{}
+	for _, p := range []int64{0, 1, 2, 3} {
+		pages[p*page64] = written[p*page64 : (p+1)*page64]
+	}
+	if row, found := set.ScanWritten(testRow, pages); found {
+		t.Fatalf("a row differing in the fourth page read was taken (crc %08x)", row.Sum.CRC())
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if row, found := set.ScanWritten(testRow, pages); !found || row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("the written row: found %v, crc %08x", found, row.Sum.CRC())
+	}
+}
+
 // Rows alike at the pages sampled, more of them than maxCandidates, leave the
 // written row unknown (the store reads the file back) rather than each being
 // checksummed whole: a region of many rows holding the same bytes would make

@@ -3,6 +3,10 @@ package shm
 import (
 	"bytes"
 	"encoding/binary"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -42,11 +46,17 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	if !telling {
 		return WrittenRow{}, false
 	}
+	keyAt, key := keyWord(pages)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out WrittenRow
 	found, ambiguous, matched := false, false, 0
 	complete := s.eachRowLocked(size, func(ref RowRef, row []byte) bool {
+		// One word first: a region of many rows is passed over at one
+		// load per row, not one page compare and map walk per row.
+		if binary.LittleEndian.Uint64(row[keyAt:]) != key {
+			return true
+		}
 		for off, p := range pages {
 			if !bytes.Equal(row[off:off+page], p) {
 				return true
@@ -72,23 +82,105 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 	return out, found && !ambiguous && complete
 }
 
-// scanRow computes a row's CRC32C, probe windows and all-zero page runs.
-func scanRow(row []byte) WrittenRow {
-	var w WrittenRow
-	for start := 0; start < len(row); start += block.PageSize {
-		page := row[start : start+block.PageSize]
-		w.Sum.Write(page)
-		if !block.IsZero(page) {
-			continue
-		}
-		if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == int64(start) {
-			w.ZeroRuns[n-1][1] += int64(block.PageSize)
-		} else {
-			w.ZeroRuns = append(w.ZeroRuns, [2]int64{int64(start), int64(start + block.PageSize)})
+// keyWord is the offset and value of the first non-zero 8-byte word of
+// pages (at least one page is not all zero), which most rows do not hold.
+func keyWord(pages map[int64][]byte) (at int64, word uint64) {
+	first := int64(-1)
+	for off, p := range pages {
+		if (first < 0 || off < first) && !block.IsZero(p) {
+			first = off
 		}
 	}
-	for _, off := range block.ProbeOffsets(int64(len(row))) {
+	p := pages[first]
+	for i := 0; i+8 <= len(p); i += 8 {
+		if w := binary.LittleEndian.Uint64(p[i:]); w != 0 {
+			return first + int64(i), w
+		}
+	}
+	return first, 0
+}
+
+// maxScanWorkers bounds the goroutines that checksum one row. The row comes
+// from memory (the kernel's DMA read it last, no cache holds it), so one
+// core checksums an 8 MiB row in about a millisecond or more; its chunks are
+// checksummed in parallel, each on its own core where there are some.
+const maxScanWorkers = 8
+
+// scanRow computes a row's CRC32C, probe windows and all-zero page runs, its
+// chunks (block.ChunkSize) in parallel. The caller runs it under Guard; a
+// fault in a worker is raised again in the caller, for Guard to take.
+func scanRow(row []byte) WrittenRow {
+	size := int64(len(row))
+	chunks := block.ChunkCount(size)
+	crcs := make([]uint32, chunks)
+	zeros := make([][][2]int64, chunks)
+	scan := func(i int) {
+		start := int64(i) * block.ChunkSize
+		crcs[i], zeros[i] = scanChunk(row[start:min(start+block.ChunkSize, size)], start)
+	}
+	if workers := min(chunks, runtime.GOMAXPROCS(0), maxScanWorkers); workers > 1 {
+		inParallel(chunks, workers, scan)
+	} else {
+		for i := range chunks {
+			scan(i)
+		}
+	}
+	w := WrittenRow{Sum: block.SumOfChunks(crcs, size)}
+	for _, runs := range zeros {
+		for _, r := range runs {
+			if n := len(w.ZeroRuns); n > 0 && w.ZeroRuns[n-1][1] == r[0] {
+				w.ZeroRuns[n-1][1] = r[1]
+			} else {
+				w.ZeroRuns = append(w.ZeroRuns, r)
+			}
+		}
+	}
+	for _, off := range block.ProbeOffsets(size) {
 		w.Probes = append(w.Probes, binary.LittleEndian.Uint64(row[off:]))
 	}
 	return w
+}
+
+// scanChunk is the CRC32C and the all-zero page runs of a chunk at off.
+func scanChunk(chunk []byte, off int64) (crc uint32, zeroRuns [][2]int64) {
+	for start := 0; start < len(chunk); start += block.PageSize {
+		page := chunk[start : start+block.PageSize]
+		crc = block.UpdateCRC32C(crc, page)
+		if !block.IsZero(page) {
+			continue
+		}
+		at := off + int64(start)
+		if n := len(zeroRuns); n > 0 && zeroRuns[n-1][1] == at {
+			zeroRuns[n-1][1] += int64(block.PageSize)
+		} else {
+			zeroRuns = append(zeroRuns, [2]int64{at, at + int64(block.PageSize)})
+		}
+	}
+	return crc, zeroRuns
+}
+
+// inParallel runs fn(0) … fn(n-1) on workers goroutines. Each runs with the
+// runtime's panic-on-fault, as its caller under Guard does; the first panic
+// of any is raised again in the caller once all are done.
+func inParallel(n, workers int, fn func(i int)) {
+	var next atomic.Int64
+	var raised atomic.Pointer[any]
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+			defer func() {
+				if v := recover(); v != nil {
+					raised.CompareAndSwap(nil, &v)
+				}
+			}()
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				fn(int(i))
+			}
+		})
+	}
+	wg.Wait()
+	if v := raised.Load(); v != nil {
+		panic(*v)
+	}
 }

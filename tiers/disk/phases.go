@@ -1,0 +1,132 @@
+package disk
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// Phase is one timed step of a store's tmp creation (the engine's open) or
+// publication (its rename), as the daemon sees it (DESIGN "The store").
+type Phase int
+
+// The phases of a store. PhaseCreate and PhaseRename are whole requests;
+// the others are parts of them.
+const (
+	// PhaseTmpLookup is the LOOKUP of the tmp name the kernel sends before
+	// its CREATE.
+	PhaseTmpLookup Phase = iota
+	// PhaseCreate is the whole CREATE of a tmp file.
+	PhaseCreate
+	// PhaseCreateFile creates the store file and makes it the store's.
+	PhaseCreateFile
+	// PhaseCreateReserve counts a passthrough tmp's row against the capacity.
+	PhaseCreateReserve
+	// PhaseRename is the whole RENAME that publishes a block.
+	PhaseRename
+	// PhaseReleaseWait waits for the writer to release the tmp file.
+	PhaseReleaseWait
+	// PhaseProbe reads the probe pages, finds the row and punches zero pages.
+	PhaseProbe
+	// PhaseProbeRead is the read of the probe pages, part of PhaseProbe.
+	PhaseProbeRead
+	// PhaseChecksum checksums what no row gave and checks vLLM's CRC32C xattr.
+	PhaseChecksum
+	// PhaseRecord writes the digest record.
+	PhaseRecord
+	// PhaseRenameat renames the tmp in the store and checks its identity, under the store's lock.
+	PhaseRenameat
+	// PhaseIndex updates the lookup index, staging and the diagnostics after the rename.
+	PhaseIndex
+	phaseCount
+)
+
+// phaseNames name the phases in stats.json and the metrics.
+var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
+	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index"}
+
+// String is the phase's name in stats.json.
+func (p Phase) String() string { return phaseNames[p] }
+
+// PhaseBucketsPerOctave and phaseBuckets shape the histogram: bucket i counts
+// durations up to 2^(i/4) µs, so a percentile is known within 19 %, from 1 µs
+// to about 16 s (the last bucket takes everything longer).
+const (
+	PhaseBucketsPerOctave = 4
+	phaseBuckets          = 24*PhaseBucketsPerOctave + 1
+)
+
+// phaseTimes are always-on latency histograms of the store's phases: a
+// few atomic adds per observation.
+type phaseTimes struct {
+	count [phaseCount][phaseBuckets]atomic.Int64
+	sumNs [phaseCount]atomic.Int64
+}
+
+// phaseBucket is the bucket of duration d.
+func phaseBucket(d time.Duration) int {
+	us := float64(d) / float64(time.Microsecond)
+	if us <= 1 {
+		return 0
+	}
+	return min(int(math.Ceil(PhaseBucketsPerOctave*math.Log2(us))), phaseBuckets-1)
+}
+
+// PhaseBucketBound is the upper bound of bucket i.
+func PhaseBucketBound(i int) time.Duration {
+	return time.Duration(math.Exp2(float64(i)/PhaseBucketsPerOctave) * float64(time.Microsecond))
+}
+
+// TimePhase records that phase p took from start to now.
+func (s *Store) TimePhase(p Phase, start time.Time) {
+	d := time.Since(start)
+	s.phases.count[p][phaseBucket(d)].Add(1)
+	s.phases.sumNs[p].Add(int64(d))
+}
+
+// PhaseStats summarises one phase's histogram.
+type PhaseStats struct {
+	Count int64 `json:"count"`
+	// MeanMicros, P50Micros and P99Micros are in microseconds; a percentile
+	// is its bucket's upper bound.
+	MeanMicros float64 `json:"mean_us"`
+	P50Micros  float64 `json:"p50_us"`
+	P99Micros  float64 `json:"p99_us"`
+	// Buckets[i] counts the durations up to PhaseBucketBound(i) and
+	// longer than the bound before (the last takes everything longer).
+	Buckets    []int64 `json:"-"`
+	SumSeconds float64 `json:"-"`
+}
+
+// PhaseStats returns every phase's histogram by name; phases never timed are left out.
+func (s *Store) PhaseStats() map[string]PhaseStats {
+	out := make(map[string]PhaseStats)
+	for p := range phaseCount {
+		st := PhaseStats{Buckets: make([]int64, phaseBuckets)}
+		for i := range st.Buckets {
+			st.Buckets[i] = s.phases.count[p][i].Load()
+			st.Count += st.Buckets[i]
+		}
+		if st.Count == 0 {
+			continue
+		}
+		st.SumSeconds = time.Duration(s.phases.sumNs[p].Load()).Seconds()
+		st.MeanMicros = st.SumSeconds * 1e6 / float64(st.Count)
+		st.P50Micros = st.percentileMicros(0.50)
+		st.P99Micros = st.percentileMicros(0.99)
+		out[p.String()] = st
+	}
+	return out
+}
+
+// percentileMicros is the upper bound of the bucket holding quantile q.
+func (st PhaseStats) percentileMicros(q float64) float64 {
+	rank := int64(math.Ceil(q * float64(st.Count)))
+	var seen int64
+	for i, n := range st.Buckets {
+		if seen += n; seen >= rank {
+			return float64(PhaseBucketBound(i)) / float64(time.Microsecond)
+		}
+	}
+	return math.Inf(1)
+}
