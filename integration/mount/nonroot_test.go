@@ -30,37 +30,7 @@ func TestMountAsOrdinaryUser(t *testing.T) {
 	if _, err := exec.LookPath("fusermount3"); err != nil {
 		t.Fatal("fusermount3 is missing: `make deps` installs fuse3")
 	}
-	name := fmt.Sprintf("kvt%d", os.Getpid())
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("userdel", name).Run() })
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The user's own directory, reachable through 0755 parents, with a copy
-	// of the binary it may execute.
-	base, err := os.MkdirTemp("", "kvtierfs-nonroot-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	binary := filepath.Join(base, "kvtierfs")
-	mounttest.CopyExecutable(t, mounttest.Binary(), binary)
-	store, mnt := filepath.Join(base, "store"), filepath.Join(base, "mnt")
-	for _, dir := range []string{store, mnt} {
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("chown", "-R", u.Uid+":"+u.Gid, store, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("chown: %v: %s", err, out)
-	}
+	u, base, binary, store, mnt := ordinaryUserTier(t, fmt.Sprintf("kvt%d", os.Getpid()))
 	ns := privateFuseNamespace(t, base)
 	inNS := func(args ...string) *exec.Cmd {
 		return exec.Command("nsenter", append([]string{"--mount=/proc/" + ns + "/ns/mnt"}, args...)...)
@@ -185,7 +155,23 @@ func TestOrdinaryUserMountNamesDevFuse(t *testing.T) {
 			t.Skip("SKIP: /dev/fuse is open to every user here; the failure this test provokes cannot happen")
 		}
 	}
-	name := fmt.Sprintf("kvtf%d", os.Getpid())
+	u, base, binary, store, mnt := ordinaryUserTier(t, fmt.Sprintf("kvtf%d", os.Getpid()))
+	out, err := exec.Command("setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups", binary,
+		"mount", mnt, "--store", store, "--metrics-addr", "", "--shm-glob", filepath.Join(base, "none-*.mmap")).CombinedOutput()
+	if err == nil {
+		exec.Command("fusermount3", "-u", "-z", mnt).Run()
+		t.Fatalf("a user mounted without access to /dev/fuse:\n%s", out)
+	}
+	if !strings.Contains(string(out), "/dev/fuse: permission denied: uid "+u.Uid+" cannot open it") {
+		t.Errorf("the failed mount does not name /dev/fuse:\n%s", out)
+	}
+}
+
+// ordinaryUserTier creates the system user name (removed at the test's end)
+// and its own directory base, reachable through 0755 parents, holding a copy
+// of the binary it may execute and a store and mountpoint it owns.
+func ordinaryUserTier(t *testing.T, name string) (u *user.User, base, binary, store, mnt string) {
+	t.Helper()
 	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd: %v: %s", err, out)
 	}
@@ -194,14 +180,13 @@ func TestOrdinaryUserMountNamesDevFuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, err := os.MkdirTemp("", "kvtierfs-nonroot-")
-	if err != nil {
+	if base, err = os.MkdirTemp("", "kvtierfs-nonroot-"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	binary := filepath.Join(base, "kvtierfs")
+	binary = filepath.Join(base, "kvtierfs")
 	mounttest.CopyExecutable(t, mounttest.Binary(), binary)
-	store, mnt := filepath.Join(base, "store"), filepath.Join(base, "mnt")
+	store, mnt = filepath.Join(base, "store"), filepath.Join(base, "mnt")
 	for _, dir := range []string{store, mnt} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -213,13 +198,5 @@ func TestOrdinaryUserMountNamesDevFuse(t *testing.T) {
 	if out, err := exec.Command("chown", "-R", u.Uid+":"+u.Gid, store, mnt).CombinedOutput(); err != nil {
 		t.Fatalf("chown: %v: %s", err, out)
 	}
-	out, err := exec.Command("setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups", binary,
-		"mount", mnt, "--store", store, "--metrics-addr", "", "--shm-glob", filepath.Join(base, "none-*.mmap")).CombinedOutput()
-	if err == nil {
-		exec.Command("fusermount3", "-u", "-z", mnt).Run()
-		t.Fatalf("a user mounted without access to /dev/fuse:\n%s", out)
-	}
-	if !strings.Contains(string(out), "/dev/fuse: permission denied: uid "+u.Uid+" cannot open it") {
-		t.Errorf("the failed mount does not name /dev/fuse:\n%s", out)
-	}
+	return u, base, binary, store, mnt
 }
