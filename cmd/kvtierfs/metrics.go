@@ -18,21 +18,22 @@ const (
 	metricsReadTimeout   = 10 * time.Second
 	// metricsWriteTimeout leaves room for a 30 s /debug/pprof/profile.
 	metricsWriteTimeout = 60 * time.Second
-	metricsIdleTimeout  = 30 * time.Second
 	metricsMaxHeader    = 16 << 10
 )
 
 // serveMetrics serves handler on l with bounded, timed-out connections and
-// returns the server (Close it to stop).
+// returns the server (Close it to stop). A connection serves one request:
+// kept alive, a client renewing it before its idle timeout held its slot
+// for good, and a few such clients starved the liveness probe.
 func serveMetrics(l net.Listener, handler http.Handler) *http.Server {
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: metricsHeaderTimeout,
 		ReadTimeout:       metricsReadTimeout,
 		WriteTimeout:      metricsWriteTimeout,
-		IdleTimeout:       metricsIdleTimeout,
 		MaxHeaderBytes:    metricsMaxHeader,
 	}
+	srv.SetKeepAlivesEnabled(false)
 	go srv.Serve(&limitListener{Listener: l, slots: make(chan struct{}, maxMetricsConns)})
 	return srv
 }
