@@ -2,6 +2,7 @@ package shared
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -84,9 +85,17 @@ func (d OSDir) Stat(rel string) (FileInfo, error) {
 		IsDir: st.Mode&unix.S_IFMT == unix.S_IFDIR, IsFile: st.Mode&unix.S_IFMT == unix.S_IFREG}, nil
 }
 
-// ReadFile reads a regular file whole, without following a link.
+// maxSmallFile bounds what ReadFile reads: the lease and a sidecar record
+// are a few hundred bytes (block.MaxRecordBytes), so a larger file at their
+// names was put there by someone else, and reading it whole could take all
+// the daemon's memory.
+const maxSmallFile = 64 << 10
+
+// ReadFile reads a regular file of at most maxSmallFile bytes whole, without
+// following a link. It opens O_NONBLOCK, so that a FIFO at the name is
+// refused at once instead of holding the caller until a writer comes.
 func (d OSDir) ReadFile(rel string) ([]byte, error) {
-	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +106,9 @@ func (d OSDir) ReadFile(rel string) ([]byte, error) {
 	}
 	if !st.Mode().IsRegular() {
 		return nil, syscall.EINVAL
+	}
+	if st.Size() > maxSmallFile {
+		return nil, fmt.Errorf("%s holds %d bytes, more than a lease or record can (%d): %w", rel, st.Size(), maxSmallFile, syscall.EFBIG)
 	}
 	buf := make([]byte, st.Size())
 	n, err := f.ReadAt(buf, 0)
@@ -254,9 +266,9 @@ func (d OSDir) Append(rel string, data []byte) error {
 }
 
 // ReadFrom reads a regular file from off to its end (at most limit bytes),
-// with the stat of the file read.
+// with the stat of the file read; O_NONBLOCK as ReadFile.
 func (d OSDir) ReadFrom(rel string, off, limit int64) ([]byte, FileInfo, error) {
-	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(d.path(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, FileInfo{}, err
 	}
