@@ -76,3 +76,28 @@ func TestReadsDoNotWaitOnFIFO(t *testing.T) {
 		})
 	}
 }
+
+// TestWritesDoNotFollowLinkedDirectories: whoever writes the shared
+// directory can replace a tier directory (or .kvtierfs) by a link; the root
+// daemon then created the layout's directories and wrote a block (and its
+// lease, through a linked .kvtierfs) wherever the link led. Every call must
+// resolve its path beneath the root without links, so the target stays
+// untouched.
+func TestWritesDoNotFollowLinkedDirectories(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	const tier = "m_0123456789ab_r0"
+	if err := os.Symlink(outside, filepath.Join(root, tier)); err != nil {
+		t.Fatal(err)
+	}
+	d := OSDir{root}
+	dir := tier + "/abc/de_g0"
+	mkdirErr := d.MkdirAll(dir)
+	writeErr := d.WriteFile(dir+"/abcde.bin", []byte("forged"))
+	entries, err := os.ReadDir(outside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) > 0 || mkdirErr == nil || writeErr == nil {
+		t.Fatalf("through a linked tier directory: MkdirAll %v, WriteFile %v, the link's target now holds %d entries", mkdirErr, writeErr, len(entries))
+	}
+}
