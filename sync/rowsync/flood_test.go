@@ -2,6 +2,7 @@ package rowsync
 
 import (
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -18,9 +19,27 @@ const maxUnauthenticatedConns = 128
 // until the handshake timed out, so 600 renewed connections to a daemon
 // limited to 512 descriptors made the engine's makedirs, stores and loads
 // through the mount fail with EMFILE, and logged "accept: too many open
-// files" every 100 ms. A listener must hold a bounded number of them.
+// files" every 100 ms, and each refusal logged a line. A listener must
+// hold a bounded number of them and log refusals at a bounded rate.
 func TestUnauthenticatedConnectionsAreBounded(t *testing.T) {
-	s := startServer(t, "127.0.0.1:0", testSecret, shmRegion(t, 2, testRowBytes))
+	region := shmRegion(t, 2, testRowBytes)
+	var logMu sync.Mutex
+	var logLines int
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf: func(string, ...any) {
+			logMu.Lock()
+			logLines++
+			logMu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	var silent []net.Conn
 	defer func() {
 		for _, c := range silent {
@@ -46,4 +65,13 @@ func TestUnauthenticatedConnectionsAreBounded(t *testing.T) {
 			t.Fatalf("the listener holds %d connections that never sent a handshake (bound %d)", n, maxUnauthenticatedConns)
 		}
 	}
+	// Refusals are logged a line a second at most, not one per connection.
+	logMu.Lock()
+	lines := logLines
+	logMu.Unlock()
+	if lines > 10 {
+		t.Errorf("%d log lines for %d connections that never sent a handshake", lines, len(silent))
+	}
+	// A peer holding the secret still gets in past them.
+	newMirror(t, testSecret, time.Minute, true, s.Addr().String())
 }
