@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"crypto/subtle"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,52 +22,110 @@ const (
 	metricsReadTimeout   = 10 * time.Second
 	// metricsWriteTimeout leaves room for a 30 s /debug/pprof/profile.
 	metricsWriteTimeout = 60 * time.Second
-	metricsIdleTimeout  = 30 * time.Second
 	metricsMaxHeader    = 16 << 10
 )
 
 // serveMetrics serves handler on l with bounded, timed-out connections and
-// returns the server (Close it to stop).
+// returns the server (Close it to stop). A connection serves one request:
+// kept alive, a client renewing it before its idle timeout held its slot
+// for good, and a few such clients starved the liveness probe.
 func serveMetrics(l net.Listener, handler http.Handler) *http.Server {
+	limited := &limitListener{Listener: l, max: maxMetricsConns}
 	srv := &http.Server{
-		Handler:           handler,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c, ok := r.Context().Value(slotConnKey{}).(*slotConn); ok {
+				c.requested.Store(true)
+			}
+			handler.ServeHTTP(w, r)
+		}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, slotConnKey{}, c)
+		},
 		ReadHeaderTimeout: metricsHeaderTimeout,
 		ReadTimeout:       metricsReadTimeout,
 		WriteTimeout:      metricsWriteTimeout,
-		IdleTimeout:       metricsIdleTimeout,
 		MaxHeaderBytes:    metricsMaxHeader,
 	}
-	go srv.Serve(&limitListener{Listener: l, slots: make(chan struct{}, maxMetricsConns)})
+	srv.SetKeepAlivesEnabled(false)
+	go srv.Serve(limited)
 	return srv
 }
 
-// limitListener accepts a connection only while fewer than cap(slots) are
-// open; the others wait in the kernel's backlog, costing the daemon nothing.
+// limitListener keeps at most max connections open. It accepts at once
+// and, when all are taken, closes the oldest one that has not sent its
+// request yet: waiting in the backlog instead, a probe queued behind
+// half-sent requests waited one header timeout per max of them.
 type limitListener struct {
 	net.Listener
-	slots chan struct{}
+	max  int
+	mu   sync.Mutex
+	open []*slotConn // in accept order
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	conn, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
+	for {
+		conn, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c := &slotConn{Conn: conn, l: l}
+		if victim, ok := l.admit(c); ok {
+			if victim != nil {
+				victim.Close()
+			}
+			return c, nil
+		}
+		// Every slot serves a request, which ends within the write
+		// timeout: this connection is refused rather than held.
+		conn.Close()
 	}
-	return &slotConn{Conn: conn, release: func() { <-l.slots }}, nil
 }
 
-// slotConn gives its listener's slot back when it is first closed.
+// admit files c among the open connections, making room by taking the
+// oldest one that has not sent its request yet (victim, for the caller to
+// close); ok is false when every slot serves a request.
+func (l *limitListener) admit(c *slotConn) (victim *slotConn, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.open) >= l.max {
+		for _, o := range l.open {
+			if !o.requested.Load() {
+				victim = o
+				break
+			}
+		}
+		if victim == nil {
+			return nil, false
+		}
+	}
+	l.open = append(l.open, c)
+	return victim, true
+}
+
+// slotConnKey is the request context's key of its connection.
+type slotConnKey struct{}
+
+// slotConn gives its listener's slot back when it is first closed;
+// requested is set once its request's headers arrived.
 type slotConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l         *limitListener
+	once      sync.Once
+	requested atomic.Bool
 }
 
 func (c *slotConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		defer c.l.mu.Unlock()
+		for i, o := range c.l.open {
+			if o == c {
+				c.l.open = append(c.l.open[:i], c.l.open[i+1:]...)
+				break
+			}
+		}
+	})
 	return err
 }
 

@@ -17,7 +17,7 @@ import (
 // any local user can open on loopback. The endpoint accepts a bounded few
 // and closes idle ones, so the engine's stores still find descriptors (they
 // failed with EIO once the daemon held one per connection) and a scrape
-// among them is answered.
+// arriving after them is answered.
 func TestMetricsIdleConnectionsCannotStarveStores(t *testing.T) {
 	d := mounttest.Start(t, mounttest.Options{Args: []string{"--metrics-addr", "127.0.0.1:0"},
 		Wrapper: []string{"prlimit", "--nofile=512:512", "--"}})
@@ -34,13 +34,18 @@ func TestMetricsIdleConnectionsCannotStarveStores(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
-	// A request sent on one of them makes sure the daemon has been
-	// accepting while the others sat there.
-	if _, err := idle[0].Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+	// A scrape arriving after them is answered: the endpoint closes the
+	// oldest connections that sent nothing to make room for it.
+	scrape, err := net.Dial("tcp", m[1])
+	if err != nil {
 		t.Fatal(err)
 	}
-	idle[0].SetReadDeadline(time.Now().Add(5 * time.Minute))
-	if reply, err := io.ReadAll(idle[0]); err != nil || !strings.Contains(string(reply), "kvtierfs_") {
+	defer scrape.Close()
+	if _, err := scrape.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	scrape.SetReadDeadline(time.Now().Add(5 * time.Minute))
+	if reply, err := io.ReadAll(scrape); err != nil || !strings.Contains(string(reply), "kvtierfs_") {
 		t.Fatalf("scrape among idle connections: %v, reply %.200q", err, reply)
 	}
 

@@ -50,11 +50,18 @@ type Server struct {
 	geometry     rowGeometry
 	wg           sync.WaitGroup // accept loop and connections
 
-	mu       sync.Mutex // guards the fields below
-	conns    map[net.Conn]struct{}
-	sessions map[uint64]*sessionConn   // the connection serving each session
-	inbound  map[string]*atomic.Uint64 // rows received, by remote IP
-	closed   bool
+	mu    sync.Mutex // guards the fields below
+	conns map[net.Conn]struct{}
+	// handshaking are the connections that have not finished their
+	// handshake, oldest first; at most maxHandshaking.
+	handshaking []net.Conn
+	// refusalLogged is when the last refused handshake was logged;
+	// refusalsUnlogged counts those refused since without a line.
+	refusalLogged    time.Time
+	refusalsUnlogged int
+	sessions         map[uint64]*sessionConn   // the connection serving each session
+	inbound          map[string]*atomic.Uint64 // rows received, by remote IP
+	closed           bool
 }
 
 // rowGeometry is the row size this node accepts rows and samples at: never
@@ -158,8 +165,51 @@ func (s *Server) Close() error {
 	return err
 }
 
+// maxHandshaking bounds the connections in handshake: anyone who reaches
+// the listener can open connections and never speak, each holding a
+// descriptor until handshakeTimeout, and 600 of them once took every
+// descriptor of a daemon limited to 512 (the engine's stores and loads
+// then failed with EMFILE). Past the bound the oldest is closed: a listed
+// peer's handshake takes a round trip, so it is never the oldest unless
+// that many connections arrive meanwhile.
+const maxHandshaking = 64
+
+// logRefusal logs a refused handshake, at most one line a second: anyone
+// who reaches the listener causes one per connection (15,545 lines in 25 s
+// of a flood). The next line counts those left out.
+func (s *Server) logRefusal(from net.Addr, err error) {
+	s.mu.Lock()
+	now := time.Now()
+	if now.Sub(s.refusalLogged) < time.Second {
+		s.refusalsUnlogged++
+		s.mu.Unlock()
+		return
+	}
+	unlogged := s.refusalsUnlogged
+	s.refusalLogged, s.refusalsUnlogged = now, 0
+	s.mu.Unlock()
+	if unlogged > 0 {
+		s.cfg.Logf("rowsync: refused %s: %v (and %d more handshakes since the last such line)", from, err, unlogged)
+		return
+	}
+	s.cfg.Logf("rowsync: refused %s: %v", from, err)
+}
+
+// handshakeDone forgets conn among the connections in handshake.
+func (s *Server) handshakeDone(conn net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range s.handshaking {
+		if c == conn {
+			s.handshaking = append(s.handshaking[:i], s.handshaking[i+1:]...)
+			return
+		}
+	}
+}
+
 // accept serves every connection in its own goroutine until the listener
-// closes; other accept errors (out of descriptors) are retried.
+// closes; other accept errors (out of descriptors) are retried. At most
+// maxHandshaking of them are in handshake at a time.
 func (s *Server) accept() {
 	for {
 		conn, err := s.ln.Accept()
@@ -178,7 +228,14 @@ func (s *Server) accept() {
 			return
 		}
 		s.conns[conn] = struct{}{}
+		var oldest net.Conn
+		if s.handshaking = append(s.handshaking, conn); len(s.handshaking) > maxHandshaking {
+			oldest, s.handshaking = s.handshaking[0], s.handshaking[1:]
+		}
 		s.mu.Unlock()
+		if oldest != nil {
+			oldest.Close() // its serve ends and forgets it
+		}
 		s.wg.Go(func() {
 			s.serve(conn)
 			s.mu.Lock()
@@ -193,12 +250,13 @@ func (s *Server) accept() {
 // requests in order until it fails.
 func (s *Server) serve(conn net.Conn) {
 	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome)
+	s.handshakeDone(conn)
 	if errors.Is(err, errSelf) {
 		return // this node's own Mirror, told so
 	}
 	if err != nil {
 		s.authFailures.Add(1)
-		s.cfg.Logf("rowsync: refused %s: %v", conn.RemoteAddr(), err)
+		s.logRefusal(conn.RemoteAddr(), err)
 		return
 	}
 	defer s.takeSession(hello.Session, conn)()

@@ -223,10 +223,19 @@ func Open(cfg Config) (*Store, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("store directory %s is not a directory", root)
 	}
-	lock, err := os.Open(root)
+	// Never through a link: whoever can write the directory holding the
+	// store (the engine's uid, on its own data disk) could make it lead to
+	// a directory of root's, which the store then gives to the engine.
+	rootFD, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// (O_DIRECTORY|O_NOFOLLOW answers a link with ENOTDIR, os.Stat above
+	// having found a directory behind it.)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return nil, fmt.Errorf("store directory %s is a symbolic link: give the directory it leads to (a link can be swapped to lead the daemon elsewhere)", root)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store directory %s: %w", root, err)
 	}
+	lock := os.NewFile(uintptr(rootFD), root)
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("store directory %s is in use by another kvtierfs daemon", root)

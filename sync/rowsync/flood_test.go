@@ -1,0 +1,77 @@
+package rowsync
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// maxUnauthenticatedConns is what a listener may hold open for connections
+// that have not completed a handshake: a few lanes per listed peer, with
+// room to spare, far below a daemon's descriptor limit.
+const maxUnauthenticatedConns = 128
+
+// TestUnauthenticatedConnectionsAreBounded: anyone who reaches --listen
+// (every local user on loopback; the network between nodes, which the
+// threat model does not trust, for 0.0.0.0:7470) opens connections and
+// never speaks. The listener accepted every one, each holding a descriptor
+// until the handshake timed out, so 600 renewed connections to a daemon
+// limited to 512 descriptors made the engine's makedirs, stores and loads
+// through the mount fail with EMFILE, and logged "accept: too many open
+// files" every 100 ms, and each refusal logged a line. A listener must
+// hold a bounded number of them and log refusals at a bounded rate.
+func TestUnauthenticatedConnectionsAreBounded(t *testing.T) {
+	region := shmRegion(t, 2, testRowBytes)
+	var logMu sync.Mutex
+	var logLines int
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf: func(string, ...any) {
+			logMu.Lock()
+			logLines++
+			logMu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for range 4 * maxUnauthenticatedConns {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	open := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns)
+	}
+	// Within the handshake timeout (5 s) none of them was closed for
+	// silence yet, so a listener that accepts without bound holds them all.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n := open(); n > maxUnauthenticatedConns {
+			t.Fatalf("the listener holds %d connections that never sent a handshake (bound %d)", n, maxUnauthenticatedConns)
+		}
+	}
+	// Refusals are logged a line a second at most, not one per connection.
+	logMu.Lock()
+	lines := logLines
+	logMu.Unlock()
+	if lines > 10 {
+		t.Errorf("%d log lines for %d connections that never sent a handshake", lines, len(silent))
+	}
+	// A peer holding the secret still gets in past them.
+	newMirror(t, testSecret, time.Minute, true, s.Addr().String())
+}
