@@ -78,8 +78,10 @@ func PhaseBucketBound(i int) time.Duration {
 }
 
 // TimePhase records that phase p took from start to now.
-func (s *Store) TimePhase(p Phase, start time.Time) {
-	d := time.Since(start)
+func (s *Store) TimePhase(p Phase, start time.Time) { s.recordPhase(p, time.Since(start)) }
+
+// recordPhase records that phase p took d.
+func (s *Store) recordPhase(p Phase, d time.Duration) {
 	s.phases.count[p][phaseBucket(d)].Add(1)
 	s.phases.sumNs[p].Add(int64(d))
 }
