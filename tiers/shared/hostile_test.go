@@ -427,7 +427,7 @@ func TestPlantedNamesAndTimes(t *testing.T) {
 	}
 	hang := newHangingDir(NewOSDir(root))
 	l, _, _ := newTestLevel(t, hang, root, func(c *Config) {
-		c.Clock, c.Capacity, c.Protect, c.Timeout = clock, 2*size, time.Minute, 50*time.Millisecond
+		c.Clock, c.Capacity, c.Protect, c.Timeout = clock, 2*size, time.Minute, time.Second
 	})
 	eventually(t, "the expired lease taken over", l.holding)
 	eventually(t, "one block evicted", func() bool { return l.Stats().EvictedBlocks == 1 })
