@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -28,14 +27,13 @@ func noteXattr(name string) string {
 // of the initial user namespace, whose CAP_SYS_ADMIN the kernel asks for.
 // Root of another user namespace (a rootless container, the arm64 test
 // runner) is refused them with EPERM, so its notes go to user.* instead.
+// The initial namespace is told by its inode, fixed by the kernel
+// (PROC_USER_INIT_INO), since a namespace may map every uid to itself.
 var notesTrusted = sync.OnceValue(func() bool {
-	if os.Geteuid() != 0 {
-		return false
-	}
-	m, err := os.ReadFile("/proc/self/uid_map")
-	return err == nil && strings.Join(strings.Fields(string(m)), " ") == "0 0 4294967295"
+	const initUserNamespace = 0xEFFFFFFD
+	var st unix.Stat_t
+	return os.Geteuid() == 0 && unix.Stat("/proc/self/ns/user", &st) == nil && st.Ino == initUserNamespace
 })
-
 // ReadNote returns the daemon's note name, kept on the store root across
 // restarts; an error wrapping fs.ErrNotExist when there is none.
 func (s *Store) ReadNote(name string) ([]byte, error) {
