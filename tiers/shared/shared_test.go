@@ -369,7 +369,9 @@ func (d slowDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, 
 func TestFetchBoundIsProgress(t *testing.T) {
 	root := t.TempDir()
 	size := 5*fetchChunk + block.PageSize
-	writer, local, _ := newTestLevel(t, NewOSDir(root), root, nil)
+	// The writer's calls get time to spare: under qemu-user writing 20 MiB
+	// behind takes longer than the helpers' 200 ms bound.
+	writer, local, _ := newTestLevel(t, NewOSDir(root), root, func(c *Config) { c.Timeout = 30 * time.Second })
 	for i := range 2 {
 		local.put(blockRel(i), blockData(i, size))
 		writer.Published(blockRel(i), int64(size))
