@@ -34,6 +34,7 @@ var notesTrusted = sync.OnceValue(func() bool {
 	var st unix.Stat_t
 	return os.Geteuid() == 0 && unix.Stat("/proc/self/ns/user", &st) == nil && st.Ino == initUserNamespace
 })
+
 // ReadNote returns the daemon's note name, kept on the store root across
 // restarts; an error wrapping fs.ErrNotExist when there is none.
 func (s *Store) ReadNote(name string) ([]byte, error) {
