@@ -127,8 +127,13 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 		for range cfg.Lanes {
 			// Each lane is a session of its own (see Hello), so the peer's
 			// Server keeps them side by side.
-			p := &peer{addr: addr, psk: psk, node: cfg.Node, session: rand.Uint64(), dial: cfg.Dial, changed: pl.logChange, state: StateConnecting}
-			pl.lanes = append(pl.lanes, p)
+			pl.lanes = append(pl.lanes, &peer{addr: addr, psk: psk, node: cfg.Node, session: rand.Uint64(), dial: cfg.Dial, changed: pl.logChange, state: StateConnecting})
+		}
+	}
+	// Lanes start once every list is built: a lane's state change reads
+	// its peer's lanes (logChange), and the self check the other peers.
+	for _, pl := range m.peers {
+		for _, p := range pl.lanes {
 			m.wg.Go(func() { p.run(ctx) })
 		}
 	}
