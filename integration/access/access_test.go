@@ -254,7 +254,7 @@ func TestOtherFilesWithinCapacity(t *testing.T) {
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("fallocate of 2 GiB on a 1 GiB store: %v, want ENOSPC", err)
 	}
-	if used := allocated(t, d.Store); used > capacity {
+	if used := mounttest.Allocated(t, d.Store); used > capacity {
 		t.Errorf("the store holds %d MiB after the refused fallocate", used>>20)
 	}
 
@@ -282,7 +282,7 @@ func TestOtherFilesWithinCapacity(t *testing.T) {
 	if written > capacity {
 		t.Errorf("a plain file took %d MiB of a 1 GiB store", written>>20)
 	}
-	if used := allocated(t, d.Store); used > capacity {
+	if used := mounttest.Allocated(t, d.Store); used > capacity {
 		t.Errorf("the store holds %d MiB after the plain file, capacity 1 GiB", used>>20)
 	}
 	if err := os.Remove(plain); err != nil {
@@ -291,23 +291,4 @@ func TestOtherFilesWithinCapacity(t *testing.T) {
 	if free := d.Stats().Disk.FreeBytes; free < capacity/2 {
 		t.Errorf("%d MiB free after removing the plain file", free>>20)
 	}
-}
-
-// allocated is what the files under dir allocate on disk.
-func allocated(t *testing.T, dir string) int64 {
-	t.Helper()
-	var total int64
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			total += fi.Sys().(*syscall.Stat_t).Blocks * 512
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return total
 }

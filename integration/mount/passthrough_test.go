@@ -458,7 +458,7 @@ func TestPassthroughTmpBoundedByCapacity(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if used := storeBytes(t, m.store); used > capacity {
+	if used := mounttest.Allocated(t, m.store); used > capacity {
 		t.Fatalf("the store holds %d bytes after the release, capacity %d", used, capacity)
 	}
 	if !strings.Contains(m.d.Log(), "written past its tier's row size") {
@@ -473,23 +473,4 @@ func TestPassthroughTmpBoundedByCapacity(t *testing.T) {
 func exists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
-}
-
-// storeBytes is what the files under dir allocate.
-func storeBytes(t *testing.T, dir string) int64 {
-	t.Helper()
-	var total int64
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			total += fi.Sys().(*syscall.Stat_t).Blocks * 512
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return total
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,4 +239,24 @@ func SharedKeyFile(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// Allocated is what the regular files under dir allocate on disk, for
+// checks that a store stays within its capacity.
+func Allocated(t testing.TB, dir string) int64 {
+	t.Helper()
+	var total int64
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			total += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
 }
