@@ -106,7 +106,11 @@ func (n *node) symlinkStore(ctx context.Context, target, name string, out *fuse.
 	return child, errno
 }
 
-// linkStore makes name a hard link to the store file of target.
+// linkStore makes name a hard link to the store file of target. The store
+// may hold another file under target's name than the one the kernel knows
+// (the engine's uid replaced it): the link is then removed again and the
+// call fails with ESTALE, so that a link the kernel would refuse is never
+// left behind.
 func (n *node) linkStore(ctx context.Context, target *node, name string, out *fuse.EntryOut) (child *fs.Inode, errno syscall.Errno) {
 	if _, parent := target.EmbeddedInode().Parent(); parent == nil {
 		return nil, syscall.EXDEV // no name to link from
@@ -117,7 +121,12 @@ func (n *node) linkStore(ctx context.Context, target *node, name string, out *fu
 				return err
 			}
 			e, err := n.fsys.index.entryAt(dirfd, base)
+			if err == nil && e.id.Ino != target.StableAttr().Ino {
+				n.fsys.logger.Warn("refused a hard link through a name the store holds another file under", "path", target.self(), "link", n.rel(name))
+				err = syscall.ESTALE
+			}
 			if err != nil {
+				unix.Unlinkat(dirfd, base, 0)
 				return err
 			}
 			child = n.indexedChild(ctx, e, out)

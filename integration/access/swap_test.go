@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -160,5 +162,54 @@ func TestEveryNameMadeBelongsToEngine(t *testing.T) {
 	}
 	if target, err := os.Readlink(d.Path("T", "link")); err != nil || target != "file" {
 		t.Errorf("readlink through the mount: %q, %v", target, err)
+	}
+}
+
+// TestHardLinkThroughStaleNode links a file the kernel still holds open
+// after the store's name for it was given to another file (the engine's uid
+// replaced it in the store), once by a link and once by a regular file: the
+// call either links the file the kernel named or creates nothing. Main
+// linked the store's new file and, for the link, answered EIO after
+// creating it.
+func TestHardLinkThroughStaleNode(t *testing.T) {
+	store := t.TempDir()
+	d := mounttest.Start(t, mounttest.Options{Store: store})
+	for replacement, replace := range map[string]func(string) error{
+		"symlink": func(p string) error { return os.Symlink("/etc/passwd", p) },
+		"file":    func(p string) error { return os.WriteFile(p, []byte("another file\n"), 0o644) },
+	} {
+		t.Run(replacement, func(t *testing.T) {
+			name := "held-" + replacement
+			if err := os.WriteFile(d.Path(name), []byte("the held file\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			held, err := os.Open(d.Path(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			if err := os.Rename(filepath.Join(store, name), filepath.Join(store, name+".moved")); err != nil {
+				t.Fatal(err)
+			}
+			if err := replace(filepath.Join(store, name)); err != nil {
+				t.Fatal(err)
+			}
+			link := name + ".link"
+			// Linking the open descriptor names the kernel's node, whatever
+			// its dentry's timeout.
+			err = unix.Linkat(int(held.Fd()), "", unix.AT_FDCWD, d.Path(link), unix.AT_EMPTY_PATH)
+			var linked, moved syscall.Stat_t
+			lerr := syscall.Lstat(filepath.Join(store, link), &linked)
+			if serr := syscall.Lstat(filepath.Join(store, name+".moved"), &moved); serr != nil {
+				t.Fatal(serr)
+			}
+			switch {
+			case err != nil && lerr == nil:
+				t.Errorf("link failed (%v) but created store/%s (inode %d)", err, link, linked.Ino)
+			case err == nil && (lerr != nil || linked.Ino != moved.Ino):
+				t.Errorf("link succeeded, store/%s: %v, inode %d; want the held file's inode %d", link, lerr, linked.Ino, moved.Ino)
+			}
+			t.Logf("link through the stale node: %v", err)
+		})
 	}
 }
