@@ -1,7 +1,9 @@
 package disk
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -48,4 +50,37 @@ func (s *Store) MakePrivate(fd int, mode uint32) error {
 func (s *Store) isPrivate(st *unix.Stat_t, mode uint32) bool {
 	owner := s.Owner()
 	return int(st.Uid) == owner.UID && int(st.Gid) == owner.GID && st.Mode&0o7777 == mode
+}
+
+// refuseTakeover refuses a store directory that holds files and belongs to
+// another user than the store's owner: Open would give it, and every file
+// it indexes or removes, to the engine's uid (a mistyped --store of a home
+// directory, or of a root directory such as /etc for a non-root engine).
+// An empty directory, or the owner's own store, is taken.
+func (s *Store) refuseTakeover(rootFD int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(rootFD, &st); err != nil {
+		return fmt.Errorf("store directory %s: %w", s.root, err)
+	}
+	owner := s.Owner()
+	if int(st.Uid) == owner.UID {
+		return nil
+	}
+	fd, err := unix.Openat(rootFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("store directory %s: %w", s.root, err)
+	}
+	dir := os.NewFile(uintptr(fd), s.root)
+	defer dir.Close()
+	names, err := dir.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store directory %s: %w", s.root, err)
+	}
+	return fmt.Errorf("store directory %s belongs to uid %d, not to the engine's uid %d, and holds files (%q first): "+
+		"the store would give it and them to uid %d, so another user's directory is never taken over; "+
+		"if it is this tier's store, chown -R %d:%d %s (or pass the --engine-uid that owns it), else choose a new or empty directory",
+		s.root, st.Uid, owner.UID, names[0], owner.UID, owner.UID, owner.GID, s.root)
 }

@@ -258,6 +258,10 @@ func Open(cfg Config) (*Store, error) {
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
 	}
+	if err := s.refuseTakeover(s.rootFD); err != nil {
+		lock.Close()
+		return nil, err
+	}
 	if err := s.probeWritable(); err != nil {
 		lock.Close()
 		return nil, err

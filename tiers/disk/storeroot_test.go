@@ -3,6 +3,7 @@ package disk
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -45,5 +46,70 @@ func TestStoreRootLinkIsNotGivenAway(t *testing.T) {
 	}
 	if st.Uid != 0 || st.Mode&0o777 != 0o755 {
 		t.Fatalf("a store path that is a link to root's directory: Open %v, and the directory is now uid %d, mode %o (was root, 755)", err, st.Uid, st.Mode&0o777)
+	}
+}
+
+// TestStoreOfAnotherUserIsNotTakenOver: a --store that holds files and
+// belongs to another user than the engine's (a home directory typed by
+// mistake) was given to the engine's uid with mode 0700 at Open. It is
+// refused naming its owner and the chown that would make it the engine's;
+// an empty directory of another user and the engine's own store are taken.
+func TestStoreOfAnotherUserIsNotTakenOver(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another uid needs root")
+	}
+	engine := Owner{UID: 4242, GID: 4343}
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, ".profile"), []byte("bob's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(home, 5151, 5151); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(Config{Dir: home, Owner: &engine})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open took over another user's directory holding files")
+	}
+	for _, want := range []string{"uid 5151", "chown -R 4242:4343 " + home, "--engine-uid"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(home, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 5151 || st.Mode&0o777 != 0o755 {
+		t.Errorf("refused directory is now uid %d, mode %o; want 5151, 755", st.Uid, st.Mode&0o777)
+	}
+	if entries, err := os.ReadDir(home); err != nil || len(entries) != 1 {
+		t.Errorf("refused directory holds %v (%v); want .profile alone", entries, err)
+	}
+
+	// The chown the refusal names makes it the engine's own store.
+	if err := os.Chown(home, engine.UID, engine.GID); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(Config{Dir: home, Owner: &engine})
+	if err != nil {
+		t.Fatalf("the engine's own store: %v", err)
+	}
+	s.Close()
+
+	empty := t.TempDir()
+	if err := os.Chown(empty, 5151, 5151); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(Config{Dir: empty, Owner: &engine})
+	if err != nil {
+		t.Fatalf("an empty directory of another user: %v", err)
+	}
+	s.Close()
+	if err := syscall.Stat(empty, &st); err != nil || st.Uid != uint32(engine.UID) {
+		t.Errorf("empty directory taken as the store: uid %d (%v), want the engine's %d", st.Uid, err, engine.UID)
 	}
 }
