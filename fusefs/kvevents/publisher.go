@@ -188,9 +188,12 @@ func (p *Publisher) Addr() net.Addr {
 }
 
 // accept serves the subscribers that connect to a bound publisher, at most
-// maxPeers connections at a time, handshakes included.
+// maxPeers connections at a time, handshakes included, and at most
+// maxPeersPerSource of one source.
 func (p *Publisher) accept() {
 	slots := make(chan struct{}, maxPeers)
+	var mu sync.Mutex
+	perSource := map[string]int{}
 	for {
 		conn, err := p.listener.Accept()
 		if err != nil {
@@ -205,15 +208,41 @@ func (p *Publisher) accept() {
 			}
 			continue
 		}
+		from, err := source(conn)
+		if err != nil {
+			p.logger.Debug("KV events: cannot tell who connected, connection closed", "remote", remote(conn), "err", err)
+			conn.Close()
+			continue
+		}
+		mu.Lock()
+		full := perSource[from] >= maxPeersPerSource
+		if !full {
+			perSource[from]++
+		}
+		mu.Unlock()
+		if full {
+			p.logger.Debug("KV events: too many connections from one source, one closed", "source", from, "remote", remote(conn))
+			conn.Close()
+			continue
+		}
+		left := func() {
+			mu.Lock()
+			if perSource[from]--; perSource[from] == 0 {
+				delete(perSource, from)
+			}
+			mu.Unlock()
+		}
 		select {
 		case slots <- struct{}{}:
 		default:
-			p.logger.Debug("KV events: too many connections, one closed", "remote", remote(conn))
+			p.logger.Debug("KV events: too many connections, one closed", "source", from, "remote", remote(conn))
+			left()
 			conn.Close()
 			continue
 		}
 		p.running.Go(func() {
 			defer func() { <-slots }()
+			defer left()
 			p.serve(conn)
 		})
 	}

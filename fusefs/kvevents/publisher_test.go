@@ -6,15 +6,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 )
 
 // Block paths in the engine's layout and the hashes vLLM reports for them
@@ -460,6 +463,15 @@ func dialRaw(t *testing.T, p *Publisher, socketType string) *rawPeer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	r, err := handshakeRaw(conn, socketType)
+	if err != nil {
+		t.Fatalf("publisher's greeting: %v", err)
+	}
+	return r
+}
+
+// handshakeRaw exchanges greetings and READY on conn as dialRaw does.
+func handshakeRaw(conn net.Conn, socketType string) (*rawPeer, error) {
 	conn.SetDeadline(time.Now().Add(time.Minute))
 	g := make([]byte, 64)
 	g[0], g[9], g[10], g[11] = 0xFF, 0x7F, 3, 1
@@ -468,13 +480,10 @@ func dialRaw(t *testing.T, p *Publisher, socketType string) *rawPeer {
 	props = binary.BigEndian.AppendUint32(props, uint32(len(socketType)))
 	props = append(props, socketType...)
 	if _, err := conn.Write(append(g, appendCommand(nil, "READY", props)...)); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	r := &rawPeer{conn: conn, in: bufio.NewReader(conn)}
-	if err := readGreeting(r.in); err != nil {
-		t.Fatalf("publisher's greeting: %v", err)
-	}
-	return r
+	return r, readGreeting(r.in)
 }
 
 // TestPublisherSpeaksZMTP31 drives a peer by hand: READY with its socket
@@ -542,5 +551,101 @@ func TestPublisherDropsPeersThatNeverSubscribe(t *testing.T) {
 	readFrame(idle.in) // the publisher's READY
 	if _, _, err := readFrame(idle.in); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a peer without a subscription kept its connection: %v", err)
+	}
+}
+
+// dialAs connects to a bound publisher's loopback address from a socket
+// owned by uid: the socket is made under that fsuid, on this thread only,
+// and the kernel's sock_diag reports it as that user's.
+func dialAs(t *testing.T, p *Publisher, uid int) net.Conn {
+	t.Helper()
+	runtime.LockOSThread()
+	unix.Setfsuid(uid)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	unix.Setfsuid(0)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	addr := p.Addr().(*net.TCPAddr)
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: addr.Port, Addr: [4]byte(addr.IP.To4())}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// subscribeRaw completes a SUB peer's subscription to every topic and
+// tells whether the publisher kept the connection: it answers a PING.
+func subscribeRaw(sub *rawPeer) error {
+	if _, _, err := readFrame(sub.in); err != nil { // the publisher's READY
+		return err
+	}
+	ping := append([]byte{0, 10}, "alive"...)
+	if _, err := sub.conn.Write(append(appendCommand(nil, "SUBSCRIBE", nil), appendCommand(nil, "PING", ping)...)); err != nil {
+		return err
+	}
+	_, body, err := readFrame(sub.in)
+	if err != nil {
+		return err
+	}
+	if name, data, _ := command(body); name != "PONG" || string(data) != "alive" {
+		return fmt.Errorf("answer to PING: %q %q", name, data)
+	}
+	return nil
+}
+
+// TestOneUserCannotTakeEverySlot: one local user opens maxPeers valid,
+// subscribed SUB connections to the loopback publisher; main served them
+// all and closed every later one, so the operator's router, another user,
+// could not subscribe. A source keeps at most maxPeersPerSource, and a
+// subscriber of another uid still gets in and receives the batches.
+func TestOneUserCannotTakeEverySlot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a socket of another uid needs root (setfsuid)")
+	}
+	p, err := Start(Options{Endpoint: "tcp://*:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const flooder, router = 4711, 4712
+	kept := 0
+	for range maxPeers {
+		conn := dialAs(t, p, flooder)
+		if sub, err := handshakeRaw(conn, "SUB"); err == nil && subscribeRaw(sub) == nil {
+			kept++
+		}
+	}
+	if kept > maxPeersPerSource {
+		t.Errorf("one uid holds %d subscribed connections, want at most %d", kept, maxPeersPerSource)
+	}
+	sub, err := handshakeRaw(dialAs(t, p, router), "SUB")
+	if err == nil {
+		err = subscribeRaw(sub)
+	}
+	if err != nil {
+		t.Fatalf("another uid's subscriber, after one uid took %d connections: %v", kept, err)
+	}
+	p.BlockGone(blockG0)
+	var frames [][]byte
+	for {
+		flags, body, err := readFrame(sub.in)
+		if err != nil {
+			t.Fatalf("another uid's subscriber: %v", err)
+		}
+		frames = append(frames, body)
+		if flags&flagMore == 0 {
+			break
+		}
+	}
+	if len(frames) != 3 {
+		t.Fatalf("another uid's subscriber got frames %q, want topic, sequence number, payload", frames)
 	}
 }

@@ -1,0 +1,138 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxPeersPerSource bounds the connections of one source (a local user, or
+// a remote address), so that no one source takes every one of maxPeers:
+// loopback, where a bound publisher listens by default, is open to every
+// local user.
+const maxPeersPerSource = 8
+
+// source names who is behind a subscriber's connection: the uid that owns
+// the other end of a loopback or ipc:// connection (every local user
+// shares the loopback address), else the remote address.
+func source(conn net.Conn) (string, error) {
+	switch c := conn.(type) {
+	case *net.UnixConn:
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return "", err
+		}
+		var cred *unix.Ucred
+		var credErr error
+		if err := raw.Control(func(fd uintptr) {
+			cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		}); err != nil {
+			return "", err
+		}
+		if credErr != nil {
+			return "", credErr
+		}
+		return "uid " + strconv.FormatUint(uint64(cred.Uid), 10), nil
+	case *net.TCPConn:
+		remote := c.RemoteAddr().(*net.TCPAddr)
+		if !remote.IP.IsLoopback() {
+			return "address " + remote.IP.String(), nil
+		}
+		uid, err := loopbackPeerUID(remote, c.LocalAddr().(*net.TCPAddr))
+		if err != nil {
+			return "", err
+		}
+		return "uid " + strconv.FormatUint(uint64(uid), 10), nil
+	}
+	return "", fmt.Errorf("connection of type %T", conn)
+}
+
+// loopbackPeerUID asks the kernel (sock_diag) which uid owns the TCP
+// socket bound to remote and connected to local: the other end of a
+// loopback connection, in this network namespace.
+func loopbackPeerUID(remote, local *net.TCPAddr) (uint32, error) {
+	family, src, dst := familyOf(remote.IP, local.IP)
+	uid, err := diagUID(family, remote.Port, local.Port, src, dst)
+	if family == unix.AF_INET && errors.Is(err, unix.ENOENT) {
+		// A dual-stack peer's socket holds the addresses v4-mapped.
+		var src6, dst6 [16]byte
+		copy(src6[:], remote.IP.To16())
+		copy(dst6[:], local.IP.To16())
+		return diagUID(unix.AF_INET6, remote.Port, local.Port, src6, dst6)
+	}
+	return uid, err
+}
+
+// familyOf is the address family of a connection's two addresses, as
+// inet_diag's 16-byte fields hold them.
+func familyOf(src, dst net.IP) (family uint8, srcBytes, dstBytes [16]byte) {
+	if s4, d4 := src.To4(), dst.To4(); s4 != nil && d4 != nil {
+		copy(srcBytes[:], s4)
+		copy(dstBytes[:], d4)
+		return unix.AF_INET, srcBytes, dstBytes
+	}
+	copy(srcBytes[:], src.To16())
+	copy(dstBytes[:], dst.To16())
+	return unix.AF_INET6, srcBytes, dstBytes
+}
+
+// Sizes and offsets of linux/inet_diag.h's structures.
+const (
+	diagRequestLen = 56 // struct inet_diag_req_v2
+	diagUIDOffset  = 64 // idiag_uid in struct inet_diag_msg
+	diagReplyLen   = diagUIDOffset + 8
+)
+
+// diagUID looks one TCP socket up by its addresses (SOCK_DIAG_BY_FAMILY
+// without NLM_F_DUMP) and returns its owner's uid.
+func diagUID(family uint8, sport, dport int, src, dst [16]byte) (uint32, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return 0, fmt.Errorf("sock_diag: %w", err)
+	}
+	defer unix.Close(fd)
+	timeout := unix.NsecToTimeval(time.Second.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &timeout); err != nil {
+		return 0, err
+	}
+	msg := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+diagRequestLen)
+	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.NLMSG_HDRLEN+diagRequestLen))
+	binary.NativeEndian.PutUint16(msg[4:], unix.SOCK_DIAG_BY_FAMILY)
+	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST)
+	binary.NativeEndian.PutUint32(msg[8:], 1) // sequence number
+	msg = append(msg, family, unix.IPPROTO_TCP, 0, 0)
+	msg = binary.NativeEndian.AppendUint32(msg, ^uint32(0)) // every state
+	msg = binary.BigEndian.AppendUint16(msg, uint16(sport))
+	msg = binary.BigEndian.AppendUint16(msg, uint16(dport))
+	msg = append(msg, src[:]...)
+	msg = append(msg, dst[:]...)
+	msg = binary.NativeEndian.AppendUint32(msg, 0)          // any interface
+	msg = binary.NativeEndian.AppendUint64(msg, ^uint64(0)) // INET_DIAG_NOCOOKIE
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("sock_diag: %w", err)
+	}
+	reply := make([]byte, 4096)
+	n, _, err := unix.Recvfrom(fd, reply, 0)
+	if err != nil {
+		return 0, fmt.Errorf("sock_diag: %w", err)
+	}
+	if n < unix.NLMSG_HDRLEN+4 {
+		return 0, errors.New("sock_diag: short reply")
+	}
+	body := reply[unix.NLMSG_HDRLEN:n]
+	switch binary.NativeEndian.Uint16(reply[4:]) {
+	case unix.NLMSG_ERROR:
+		return 0, fmt.Errorf("sock_diag: %w", unix.Errno(-int32(binary.NativeEndian.Uint32(body))))
+	case unix.SOCK_DIAG_BY_FAMILY:
+		if len(body) < diagReplyLen {
+			return 0, errors.New("sock_diag: short reply")
+		}
+		return binary.NativeEndian.Uint32(body[diagUIDOffset:]), nil
+	}
+	return 0, errors.New("sock_diag: unexpected reply")
+}
