@@ -85,10 +85,18 @@ func checkImage(t *testing.T, dir, arch, binSum string) {
 		t.Fatalf("podman missing (make deps installs it): %v", err)
 	}
 	store := t.TempDir()
+	// File locks in the store: podman's default shm locks leave
+	// /dev/shm/libpod_lock behind, shared with every other podman run.
+	conf := filepath.Join(store, "containers.conf")
+	locks := filepath.Join(store, "tmp")
+	if err := os.WriteFile(conf, []byte("[engine]\nlock_type = \"file\"\ntmp_dir = \""+locks+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(podman, append([]string{"--root", filepath.Join(store, "root"),
 			"--runroot", filepath.Join(store, "run"), "--storage-driver", "vfs"}, args...)...)
+		cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("podman %v: %v\n%s", args, err, out)
@@ -97,6 +105,9 @@ func checkImage(t *testing.T, dir, arch, binSum string) {
 	}
 	tag := "localhost/kvtierfs-release-test:" + arch
 	run("build", "--platform", "linux/"+arch, "-f", filepath.Join(deployDir, "docker", "Dockerfile"), "-t", tag, dir)
+	if fi, err := os.Stat(filepath.Join(locks, "locks")); err != nil || !fi.IsDir() {
+		t.Errorf("podman kept no locks in the test's %s (%v): its shm locks stay in /dev/shm", locks, err)
+	}
 	got := strings.TrimSpace(run("image", "inspect", tag, "--format", "{{.Os}}/{{.Architecture}} {{.Config.User}} {{json .Config.Entrypoint}}"))
 	if want := `linux/` + arch + ` 0:0 ["/usr/local/bin/kvtierfs"]`; got != want {
 		t.Errorf("image for %s: %s, want %s", arch, got, want)
