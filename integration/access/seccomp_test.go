@@ -6,13 +6,11 @@ import (
 	"os"
 	"runtime"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
-)
 
-// openat2Syscall is openat2's number, the same on amd64 and arm64.
-const openat2Syscall = 437
+	"github.com/kvtierfs/kvtierfs/internal/seccomptest"
+)
 
 // execWithoutOpenat2 runs argv as a kernel without openat2 would, as some
 // sandboxes do: a seccomp filter makes openat2 answer ENOSYS, and argv is
@@ -20,17 +18,7 @@ const openat2Syscall = 437
 // on failure.
 func execWithoutOpenat2(argv []string) error {
 	runtime.LockOSThread() // the filter and the exec on one thread
-	filter := []unix.SockFilter{
-		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // seccomp_data.nr
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: openat2Syscall, Jt: 0, Jf: 1},
-		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
-		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
-	}
-	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
-	if err := unix.Prctl(unix.PR_SET_SECCOMP, unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&prog)), 0, 0); err != nil {
+	if err := seccomptest.DenyOpenat2(); err != nil {
 		return fmt.Errorf("seccomp filter: %w", err)
 	}
 	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC}

@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/internal/seccomptest"
 )
 
 // tree makes root/a/b/f ("inside") beside a directory outside root holding
@@ -277,7 +278,7 @@ func TestOpenWalksWhereOpenat2IsMissing(t *testing.T) {
 		var r result
 		defer func() { done <- r }()
 		// qemu-user refuses seccomp filters, and has no openat2 to deny.
-		if err := denyOpenat2(); kernelHasOpenat2() {
+		if err := seccomptest.DenyOpenat2(); kernelHasOpenat2() {
 			r.err = fmt.Errorf("openat2 still answers under the filter (%v)", err)
 			return
 		}
@@ -295,22 +296,4 @@ func TestOpenWalksWhereOpenat2IsMissing(t *testing.T) {
 	if !errors.Is(r.linked, unix.ENOTDIR) && !errors.Is(r.linked, unix.ELOOP) {
 		t.Errorf("a/L/b/f without openat2: %v, want ENOTDIR or ELOOP", r.linked)
 	}
-}
-
-// openat2Syscall is openat2's number, the same on amd64 and arm64.
-const openat2Syscall = 437
-
-// denyOpenat2 makes openat2 answer ENOSYS on the calling thread only.
-func denyOpenat2() error {
-	filter := []unix.SockFilter{
-		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // seccomp_data.nr
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: openat2Syscall, Jt: 0, Jf: 1},
-		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
-		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
-	}
-	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return err
-	}
-	return unix.Prctl(unix.PR_SET_SECCOMP, unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&prog)), 0, 0)
 }
