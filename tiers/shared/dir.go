@@ -376,22 +376,20 @@ func (d *OSDir) WriteFile(rel string, data []byte) error {
 
 // Rename renames within the directory, over a file at to.
 func (d *OSDir) Rename(from, to string) error {
-	fromDir, fromName, doneFrom, err := d.parent(from)
-	if err != nil {
-		return err
-	}
-	defer doneFrom()
-	toDir, toName, doneTo, err := d.parent(to)
-	if err != nil {
-		return err
-	}
-	defer doneTo()
-	return pathErr("rename", from, unix.Renameat(fromDir, fromName, toDir, toName))
+	return d.betweenParents("rename", from, to, unix.Renameat)
 }
 
 // Link makes a second name; it fails with EEXIST when to exists. A link
 // at from is linked itself, never its target.
 func (d *OSDir) Link(from, to string) error {
+	return d.betweenParents("link", from, to, func(fromDir int, fromName string, toDir int, toName string) error {
+		return unix.Linkat(fromDir, fromName, toDir, toName, 0)
+	})
+}
+
+// betweenParents runs op (renameat, linkat) on from's and to's names in
+// their parent directories.
+func (d *OSDir) betweenParents(what, from, to string, op func(fromDir int, fromName string, toDir int, toName string) error) error {
 	fromDir, fromName, doneFrom, err := d.parent(from)
 	if err != nil {
 		return err
@@ -402,7 +400,7 @@ func (d *OSDir) Link(from, to string) error {
 		return err
 	}
 	defer doneTo()
-	return pathErr("link", from, unix.Linkat(fromDir, fromName, toDir, toName, 0))
+	return pathErr(what, from, op(fromDir, fromName, toDir, toName))
 }
 
 // Remove removes a name that is not a directory.
