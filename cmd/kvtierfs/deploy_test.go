@@ -73,6 +73,7 @@ func kvtierfsArgs(argv []string) ([]string, bool) {
 // container is the part of a Kubernetes container spec the checks read.
 type container struct {
 	Name           string   `yaml:"name"`
+	Image          string   `yaml:"image"`
 	Command        []string `yaml:"command"`
 	Args           []string `yaml:"args"`
 	ReadinessProbe *probe   `yaml:"readinessProbe"`
@@ -268,21 +269,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 	vllm := engine.Spec.Template.Spec.Containers[0]
-	var config struct {
-		Connector string `json:"kv_connector"`
-		Extra     struct {
-			SecondaryTiers []struct {
-				Type    string `json:"type"`
-				RootDir string `json:"root_dir"`
-			} `json:"secondary_tiers"`
-		} `json:"kv_connector_extra_config"`
-	}
-	if err := json.Unmarshal([]byte(flagValue(vllm.Args, "--kv-transfer-config")), &config); err != nil {
-		t.Fatalf("--kv-transfer-config of the engine: %v", err)
-	}
-	if len(config.Extra.SecondaryTiers) != 1 || config.Extra.SecondaryTiers[0].Type != "fs" || config.Extra.SecondaryTiers[0].RootDir != mountpoint {
-		t.Errorf("the engine's secondary tiers %+v are not the fs tier at %s", config.Extra.SecondaryTiers, mountpoint)
-	}
+	checkEngineTier(t, vllm.Args, mountpoint)
 	seen := false
 	for _, m := range vllm.VolumeMounts {
 		if engineHostPaths[m.Name] == propagated && m.MountPropagation == "HostToContainer" && strings.HasPrefix(mountpoint, m.MountPath+"/") {
@@ -291,6 +278,26 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if !seen {
 		t.Errorf("the engine does not mount host path %s with HostToContainer at the daemon's mountpoint's parent", propagated)
+	}
+}
+
+// checkEngineTier checks that the engine's --kv-transfer-config in args
+// names one secondary tier, the fs tier at mountpoint.
+func checkEngineTier(t *testing.T, args []string, mountpoint string) {
+	t.Helper()
+	var config struct {
+		Extra struct {
+			SecondaryTiers []struct {
+				Type    string `json:"type"`
+				RootDir string `json:"root_dir"`
+			} `json:"secondary_tiers"`
+		} `json:"kv_connector_extra_config"`
+	}
+	if err := json.Unmarshal([]byte(flagValue(args, "--kv-transfer-config")), &config); err != nil {
+		t.Fatalf("--kv-transfer-config of the engine: %v", err)
+	}
+	if tiers := config.Extra.SecondaryTiers; len(tiers) != 1 || tiers[0].Type != "fs" || tiers[0].RootDir != mountpoint {
+		t.Errorf("the engine's secondary tiers %+v are not the fs tier at %s", tiers, mountpoint)
 	}
 }
 

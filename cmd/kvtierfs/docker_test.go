@@ -89,7 +89,11 @@ func TestDockerImageAndCompose(t *testing.T) {
 	if len(df["COPY"]) != 1 || df["COPY"][0] != "kvtierfs-linux-${TARGETARCH} "+binary {
 		t.Errorf("Dockerfile COPY %v: want the release binary kvtierfs-linux-${TARGETARCH} copied to %s", df["COPY"], binary)
 	}
-	ds := daemonSetContainer(t)
+	workload, ok := readWorkloads(t)["DaemonSet/kvtierfs"]
+	if !ok || len(workload.Spec.Template.Spec.Containers) == 0 {
+		t.Fatal("no DaemonSet kvtierfs container in the Kubernetes manifests")
+	}
+	ds := workload.Spec.Template.Spec.Containers[0]
 
 	var compose struct {
 		Services map[string]composeService `yaml:"services"`
@@ -148,53 +152,5 @@ func TestDockerImageAndCompose(t *testing.T) {
 	if src, _, ok := engine.bindOf(filepath.Dir(glob)); !ok || src != filepath.Dir(glob) {
 		t.Errorf("the engine's %s is not the host's", filepath.Dir(glob))
 	}
-	var config struct {
-		Extra struct {
-			SecondaryTiers []struct {
-				Type    string `json:"type"`
-				RootDir string `json:"root_dir"`
-			} `json:"secondary_tiers"`
-		} `json:"kv_connector_extra_config"`
-	}
-	if err := json.Unmarshal([]byte(flagValue(engine.Command, "--kv-transfer-config")), &config); err != nil {
-		t.Fatalf("--kv-transfer-config of the engine: %v", err)
-	}
-	if tiers := config.Extra.SecondaryTiers; len(tiers) != 1 || tiers[0].Type != "fs" || tiers[0].RootDir != mountpoint {
-		t.Errorf("the engine's secondary tiers %+v are not the fs tier at %s", tiers, mountpoint)
-	}
-}
-
-// daemonSetContainer is the image and command of the DaemonSet's daemon.
-func daemonSetContainer(t *testing.T) (c struct {
-	Image   string   `yaml:"image"`
-	Command []string `yaml:"command"`
-}) {
-	t.Helper()
-	f, err := os.Open(filepath.Join(deployDir, "kubernetes", "kvtierfs-daemonset.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for dec := yaml.NewDecoder(f); ; {
-		var doc struct {
-			Kind string `yaml:"kind"`
-			Spec struct {
-				Template struct {
-					Spec struct {
-						Containers []struct {
-							Image   string   `yaml:"image"`
-							Command []string `yaml:"command"`
-						} `yaml:"containers"`
-					} `yaml:"spec"`
-				} `yaml:"template"`
-			} `yaml:"spec"`
-		}
-		if err := dec.Decode(&doc); err != nil {
-			t.Fatalf("no DaemonSet container in the manifest: %v", err)
-		}
-		if cs := doc.Spec.Template.Spec.Containers; doc.Kind == "DaemonSet" && len(cs) > 0 {
-			c.Image, c.Command = cs[0].Image, cs[0].Command
-			return c
-		}
-	}
+	checkEngineTier(t, engine.Command, mountpoint)
 }
