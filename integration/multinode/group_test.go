@@ -224,56 +224,25 @@ func TestOneOfThreePeersFails(t *testing.T) {
 			g := newGroup(t, addrs, wrappers)
 			g.startAll(t, true)
 			g.waitUp(t)
-			const victim, chunks, threads = 3, rows / 2, 4
+			const victim, chunks = 3, rows / 2
 			pid := g.nodes[victim].daemon.Pid()
 			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) }) // before the daemon's own cleanup stops it
 			g.store(t, chunks)
 			head := g.nodes[0]
 
-			results := make(chan error, chunks)
-			next := make(chan int)
-			for range threads {
-				go engineio.OnSignalFreeThread(func() {
-					for i := range next {
-						err := head.tier.LoadIgnoringClose(head.tier.BlockPath(tierDir, 0, hashOf(i)), head.region.Row(chunks+i))
-						if err == nil && !g.sameEverywhere(chunks+i) {
-							err = fmt.Errorf("chunk %d: the load succeeded and a rank's row differs", i)
-							t.Error(err)
-						}
-						results <- err
-					}
-				})
-			}
 			failAt := chunks / 4
-			var okBefore, okAfter, failedAfter int
-			for i := range chunks {
-				if i == failAt {
-					for range failAt { // the loads before the failure finish first
-						if <-results == nil {
-							okBefore++
-						}
-					}
-					switch failure {
-					case "killed":
-						g.nodes[victim].daemon.Kill9()
-					case "stalled":
-						syscall.Kill(pid, syscall.SIGSTOP)
-					case "lying":
-						g.nodes[victim].daemon.Stop()
-						g.start(t, victim, true, liar)
-						g.waitUp(t) // the head has reached the liar: its next rows are acknowledged wrong
-					}
+			okBefore, okAfter, failedAfter := failureStorm(t, head, chunks, g.sameEverywhere, func() {
+				switch failure {
+				case "killed":
+					g.nodes[victim].daemon.Kill9()
+				case "stalled":
+					syscall.Kill(pid, syscall.SIGSTOP)
+				case "lying":
+					g.nodes[victim].daemon.Stop()
+					g.start(t, victim, true, liar)
+					g.waitUp(t) // the head has reached the liar: its next rows are acknowledged wrong
 				}
-				next <- i
-			}
-			close(next)
-			for range chunks - failAt {
-				if err := <-results; err == nil {
-					okAfter++
-				} else {
-					failedAfter++
-				}
-			}
+			})
 			t.Logf("peer %s: %d loads before, %d succeeded and %d failed after", failure, okBefore, okAfter, failedAfter)
 			if okBefore == 0 || failedAfter == 0 {
 				t.Fatalf("%d of %d loads succeeded before the peer was %s, %d failed after; want some of each", okBefore, failAt, failure, failedAfter)

@@ -400,6 +400,51 @@ func TestSignalsDuringCloseDoNotFailLoads(t *testing.T) {
 	}
 }
 
+// failureStorm promotes the chunks stored blocks into rows chunks… of the
+// head's region from four threads with vLLM's C loader (close errors
+// ignored), and calls fail once the first quarter of the loads has
+// finished. A load that succeeds must leave its row the same at every rank
+// (same). It returns the loads that succeeded before the failure, and those
+// that succeeded and failed after it.
+func failureStorm(t *testing.T, head *node, chunks int, same func(row int) bool, fail func()) (okBefore, okAfter, failedAfter int) {
+	const threads = 4
+	results := make(chan error, chunks)
+	next := make(chan int)
+	for range threads {
+		go engineio.OnSignalFreeThread(func() {
+			for i := range next {
+				err := head.tier.LoadIgnoringClose(head.tier.BlockPath(tierDir, 0, hashOf(i)), head.region.Row(chunks+i))
+				if err == nil && !same(chunks+i) {
+					err = fmt.Errorf("chunk %d: the load succeeded and a rank's row differs", i)
+					t.Error(err)
+				}
+				results <- err
+			}
+		})
+	}
+	failAt := chunks / 4
+	for i := range chunks {
+		if i == failAt {
+			for range failAt { // the loads before the failure finish first
+				if <-results == nil {
+					okBefore++
+				}
+			}
+			fail()
+		}
+		next <- i
+	}
+	close(next)
+	for range chunks - failAt {
+		if err := <-results; err == nil {
+			okAfter++
+		} else {
+			failedAfter++
+		}
+	}
+	return okBefore, okAfter, failedAfter
+}
+
 // TestPeerFailureFailsTheRead promotes rows from four threads with vLLM's C
 // loader, which ignores close errors, while the peer is stalled (SIGSTOP)
 // or killed: the loads after the failure fail at open or at their read, and
@@ -417,52 +462,15 @@ func TestPeerFailureFailsTheRead(t *testing.T) {
 			const chunks = rows / 2
 			storeChunks(t, head, peer, chunks, true)
 
-			const threads = 4
-			results := make(chan error, chunks)
-			next := make(chan int)
-			for range threads {
-				go engineio.OnSignalFreeThread(func() {
-					for i := range next {
-						path := head.tier.BlockPath(tierDir, 0, hashOf(i))
-						err := head.tier.LoadIgnoringClose(path, head.region.Row(chunks+i))
-						if err == nil && !bytes.Equal(head.region.Row(chunks+i), peer.region.Row(chunks+i)) {
-							err = fmt.Errorf("chunk %d: the load succeeded and the peer's row is stale", i)
-							t.Error(err)
-						}
-						results <- err
-					}
-				})
-			}
-			failAt := chunks / 4
-			var okBefore, okAfter, failedAfter int
-			for i := range chunks {
-				if i == failAt {
-					for range threads - 1 { // let the loads in flight finish first
-						if <-results == nil {
-							okBefore++
-						}
-					}
-					if failure == "stalled" {
-						syscall.Kill(pid, syscall.SIGSTOP)
-					} else {
-						peer.daemon.Kill9()
-					}
-					for range failAt - (threads - 1) {
-						if <-results == nil {
-							okBefore++
-						}
-					}
-				}
-				next <- i
-			}
-			close(next)
-			for range chunks - failAt {
-				if err := <-results; err == nil {
-					okAfter++
+			okBefore, okAfter, failedAfter := failureStorm(t, head, chunks, func(row int) bool {
+				return bytes.Equal(head.region.Row(row), peer.region.Row(row))
+			}, func() {
+				if failure == "stalled" {
+					syscall.Kill(pid, syscall.SIGSTOP)
 				} else {
-					failedAfter++
+					peer.daemon.Kill9()
 				}
-			}
+			})
 			if okBefore == 0 || failedAfter == 0 {
 				t.Fatalf("%d loads succeeded before the peer %s, %d failed after; want some of each", okBefore, failure, failedAfter)
 			}
