@@ -348,8 +348,19 @@ func isProbeLeftover(name string) bool { return probeLeftover.MatchString(name) 
 // record bound to its name is not indexed (see readBlockMeta).
 func (s *Store) rebuild() error {
 	var found []*entry
-	var tmpsRemoved, dropped, refused int
+	var tmpsRemoved, dropped, refused, unreadable int
 	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil && p != s.root {
+			// The engine's uid owns the tree: a name it made unreadable
+			// (one past PATH_MAX, say) costs that name, not the mount.
+			if unreadable++; unreadable == 1 {
+				s.cfg.Logger.Warn("store names not indexed: they cannot be read (their count is in \"store indexed\")", "path", p, "err", err)
+			}
+			if d != nil && d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -406,7 +417,7 @@ func (s *Store) rebuild() error {
 	}
 	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
 		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped, "odd_size_files_ignored", skipped,
-		"unproven_blocks_ignored", refused,
+		"unproven_blocks_ignored", refused, "unreadable_names_ignored", unreadable,
 		"evicted_to_fit_capacity", evicted)
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestStoreRootLinkIsNotGivenAway: the engine's uid owns the directory
@@ -111,5 +113,52 @@ func TestStoreOfAnotherUserIsNotTakenOver(t *testing.T) {
 	s.Close()
 	if err := syscall.Stat(empty, &st); err != nil || st.Uid != uint32(engine.UID) {
 		t.Errorf("empty directory taken as the store: uid %d (%v), want the engine's %d", st.Uid, err, engine.UID)
+	}
+}
+
+// TestStoreTooDeepToNameStillOpens: the engine's uid, which owns the store
+// tree, nests directories until their path passes PATH_MAX. Open walked
+// the tree by path and refused the whole store (ENAMETOOLONG), so the
+// daemon could not start again; the names it cannot read are now left out,
+// and the blocks and files beside them indexed and counted.
+func TestStoreTooDeepToNameStillOpens(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 2))
+	before := s.Used()
+	s.Close()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range unix.PathMax/2 + 1 {
+		if err := unix.Mkdirat(fd, "d", 0o700); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	if err := os.WriteFile(filepath.Join(dir, "d", "other"), make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatalf("a store holding a directory nested past PATH_MAX: %v", err)
+	}
+	defer s.Close()
+	if !s.Contains(rel) {
+		t.Errorf("the block beside the deep directory is not indexed")
+	}
+	if got := s.Used(); got < before+8192 {
+		t.Errorf("the store counts %d bytes, want the block's %d and d/other's 8192", got, before)
 	}
 }

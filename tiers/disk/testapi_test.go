@@ -29,3 +29,11 @@ func (s *Store) RowBytes() map[string]int64 { return s.Stats().RowBytes }
 
 // File is the open tmp file of a writer.
 func (w *Writer) File() *os.File { return w.file }
+
+// Used returns the bytes counted against the capacity: blocks, tmp files
+// and other files.
+func (s *Store) Used() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
