@@ -210,9 +210,7 @@ func (p *Publisher) accept() {
 		}
 		from, err := source(conn)
 		if err != nil {
-			p.logger.Debug("KV events: cannot tell who connected, connection closed", "remote", remote(conn), "err", err)
-			conn.Close()
-			continue
+			p.logger.Debug("KV events: cannot tell which user connected, bounded by its address", "remote", remote(conn), "err", err)
 		}
 		mu.Lock()
 		full := perSource[from] >= maxPeersPerSource

@@ -19,25 +19,17 @@ const maxPeersPerSource = 8
 
 // source names who is behind a subscriber's connection: the uid that owns
 // the other end of a loopback or ipc:// connection (every local user
-// shares the loopback address), else the remote address.
+// shares the loopback address), else the remote address. Where the kernel
+// cannot tell the uid (no sock_diag), the loopback address is the source,
+// and err says why.
 func source(conn net.Conn) (string, error) {
 	switch c := conn.(type) {
 	case *net.UnixConn:
-		raw, err := c.SyscallConn()
+		uid, err := unixPeerUID(c)
 		if err != nil {
-			return "", err
+			return "unix socket", err
 		}
-		var cred *unix.Ucred
-		var credErr error
-		if err := raw.Control(func(fd uintptr) {
-			cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		}); err != nil {
-			return "", err
-		}
-		if credErr != nil {
-			return "", credErr
-		}
-		return "uid " + strconv.FormatUint(uint64(cred.Uid), 10), nil
+		return "uid " + strconv.FormatUint(uint64(uid), 10), nil
 	case *net.TCPConn:
 		remote := c.RemoteAddr().(*net.TCPAddr)
 		if !remote.IP.IsLoopback() {
@@ -45,11 +37,31 @@ func source(conn net.Conn) (string, error) {
 		}
 		uid, err := loopbackPeerUID(remote, c.LocalAddr().(*net.TCPAddr))
 		if err != nil {
-			return "", err
+			return "address " + remote.IP.String(), err
 		}
 		return "uid " + strconv.FormatUint(uint64(uid), 10), nil
 	}
-	return "", fmt.Errorf("connection of type %T", conn)
+	return "address " + conn.RemoteAddr().String(), nil
+}
+
+// unixPeerUID is the uid of the process that connected a Unix socket
+// (SO_PEERCRED).
+func unixPeerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if credErr != nil {
+		return 0, credErr
+	}
+	return cred.Uid, nil
 }
 
 // loopbackPeerUID asks the kernel (sock_diag) which uid owns the TCP
