@@ -120,8 +120,8 @@ type Budget struct {
 
 	mu       sync.Mutex
 	rows     int
-	present  map[Key]presentAnswer   // latest present answer per key
-	withheld map[threadKey]time.Time // latest absent answer per key and thread
+	present  map[Key]presentAnswer        // latest present answer per key
+	withheld map[threadKey]withheldAnswer // latest absent answer per key and thread
 	promises map[Key]promise
 	promised map[uint32]int // promises per thread
 	batches  map[uint32]*batch
@@ -154,6 +154,13 @@ type presentAnswer struct {
 	at     time.Time
 	thread uint32
 	batch  *batch
+}
+
+// withheldAnswer is a key's latest absent answer to one thread: when, and in
+// which of its batches.
+type withheldAnswer struct {
+	at    time.Time
+	batch *batch
 }
 
 // threadKey is a key as one thread was answered it.
@@ -205,7 +212,7 @@ func New(opts Options) *Budget {
 	return &Budget{
 		opts:          opts,
 		present:       map[Key]presentAnswer{},
-		withheld:      map[threadKey]time.Time{},
+		withheld:      map[threadKey]withheldAnswer{},
 		promises:      map[Key]promise{},
 		promised:      map[uint32]int{},
 		batches:       map[uint32]*batch{},
@@ -293,15 +300,19 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.countSkippedLocked(bt, key)
 	}
 	tk := threadKey{key: key, thread: thread}
-	if at, ok := b.withheld[tk]; ok && now.Sub(at) <= b.opts.Gap {
-		b.withheld[tk] = now
+	if w, ok := b.withheld[tk]; ok && w.batch == bt && now.Sub(w.at) <= b.opts.Gap {
+		w.at = now
+		b.withheld[tk] = w
+		if key.Group == bt.groups[0] {
+			bt.ended = true
+		}
 		return false
 	}
 	// A present answer holds for the batch it was given in and for other
 	// threads (a load's lookup); the same thread asking again in a new
 	// batch is a new request, which takes rows of its own.
 	a, answered := b.present[key]
-	if answered && now.Sub(a.at) <= b.opts.Gap && (a.batch == bt || a.thread != thread) {
+	if answered && now.Sub(a.at) <= b.opts.Gap && (a.batch == bt || a.thread != thread && !b.pastCapLocked(key, bt)) {
 		a.at = now
 		b.present[key] = a
 		if key.Group == bt.groups[0] && !bt.ended && a.batch != bt {
@@ -315,7 +326,7 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		clear(b.withheld)
 	}
 	if !b.decideLocked(key, bt, thread, now) {
-		b.withheld[tk] = now
+		b.withheld[tk] = withheldAnswer{at: now, batch: bt}
 		b.stats.KeysWithheld++
 		return false
 	}
@@ -345,14 +356,32 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 		b.chargeResidentLocked(bt, key)
 		return true
 	}
-	pos, known := bt.positions[key.Hash]
-	inWindow := known && pos >= bt.prefixLen-b.opts.WindowRows
 	used := b.promised[thread] + bt.held
+	inWindow := b.inWindowLocked(key, bt)
 	if inWindow && used < b.rows || !bt.capped && used+b.opts.WindowRows < b.rows {
 		b.promiseLocked(key, bt, thread, now)
 		return true
 	}
 	return false
+}
+
+// inWindowLocked reports whether key, of a group other than bt's prefix
+// group, is one of the WindowRows chunks just before the batch's prefix end.
+func (b *Budget) inWindowLocked(key Key, bt *batch) bool {
+	pos, known := bt.positions[key.Hash]
+	return known && pos >= bt.prefixLen-b.opts.WindowRows
+}
+
+// pastCapLocked reports whether bt answers key absent whatever the store
+// and other threads say: a prefix key after the batch's prefix ended, or a
+// key of another group outside the window of a capped batch. Another
+// thread's present answer (a store's check of a block already on disk)
+// does not extend the batch past its cap.
+func (b *Budget) pastCapLocked(key Key, bt *batch) bool {
+	if key.Group == bt.groups[0] {
+		return bt.ended
+	}
+	return bt.capped && !b.inWindowLocked(key, bt)
 }
 
 func (b *Budget) promiseLocked(key Key, bt *batch, thread uint32, now time.Time) {
@@ -534,8 +563,8 @@ func (b *Budget) sweepLocked(now time.Time) {
 			delete(b.present, k)
 		}
 	}
-	for k, at := range b.withheld {
-		if now.Sub(at) > b.opts.Gap {
+	for k, w := range b.withheld {
+		if now.Sub(w.at) > b.opts.Gap {
 			delete(b.withheld, k)
 		}
 	}
