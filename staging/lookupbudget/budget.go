@@ -31,12 +31,13 @@
 // instead of 0 or parking, and a prefix that fits is answered exactly as
 // without the budget.
 //
-// A present answer holds for Options.Gap after the key's latest lookup,
-// within its batch and for other threads (a load's lookup of a promised key
-// always finds it), while the same thread asking in a new batch (a new
-// request) is decided afresh; an absent one holds for the thread it was
-// given to (an engine that asks again
-// within a request gets the same answer). A promise ends when its block is
+// An answer holds for Options.Gap after the key's latest lookup, within the
+// batch it was given in (an engine that asks again within a request gets
+// the same answer; an absent prefix key ends the prefix). Any other batch
+// decides afresh and takes a row of its own: the same thread's next
+// request, or another thread's lookup (a load's lookup of a promised key
+// finds a row, the promise passing to it; a store's check of a block
+// already on disk never lifts the lookup thread's cap). A promise ends when its block is
 // loaded, Options.Gap after the latest load of its batch (the engine
 // promotes a step's hits together; the window keys it did not need are
 // never loaded), when its thread starts a batch after the promise's batch
@@ -120,8 +121,8 @@ type Budget struct {
 
 	mu       sync.Mutex
 	rows     int
-	present  map[Key]presentAnswer        // latest present answer per key
-	withheld map[threadKey]withheldAnswer // latest absent answer per key and thread
+	present  map[Key]answer       // latest present answer per key
+	withheld map[threadKey]answer // latest absent answer per key and thread
 	promises map[Key]promise
 	promised map[uint32]int // promises per thread
 	batches  map[uint32]*batch
@@ -148,17 +149,8 @@ type groupID struct {
 	group int
 }
 
-// presentAnswer is a key's latest present answer: when, and to which
-// thread's batch.
-type presentAnswer struct {
-	at     time.Time
-	thread uint32
-	batch  *batch
-}
-
-// withheldAnswer is a key's latest absent answer to one thread: when, and in
-// which of its batches.
-type withheldAnswer struct {
+// answer is when a key was last answered, and in which batch.
+type answer struct {
 	at    time.Time
 	batch *batch
 }
@@ -211,8 +203,8 @@ func New(opts Options) *Budget {
 	}
 	return &Budget{
 		opts:          opts,
-		present:       map[Key]presentAnswer{},
-		withheld:      map[threadKey]withheldAnswer{},
+		present:       map[Key]answer{},
+		withheld:      map[threadKey]answer{},
 		promises:      map[Key]promise{},
 		promised:      map[uint32]int{},
 		batches:       map[uint32]*batch{},
@@ -300,6 +292,8 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.countSkippedLocked(bt, key)
 	}
 	tk := threadKey{key: key, thread: thread}
+	// An absent answer holds for the batch it was given in, and ends its
+	// prefix; the thread's next batch (its next request) decides afresh.
 	if w, ok := b.withheld[tk]; ok && w.batch == bt && now.Sub(w.at) <= b.opts.Gap {
 		w.at = now
 		b.withheld[tk] = w
@@ -308,17 +302,14 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		}
 		return false
 	}
-	// A present answer holds for the batch it was given in and for other
-	// threads (a load's lookup); the same thread asking again in a new
-	// batch is a new request, which takes rows of its own.
-	a, answered := b.present[key]
-	if answered && now.Sub(a.at) <= b.opts.Gap && (a.batch == bt || a.thread != thread && !b.pastCapLocked(key, bt)) {
+	// A present answer holds for the batch it was given in. Any other batch
+	// decides afresh and takes a row of its own: the same thread's next
+	// request, or another thread (a load's lookup of a promised key gets
+	// its row, the promise passing to it; a store's check of a block on disk
+	// does not lift the lookup thread's cap).
+	if a, ok := b.present[key]; ok && now.Sub(a.at) <= b.opts.Gap && a.batch == bt {
 		a.at = now
 		b.present[key] = a
-		if key.Group == bt.groups[0] && !bt.ended && a.batch != bt {
-			bt.positions[key.Hash] = bt.prefixLen
-			bt.prefixLen++
-		}
 		return true
 	}
 	if len(b.present)+len(b.withheld) >= b.opts.MaxKeys {
@@ -326,11 +317,11 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		clear(b.withheld)
 	}
 	if !b.decideLocked(key, bt, thread, now) {
-		b.withheld[tk] = withheldAnswer{at: now, batch: bt}
+		b.withheld[tk] = answer{at: now, batch: bt}
 		b.stats.KeysWithheld++
 		return false
 	}
-	b.present[key] = presentAnswer{at: now, thread: thread, batch: bt}
+	b.present[key] = answer{at: now, batch: bt}
 	return true
 }
 
@@ -370,18 +361,6 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 func (b *Budget) inWindowLocked(key Key, bt *batch) bool {
 	pos, known := bt.positions[key.Hash]
 	return known && pos >= bt.prefixLen-b.opts.WindowRows
-}
-
-// pastCapLocked reports whether bt answers key absent whatever the store
-// and other threads say: a prefix key after the batch's prefix ended, or a
-// key of another group outside the window of a capped batch. Another
-// thread's present answer (a store's check of a block already on disk)
-// does not extend the batch past its cap.
-func (b *Budget) pastCapLocked(key Key, bt *batch) bool {
-	if key.Group == bt.groups[0] {
-		return bt.ended
-	}
-	return bt.capped && !b.inWindowLocked(key, bt)
 }
 
 func (b *Budget) promiseLocked(key Key, bt *batch, thread uint32, now time.Time) {
