@@ -132,21 +132,12 @@ type Budget struct {
 	// prev links a key to the one before it in its chain, from a batch's
 	// consecutive prefix keys.
 	prev map[Key]Key
-	// ascending marks the window groups an engine walks from their start
-	// (the stock walk), whose keys its rows hold all take rows of the hit.
-	ascending map[groupID]bool
 	// resident estimates the blocks the engine's primary rows hold: the
 	// latest rows' worth of blocks loaded or stored, most recent last.
 	resident      *list.List
 	residentEntry map[Key]*list.Element
 	lastSweep     time.Time
 	stats         Stats
-}
-
-// groupID is one tier's group.
-type groupID struct {
-	tier  string
-	group int
 }
 
 // answer is when a key was last answered, and in which batch.
@@ -178,8 +169,7 @@ type batch struct {
 	last      Key // the latest prefix key looked up
 	hasLast   bool
 	counted   map[Key]bool
-	lastPos   map[int]int // latest position looked up per other group
-	ended     bool        // the prefix ended: a miss or the cap
+	ended     bool // the prefix ended: a miss or the cap
 	capped    bool
 	loadedAt  time.Time // latest load of a key the batch answered present
 }
@@ -212,7 +202,6 @@ func New(opts Options) *Budget {
 		groups:        map[string]map[int]bool{},
 		exempt:        map[string]bool{},
 		prev:          map[Key]Key{},
-		ascending:     map[groupID]bool{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
 	}
@@ -267,6 +256,11 @@ func (b *Budget) Exempt(tier string) {
 func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.io[thread] && present && b.rows > 0 {
+		// A check before a store or a load: the engine's row holds the
+		// block (a store skipped as the block is on disk) or is about to.
+		b.residentLocked(key)
+	}
 	if b.rows <= 0 || b.exempt[key.Tier] || b.io[thread] {
 		return present
 	}
@@ -278,9 +272,6 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		delete(b.residentEntry, key)
 	}
 	bt := b.batchLocked(key, thread, now)
-	if key.Group != bt.groups[0] {
-		b.learnDirectionLocked(bt, key)
-	}
 	if !present {
 		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
 			bt.ended = true
@@ -344,7 +335,6 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 		b.promiseLocked(key, bt, thread, now)
 		bt.positions[key.Hash] = bt.prefixLen
 		bt.prefixLen++
-		b.chargeResidentLocked(bt, key)
 		return true
 	}
 	used := b.promised[thread] + bt.held
@@ -426,36 +416,21 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 	bt.last, bt.hasLast = key, true
 }
 
-// chargeResidentLocked charges the batch for the keys of prefix's chunk in
-// the tier's ascending window groups that the engine's rows hold: that walk
-// finds them there and holds them for the hit.
+// chargeResidentLocked charges the batch for the keys of a resident prefix
+// chunk in the tier's other groups that the engine's rows hold: the stock
+// walk finds them there and pins them, vLLM main's _touch makes them the
+// most recently used, so the hit's promotions evict the request's own
+// prefix chunks before them. A chunk whose prefix key the engine looks up
+// is not charged: its rows lack the chunk (the blocks of a chunk are stored
+// and promoted together), whatever the estimate says (it outlives an
+// engine restart).
 func (b *Budget) chargeResidentLocked(bt *batch, prefix Key) {
 	for g := range b.groups[prefix.Tier] {
 		k := Key{Tier: prefix.Tier, Group: g, Hash: prefix.Hash}
-		if g != prefix.Group && b.ascending[groupID{tier: prefix.Tier, group: g}] && !bt.counted[k] && b.residentEntry[k] != nil {
+		if g != prefix.Group && !bt.counted[k] && b.residentEntry[k] != nil {
 			bt.counted[k] = true
 			bt.held++
 		}
-	}
-}
-
-// learnDirectionLocked learns from the first two lookups of a window group
-// in a batch whether the engine walks it from its start or from its end.
-func (b *Budget) learnDirectionLocked(bt *batch, key Key) {
-	pos, known := bt.positions[key.Hash]
-	if !known {
-		return
-	}
-	last, ok := bt.lastPos[key.Group]
-	switch {
-	case !ok:
-		bt.lastPos[key.Group] = pos
-	case last >= 0 && last != pos:
-		if len(b.ascending) >= maxThreads*4 {
-			clear(b.ascending)
-		}
-		b.ascending[groupID{tier: key.Tier, group: key.Group}] = pos > last
-		bt.lastPos[key.Group] = -1 // learnt from the batch's first two
 	}
 }
 
@@ -503,7 +478,7 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 			clear(b.batches)
 		}
 		b.endRequestsLocked(thread, now)
-		bt = &batch{tier: key.Tier, began: now, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
+		bt = &batch{tier: key.Tier, began: now, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}}
 		b.batches[thread] = bt
 	}
 	bt.at = now
