@@ -251,6 +251,20 @@ func (b *Budget) Exempt(tier string) {
 	b.mu.Unlock()
 }
 
+// MustAsk reports whether every lookup of a present block of tier must
+// reach Answer: the kernel may cache no such entry (a cached one answers a
+// later request's lookup, which then takes a row the budget never counted;
+// the entry cache is per block, not per thread, so a load's lookup would
+// answer the lookup thread's). Withheld blocks are never cached either (the
+// next request asks again). Only an exempt tier's entries may be cached;
+// a tier with no rows known yet is not exempt, as rows come with the
+// engine's first store.
+func (b *Budget) MustAsk(tier string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.exempt[tier]
+}
+
 // Answer returns what the lookup of key by thread answers, the store
 // holding it (present) or not.
 func (b *Budget) Answer(key Key, thread uint32, present bool) bool {

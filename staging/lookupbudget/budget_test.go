@@ -362,3 +362,18 @@ func TestOtherThreadsAnswerDoesNotPassTheCap(t *testing.T) {
 		t.Errorf("window group: %d present from %d, want the 4 chunks 6..9 before the cap", n, first)
 	}
 }
+
+// Present entries of a tier the budget decides must not be cached by the
+// kernel, from the start (rows come later); an exempt tier's may be.
+func TestMustAskUntilExempt(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(0, c)
+	if !b.MustAsk("t") {
+		t.Error("a tier with no rows known yet may be cached: its entries would escape the budget once rows come")
+	}
+	b.SetRows(10)
+	b.Exempt("t")
+	if b.MustAsk("t") || !b.MustAsk("u") {
+		t.Error("want only the exempt tier cacheable")
+	}
+}
