@@ -46,9 +46,17 @@
 // tmp file or opens a block for a load is one of the engine's I/O threads,
 // not its lookup thread (vLLM's lookups only ask faccessat or stat): its
 // lookups check what it is about to write or read, so they answer as the
-// store says, and its promises end.
+// store says (a present one puts the block in the estimate of the engine's
+// rows), and its promises end.
+//
+// The engine's walk does not look up what its rows hold. The budget keeps
+// an estimate of those rows (the latest blocks loaded, stored or checked by
+// an I/O thread) and charges a batch for the resident chunks it skips, and
+// for their keys of the other groups (DESIGN.md "The lookup budget").
+//
 // A tier whose engine matches through .kvtier/match loads in waves: it is
-// exempt.
+// exempt. Every other tier's present entries must reach Answer at every
+// lookup (MustAsk).
 package lookupbudget
 
 import (
