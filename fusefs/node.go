@@ -139,7 +139,7 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 		return nil, syscall.ENOENT
 	}
 	child, errno := n.presentBlockEntry(ctx, name, ref, inShared, out)
-	if errno == 0 && n.fsys.budget != nil {
+	if errno == 0 && n.fsys.budget != nil && n.fsys.budget.MustAsk(ref.Name.Tier) {
 		// Every lookup of a present block must reach the lookup budget:
 		// the kernel may not answer a later request's lookup from its cache.
 		out.SetEntryTimeout(0)

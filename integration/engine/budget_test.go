@@ -138,3 +138,29 @@ func TestBudgetRequestsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetAgent: the agent bench's sessions (40 turns of 4 sessions over
+// a shared preamble of 78 chunks, 124 primary rows, two nodes): with the
+// budget the stock walk gets at least 40 % coverage (9 % before: the lookup
+// thread's next request was denied what the last one was, and a store's
+// check of a block on disk lifted the lookup thread's cap), and neither
+// engine gets fewer hits than without the budget.
+func TestBudgetAgent(t *testing.T) {
+	for _, engine := range []string{EngineStock, EngineUpstream} {
+		var results [2]Result
+		for i, budget := range []bool{false, true} {
+			cfg := ciConfig(t, ScenarioAgent, engine)
+			cfg.LookupBudget = budget
+			results[i] = run(t, cfg)
+		}
+		off, on := results[0], results[1]
+		t.Logf("%s: coverage %.3f without the budget (%d parked), %.3f with it (%d parked)", engine, off.Coverage, off.ParkedRequests, on.Coverage, on.ParkedRequests)
+		if on.TokensHit < off.TokensHit {
+			t.Errorf("%s, budget auto: %d tokens hit, %d without; want no fewer", engine, on.TokensHit, off.TokensHit)
+		}
+		if engine == EngineStock && (on.Coverage < 0.4 || on.ParkedRequests != 0) {
+			t.Errorf("stock, budget auto: coverage %.3f, %d parked; want at least 0.4, none parked", on.Coverage, on.ParkedRequests)
+		}
+		wantRightRows(t, engine+", agent", on)
+	}
+}

@@ -135,6 +135,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		if s, err = newScheduler(cfg, cl.nodes[0], workers, &res, reporter); err != nil {
 			return
 		}
+		s.startIOThreads()
+		defer s.close()
 		start := time.Now()
 		err = runScenario(ctx, s)
 		res.Seconds = time.Since(start).Seconds()

@@ -35,6 +35,8 @@ type scheduler struct {
 	measuring   bool
 	loadSeconds float64
 	reporter    *progressReporter
+	// io feeds the engine's tier I/O threads (startIOThreads).
+	io chan func()
 }
 
 // newScheduler opens the tier on the head node's mount as the engine does (the
@@ -523,26 +525,40 @@ func (s *scheduler) prefill(ctx context.Context, keys []string, hit int) error {
 	return nil
 }
 
-// onIOThreads runs job(0…n-1) on the engine's tier I/O threads, which like
-// the engine's receive no signals (see ownSignalFreeThread).
+// onIOThreads runs job(0…n-1) on the engine's tier I/O threads.
 func (s *scheduler) onIOThreads(n int, job func(i int) error) []error {
 	errs := make([]error, n)
-	next := make(chan int)
 	var wg sync.WaitGroup
-	for range min(n, s.cfg.IOThreads) {
-		wg.Go(func() {
-			engineio.OwnSignalFreeThread()
-			for i := range next {
-				errs[i] = job(i)
-			}
-		})
-	}
 	for i := range n {
-		next <- i
+		wg.Add(1)
+		s.io <- func() {
+			defer wg.Done()
+			errs[i] = job(i)
+		}
 	}
-	close(next)
 	wg.Wait()
 	return errs
+}
+
+// startIOThreads starts the engine's pool of IOThreads tier I/O threads,
+// which live as long as the engine, as its worker's thread pool does, and
+// like the engine's receive no signals (see OwnSignalFreeThread). close
+// ends them.
+func (s *scheduler) startIOThreads() {
+	s.io = make(chan func())
+	for range s.cfg.IOThreads {
+		go func() {
+			engineio.OwnSignalFreeThread()
+			for job := range s.io {
+				job()
+			}
+		}()
+	}
+}
+
+// close ends the I/O threads.
+func (s *scheduler) close() {
+	close(s.io)
 }
 
 // restart forgets the primary tier, as an engine restart does: every later

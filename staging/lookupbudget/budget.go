@@ -31,12 +31,13 @@
 // instead of 0 or parking, and a prefix that fits is answered exactly as
 // without the budget.
 //
-// A present answer holds for Options.Gap after the key's latest lookup,
-// within its batch and for other threads (a load's lookup of a promised key
-// always finds it), while the same thread asking in a new batch (a new
-// request) is decided afresh; an absent one holds for the thread it was
-// given to (an engine that asks again
-// within a request gets the same answer). A promise ends when its block is
+// An answer holds for Options.Gap after the key's latest lookup, within the
+// batch it was given in (an engine that asks again within a request gets
+// the same answer; an absent prefix key ends the prefix). Any other batch
+// decides afresh and takes a row of its own: the same thread's next
+// request, or another thread's lookup (a load's lookup of a promised key
+// finds a row, the promise passing to it; a store's check of a block
+// already on disk never lifts the lookup thread's cap). A promise ends when its block is
 // loaded, Options.Gap after the latest load of its batch (the engine
 // promotes a step's hits together; the window keys it did not need are
 // never loaded), when its thread starts a batch after the promise's batch
@@ -45,9 +46,17 @@
 // tmp file or opens a block for a load is one of the engine's I/O threads,
 // not its lookup thread (vLLM's lookups only ask faccessat or stat): its
 // lookups check what it is about to write or read, so they answer as the
-// store says, and its promises end.
+// store says (a present one puts the block in the estimate of the engine's
+// rows), and its promises end.
+//
+// The engine's walk does not look up what its rows hold. The budget keeps
+// an estimate of those rows (the latest blocks loaded, stored or checked by
+// an I/O thread) and charges a batch for the resident chunks it skips, and
+// for their keys of the other groups (DESIGN.md "The lookup budget").
+//
 // A tier whose engine matches through .kvtier/match loads in waves: it is
-// exempt.
+// exempt. Every other tier's present entries must reach Answer at every
+// lookup (MustAsk).
 package lookupbudget
 
 import (
@@ -120,8 +129,8 @@ type Budget struct {
 
 	mu       sync.Mutex
 	rows     int
-	present  map[Key]presentAnswer   // latest present answer per key
-	withheld map[threadKey]time.Time // latest absent answer per key and thread
+	present  map[Key]answer       // latest present answer per key
+	withheld map[threadKey]answer // latest absent answer per key and thread
 	promises map[Key]promise
 	promised map[uint32]int // promises per thread
 	batches  map[uint32]*batch
@@ -131,9 +140,6 @@ type Budget struct {
 	// prev links a key to the one before it in its chain, from a batch's
 	// consecutive prefix keys.
 	prev map[Key]Key
-	// ascending marks the window groups an engine walks from their start
-	// (the stock walk), whose keys its rows hold all take rows of the hit.
-	ascending map[groupID]bool
 	// resident estimates the blocks the engine's primary rows hold: the
 	// latest rows' worth of blocks loaded or stored, most recent last.
 	resident      *list.List
@@ -142,18 +148,10 @@ type Budget struct {
 	stats         Stats
 }
 
-// groupID is one tier's group.
-type groupID struct {
-	tier  string
-	group int
-}
-
-// presentAnswer is a key's latest present answer: when, and to which
-// thread's batch.
-type presentAnswer struct {
-	at     time.Time
-	thread uint32
-	batch  *batch
+// answer is when a key was last answered, and in which batch.
+type answer struct {
+	at    time.Time
+	batch *batch
 }
 
 // threadKey is a key as one thread was answered it.
@@ -179,8 +177,7 @@ type batch struct {
 	last      Key // the latest prefix key looked up
 	hasLast   bool
 	counted   map[Key]bool
-	lastPos   map[int]int // latest position looked up per other group
-	ended     bool        // the prefix ended: a miss or the cap
+	ended     bool // the prefix ended: a miss or the cap
 	capped    bool
 	loadedAt  time.Time // latest load of a key the batch answered present
 }
@@ -204,8 +201,8 @@ func New(opts Options) *Budget {
 	}
 	return &Budget{
 		opts:          opts,
-		present:       map[Key]presentAnswer{},
-		withheld:      map[threadKey]time.Time{},
+		present:       map[Key]answer{},
+		withheld:      map[threadKey]answer{},
 		promises:      map[Key]promise{},
 		promised:      map[uint32]int{},
 		batches:       map[uint32]*batch{},
@@ -213,7 +210,6 @@ func New(opts Options) *Budget {
 		groups:        map[string]map[int]bool{},
 		exempt:        map[string]bool{},
 		prev:          map[Key]Key{},
-		ascending:     map[groupID]bool{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
 	}
@@ -263,11 +259,30 @@ func (b *Budget) Exempt(tier string) {
 	b.mu.Unlock()
 }
 
+// MustAsk reports whether every lookup of a present block of tier must
+// reach Answer: the kernel may cache no such entry (a cached one answers a
+// later request's lookup, which then takes a row the budget never counted;
+// the entry cache is per block, not per thread, so a load's lookup would
+// answer the lookup thread's). Withheld blocks are never cached either (the
+// next request asks again). Only an exempt tier's entries may be cached;
+// a tier with no rows known yet is not exempt, as rows come with the
+// engine's first store.
+func (b *Budget) MustAsk(tier string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.exempt[tier]
+}
+
 // Answer returns what the lookup of key by thread answers, the store
 // holding it (present) or not.
 func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.io[thread] && present && b.rows > 0 {
+		// A check before a store or a load: the engine's row holds the
+		// block (a store skipped as the block is on disk) or is about to.
+		b.residentLocked(key)
+	}
 	if b.rows <= 0 || b.exempt[key.Tier] || b.io[thread] {
 		return present
 	}
@@ -279,9 +294,6 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		delete(b.residentEntry, key)
 	}
 	bt := b.batchLocked(key, thread, now)
-	if key.Group != bt.groups[0] {
-		b.learnDirectionLocked(bt, key)
-	}
 	if !present {
 		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
 			bt.ended = true
@@ -293,21 +305,24 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.countSkippedLocked(bt, key)
 	}
 	tk := threadKey{key: key, thread: thread}
-	if at, ok := b.withheld[tk]; ok && now.Sub(at) <= b.opts.Gap {
-		b.withheld[tk] = now
+	// An absent answer holds for the batch it was given in, and ends its
+	// prefix; the thread's next batch (its next request) decides afresh.
+	if w, ok := b.withheld[tk]; ok && w.batch == bt && now.Sub(w.at) <= b.opts.Gap {
+		w.at = now
+		b.withheld[tk] = w
+		if key.Group == bt.groups[0] {
+			bt.ended = true
+		}
 		return false
 	}
-	// A present answer holds for the batch it was given in and for other
-	// threads (a load's lookup); the same thread asking again in a new
-	// batch is a new request, which takes rows of its own.
-	a, answered := b.present[key]
-	if answered && now.Sub(a.at) <= b.opts.Gap && (a.batch == bt || a.thread != thread) {
+	// A present answer holds for the batch it was given in. Any other batch
+	// decides afresh and takes a row of its own: the same thread's next
+	// request, or another thread (a load's lookup of a promised key gets
+	// its row, the promise passing to it; a store's check of a block on disk
+	// does not lift the lookup thread's cap).
+	if a, ok := b.present[key]; ok && now.Sub(a.at) <= b.opts.Gap && a.batch == bt {
 		a.at = now
 		b.present[key] = a
-		if key.Group == bt.groups[0] && !bt.ended && a.batch != bt {
-			bt.positions[key.Hash] = bt.prefixLen
-			bt.prefixLen++
-		}
 		return true
 	}
 	if len(b.present)+len(b.withheld) >= b.opts.MaxKeys {
@@ -315,11 +330,11 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		clear(b.withheld)
 	}
 	if !b.decideLocked(key, bt, thread, now) {
-		b.withheld[tk] = now
+		b.withheld[tk] = answer{at: now, batch: bt}
 		b.stats.KeysWithheld++
 		return false
 	}
-	b.present[key] = presentAnswer{at: now, thread: thread, batch: bt}
+	b.present[key] = answer{at: now, batch: bt}
 	return true
 }
 
@@ -342,17 +357,22 @@ func (b *Budget) decideLocked(key Key, bt *batch, thread uint32, now time.Time) 
 		b.promiseLocked(key, bt, thread, now)
 		bt.positions[key.Hash] = bt.prefixLen
 		bt.prefixLen++
-		b.chargeResidentLocked(bt, key)
 		return true
 	}
-	pos, known := bt.positions[key.Hash]
-	inWindow := known && pos >= bt.prefixLen-b.opts.WindowRows
 	used := b.promised[thread] + bt.held
+	inWindow := b.inWindowLocked(key, bt)
 	if inWindow && used < b.rows || !bt.capped && used+b.opts.WindowRows < b.rows {
 		b.promiseLocked(key, bt, thread, now)
 		return true
 	}
 	return false
+}
+
+// inWindowLocked reports whether key, of a group other than bt's prefix
+// group, is one of the WindowRows chunks just before the batch's prefix end.
+func (b *Budget) inWindowLocked(key Key, bt *batch) bool {
+	pos, known := bt.positions[key.Hash]
+	return known && pos >= bt.prefixLen-b.opts.WindowRows
 }
 
 func (b *Budget) promiseLocked(key Key, bt *batch, thread uint32, now time.Time) {
@@ -418,36 +438,21 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 	bt.last, bt.hasLast = key, true
 }
 
-// chargeResidentLocked charges the batch for the keys of prefix's chunk in
-// the tier's ascending window groups that the engine's rows hold: that walk
-// finds them there and holds them for the hit.
+// chargeResidentLocked charges the batch for the keys of a resident prefix
+// chunk in the tier's other groups that the engine's rows hold: the stock
+// walk finds them there and pins them, vLLM main's _touch makes them the
+// most recently used, so the hit's promotions evict the request's own
+// prefix chunks before them. A chunk whose prefix key the engine looks up
+// is not charged: its rows lack the chunk (the blocks of a chunk are stored
+// and promoted together), whatever the estimate says (it outlives an
+// engine restart).
 func (b *Budget) chargeResidentLocked(bt *batch, prefix Key) {
 	for g := range b.groups[prefix.Tier] {
 		k := Key{Tier: prefix.Tier, Group: g, Hash: prefix.Hash}
-		if g != prefix.Group && b.ascending[groupID{tier: prefix.Tier, group: g}] && !bt.counted[k] && b.residentEntry[k] != nil {
+		if g != prefix.Group && !bt.counted[k] && b.residentEntry[k] != nil {
 			bt.counted[k] = true
 			bt.held++
 		}
-	}
-}
-
-// learnDirectionLocked learns from the first two lookups of a window group
-// in a batch whether the engine walks it from its start or from its end.
-func (b *Budget) learnDirectionLocked(bt *batch, key Key) {
-	pos, known := bt.positions[key.Hash]
-	if !known {
-		return
-	}
-	last, ok := bt.lastPos[key.Group]
-	switch {
-	case !ok:
-		bt.lastPos[key.Group] = pos
-	case last >= 0 && last != pos:
-		if len(b.ascending) >= maxThreads*4 {
-			clear(b.ascending)
-		}
-		b.ascending[groupID{tier: key.Tier, group: key.Group}] = pos > last
-		bt.lastPos[key.Group] = -1 // learnt from the batch's first two
 	}
 }
 
@@ -495,7 +500,7 @@ func (b *Budget) batchLocked(key Key, thread uint32, now time.Time) *batch {
 			clear(b.batches)
 		}
 		b.endRequestsLocked(thread, now)
-		bt = &batch{tier: key.Tier, began: now, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}, lastPos: map[int]int{}}
+		bt = &batch{tier: key.Tier, began: now, groups: []int{key.Group}, positions: map[string]int{}, counted: map[Key]bool{}}
 		b.batches[thread] = bt
 	}
 	bt.at = now
@@ -534,8 +539,8 @@ func (b *Budget) sweepLocked(now time.Time) {
 			delete(b.present, k)
 		}
 	}
-	for k, at := range b.withheld {
-		if now.Sub(at) > b.opts.Gap {
+	for k, w := range b.withheld {
+		if now.Sub(w.at) > b.opts.Gap {
 			delete(b.withheld, k)
 		}
 	}

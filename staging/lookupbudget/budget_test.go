@@ -302,3 +302,78 @@ func TestLookedUpIsNotResident(t *testing.T) {
 		t.Error("a batch was charged for a block the engine looked up since it was loaded")
 	}
 }
+
+// The lookup thread's next request (a new batch within the gap: it asks a
+// key of the last batch's prefix again) decides the keys the last one was
+// denied afresh: an absent answer held across requests cut every later
+// request's prefix at the same chunk, and the stock walk, finding the
+// keys after it present, lost its whole hit (the agent bench's 9 %).
+func TestWithheldKeyDecidedAfreshInTheThreadsNextBatch(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(10, c)
+	noteGroups(b, 1)
+	// Two requests of one step: the second gets what the first left.
+	upstreamBatch(b, 1, "x", 6, 1)
+	if _, n := presentRange(upstreamBatch(b, 1, "a", 20, 1)[0]); n != 4 {
+		t.Fatalf("second request of the step: %d present, want the 4 rows left", n)
+	}
+	for i := range 6 {
+		b.Loaded(key(0, "x", i))
+	}
+	for i := range 4 {
+		b.Loaded(key(0, "a", i))
+	}
+	// The engine's rows lose x (another thread's lookup of it says so) and
+	// a's next turn asks a again.
+	c.advance(100 * time.Millisecond)
+	upstreamBatch(b, 3, "x", 6, 1)
+	if first, n := presentRange(upstreamBatch(b, 1, "a", 20, 1)[0]); first != 0 || n != 10 {
+		t.Errorf("next request: %d present from %d, want 10 from 0 (chunks 4..9 were denied to the last request only)", n, first)
+	}
+}
+
+// Another thread's present answer (a store's existence check of a block
+// already on disk, from a thread that never wrote one) does not extend a
+// capped batch: its prefix stays cut at the cap and its window group keeps
+// to the window, or the stock walk finds a prefix with a gap and chunks
+// past the cap that take the window's rows.
+func TestOtherThreadsAnswerDoesNotPassTheCap(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(14, c)
+	noteGroups(b, 2)
+	prefix := make([]bool, 30)
+	for i := range 12 {
+		prefix[i] = b.Answer(key(0, "a", i), 1, true)
+	}
+	if !b.Answer(key(0, "a", 20), 7, true) || !b.Answer(key(1, "a", 20), 7, true) {
+		t.Fatal("a store thread's check of a stored block answered absent")
+	}
+	for i := 12; i < 30; i++ {
+		prefix[i] = b.Answer(key(0, "a", i), 1, true)
+	}
+	if first, n := presentRange(prefix); first != 0 || n != 10 {
+		t.Errorf("prefix group: %d present from %d, want 10 from 0 (14 rows - 4 for the window group)", n, first)
+	}
+	window := make([]bool, 30)
+	for i := range 30 {
+		window[i] = b.Answer(key(1, "a", i), 1, true)
+	}
+	if first, n := presentRange(window); first != 6 || n != 4 {
+		t.Errorf("window group: %d present from %d, want the 4 chunks 6..9 before the cap", n, first)
+	}
+}
+
+// Present entries of a tier the budget decides must not be cached by the
+// kernel, from the start (rows come later); an exempt tier's may be.
+func TestMustAskUntilExempt(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(0, c)
+	if !b.MustAsk("t") {
+		t.Error("a tier with no rows known yet may be cached: its entries would escape the budget once rows come")
+	}
+	b.SetRows(10)
+	b.Exempt("t")
+	if b.MustAsk("t") || !b.MustAsk("u") {
+		t.Error("want only the exempt tier cacheable")
+	}
+}
