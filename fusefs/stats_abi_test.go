@@ -18,6 +18,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // newStatsFS returns an FS over an empty store, enough for Stats.
@@ -105,5 +106,37 @@ func TestMetricsExportEveryListedStat(t *testing.T) {
 	}
 	if got["kvtierfs_warning"] != len(ctlabi.WarningCodes) {
 		t.Errorf("kvtierfs_warning has %d series, want one per code (%d)", got["kvtierfs_warning"], len(ctlabi.WarningCodes))
+	}
+}
+
+// TestStatsFileBytesGolden serves stats.json from a mount over an empty
+// store with a shared level whose every field is set, and compares the
+// bytes with testdata/stats.json (the store's temporary path written as
+// /STORE): the assembly of the snapshot, sections left empty and warnings
+// included, stays byte for byte what readers have parsed so far.
+func TestStatsFileBytesGolden(t *testing.T) {
+	dir := t.TempDir()
+	store, err := disk.Open(disk.Config{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f := &FS{store: store, mountpoint: "/mnt/kv", logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
+		recent: diagnose.NewRecent(0, nil), loads: core.NewLoads(core.Config{Store: store}),
+		shared: fakeShared{shared.Stats{Dir: "/shared", QueueBlocks: 1, QueueBytes: 2, BytesBehind: 3, WrittenBlocks: 4, WrittenBytes: 5,
+			DroppedBlocks: 6, FetchedBlocks: 7, FetchedBytes: 8, FetchSecondsAvg: 0.5, Lookups: 9, LookupHits: 10, NegativeHits: 11,
+			CorruptDropped: 12, Timeouts: 13, LeaseHolder: "node-a", LeaseHeld: true, CapacityBytes: 14, UsedBytes: 15, EvictedBlocks: 16,
+			JournalNames: 17, JournalFallbacks: 18}}}
+	h, _, errno := (&statsFile{fsys: f}).Open(fuse.NewContext(t.Context(), &fuse.Caller{Owner: fuse.Owner{Uid: 0}}), syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open stats.json: %v", errno)
+	}
+	served := bytes.ReplaceAll(h.(*snapshotHandle).data, []byte(store.Stats().Store), []byte("/STORE"))
+	golden, err := os.ReadFile("testdata/stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(served, golden) {
+		t.Errorf("stats.json differs from testdata/stats.json:\n%s", served)
 	}
 }
