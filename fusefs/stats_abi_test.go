@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
@@ -83,8 +85,8 @@ func isSubset(some, all []string) bool {
 }
 
 // TestMetricsExportEveryListedStat gathers the mount's metrics: each of
-// ctlabi.Metrics outside staging (off here) is exported, and one series per
-// warning code.
+// ctlabi.Metrics outside staging and the shared level (both off here) is
+// exported, and one series per warning code.
 func TestMetricsExportEveryListedStat(t *testing.T) {
 	f := newStatsFS(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -100,8 +102,9 @@ func TestMetricsExportEveryListedStat(t *testing.T) {
 		got[family.GetName()] = len(family.GetMetric())
 	}
 	for _, m := range ctlabi.Metrics {
-		if exported := got[m.Name] == 1; exported == strings.HasPrefix(m.Field, "staging.") {
-			t.Errorf("metric %s exported %v with staging off", m.Name, exported)
+		optional := strings.HasPrefix(m.Field, "staging.") || strings.HasPrefix(m.Field, "shared.")
+		if exported := got[m.Name] == 1; exported == optional {
+			t.Errorf("metric %s exported %v with staging and the shared level off", m.Name, exported)
 		}
 	}
 	if got["kvtierfs_warning"] != len(ctlabi.WarningCodes) {
@@ -138,5 +141,65 @@ func TestStatsFileBytesGolden(t *testing.T) {
 	}
 	if !bytes.Equal(served, golden) {
 		t.Errorf("stats.json differs from testdata/stats.json:\n%s", served)
+	}
+}
+
+// setEveryField sets every exported number, string and boolean of the
+// struct v points to, so that a copy that leaves a field out shows as zero.
+func setEveryField(v any) {
+	s := reflect.ValueOf(v).Elem()
+	for i := range s.NumField() {
+		switch f := s.Field(i); {
+		case !f.CanSet():
+		case f.CanInt():
+			f.SetInt(int64(i + 1))
+		case f.CanFloat():
+			f.SetFloat(float64(i) + 0.5)
+		case f.Kind() == reflect.String:
+			f.SetString("s")
+		case f.Kind() == reflect.Bool:
+			f.SetBool(true)
+		}
+	}
+}
+
+// zeroFields names the fields of the struct v that hold their zero value.
+func zeroFields(v any) []string {
+	s := reflect.ValueOf(v)
+	var out []string
+	for i := range s.NumField() {
+		if s.Field(i).IsZero() {
+			out = append(out, s.Type().Field(i).Name)
+		}
+	}
+	return out
+}
+
+// TestABISectionsCopyEveryField: the shared level's and the store's stats,
+// every field set, leave no field of their ABI section unset.
+func TestABISectionsCopyEveryField(t *testing.T) {
+	var sh shared.Stats
+	setEveryField(&sh)
+	if zero := zeroFields(*abiShared(sh)); len(zero) > 0 {
+		t.Errorf("abiShared leaves %v unset", zero)
+	}
+	d := disk.Stats{RowBytes: map[string]int64{"t": 1}, StorePhases: map[string]disk.PhaseStats{"rename": {Count: 1}}}
+	setEveryField(&d)
+	if zero := zeroFields(abiDisk(d)); len(zero) > 0 {
+		t.Errorf("abiDisk leaves %v unset", zero)
+	}
+}
+
+// TestPeerStatesAreTheABIs: the peer states rowsync reports are copied into
+// stats.json as they are, so they must be the ABI's (ctlabi.Peer.Serving).
+func TestPeerStatesAreTheABIs(t *testing.T) {
+	for rowsyncState, abiState := range map[string]string{rowsync.StateConnecting: ctlabi.PeerConnecting, rowsync.StateUp: ctlabi.PeerUp,
+		rowsync.StateDown: ctlabi.PeerDown, rowsync.StateInbound: ctlabi.PeerInbound, rowsync.StateSelf: ctlabi.PeerSelf} {
+		if rowsyncState != abiState {
+			t.Errorf("rowsync reports state %q where the ABI says %q", rowsyncState, abiState)
+		}
+		if got, want := (ctlabi.Peer{State: abiState}).Serving(), (rowsync.PeerStats{State: rowsyncState}).Serving(); got != want {
+			t.Errorf("state %q: ABI serving %v, rowsync %v", abiState, got, want)
+		}
 	}
 }
