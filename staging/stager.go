@@ -141,11 +141,11 @@ type Stager struct {
 	// the workers once it has been idle for engineIdleAfter since.
 	lastTake time.Time
 	idleWake *time.Timer
-	used     int64          // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64          // highest used so far
-	staged   int64          // bytes of staged entries
-	counters Stats          // Waves, Hits, Misses and WastedBytes
-	lastRun  uint64         // id of the newest lookup batch
+	used     int64  // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64  // highest used so far
+	staged   int64  // bytes of staged entries
+	counters Stats  // Waves, Hits, Misses and WastedBytes
+	lastRun  uint64 // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
