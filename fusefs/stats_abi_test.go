@@ -3,6 +3,7 @@ package fusefs
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"os"
@@ -112,6 +113,11 @@ func TestMetricsExportEveryListedStat(t *testing.T) {
 	}
 }
 
+// updateGolden rewrites testdata/stats.json from what the mount serves:
+// go test ./fusefs -run TestStatsFileBytesGolden -update, after adding a
+// field to the ABI on purpose (and reading the diff).
+var updateGolden = flag.Bool("update", false, "rewrite testdata/stats.json")
+
 // TestStatsFileBytesGolden serves stats.json from a mount over an empty
 // store with a shared level whose every field is set, and compares the
 // bytes with testdata/stats.json (the store's temporary path written as
@@ -135,6 +141,11 @@ func TestStatsFileBytesGolden(t *testing.T) {
 		t.Fatalf("open stats.json: %v", errno)
 	}
 	served := bytes.ReplaceAll(h.(*snapshotHandle).data, []byte(store.Stats().Store), []byte("/STORE"))
+	if *updateGolden {
+		if err := os.WriteFile("testdata/stats.json", served, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	golden, err := os.ReadFile("testdata/stats.json")
 	if err != nil {
 		t.Fatal(err)

@@ -46,9 +46,10 @@
 // plain stats of their own, without JSON tags, and one function, the
 // daemon's fusefs.FS.Stats, copies them in and raises every warning. To add
 // a number: add its field, with its JSON name, to the section here and its
-// line to Metrics (TestEveryStatHasAMetric fails until it has one), and the
-// golden testdata/stats.json and fusefs/testdata/stats.json; then fill it
-// where its part's stats are copied in (fusefs/stats.go). The sections
+// line to Metrics (TestEveryStatHasAMetric fails until it has one), and to
+// the golden testdata/stats.json; then fill it where its part's stats are
+// copied in (fusefs/stats.go), and rewrite the bytes a mount serves, with
+// go test ./fusefs -run TestStatsFileBytesGolden -update. The sections
 // copied by conversion (Group, Phase, Region, IgnoredFile, Peer,
 // Replication, Staging) have their part's fields one for one, so a field
 // added on one side only does not compile; TestABISectionsCopyEveryField
