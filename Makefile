@@ -2,8 +2,9 @@
 GO ?= go
 BIN := bin/kvtierfs
 # Tests mount real FUSE filesystems one after another; keep packages from
-# running concurrently on small machines.
-TEST_FLAGS ?= -count=1 -p 1 -timeout 20m
+# running concurrently on small machines. -tags bench: cmd/kvtierfs's tests
+# cover `kvtierfs bench` in the benchmark build (below).
+TEST_FLAGS ?= -count=1 -p 1 -timeout 20m -tags bench
 
 .PHONY: build demo test unit cover deps demo-deps vet lint race arm64 arm64-e2e pages release clean
 
@@ -17,10 +18,15 @@ LDFLAGS := -X main.commit=$(COMMIT) -X main.version=$(VERSION)
 # cgo is optional: without it the daemon is the same and the disk benchmark's
 # loaders are Go threads. The engine model's CUDA stage (`bench --gpu cuda`)
 # is linked only with TAGS=cuda (cgo, dlopen of libcuda).
+# build writes two binaries: BIN, the daemon a node runs, which links no
+# benchmark or test harness, and BIN-bench, the benchmark build (-tags
+# bench: the same command plus the engine model and the daemon harness of
+# integration/), which `BIN bench` execs.
 CGO_ENABLED ?= 1
 TAGS ?=
 build:
 	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "$(TAGS)" -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/kvtierfs
+	CGO_ENABLED=$(CGO_ENABLED) $(GO) build -tags "bench $(TAGS)" -ldflags "$(LDFLAGS)" -o $(BIN)-bench ./cmd/kvtierfs
 
 # demo-deps installs what the demo needs: /dev/fuse, and fuse3 (fusermount3,
 # for mounts by non-root users; root mounts directly).
@@ -61,6 +67,7 @@ demo: demo-deps build
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags bench ./cmd/kvtierfs
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
 test: deps vet
@@ -69,7 +76,7 @@ test: deps vet
 # unit runs every test that needs no root and installs nothing: the packages
 # that mount FUSE filesystems say they were skipped (mounttest.UnitEnv).
 unit: vet
-	KVTIERFS_UNIT=1 $(GO) test -count=1 ./...
+	KVTIERFS_UNIT=1 $(GO) test -count=1 -tags bench ./...
 
 # cover runs the whole suite with coverage: the unit tests' profile in
 # cover/unit.out, and the end-to-end daemons built with -cover write their
@@ -88,11 +95,13 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ARM64_CC ?= aarch64-linux-gnu-gcc
 lint: vet
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) -tags bench ./cmd/kvtierfs
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/kvtierfs
+	CGO_ENABLED=0 $(GO) build -tags bench -o /dev/null ./cmd/kvtierfs
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) vet ./...
-	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) build -tags cuda ./...
-	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) vet -tags cuda ./...
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) build -tags "bench cuda" ./...
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) $(GO) vet -tags "bench cuda" ./...
 
 # arm64 runs the unit tests cross-built for arm64 under qemu-user, arm64-e2e
 # the end-to-end tests an arm64 daemon can pass under qemu-user on this

@@ -226,11 +226,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, err
 	}
 	f.metrics = m
-	if opts.Registerer != nil && opts.Shared != nil {
-		if err := opts.Registerer.Register(sharedCollector{opts.Shared}); err != nil {
-			return nil, err
-		}
-	}
 	loopRoot := &fs.LoopbackRoot{Path: opts.Store.Root()}
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: loopRoot}, fsys: f}
 	if opts.Regions != nil {

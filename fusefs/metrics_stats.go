@@ -8,8 +8,9 @@ import (
 )
 
 // statsCollector exports at scrape time one stats snapshot: its numbers
-// listed in ctlabi.Metrics, the warnings stat prints, each peer's link, the
-// primary tier and mirroring.
+// listed in ctlabi.Metrics (the only table of metrics of stats.json), the
+// warnings stat prints, each peer's link, the primary tier, mirroring and
+// the store phases' histograms.
 type statsCollector struct {
 	snapshot func() ctlabi.Stats
 	// numbers[i] is the descriptor of ctlabi.Metrics[i].
@@ -19,7 +20,11 @@ type statsCollector struct {
 func newStatsCollector(snapshot func() ctlabi.Stats) statsCollector {
 	c := statsCollector{snapshot: snapshot}
 	for _, m := range ctlabi.Metrics {
-		c.numbers = append(c.numbers, prometheus.NewDesc(m.Name, m.Help, nil, nil))
+		var labels []string
+		if m.Label != "" {
+			labels = []string{m.Label}
+		}
+		c.numbers = append(c.numbers, prometheus.NewDesc(m.Name, m.Help, labels, nil))
 	}
 	return c
 }
@@ -100,13 +105,17 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 		if m.Kind == ctlabi.Counter {
 			kind = prometheus.CounterValue
 		}
-		ch <- prometheus.MustNewConstMetric(s.numbers[i], kind, value)
+		var labelValues []string
+		if m.Label != "" {
+			labelValues = []string{m.LabelValue(&st)}
+		}
+		ch <- prometheus.MustNewConstMetric(s.numbers[i], kind, value, labelValues...)
 	}
 }
 
 // storePhaseHistogram is a phase's histogram in seconds, its buckets merged
 // by octave (one per doubling of the duration).
-func storePhaseHistogram(name string, ph disk.PhaseStats) prometheus.Metric {
+func storePhaseHistogram(name string, ph ctlabi.Phase) prometheus.Metric {
 	cumulative := map[float64]uint64{}
 	var seen uint64
 	for i, n := range ph.Buckets {

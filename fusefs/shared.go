@@ -2,17 +2,13 @@ package fusefs
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"hash/fnv"
 	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
@@ -132,52 +128,4 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	n.fsys.sharedAttr(size, n.StableAttr().Ino, &out.Attr)
 	out.SetTimeout(n.fsys.entryTimeout)
 	return 0
-}
-
-// sharedCollector exports the "shared" stats as kvtierfs_shared_<field>.
-type sharedCollector struct{ level SharedLevel }
-
-// Describe sends nothing: the collector is unchecked (its fields are the stats').
-func (sharedCollector) Describe(chan<- *prometheus.Desc) {}
-
-// Collect sends one gauge per numeric or boolean field of the shared stats;
-// lease_held carries the holder as a label.
-func (c sharedCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.level.Stats()
-	raw, _ := json.Marshal(st)
-	var fields map[string]any
-	json.Unmarshal(raw, &fields)
-	for name, v := range fields {
-		var value float64
-		switch v := v.(type) {
-		case float64:
-			value = v
-		case bool:
-			value = boolValue(v)
-		default:
-			continue
-		}
-		labels, values := []string(nil), []string(nil)
-		if name == "lease_held" {
-			labels, values = []string{"holder"}, []string{st.LeaseHolder}
-		}
-		desc := prometheus.NewDesc("kvtierfs_shared_"+name, fmt.Sprintf("The shared level's %s (stat's \"shared\" section).", name), labels, nil)
-		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, value, values...)
-	}
-}
-
-// sharedWarnings names what keeps the shared level from working.
-func sharedWarnings(st shared.Stats) []ctlabi.Warning {
-	var out []ctlabi.Warning
-	if !st.Reachable {
-		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedUnreachable, Message: fmt.Sprintf(
-			"the shared store %s does not answer within --shared-timeout (%d calls timed out): lookups answer absent from local blocks only and %d bytes wait to be written behind; check its filesystem's client and servers",
-			st.Dir, st.Timeouts, st.BytesBehind)})
-	}
-	if st.BehindGrowing() {
-		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedBehind, Message: fmt.Sprintf(
-			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
-			st.BytesBehind, st.DroppedBlocks)})
-	}
-	return out
 }

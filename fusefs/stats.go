@@ -9,17 +9,19 @@ import (
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
-// Stats takes a snapshot of the mount's state.
+// Stats takes a snapshot of the mount's state: the one place that fills
+// stats.json, copying each part's plain stats into its ctlabi section, and
+// that raises every warning (those of staging/diagnose included).
 func (f *FS) Stats() ctlabi.Stats {
 	d := f.store.Stats()
 	c := f.store.Counters()
 	st := ctlabi.Stats{
 		Mountpoint: f.mountpoint,
-		Disk:       d,
-		Groups:     d.Groups,
+		Disk:       abiDisk(d),
+		Groups:     make(map[string]ctlabi.Group, len(d.Groups)),
 		Counters: ctlabi.Counters{
 			Lookups:          c.Lookups.Load(),
 			LookupHits:       c.LookupHits.Load(),
@@ -42,8 +44,11 @@ func (f *FS) Stats() ctlabi.Stats {
 			StoresFromRow:    c.StoresFromRow.Load(),
 			StoresReadBack:   c.StoresReadBack.Load(),
 		},
-		Peers:    []rowsync.PeerStats{},
+		Peers:    []ctlabi.Peer{},
 		Warnings: []ctlabi.Warning{},
+	}
+	for group, g := range d.Groups {
+		st.Groups[group] = ctlabi.Group(g)
 	}
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
 	st.Counters.TiersPrimed = f.tiersPrimed.Load()
@@ -60,18 +65,21 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
 	if f.stager != nil {
-		ss := f.stager.Stats()
+		ss := ctlabi.Staging(f.stager.Stats())
 		st.Staging = &ss
 	}
 	if f.shared != nil {
 		ss := f.shared.Stats()
-		st.Shared = &ss
+		st.Shared = abiShared(ss)
 		st.Warnings = append(st.Warnings, sharedWarnings(ss)...)
 	}
 	if f.sync != nil {
 		snap := f.sync.Snapshot()
-		st.Peers = snap.Peers
-		st.Replication = &snap.Replication
+		for _, p := range snap.Peers {
+			st.Peers = append(st.Peers, ctlabi.Peer(p))
+		}
+		replication := ctlabi.Replication(snap.Replication)
+		st.Replication = &replication
 		st.Counters.RowsMirrored = int64(snap.RowsMirrored)
 		st.Counters.AuthFailures = int64(snap.AuthFailures)
 		st.Warnings = append(st.Warnings, syncWarnings(snap)...)
@@ -80,17 +88,21 @@ func (f *FS) Stats() ctlabi.Stats {
 		if err := f.regions.Refresh(); err != nil {
 			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmUnmappable, Message: err.Error()})
 		}
-		st.Primary.Regions = f.regions.Infos(rowSizes(d.RowBytes))
-		st.Primary.Ignored = f.regions.Ignored()
+		for _, r := range f.regions.Infos(rowSizes(d.RowBytes)) {
+			st.Primary.Regions = append(st.Primary.Regions, ctlabi.Region(r))
+		}
+		for _, ig := range f.regions.Ignored() {
+			st.Primary.Ignored = append(st.Primary.Ignored, ctlabi.IgnoredFile(ig))
+		}
 		st.Primary.IgnoredCount = f.regions.IgnoredNow()
 		st.Counters.ShmIgnored = f.regions.IgnoredTotal()
 		st.Counters.ShmFaults = f.regions.Faults()
 	}
 	if st.Primary.Regions == nil {
-		st.Primary.Regions = []shm.Info{}
+		st.Primary.Regions = []ctlabi.Region{}
 	}
 	if st.Primary.Ignored == nil {
-		st.Primary.Ignored = []shm.Ignored{}
+		st.Primary.Ignored = []ctlabi.IgnoredFile{}
 	}
 	if ig := st.Primary.Ignored; len(ig) == 1 && st.Primary.IgnoredCount == 1 {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
@@ -133,6 +145,27 @@ func (f *FS) Stats() ctlabi.Stats {
 	return st
 }
 
+// abiDisk is the "disk" section of the store's stats.
+func abiDisk(d disk.Stats) ctlabi.Disk {
+	out := ctlabi.Disk{Store: d.Store, Blocks: d.Blocks, LogicalBytes: d.LogicalBytes, PhysicalBytes: d.PhysicalBytes,
+		CapacityBytes: d.CapacityBytes, FreeBytes: d.FreeBytes, Evictions: d.Evictions, InFlightTmp: d.InFlightTmp,
+		TmpBytes: d.TmpBytes, NeverLookedUp: d.NeverLookedUp, RowBytes: d.RowBytes, StorePhases: make(map[string]ctlabi.Phase, len(d.StorePhases))}
+	for name, ph := range d.StorePhases {
+		out.StorePhases[name] = ctlabi.Phase(ph)
+	}
+	return out
+}
+
+// abiShared is the "shared" section of the shared level's stats.
+func abiShared(s shared.Stats) *ctlabi.Shared {
+	return &ctlabi.Shared{Dir: s.Dir, Reachable: s.Reachable, QueueBlocks: s.QueueBlocks, QueueBytes: s.QueueBytes,
+		BytesBehind: s.BytesBehind, WrittenBlocks: s.WrittenBlocks, WrittenBytes: s.WrittenBytes, DroppedBlocks: s.DroppedBlocks,
+		FetchedBlocks: s.FetchedBlocks, FetchedBytes: s.FetchedBytes, FetchSecondsAvg: s.FetchSecondsAvg, Lookups: s.Lookups,
+		LookupHits: s.LookupHits, NegativeHits: s.NegativeHits, CorruptDropped: s.CorruptDropped, Timeouts: s.Timeouts,
+		LeaseHolder: s.LeaseHolder, LeaseHeld: s.LeaseHeld, CapacityBytes: s.CapacityBytes, UsedBytes: s.UsedBytes,
+		EvictedBlocks: s.EvictedBlocks, JournalNames: s.JournalNames, JournalFallbacks: s.JournalFallbacks}
+}
+
 // noSpaceMessage explains ENOSPC refusals: by tmp files not yet renamed
 // (killed writers leave them until they expire) or by protected blocks.
 func noSpaceMessage(refused int64, d disk.Stats) string {
@@ -162,6 +195,22 @@ func syncWarnings(snap rowsync.Snapshot) []ctlabi.Warning {
 		out = append(out, ctlabi.Warning{Code: ctlabi.WarnMirroringOff, Message: fmt.Sprintf(
 			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
 			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})
+	}
+	return out
+}
+
+// sharedWarnings names what keeps the shared level from working.
+func sharedWarnings(st shared.Stats) []ctlabi.Warning {
+	var out []ctlabi.Warning
+	if !st.Reachable {
+		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedUnreachable, Message: fmt.Sprintf(
+			"the shared store %s does not answer within --shared-timeout (%d calls timed out): lookups answer absent from local blocks only and %d bytes wait to be written behind; check its filesystem's client and servers",
+			st.Dir, st.Timeouts, st.BytesBehind)})
+	}
+	if st.BehindGrowing() {
+		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedBehind, Message: fmt.Sprintf(
+			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
+			st.BytesBehind, st.DroppedBlocks)})
 	}
 	return out
 }

@@ -3,9 +3,11 @@ package fusefs
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,7 +19,9 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
+	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // newStatsFS returns an FS over an empty store, enough for Stats.
@@ -82,8 +86,8 @@ func isSubset(some, all []string) bool {
 }
 
 // TestMetricsExportEveryListedStat gathers the mount's metrics: each of
-// ctlabi.Metrics outside staging (off here) is exported, and one series per
-// warning code.
+// ctlabi.Metrics outside staging and the shared level (both off here) is
+// exported, and one series per warning code.
 func TestMetricsExportEveryListedStat(t *testing.T) {
 	f := newStatsFS(t)
 	reg := prometheus.NewPedanticRegistry()
@@ -99,11 +103,114 @@ func TestMetricsExportEveryListedStat(t *testing.T) {
 		got[family.GetName()] = len(family.GetMetric())
 	}
 	for _, m := range ctlabi.Metrics {
-		if exported := got[m.Name] == 1; exported == strings.HasPrefix(m.Field, "staging.") {
-			t.Errorf("metric %s exported %v with staging off", m.Name, exported)
+		optional := strings.HasPrefix(m.Field, "staging.") || strings.HasPrefix(m.Field, "shared.")
+		if exported := got[m.Name] == 1; exported == optional {
+			t.Errorf("metric %s exported %v with staging and the shared level off", m.Name, exported)
 		}
 	}
 	if got["kvtierfs_warning"] != len(ctlabi.WarningCodes) {
 		t.Errorf("kvtierfs_warning has %d series, want one per code (%d)", got["kvtierfs_warning"], len(ctlabi.WarningCodes))
+	}
+}
+
+// updateGolden rewrites testdata/stats.json from what the mount serves:
+// go test ./fusefs -run TestStatsFileBytesGolden -update, after adding a
+// field to the ABI on purpose (and reading the diff).
+var updateGolden = flag.Bool("update", false, "rewrite testdata/stats.json")
+
+// TestStatsFileBytesGolden serves stats.json from a mount over an empty
+// store with a shared level whose every field is set, and compares the
+// bytes with testdata/stats.json (the store's temporary path written as
+// /STORE): the assembly of the snapshot, sections left empty and warnings
+// included, stays byte for byte what readers have parsed so far.
+func TestStatsFileBytesGolden(t *testing.T) {
+	dir := t.TempDir()
+	store, err := disk.Open(disk.Config{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f := &FS{store: store, mountpoint: "/mnt/kv", logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
+		recent: diagnose.NewRecent(0, nil), loads: core.NewLoads(core.Config{Store: store}),
+		shared: fakeShared{shared.Stats{Dir: "/shared", QueueBlocks: 1, QueueBytes: 2, BytesBehind: 3, WrittenBlocks: 4, WrittenBytes: 5,
+			DroppedBlocks: 6, FetchedBlocks: 7, FetchedBytes: 8, FetchSecondsAvg: 0.5, Lookups: 9, LookupHits: 10, NegativeHits: 11,
+			CorruptDropped: 12, Timeouts: 13, LeaseHolder: "node-a", LeaseHeld: true, CapacityBytes: 14, UsedBytes: 15, EvictedBlocks: 16,
+			JournalNames: 17, JournalFallbacks: 18}}}
+	h, _, errno := (&statsFile{fsys: f}).Open(fuse.NewContext(t.Context(), &fuse.Caller{Owner: fuse.Owner{Uid: 0}}), syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open stats.json: %v", errno)
+	}
+	served := bytes.ReplaceAll(h.(*snapshotHandle).data, []byte(store.Stats().Store), []byte("/STORE"))
+	if *updateGolden {
+		if err := os.WriteFile("testdata/stats.json", served, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	golden, err := os.ReadFile("testdata/stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(served, golden) {
+		t.Errorf("stats.json differs from testdata/stats.json:\n%s", served)
+	}
+}
+
+// setEveryField sets every exported number, string and boolean of the
+// struct v points to, so that a copy that leaves a field out shows as zero.
+func setEveryField(v any) {
+	s := reflect.ValueOf(v).Elem()
+	for i := range s.NumField() {
+		switch f := s.Field(i); {
+		case !f.CanSet():
+		case f.CanInt():
+			f.SetInt(int64(i + 1))
+		case f.CanFloat():
+			f.SetFloat(float64(i) + 0.5)
+		case f.Kind() == reflect.String:
+			f.SetString("s")
+		case f.Kind() == reflect.Bool:
+			f.SetBool(true)
+		}
+	}
+}
+
+// zeroFields names the fields of the struct v that hold their zero value.
+func zeroFields(v any) []string {
+	s := reflect.ValueOf(v)
+	var out []string
+	for i := range s.NumField() {
+		if s.Field(i).IsZero() {
+			out = append(out, s.Type().Field(i).Name)
+		}
+	}
+	return out
+}
+
+// TestABISectionsCopyEveryField: the shared level's and the store's stats,
+// every field set, leave no field of their ABI section unset.
+func TestABISectionsCopyEveryField(t *testing.T) {
+	var sh shared.Stats
+	setEveryField(&sh)
+	if zero := zeroFields(*abiShared(sh)); len(zero) > 0 {
+		t.Errorf("abiShared leaves %v unset", zero)
+	}
+	d := disk.Stats{RowBytes: map[string]int64{"t": 1}, StorePhases: map[string]disk.PhaseStats{"rename": {Count: 1}}}
+	setEveryField(&d)
+	if zero := zeroFields(abiDisk(d)); len(zero) > 0 {
+		t.Errorf("abiDisk leaves %v unset", zero)
+	}
+}
+
+// TestPeerStatesAreTheABIs: the peer states rowsync reports are copied into
+// stats.json as they are, so they must be the ABI's (ctlabi.Peer.Serving).
+func TestPeerStatesAreTheABIs(t *testing.T) {
+	for rowsyncState, abiState := range map[string]string{rowsync.StateConnecting: ctlabi.PeerConnecting, rowsync.StateUp: ctlabi.PeerUp,
+		rowsync.StateDown: ctlabi.PeerDown, rowsync.StateInbound: ctlabi.PeerInbound, rowsync.StateSelf: ctlabi.PeerSelf} {
+		if rowsyncState != abiState {
+			t.Errorf("rowsync reports state %q where the ABI says %q", rowsyncState, abiState)
+		}
+		if got, want := (ctlabi.Peer{State: abiState}).Serving(), (rowsync.PeerStats{State: rowsyncState}).Serving(); got != want {
+			t.Errorf("state %q: ABI serving %v, rowsync %v", abiState, got, want)
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -142,11 +141,11 @@ type Stager struct {
 	// the workers once it has been idle for engineIdleAfter since.
 	lastTake time.Time
 	idleWake *time.Timer
-	used     int64          // staged bytes plus reservations of queued and fetching entries
-	peakUsed int64          // highest used so far
-	staged   int64          // bytes of staged entries
-	counters ctlabi.Staging // Waves, Hits, Misses and WastedBytes
-	lastRun  uint64         // id of the newest lookup batch
+	used     int64  // staged bytes plus reservations of queued and fetching entries
+	peakUsed int64  // highest used so far
+	staged   int64  // bytes of staged entries
+	counters Stats  // Waves, Hits, Misses and WastedBytes
+	lastRun  uint64 // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
 	chainUses uint64
@@ -413,8 +412,20 @@ func (s *Stager) StoreLoadDone() {
 	s.mu.Unlock()
 }
 
+// Stats is a snapshot of staging (the "staging" section of stats.json,
+// fusefs/ctlabi.Staging, documents the fields).
+type Stats struct {
+	BudgetBytes int64
+	Bytes       int64
+	Chains      int
+	Waves       int64
+	Hits        int64
+	Misses      int64
+	WastedBytes int64
+}
+
 // Stats returns a snapshot of the staging counters.
-func (s *Stager) Stats() ctlabi.Staging {
+func (s *Stager) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.counters

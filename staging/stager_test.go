@@ -2,7 +2,6 @@ package staging
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -184,7 +182,7 @@ func keyList(keys []block.Ref) string {
 	return b.String()
 }
 
-func wantStats(t *testing.T, s *Stager, want ctlabi.Staging) {
+func wantStats(t *testing.T, s *Stager, want Stats) {
 	t.Helper()
 	if got := s.Stats(); got != want {
 		t.Fatalf("stats %+v, want %+v", got, want)
@@ -209,22 +207,7 @@ func TestNewStagerOptions(t *testing.T) {
 		s.opts.BatchGap != DefaultBatchGap || s.opts.MaxKeys != DefaultMaxKeys {
 		t.Errorf("defaults not applied: %+v", s.opts)
 	}
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20})
-}
-
-func TestStatsJSON(t *testing.T) {
-	data, err := json.Marshal(ctlabi.Staging{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fields map[string]any
-	if err := json.Unmarshal(data, &fields); err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"budget_bytes", "bytes", "chains", "hits", "misses", "wasted_bytes", "waves"}
-	if got := slices.Sorted(maps.Keys(fields)); !slices.Equal(got, want) {
-		t.Errorf("JSON fields %v, want %v", got, want)
-	}
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20})
 }
 
 func TestWaveOnRead(t *testing.T) {
@@ -235,18 +218,18 @@ func TestWaveOnRead(t *testing.T) {
 	wantFetched(t, f) // lookups never stage
 	mustMiss(t, s, keys[0])
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 1})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 1})
 
 	// A read of an unknown key stages nothing.
 	mustMiss(t, s, chunkKey(tierB, 0, 0))
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 2})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 4000, Chains: 1, Waves: 1, Misses: 2})
 
 	// NoteRead stages like a Take that missed, without counting a load.
 	s.NoteRead(keys[5])
 	s.Settle()
 	wantFetched(t, f, slices.Concat(keys[1:5], keys[6:10])...)
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 8000, Chains: 1, Waves: 1, Misses: 2})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 8000, Chains: 1, Waves: 1, Misses: 2})
 }
 
 func TestTakeRemovesAndTopsUp(t *testing.T) {
@@ -260,7 +243,7 @@ func TestTakeRemovesAndTopsUp(t *testing.T) {
 	mustHit(t, s, keys[1], 0)
 	s.Settle()
 	wantFetched(t, f, keys[1:5]...)
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: 3000, Chains: 1, Waves: 1, Hits: 1, Misses: 1})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: 3000, Chains: 1, Waves: 1, Hits: 1, Misses: 1})
 
 	// Taken means gone: a second Take of the same block misses.
 	mustMiss(t, s, keys[1])
@@ -274,7 +257,7 @@ func TestTakeRemovesAndTopsUp(t *testing.T) {
 			t.Errorf("%s fetched %d times, want 1", k, n)
 		}
 	}
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Hits: 11, Misses: 2})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Hits: 11, Misses: 2})
 }
 
 func TestTakeWaitsForFetchInFlight(t *testing.T) {
@@ -413,7 +396,7 @@ func TestFairShare(t *testing.T) {
 		}
 	}
 	// Chain A lost its farthest blocks, 5 to 12, and chain B its 5 and 6.
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 12 * size, Bytes: 12 * size, Chains: 3, Waves: 3, Misses: 3, WastedBytes: 10 * size})
+	wantStats(t, s, Stats{BudgetBytes: 12 * size, Bytes: 12 * size, Chains: 3, Waves: 3, Misses: 3, WastedBytes: 10 * size})
 	for i := 1; i <= 4; i++ {
 		mustHit(t, s, chains[0][i], 0)
 		s.Settle()
@@ -454,7 +437,7 @@ func TestStreamThroughBudget(t *testing.T) {
 	if s.peakUsed > budget {
 		t.Errorf("peak staged %d bytes, budget %d", s.peakUsed, budget)
 	}
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: budget, Waves: 1, Hits: blocks - 1, Misses: 1})
+	wantStats(t, s, Stats{BudgetBytes: budget, Waves: 1, Hits: blocks - 1, Misses: 1})
 }
 
 // TestStreamConcurrentReaders has 4 engine threads load a chain 25 times the
@@ -516,7 +499,7 @@ func TestInvalidate(t *testing.T) {
 		s := setUp(t, f)
 		mustMiss(t, s, keys[0])
 		s.Invalidate(keys[1])
-		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: size})
+		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: size})
 		mustMiss(t, s, keys[1])
 	})
 
@@ -533,7 +516,7 @@ func TestInvalidate(t *testing.T) {
 		close(f.gate)
 		s.Settle()
 		// The wave goes on past the invalidated block: a second wave stages keys[2].
-		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 1, WastedBytes: size})
+		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 1, WastedBytes: size})
 		mustMiss(t, s, keys[1])
 	})
 
@@ -563,7 +546,7 @@ func TestInvalidate(t *testing.T) {
 		mustMiss(t, s, keys[0])
 		s.NoteLookup(keys[1], 9, false)
 		mustMiss(t, s, keys[1])
-		wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 2, WastedBytes: size})
+		wantStats(t, s, Stats{BudgetBytes: 1 << 20, Bytes: size, Chains: 1, Waves: 2, Misses: 2, WastedBytes: size})
 	})
 
 	t.Run("removed block is skipped", func(t *testing.T) {
@@ -660,7 +643,7 @@ func TestClose(t *testing.T) {
 	s.NoteStore(keys[0])
 	s.NoteRead(keys[0])
 	s.Invalidate(keys[0])
-	wantStats(t, s, ctlabi.Staging{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: 100})
+	wantStats(t, s, Stats{BudgetBytes: 1 << 20, Waves: 1, Misses: 1, WastedBytes: 100})
 	s.Close()
 }
 

@@ -1,4 +1,12 @@
+//go:build bench
+
 package main
+
+// The benchmark build (-tags bench, `make build` writes it as BIN-bench):
+// the whole command plus `kvtierfs bench`, which links the engine model,
+// the disk benchmark and the daemon harness of integration/. The daemon
+// build execs it (bench_exec.go); its mounts run the benchmark build
+// itself, whose daemon is the same code.
 
 import (
 	"context"
@@ -28,6 +36,9 @@ const (
 	scenarioDisk  = "disk"
 	scenarioChain = "chain"
 )
+
+// benchLinked is true in the benchmark build, where runBench is the bench.
+const benchLinked = true
 
 // benchScenarios lists every scenario of `kvtierfs bench`.
 var benchScenarios = append(engine.Scenarios(), scenarioDisk, scenarioChain)

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // TestLogEvents checks the one line per event logged between snapshots, in
@@ -21,12 +20,12 @@ func TestLogEvents(t *testing.T) {
 	defer slog.SetDefault(slog.Default())
 	logger := newLogger(&buf, "json", slog.LevelInfo)
 	prev := ctlabi.Stats{
-		Primary: ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_old.mmap"}}},
+		Primary: ctlabi.Primary{Regions: []ctlabi.Region{{Path: "/dev/shm/vllm_offload_old.mmap"}}},
 		Warnings: []ctlabi.Warning{{Code: "peer_down", Message: "peer b is down"},
 			{Code: "shm_ignored", Message: "a"}, {Code: "shm_ignored", Message: "b"}},
 	}
 	cur := ctlabi.Stats{
-		Primary: ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_new.mmap", Size: 1 << 20, Rows: 4}}},
+		Primary: ctlabi.Primary{Regions: []ctlabi.Region{{Path: "/dev/shm/vllm_offload_new.mmap", Size: 1 << 20, Rows: 4}}},
 		Warnings: []ctlabi.Warning{{Code: "no_space", Message: "raise --capacity"}, {Code: "no_space", Message: "again"},
 			{Code: "shm_ignored", Message: "a"}, {Code: "shm_ignored", Message: "b"}},
 	}

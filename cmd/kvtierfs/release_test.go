@@ -231,7 +231,8 @@ func fileSum(t *testing.T, path string) string {
 }
 
 // checkTarball checks that a release tarball holds, under top/, the binary
-// (by its checksum), the README, the licence and every deploy file of the tree.
+// (by its checksum) and its benchmark build, the README, the licence and
+// every deploy file of the tree.
 func checkTarball(t *testing.T, path, top, binSum string) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -243,7 +244,7 @@ func checkTarball(t *testing.T, path, top, binSum string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{top + "/kvtierfs": false, top + "/README.md": false, top + "/LICENSE": false}
+	want := map[string]bool{top + "/kvtierfs": false, top + "/kvtierfs-bench": false, top + "/README.md": false, top + "/LICENSE": false}
 	err = filepath.WalkDir(deployDir, func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			rel, _ := filepath.Rel(deployDir, p)
@@ -265,6 +266,9 @@ func checkTarball(t *testing.T, path, top, binSum string) {
 		}
 		if _, ok := want[h.Name]; ok {
 			want[h.Name] = true
+		}
+		if h.Name == top+"/kvtierfs-bench" && h.Mode&0o111 == 0 {
+			t.Errorf("%s: kvtierfs-bench is mode %o, want executable", path, h.Mode)
 		}
 		if h.Name == top+"/kvtierfs" {
 			sum := sha256.New()

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -100,7 +101,7 @@ func startShared(cfg shared.Config, store *disk.Store, logger *slog.Logger) (*sh
 }
 
 // printShared renders stat's "shared" section.
-func printShared(w io.Writer, sh *shared.Stats) {
+func printShared(w io.Writer, sh *ctlabi.Shared) {
 	state := "reachable"
 	if !sh.Reachable {
 		state = "UNREACHABLE"

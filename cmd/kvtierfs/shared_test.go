@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
@@ -52,7 +53,7 @@ func TestSharedFlags(t *testing.T) {
 // TestPrintShared: stat's shared section names the state, queue and lease.
 func TestPrintShared(t *testing.T) {
 	var out bytes.Buffer
-	printShared(&out, &shared.Stats{Dir: "/shared", QueueBlocks: 2, LeaseHolder: "node-b", CapacityBytes: 1 << 30})
+	printShared(&out, &ctlabi.Shared{Dir: "/shared", QueueBlocks: 2, LeaseHolder: "node-b", CapacityBytes: 1 << 30})
 	for _, want := range []string{"/shared, UNREACHABLE", "2 blocks", "held by node-b", "of 1.0 GiB"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("missing %q in:\n%s", want, out.String())

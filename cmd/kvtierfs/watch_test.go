@@ -8,27 +8,24 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/sync/rowsync"
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // watchSnapshots returns two snapshots 2 s apart with known differences.
 func watchSnapshots() (prev, cur ctlabi.Stats) {
 	prev = ctlabi.Stats{
 		Mountpoint:  "/mnt/kvtier",
-		Disk:        disk.Stats{Blocks: 100, PhysicalBytes: 50 << 30, CapacityBytes: 100 << 30, FreeBytes: 50 << 30, Evictions: 10},
-		Primary:     ctlabi.Primary{Regions: []shm.Info{{Path: "/dev/shm/vllm_offload_1.mmap", Size: 124 << 18, Rows: 124, RowBytes: 1 << 18}}},
+		Disk:        ctlabi.Disk{Blocks: 100, PhysicalBytes: 50 << 30, CapacityBytes: 100 << 30, FreeBytes: 50 << 30, Evictions: 10},
+		Primary:     ctlabi.Primary{Regions: []ctlabi.Region{{Path: "/dev/shm/vllm_offload_1.mmap", Size: 124 << 18, Rows: 124, RowBytes: 1 << 18}}},
 		Counters:    ctlabi.Counters{Lookups: 1000, LookupHits: 500, Reads: 10, ReadBytes: 10 << 20, Writes: 5, WriteBytes: 5 << 20, RowsMirrored: 10},
 		Staging:     &ctlabi.Staging{BudgetBytes: 4 << 30, Bytes: 1 << 30, Chains: 2, Hits: 4},
-		Peers:       []rowsync.PeerStats{{Addr: "nodeB:7470", State: "up", RowsSent: 10}},
-		Replication: &rowsync.GateSnapshot{Allowed: true},
+		Peers:       []ctlabi.Peer{{Addr: "nodeB:7470", State: "up", RowsSent: 10}},
+		Replication: &ctlabi.Replication{Allowed: true},
 	}
 	cur = prev
 	cur.Disk.Evictions = 14
 	cur.Counters = ctlabi.Counters{Lookups: 1200, LookupHits: 550, Reads: 30, ReadBytes: 30 << 20, Writes: 9, WriteBytes: 9 << 20, RowsMirrored: 30}
 	cur.Staging = &ctlabi.Staging{BudgetBytes: 4 << 30, Bytes: 3 << 30, Chains: 1, Hits: 14}
-	cur.Peers = []rowsync.PeerStats{{Addr: "nodeB:7470", State: "down", RowsSent: 30, LastError: "connection refused"}}
+	cur.Peers = []ctlabi.Peer{{Addr: "nodeB:7470", State: "down", RowsSent: 30, LastError: "connection refused"}}
 	cur.Warnings = []ctlabi.Warning{{Code: "peer_down", Message: "peer nodeB:7470 is down"}}
 	return prev, cur
 }

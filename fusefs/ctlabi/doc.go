@@ -3,7 +3,8 @@
 // file names, the JSON of stats.json and the request and answer of match.
 // The daemon (fusefs) writes these types, `kvtierfs stat` and the tests
 // read them; a field or metric renamed here breaks every reader, so add,
-// never rename.
+// never rename. It imports only the standard library: every package may
+// import it (staging/match for the match wire format), and it imports none.
 //
 // # The control directory
 //
@@ -37,4 +38,20 @@
 // Metrics lists every number of Stats exported to Prometheus, with its
 // metric name and help; warnings are exported as kvtierfs_warning{code},
 // one series per code of WarningCodes.
+//
+// # Adding a number to stats.json
+//
+// Every section of stats.json is a type of this package; the packages that
+// count (tiers/disk, tiers/shm, tiers/shared, sync/rowsync, staging) return
+// plain stats of their own, without JSON tags, and one function, the
+// daemon's fusefs.FS.Stats, copies them in and raises every warning. To add
+// a number: add its field, with its JSON name, to the section here and its
+// line to Metrics (TestEveryStatHasAMetric fails until it has one), and to
+// the golden testdata/stats.json; then fill it where its part's stats are
+// copied in (fusefs/stats.go), and rewrite the bytes a mount serves, with
+// go test ./fusefs -run TestStatsFileBytesGolden -update. The sections
+// copied by conversion (Group, Phase, Region, IgnoredFile, Peer,
+// Replication, Staging) have their part's fields one for one, so a field
+// added on one side only does not compile; TestABISectionsCopyEveryField
+// holds the copied ones (Disk, Shared) complete.
 package ctlabi

@@ -20,20 +20,26 @@ type Metric struct {
 	// Value reads the number from a snapshot; false when its section is
 	// absent (staging off), and the metric is then not exported.
 	Value func(*Stats) (float64, bool)
+	// Label, when not empty, is the name of the metric's one label, and
+	// LabelValue reads its value from the snapshot.
+	Label      string
+	LabelValue func(*Stats) string
 }
 
 // counter and gauge build the Metrics entries of the always-present sections.
 func counter(field, name, help string, value func(*Stats) int64) Metric {
-	return Metric{field, name, help, Counter, func(s *Stats) (float64, bool) { return float64(value(s)), true }}
+	return Metric{Field: field, Name: name, Help: help, Kind: Counter,
+		Value: func(s *Stats) (float64, bool) { return float64(value(s)), true }}
 }
 
 func gauge(field, name, help string, value func(*Stats) int64) Metric {
-	return Metric{field, name, help, Gauge, func(s *Stats) (float64, bool) { return float64(value(s)), true }}
+	return Metric{Field: field, Name: name, Help: help, Kind: Gauge,
+		Value: func(s *Stats) (float64, bool) { return float64(value(s)), true }}
 }
 
 // staged builds a Metrics entry of the "staging" section.
 func staged(field, name, help string, kind MetricKind, value func(*Staging) int64) Metric {
-	return Metric{field, name, help, kind, func(s *Stats) (float64, bool) {
+	return Metric{Field: field, Name: name, Help: help, Kind: kind, Value: func(s *Stats) (float64, bool) {
 		if s.Staging == nil {
 			return 0, false
 		}
@@ -41,11 +47,46 @@ func staged(field, name, help string, kind MetricKind, value func(*Staging) int6
 	}}
 }
 
+// sharedGauge builds the Metrics entry of a number of the "shared" section:
+// the gauge kvtierfs_shared_<field>.
+func sharedGauge(field string, value func(*Shared) float64) Metric {
+	return Metric{Field: "shared." + field, Name: "kvtierfs_shared_" + field, Kind: Gauge,
+		Help: "The shared level's " + field + ` (stat's "shared" section).`,
+		Value: func(s *Stats) (float64, bool) {
+			if s.Shared == nil {
+				return 0, false
+			}
+			return value(s.Shared), true
+		}}
+}
+
+// sharedCount is sharedGauge of an integer.
+func sharedCount(field string, value func(*Shared) int64) Metric {
+	return sharedGauge(field, func(s *Shared) float64 { return float64(value(s)) })
+}
+
+// sharedFlag is sharedGauge of a boolean, 1 for true.
+func sharedFlag(field string, value func(*Shared) bool) Metric {
+	return sharedGauge(field, func(s *Shared) float64 {
+		if value(s) {
+			return 1
+		}
+		return 0
+	})
+}
+
+// leaseHeld is lease_held's entry: the holder's name is its label.
+func leaseHeld() Metric {
+	m := sharedFlag("lease_held", func(s *Shared) bool { return s.LeaseHeld })
+	m.Label, m.LabelValue = "holder", func(s *Stats) string { return s.Shared.LeaseHolder }
+	return m
+}
+
 // Metrics lists the numbers of stats.json that the mount exports, each under
-// its metric name. The "shared" section is exported field by field as
-// kvtierfs_shared_<field> gauges, the per-peer numbers and the primary regions
-// with labels or as sums (fusefs), and the KV events counts by the publisher
-// (fusefs/kvevents); TestEveryStatHasAMetric holds the list complete.
+// its metric name; the numbers of the "shared" section are the gauges
+// kvtierfs_shared_<field>. The per-peer numbers and the primary regions are
+// exported with labels or as sums (fusefs), and the KV events counts by the
+// publisher (fusefs/kvevents); TestEveryStatHasAMetric holds the list complete.
 var Metrics = []Metric{
 	counter("counters.lookups", "kvtierfs_lookups_total", "Block lookups that reached the daemon.",
 		func(s *Stats) int64 { return s.Counters.Lookups }),
@@ -141,4 +182,26 @@ var Metrics = []Metric{
 		func(s *Staging) int64 { return s.Misses }),
 	staged("staging.wasted_bytes", "kvtierfs_staging_wasted_bytes_total", "Bytes staged that never served a load.", Counter,
 		func(s *Staging) int64 { return s.WastedBytes }),
+
+	sharedFlag("reachable", func(s *Shared) bool { return s.Reachable }),
+	sharedCount("queue_blocks", func(s *Shared) int64 { return s.QueueBlocks }),
+	sharedCount("queue_bytes", func(s *Shared) int64 { return s.QueueBytes }),
+	sharedCount("bytes_behind", func(s *Shared) int64 { return s.BytesBehind }),
+	sharedCount("written_blocks", func(s *Shared) int64 { return s.WrittenBlocks }),
+	sharedCount("written_bytes", func(s *Shared) int64 { return s.WrittenBytes }),
+	sharedCount("dropped_blocks", func(s *Shared) int64 { return s.DroppedBlocks }),
+	sharedCount("fetched_blocks", func(s *Shared) int64 { return s.FetchedBlocks }),
+	sharedCount("fetched_bytes", func(s *Shared) int64 { return s.FetchedBytes }),
+	sharedGauge("fetch_seconds_avg", func(s *Shared) float64 { return s.FetchSecondsAvg }),
+	sharedCount("lookups", func(s *Shared) int64 { return s.Lookups }),
+	sharedCount("lookup_hits", func(s *Shared) int64 { return s.LookupHits }),
+	sharedCount("negative_hits", func(s *Shared) int64 { return s.NegativeHits }),
+	sharedCount("corrupt_dropped", func(s *Shared) int64 { return s.CorruptDropped }),
+	sharedCount("timeouts", func(s *Shared) int64 { return s.Timeouts }),
+	leaseHeld(),
+	sharedCount("capacity_bytes", func(s *Shared) int64 { return s.CapacityBytes }),
+	sharedCount("used_bytes", func(s *Shared) int64 { return s.UsedBytes }),
+	sharedCount("evicted_blocks", func(s *Shared) int64 { return s.EvictedBlocks }),
+	sharedCount("journal_names", func(s *Shared) int64 { return s.JournalNames }),
+	sharedCount("journal_fallbacks", func(s *Shared) int64 { return s.JournalFallbacks }),
 }

@@ -1,10 +1,6 @@
 package ctlabi
 
 import (
-	"github.com/kvtierfs/kvtierfs/sync/rowsync"
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
-	"github.com/kvtierfs/kvtierfs/tiers/shm"
 	"strconv"
 	"unicode"
 	"unicode/utf8"
@@ -28,31 +24,92 @@ const (
 	MatchFile = "match"
 )
 
-// Stats is the content of stats.json, what `kvtierfs stat` shows.
+// Stats is the content of stats.json, what `kvtierfs stat` shows. Every
+// section's type is defined here: the implementation packages return plain
+// stats of their own, and the daemon (fusefs.FS.Stats) copies them in.
 type Stats struct {
-	Mountpoint string                     `json:"mountpoint"`
-	Disk       disk.Stats                 `json:"disk"`
-	Groups     map[string]disk.GroupStats `json:"groups"`
-	Primary    Primary                    `json:"primary"`
-	Counters   Counters                   `json:"counters"`
+	Mountpoint string           `json:"mountpoint"`
+	Disk       Disk             `json:"disk"`
+	Groups     map[string]Group `json:"groups"`
+	Primary    Primary          `json:"primary"`
+	Counters   Counters         `json:"counters"`
 	// Staging describes wave staging; absent when it is disabled.
 	Staging *Staging `json:"staging,omitempty"`
 	// Shared describes the shared second level; absent without --shared.
 	Shared *Shared `json:"shared,omitempty"`
 	// Peers and Replication describe row mirroring; empty on a single node.
-	Peers       []rowsync.PeerStats   `json:"peers"`
-	Replication *rowsync.GateSnapshot `json:"replication,omitempty"`
-	Warnings    []Warning             `json:"warnings"`
+	Peers       []Peer       `json:"peers"`
+	Replication *Replication `json:"replication,omitempty"`
+	Warnings    []Warning    `json:"warnings"`
+}
+
+// Disk is the "disk" object of stats.json: the local store's occupancy now.
+type Disk struct {
+	// Store is the store directory.
+	Store         string `json:"store"`
+	Blocks        int64  `json:"blocks"`
+	LogicalBytes  int64  `json:"logical_bytes"`
+	PhysicalBytes int64  `json:"physical_bytes"`
+	CapacityBytes int64  `json:"capacity_bytes"`
+	FreeBytes     int64  `json:"free_bytes"`
+	Evictions     int64  `json:"evictions"`
+	InFlightTmp   int    `json:"inflight_tmp_files"`
+	// TmpBytes is what the tmp files count against the capacity.
+	TmpBytes int64 `json:"tmp_bytes"`
+	// NeverLookedUp counts the blocks no lookup has found since the mount.
+	NeverLookedUp int64 `json:"never_looked_up"`
+	// RowBytes is the block size of each tier directory, by its name.
+	RowBytes map[string]int64 `json:"row_bytes"`
+	// StorePhases times the steps of stores' creates and renames, by step.
+	StorePhases map[string]Phase `json:"store_phases"`
+}
+
+// Phase summarises the durations of one step of stores (tiers/disk.Phase).
+type Phase struct {
+	Count int64 `json:"count"`
+	// MeanMicros, P50Micros and P99Micros are in microseconds; a percentile
+	// is its bucket's upper bound.
+	MeanMicros float64 `json:"mean_us"`
+	P50Micros  float64 `json:"p50_us"`
+	P99Micros  float64 `json:"p99_us"`
+	// Buckets and SumSeconds are the histogram behind them, for metrics
+	// only: Buckets[i] counts the durations up to tiers/disk.PhaseBucketBound(i)
+	// and longer than the bound before (the last takes everything longer).
+	Buckets    []int64 `json:"-"`
+	SumSeconds float64 `json:"-"`
+}
+
+// Group is one KV cache group's entry in the "groups" object: its blocks
+// in the store and their bytes.
+type Group struct {
+	Blocks int64 `json:"blocks"`
+	Bytes  int64 `json:"bytes"`
 }
 
 // Primary describes the engine's primary (shm) tier as seen from this node.
 type Primary struct {
-	Regions []shm.Info `json:"regions"`
+	Regions []Region `json:"regions"`
 	// Ignored lists files matching --shm-glob that are not mapped (links,
-	// other users' files), and why: the first shm.MaxIgnoredListed by name.
-	Ignored []shm.Ignored `json:"ignored"`
+	// other users' files), and why: the first few by name (tiers/shm.MaxIgnoredListed).
+	Ignored []IgnoredFile `json:"ignored"`
 	// IgnoredCount counts them all.
 	IgnoredCount int `json:"ignored_count"`
+}
+
+// Region is one engine region: its geometry as inferred from the store's
+// block size, and a warning when the two disagree.
+type Region struct {
+	Path     string `json:"path"`
+	Size     int64  `json:"size_bytes"`
+	Rows     int64  `json:"rows"`
+	RowBytes int64  `json:"row_bytes"`
+	Warning  string `json:"warning,omitempty"`
+}
+
+// IgnoredFile is a file matching --shm-glob that is not mapped, and why.
+type IgnoredFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // Counters are the event counts since the mount.
@@ -137,8 +194,88 @@ type Staging struct {
 }
 
 // Shared is the "shared" object of stats.json, the shared second level's
-// state; tiers/shared documents its fields.
-type Shared = shared.Stats
+// state (DESIGN.md "The shared level").
+type Shared struct {
+	// Dir is the shared store; Reachable is false while it does not answer
+	// within --shared-timeout.
+	Dir       string `json:"dir"`
+	Reachable bool   `json:"reachable"`
+	// QueueBlocks and QueueBytes wait to be written behind; BytesBehind
+	// counts them and the write in progress.
+	QueueBlocks   int64 `json:"queue_blocks"`
+	QueueBytes    int64 `json:"queue_bytes"`
+	BytesBehind   int64 `json:"bytes_behind"`
+	WrittenBlocks int64 `json:"written_blocks"`
+	WrittenBytes  int64 `json:"written_bytes"`
+	// DroppedBlocks left the full queue unwritten.
+	DroppedBlocks   int64   `json:"dropped_blocks"`
+	FetchedBlocks   int64   `json:"fetched_blocks"`
+	FetchedBytes    int64   `json:"fetched_bytes"`
+	FetchSecondsAvg float64 `json:"fetch_seconds_avg"`
+	Lookups         int64   `json:"lookups"`
+	LookupHits      int64   `json:"lookup_hits"`
+	NegativeHits    int64   `json:"negative_hits"`
+	CorruptDropped  int64   `json:"corrupt_dropped"`
+	Timeouts        int64   `json:"timeouts"`
+	// LeaseHolder holds the lease of the shared store's eviction; LeaseHeld
+	// is true when that is this node.
+	LeaseHolder   string `json:"lease_holder"`
+	LeaseHeld     bool   `json:"lease_held"`
+	CapacityBytes int64  `json:"capacity_bytes"`
+	UsedBytes     int64  `json:"used_bytes"`
+	EvictedBlocks int64  `json:"evicted_blocks"`
+	// JournalNames are the names the journal holds; JournalFallbacks the
+	// lookups it could not answer, which went to the listings.
+	JournalNames     int64 `json:"journal_names"`
+	JournalFallbacks int64 `json:"journal_fallbacks"`
+}
+
+// Peer is one entry of the "peers" array: a peer of row mirroring. RowsSent
+// and Bytes count rows (and their non-zero bytes) written to the peer,
+// Verified the rows it acknowledged with the right CRC32C, RowsReceived
+// the rows received from the peer's address.
+type Peer struct {
+	Addr         string `json:"addr"`
+	State        string `json:"state"`
+	RowsSent     uint64 `json:"rows_sent"`
+	RowsReceived uint64 `json:"rows_received"`
+	Bytes        uint64 `json:"bytes"`
+	LastError    string `json:"last_error"`
+	Verified     uint64 `json:"verified"`
+}
+
+// The State of a Peer.
+const (
+	// PeerConnecting: not connected yet since the mount.
+	PeerConnecting = "connecting"
+	// PeerUp: an authenticated connection, no failure since.
+	PeerUp = "up"
+	// PeerDown: the last connection or attempt failed; retrying.
+	PeerDown = "down"
+	// PeerInbound: an address that sent rows but is not a configured peer.
+	PeerInbound = "inbound"
+	// PeerSelf: the entry of the peer list that is this node itself, skipped.
+	PeerSelf = "self"
+)
+
+// Serving reports whether the entry keeps nothing from being mirrored: a
+// peer that is up, one that only sends rows here, or this node itself.
+func (p Peer) Serving() bool {
+	return p.State == PeerUp || p.State == PeerInbound || p.State == PeerSelf
+}
+
+// Replication is the "replication" object of stats.json: whether rows are
+// mirrored (--replicated-kv) and on what evidence. Samples counts identical
+// store samples, Mismatches differing ones, and FirstMismatch describes the
+// first of those (in auto it is also DecidedBy).
+type Replication struct {
+	Mode          string `json:"mode"`
+	Allowed       bool   `json:"allowed"`
+	DecidedBy     string `json:"decided_by"`
+	Samples       uint64 `json:"samples"`
+	Mismatches    uint64 `json:"mismatches"`
+	FirstMismatch string `json:"first_mismatch,omitempty"`
+}
 
 // Warning codes: the Code of each warning stats.json can list. Each is
 // exported as kvtierfs_warning{code}, 0 while it is not raised, so alerts

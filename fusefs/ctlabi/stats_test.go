@@ -16,24 +16,31 @@ var exportedElsewhere = map[string]string{
 	"counters.kv_events_dropped":   "fusefs/kvevents",
 }
 
-// numberedStats returns a Stats whose every number in counters, disk and
-// staging is distinct, so a metric reading the wrong field shows.
+// numberedStats returns a Stats whose every number in counters, disk,
+// staging and shared is distinct, so a metric reading the wrong field shows
+// (its booleans are all true).
 func numberedStats() Stats {
-	st := Stats{Staging: &Staging{}}
+	st := Stats{Staging: &Staging{}, Shared: &Shared{}}
 	next := int64(1)
-	for _, v := range []reflect.Value{reflect.ValueOf(&st.Counters).Elem(), reflect.ValueOf(&st.Disk).Elem(), reflect.ValueOf(st.Staging).Elem()} {
+	for _, v := range []reflect.Value{reflect.ValueOf(&st.Counters).Elem(), reflect.ValueOf(&st.Disk).Elem(),
+		reflect.ValueOf(st.Staging).Elem(), reflect.ValueOf(st.Shared).Elem()} {
 		for i := range v.NumField() {
-			if f := v.Field(i); f.CanInt() {
+			switch f := v.Field(i); f.Kind() {
+			case reflect.Int, reflect.Int64:
 				f.SetInt(next)
-				next++
+			case reflect.Float64:
+				f.SetFloat(float64(next) + 0.5)
+			case reflect.Bool:
+				f.SetBool(true)
 			}
+			next++
 		}
 	}
 	return st
 }
 
 // numbers flattens the numbers of the sections of a stats.json into their
-// paths ("counters.lookups").
+// paths ("counters.lookups"), booleans as 1 and 0.
 func numbers(t *testing.T, st Stats, sections ...string) map[string]float64 {
 	raw, err := json.Marshal(st)
 	if err != nil {
@@ -47,20 +54,23 @@ func numbers(t *testing.T, st Stats, sections ...string) map[string]float64 {
 	for _, section := range sections {
 		fields, _ := doc[section].(map[string]any)
 		for name, v := range fields {
-			if n, ok := v.(float64); ok {
-				out[section+"."+name] = n
+			switch v := v.(type) {
+			case float64:
+				out[section+"."+name] = v
+			case bool:
+				out[section+"."+name] = map[bool]float64{false: 0, true: 1}[v]
 			}
 		}
 	}
 	return out
 }
 
-// TestEveryStatHasAMetric: every number of the counters, disk and staging
-// sections of stats.json is exported under one metric that reads that very
+// TestEveryStatHasAMetric: every number of the counters, disk, staging and
+// shared sections of stats.json is exported under one metric that reads that very
 // number, and every metric names a number that exists.
 func TestEveryStatHasAMetric(t *testing.T) {
 	st := numberedStats()
-	want := numbers(t, st, "counters", "disk", "staging")
+	want := numbers(t, st, "counters", "disk", "staging", "shared")
 	names := map[string]bool{}
 	for _, m := range Metrics {
 		if names[m.Name] {
@@ -78,6 +88,9 @@ func TestEveryStatHasAMetric(t *testing.T) {
 		if got, ok := m.Value(&st); !ok || got != number {
 			t.Errorf("metric %s = %v (present %v), want %s = %v", m.Name, got, ok, m.Field, number)
 		}
+		if (m.Label == "") != (m.LabelValue == nil) {
+			t.Errorf("metric %s: a label needs both its name and its value", m.Name)
+		}
 		delete(want, m.Field)
 	}
 	for field := range want {
@@ -87,14 +100,29 @@ func TestEveryStatHasAMetric(t *testing.T) {
 	}
 }
 
-// TestStagingMetricsAbsentWithoutStaging: with staging off, its metrics are
-// not exported rather than exported as 0.
-func TestStagingMetricsAbsentWithoutStaging(t *testing.T) {
+// TestOptionalSectionsMetricsAbsent: with staging off and no shared level,
+// their metrics are not exported rather than exported as 0.
+func TestOptionalSectionsMetricsAbsent(t *testing.T) {
 	for _, m := range Metrics {
-		if _, ok := m.Value(&Stats{}); ok == strings.HasPrefix(m.Field, "staging.") {
-			t.Errorf("metric %s: present %v without staging", m.Name, ok)
+		optional := strings.HasPrefix(m.Field, "staging.") || strings.HasPrefix(m.Field, "shared.")
+		if _, ok := m.Value(&Stats{}); ok == optional {
+			t.Errorf("metric %s: present %v without staging and shared level", m.Name, ok)
 		}
 	}
+}
+
+// TestLeaseHolderLabel: lease_held carries the holder's name.
+func TestLeaseHolderLabel(t *testing.T) {
+	st := Stats{Shared: &Shared{LeaseHolder: "node-b"}}
+	for _, m := range Metrics {
+		if m.Name == "kvtierfs_shared_lease_held" {
+			if m.Label != "holder" || m.LabelValue(&st) != "node-b" {
+				t.Errorf("lease_held's label %q = %q, want holder = node-b", m.Label, m.LabelValue(&st))
+			}
+			return
+		}
+	}
+	t.Error("no kvtierfs_shared_lease_held metric")
 }
 
 // TestStatsGolden decodes a stats.json as shipped, every field set, with

@@ -14,7 +14,6 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // sharedPair mounts two daemons ("replicas" on other nodes) sharing one plain
@@ -210,7 +209,7 @@ func TestSharedUnreachable(t *testing.T) {
 
 	hung.hang()
 	storeBlock(t, tierA, region.Row(0), 1)
-	waitShared(t, a, "A unreachable with a block behind", func(sh *shared.Stats) bool { return !sh.Reachable && sh.BytesBehind > 0 })
+	waitShared(t, a, "A unreachable with a block behind", func(sh *ctlabi.Shared) bool { return !sh.Reachable && sh.BytesBehind > 0 })
 	if !hasWarning(a.Stats().Warnings, "shared_unreachable") {
 		t.Fatal("no shared_unreachable warning while the shared store hangs")
 	}
@@ -220,7 +219,7 @@ func TestSharedUnreachable(t *testing.T) {
 			t.Fatalf("B finds block %d while the shared store hangs", i)
 		}
 	}
-	waitShared(t, b, "B unreachable", func(sh *shared.Stats) bool { return !sh.Reachable })
+	waitShared(t, b, "B unreachable", func(sh *ctlabi.Shared) bool { return !sh.Reachable })
 	// B's own blocks are served as always.
 	pathB := storeBlock(t, tierB, region.Row(0), 9)
 	if err := tierB.Load(pathB, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(9)) {
@@ -228,8 +227,8 @@ func TestSharedUnreachable(t *testing.T) {
 	}
 
 	hung.resume()
-	waitShared(t, a, "A's queue drained", func(sh *shared.Stats) bool { return sh.Reachable && sh.WrittenBlocks >= 2 && sh.BytesBehind == 0 })
-	waitShared(t, b, "B reachable", func(sh *shared.Stats) bool { return sh.Reachable })
+	waitShared(t, a, "A's queue drained", func(sh *ctlabi.Shared) bool { return sh.Reachable && sh.WrittenBlocks >= 2 && sh.BytesBehind == 0 })
+	waitShared(t, b, "B reachable", func(sh *ctlabi.Shared) bool { return sh.Reachable })
 	time.Sleep(500 * time.Millisecond) // --shared-negative-ttl
 	path := tierB.BlockPath(tierDir, 0, hashOf(1))
 	if !tierB.Exists(path) {
@@ -241,7 +240,7 @@ func TestSharedUnreachable(t *testing.T) {
 }
 
 // waitShared polls a daemon's "shared" stats until cond holds.
-func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*shared.Stats) bool) {
+func waitShared(t *testing.T, d *mounttest.Daemon, what string, cond func(*ctlabi.Shared) bool) {
 	t.Helper()
 	for range 1000 {
 		if sh := d.Stats().Shared; sh != nil && cond(sh) {
@@ -290,7 +289,7 @@ func TestSharedLeaseAndCapacity(t *testing.T) {
 	}
 	waitWrittenBehind(t, a, blocks)
 	// The holder evicts once the blocks are older than the protection.
-	waitShared(t, holder, "shared store within its capacity", func(sh *shared.Stats) bool {
+	waitShared(t, holder, "shared store within its capacity", func(sh *ctlabi.Shared) bool {
 		return sh.EvictedBlocks >= blocks-capacityBlocks && sh.UsedBytes <= capacityBlocks*rowBytes
 	})
 	if ev := other.Stats().Shared.EvictedBlocks; ev != 0 {
@@ -306,7 +305,7 @@ func TestSharedLeaseAndCapacity(t *testing.T) {
 		t.Fatalf("%d blocks left in the shared store, capacity %d", left, capacityBlocks)
 	}
 	holder.Stop()
-	waitShared(t, other, "the other replica takes the lease over", func(sh *shared.Stats) bool { return sh.LeaseHeld })
+	waitShared(t, other, "the other replica takes the lease over", func(sh *ctlabi.Shared) bool { return sh.LeaseHeld })
 }
 
 // relOf is block i's path relative to the tier root.

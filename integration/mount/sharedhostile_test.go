@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // TestSharedHostileDir: real daemons on a shared directory that another
@@ -52,11 +52,11 @@ func TestSharedHostileDir(t *testing.T) {
 	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-capacity", "1GiB",
 		"--shared-lease-ttl", "1s", "--shared-negative-ttl", "400ms", "--shared-timeout", "1s"}
 	a := mounttest.Start(t, mounttest.Options{Args: args})
-	waitShared(t, a, "the lease taken over from the FIFO", func(sh *shared.Stats) bool { return sh.LeaseHeld })
+	waitShared(t, a, "the lease taken over from the FIFO", func(sh *ctlabi.Shared) bool { return sh.LeaseHeld })
 
 	region := newRegion(t, 2)
 	storeBlock(t, openTier(t, a), region.Row(0), 0)
-	waitShared(t, a, "the write-behind tried", func(sh *shared.Stats) bool { return sh.QueueBlocks == 0 && sh.BytesBehind == 0 })
+	waitShared(t, a, "the write-behind tried", func(sh *ctlabi.Shared) bool { return sh.QueueBlocks == 0 && sh.BytesBehind == 0 })
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 		t.Fatalf("the daemon wrote through the tier's link: %v", entries)
 	}
@@ -91,13 +91,13 @@ func TestSharedMountedAgain(t *testing.T) {
 	sharedDir := client.Mountpoint
 	args := []string{"--shared", sharedDir, "--shared-key-file", mounttest.SharedKeyFile(t), "--shared-negative-ttl", "400ms", "--shared-timeout", "300ms"}
 	a := mounttest.Start(t, mounttest.Options{Args: args})
-	waitShared(t, a, "reachable", func(sh *shared.Stats) bool { return sh.Reachable })
+	waitShared(t, a, "reachable", func(sh *ctlabi.Shared) bool { return sh.Reachable })
 
 	client.Crash()
 	region := newRegion(t, 1)
 	tierA := openTier(t, a)
 	storeBlock(t, tierA, region.Row(0), 1)
-	waitShared(t, a, "unreachable once the client died", func(sh *shared.Stats) bool { return !sh.Reachable && sh.BytesBehind > 0 })
+	waitShared(t, a, "unreachable once the client died", func(sh *ctlabi.Shared) bool { return !sh.Reachable && sh.BytesBehind > 0 })
 
 	if err := unix.Unmount(sharedDir, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestSharedMountedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(sharedDir, unix.MNT_DETACH) })
-	waitShared(t, a, "reachable and drained on the new mount", func(sh *shared.Stats) bool {
+	waitShared(t, a, "reachable and drained on the new mount", func(sh *ctlabi.Shared) bool {
 		return sh.Reachable && sh.QueueBlocks == 0 && sh.BytesBehind == 0 && sh.WrittenBlocks == 1
 	})
 	if _, err := os.Stat(filepath.Join(sharedDir, relOf(t, tierA, a, 1))); err != nil {

@@ -37,8 +37,8 @@ var (
 	binary   string
 )
 
-// Main builds the kvtierfs binary, runs the tests and removes the build; call
-// it from TestMain.
+// Main builds the kvtierfs binary and its benchmark build beside it, runs
+// the tests and removes the builds; call it from TestMain.
 //
 // Without root these tests fail, unless UnitEnv is set (`make unit`): then the
 // package is skipped with a message. With CoverDirEnv set (`make cover`) the
@@ -58,21 +58,25 @@ func Main(m *testing.M) {
 		os.Exit(1)
 	}
 	buildDir, binary = dir, filepath.Join(dir, "kvtierfs")
-	build := []string{"build", "-o", binary}
+	var coverFlags []string
 	if cover := os.Getenv(CoverDirEnv); cover != "" {
-		build = append(build, "-cover", "-coverpkg=github.com/kvtierfs/kvtierfs/...")
+		coverFlags = []string{"-cover", "-coverpkg=github.com/kvtierfs/kvtierfs/..."}
 		// Daemons inherit the test's environment (daemon.Start, Run).
 		os.Setenv("GOCOVERDIR", cover)
 	}
-	cmd := exec.Command("go", append(build, "github.com/kvtierfs/kvtierfs/cmd/kvtierfs")...)
-	if arch := os.Getenv(DaemonArchEnv); arch != "" {
-		cmd.Env = append(os.Environ(), "GOARCH="+arch, "CGO_ENABLED=0")
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building kvtierfs: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	// Beside the daemon, its benchmark build, which `kvtierfs bench` execs
+	// (cmd/kvtierfs/bench_exec.go).
+	for _, output := range [][]string{{"-o", binary}, {"-tags", "bench", "-o", binary + "-bench"}} {
+		args := slices.Concat([]string{"build"}, coverFlags, output, []string{"github.com/kvtierfs/kvtierfs/cmd/kvtierfs"})
+		cmd := exec.Command("go", args...)
+		if arch := os.Getenv(DaemonArchEnv); arch != "" {
+			cmd.Env = append(os.Environ(), "GOARCH="+arch, "CGO_ENABLED=0")
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building kvtierfs: %v\n%s", err, out)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(buildDir)

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/gluster"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 func TestMain(m *testing.M) { mounttest.Main(m) }
@@ -130,7 +130,7 @@ func (r *replica) load(i int) (exact bool, err error) {
 }
 
 // stats is the replica's "shared" stats object.
-func (r *replica) stats(t *testing.T) shared.Stats {
+func (r *replica) stats(t *testing.T) ctlabi.Shared {
 	t.Helper()
 	sh := r.daemon.Stats().Shared
 	if sh == nil {
@@ -140,7 +140,7 @@ func (r *replica) stats(t *testing.T) shared.Stats {
 }
 
 // waitStats polls the replica's shared stats until ok accepts them.
-func (r *replica) waitStats(t *testing.T, within time.Duration, what string, ok func(shared.Stats) bool) shared.Stats {
+func (r *replica) waitStats(t *testing.T, within time.Duration, what string, ok func(ctlabi.Shared) bool) ctlabi.Shared {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -157,9 +157,9 @@ func (r *replica) waitStats(t *testing.T, within time.Duration, what string, ok 
 
 // waitWrittenBehind waits until the write-behind queue is empty and at least
 // n blocks were written (the contract's wait).
-func (r *replica) waitWrittenBehind(t *testing.T, n int64, within time.Duration) shared.Stats {
+func (r *replica) waitWrittenBehind(t *testing.T, n int64, within time.Duration) ctlabi.Shared {
 	t.Helper()
-	return r.waitStats(t, within, fmt.Sprintf("write-behind of %d blocks", n), func(st shared.Stats) bool {
+	return r.waitStats(t, within, fmt.Sprintf("write-behind of %d blocks", n), func(st ctlabi.Shared) bool {
 		return st.QueueBlocks == 0 && st.WrittenBlocks >= n
 	})
 }

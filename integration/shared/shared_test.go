@@ -13,10 +13,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/gluster"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
 
 // opBound is the generous bound on one engine operation (a store, a load, a
@@ -188,7 +188,7 @@ func sharedUnreachable(t *testing.T, c *gluster.Cluster, sub string) {
 				}
 				t.Logf("B's lookup %d answered absent in %s", i-first, d.Round(time.Millisecond))
 			}
-			unreachable := func(st shared.Stats) bool { return !st.Reachable }
+			unreachable := func(st ctlabi.Shared) bool { return !st.Reachable }
 			b.waitStats(t, 30*time.Second, "unreachable", unreachable)
 			sa := a.waitStats(t, 30*time.Second, "unreachable", unreachable)
 			if out, _ := mounttest.Run("stat", a.daemon.Mountpoint); !strings.Contains(out, "shared_unreachable") {
@@ -203,7 +203,7 @@ func sharedUnreachable(t *testing.T, c *gluster.Cluster, sub string) {
 				t.Fatal(err)
 			}
 			a.waitWrittenBehind(t, before+during, 2*time.Minute)
-			b.waitStats(t, time.Minute, "reachable again", func(st shared.Stats) bool { return st.Reachable })
+			b.waitStats(t, time.Minute, "reachable again", func(st ctlabi.Shared) bool { return st.Reachable })
 			for i := first; i < first+before+during; i++ {
 				deadline := time.Now().Add(30 * time.Second)
 				for !b.tier.Exists(b.path(i)) {
@@ -388,7 +388,7 @@ func evictionLeaseAndCapacity(t *testing.T, c *gluster.Cluster, sub string) {
 	}
 	// The brick may show an eviction's unlink a moment before the holder
 	// counts it.
-	sh := holder.waitStats(t, 10*time.Second, "the tail's evictions counted", func(st shared.Stats) bool {
+	sh := holder.waitStats(t, 10*time.Second, "the tail's evictions counted", func(st ctlabi.Shared) bool {
 		return st.EvictedBlocks >= n-capacityBlocks
 	})
 	if sh.EvictedBlocks != n-capacityBlocks || sh.CapacityBytes != capacityBlocks*rowBytes {
@@ -397,7 +397,7 @@ func evictionLeaseAndCapacity(t *testing.T, c *gluster.Cluster, sub string) {
 
 	crashed := time.Now()
 	holder.daemon.Kill9()
-	other.waitStats(t, 3*ttl+20*time.Second, "lease taken over", func(st shared.Stats) bool { return st.LeaseHeld })
+	other.waitStats(t, 3*ttl+20*time.Second, "lease taken over", func(st ctlabi.Shared) bool { return st.LeaseHeld })
 	t.Logf("lease taken over %s after the holder crashed (TTL %s)", time.Since(crashed).Round(time.Millisecond), ttl)
 
 	const more = 300
@@ -526,9 +526,9 @@ func hostileSharedDir(t *testing.T, c *gluster.Cluster, sub string) {
 	}
 
 	a := startReplica(t, c.Nodes[0], sub, "--shared-capacity", "1GiB", "--shared-lease-ttl", "3s")
-	a.waitStats(t, time.Minute, "the lease taken over from the FIFO", func(st shared.Stats) bool { return st.LeaseHeld })
+	a.waitStats(t, time.Minute, "the lease taken over from the FIFO", func(st ctlabi.Shared) bool { return st.LeaseHeld })
 	a.store(t, 300)
-	st := a.waitStats(t, time.Minute, "the write-behind tried", func(st shared.Stats) bool { return st.QueueBlocks == 0 && st.BytesBehind == 0 })
+	st := a.waitStats(t, time.Minute, "the write-behind tried", func(st ctlabi.Shared) bool { return st.QueueBlocks == 0 && st.BytesBehind == 0 })
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 		t.Fatalf("the daemon wrote through the tier's link: %v", entries)
 	}

@@ -92,12 +92,12 @@ type Gate struct {
 // store samples, Mismatches differing ones, and FirstMismatch describes the
 // first of those (in auto it is also DecidedBy).
 type GateSnapshot struct {
-	Mode          string `json:"mode"`
-	Allowed       bool   `json:"allowed"`
-	DecidedBy     string `json:"decided_by"`
-	Samples       uint64 `json:"samples"`
-	Mismatches    uint64 `json:"mismatches"`
-	FirstMismatch string `json:"first_mismatch,omitempty"`
+	Mode          string
+	Allowed       bool
+	DecidedBy     string
+	Samples       uint64
+	Mismatches    uint64
+	FirstMismatch string
 }
 
 // NewGate returns a gate in mode; logf (nil: discard) hears its decisions.

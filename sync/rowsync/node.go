@@ -46,10 +46,10 @@ type Node struct {
 
 // Snapshot is the sync section of stat and metrics.
 type Snapshot struct {
-	Peers        []PeerStats  `json:"peers"`
-	Replication  GateSnapshot `json:"replication"`
-	RowsMirrored uint64       `json:"rows_mirrored"`
-	AuthFailures uint64       `json:"auth_failures"`
+	Peers        []PeerStats
+	Replication  GateSnapshot
+	RowsMirrored uint64
+	AuthFailures uint64
 }
 
 // Start starts the Server (with Listen) and the Mirror (with Peers).

@@ -73,13 +73,13 @@ type Mirror struct {
 // acknowledged with the right CRC32C; RowsReceived counts rows this node's
 // Server received from the peer's address (Node fills it in).
 type PeerStats struct {
-	Addr         string `json:"addr"`
-	State        string `json:"state"`
-	RowsSent     uint64 `json:"rows_sent"`
-	RowsReceived uint64 `json:"rows_received"`
-	Bytes        uint64 `json:"bytes"`
-	LastError    string `json:"last_error"`
-	Verified     uint64 `json:"verified"`
+	Addr         string
+	State        string
+	RowsSent     uint64
+	RowsReceived uint64
+	Bytes        uint64
+	LastError    string
+	Verified     uint64
 }
 
 // Serving reports whether the entry keeps nothing from being mirrored: a

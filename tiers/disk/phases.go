@@ -88,16 +88,16 @@ func (s *Store) recordPhase(p Phase, d time.Duration) {
 
 // PhaseStats summarises one phase's histogram.
 type PhaseStats struct {
-	Count int64 `json:"count"`
+	Count int64
 	// MeanMicros, P50Micros and P99Micros are in microseconds; a percentile
 	// is its bucket's upper bound.
-	MeanMicros float64 `json:"mean_us"`
-	P50Micros  float64 `json:"p50_us"`
-	P99Micros  float64 `json:"p99_us"`
+	MeanMicros float64
+	P50Micros  float64
+	P99Micros  float64
 	// Buckets[i] counts the durations up to PhaseBucketBound(i) and
 	// longer than the bound before (the last takes everything longer).
-	Buckets    []int64 `json:"-"`
-	SumSeconds float64 `json:"-"`
+	Buckets    []int64
+	SumSeconds float64
 }
 
 // PhaseStats returns every phase's histogram by name; phases never timed are left out.

@@ -42,28 +42,28 @@ func (s *Store) Counters() *Counters { return &s.counters }
 
 // GroupStats is the occupancy of one KV group.
 type GroupStats struct {
-	Blocks int64 `json:"blocks"`
-	Bytes  int64 `json:"bytes"`
+	Blocks int64
+	Bytes  int64
 }
 
 // Stats is a snapshot of the store's occupancy.
 type Stats struct {
-	Store         string `json:"store"`
-	Blocks        int64  `json:"blocks"`
-	LogicalBytes  int64  `json:"logical_bytes"`
-	PhysicalBytes int64  `json:"physical_bytes"`
-	CapacityBytes int64  `json:"capacity_bytes"`
-	FreeBytes     int64  `json:"free_bytes"`
-	Evictions     int64  `json:"evictions"`
-	InFlightTmp   int    `json:"inflight_tmp_files"`
+	Store         string
+	Blocks        int64
+	LogicalBytes  int64
+	PhysicalBytes int64
+	CapacityBytes int64
+	FreeBytes     int64
+	Evictions     int64
+	InFlightTmp   int
 	// TmpBytes is what the tmp files count against the capacity.
-	TmpBytes int64 `json:"tmp_bytes"`
+	TmpBytes int64
 	// NeverLookedUp counts the blocks no lookup has found since the store was opened.
-	NeverLookedUp int64                 `json:"never_looked_up"`
-	RowBytes      map[string]int64      `json:"row_bytes"`
-	Groups        map[string]GroupStats `json:"-"`
+	NeverLookedUp int64
+	RowBytes      map[string]int64
+	Groups        map[string]GroupStats
 	// StorePhases times the steps of stores' creates and renames (phases.go).
-	StorePhases map[string]PhaseStats `json:"store_phases"`
+	StorePhases map[string]PhaseStats
 }
 
 // Stats returns the current occupancy. Groups are keyed by group number.

@@ -128,33 +128,34 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
-// Stats is the "shared" object of stats.json.
+// Stats is a snapshot of the level (the "shared" section of stats.json,
+// fusefs/ctlabi.Shared).
 type Stats struct {
-	Dir             string  `json:"dir"`
-	Reachable       bool    `json:"reachable"`
-	QueueBlocks     int64   `json:"queue_blocks"`
-	QueueBytes      int64   `json:"queue_bytes"`
-	BytesBehind     int64   `json:"bytes_behind"`
-	WrittenBlocks   int64   `json:"written_blocks"`
-	WrittenBytes    int64   `json:"written_bytes"`
-	DroppedBlocks   int64   `json:"dropped_blocks"`
-	FetchedBlocks   int64   `json:"fetched_blocks"`
-	FetchedBytes    int64   `json:"fetched_bytes"`
-	FetchSecondsAvg float64 `json:"fetch_seconds_avg"`
-	Lookups         int64   `json:"lookups"`
-	LookupHits      int64   `json:"lookup_hits"`
-	NegativeHits    int64   `json:"negative_hits"`
-	CorruptDropped  int64   `json:"corrupt_dropped"`
-	Timeouts        int64   `json:"timeouts"`
-	LeaseHolder     string  `json:"lease_holder"`
-	LeaseHeld       bool    `json:"lease_held"`
-	CapacityBytes   int64   `json:"capacity_bytes"`
-	UsedBytes       int64   `json:"used_bytes"`
-	EvictedBlocks   int64   `json:"evicted_blocks"`
+	Dir             string
+	Reachable       bool
+	QueueBlocks     int64
+	QueueBytes      int64
+	BytesBehind     int64
+	WrittenBlocks   int64
+	WrittenBytes    int64
+	DroppedBlocks   int64
+	FetchedBlocks   int64
+	FetchedBytes    int64
+	FetchSecondsAvg float64
+	Lookups         int64
+	LookupHits      int64
+	NegativeHits    int64
+	CorruptDropped  int64
+	Timeouts        int64
+	LeaseHolder     string
+	LeaseHeld       bool
+	CapacityBytes   int64
+	UsedBytes       int64
+	EvictedBlocks   int64
 	// JournalNames are the names the journal holds; JournalFallbacks the
 	// lookups it could not answer, which went to the listings.
-	JournalNames     int64 `json:"journal_names"`
-	JournalFallbacks int64 `json:"journal_fallbacks"`
+	JournalNames     int64
+	JournalFallbacks int64
 	// behindGrowing is set when bytes_behind rose over the last samples.
 	behindGrowing bool
 }

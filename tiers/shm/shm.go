@@ -65,17 +65,17 @@ type region struct {
 // Info describes a region for stats: its geometry as inferred from the store's
 // block size, and a warning when the two disagree.
 type Info struct {
-	Path     string `json:"path"`
-	Size     int64  `json:"size_bytes"`
-	Rows     int64  `json:"rows"`
-	RowBytes int64  `json:"row_bytes"`
-	Warning  string `json:"warning,omitempty"`
+	Path     string
+	Size     int64
+	Rows     int64
+	RowBytes int64
+	Warning  string
 }
 
 // Ignored is a file matching the glob that is not mapped, and why.
 type Ignored struct {
-	Path   string `json:"path"`
-	Reason string `json:"reason"`
+	Path   string
+	Reason string
 }
 
 // Options tune a Set; the zero value is the default.

@@ -1,0 +1,51 @@
+//go:build bench
+
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestBenchFlagRules(t *testing.T) {
+	cases := []struct {
+		args    []string
+		want    string // scenario, or empty when refused
+		errText string
+	}{
+		{[]string{"disk"}, "disk", ""},
+		{[]string{"--scenario", "chain"}, "chain", ""},
+		{[]string{"eagle", "--scenario", "eagle"}, "eagle", ""},
+		{[]string{"disk", "--blocks", "8", "--lookups", "100"}, "disk", ""},
+		{[]string{"chain", "--half-zero", "--staging-bytes", "64MiB"}, "chain", ""},
+		{[]string{"agent", "--sessions", "2", "--sync", "on"}, "agent", ""},
+		{[]string{"multinode", "--promote", "16"}, "multinode", ""},
+		{[]string{}, "", "--scenario: missing"},
+		{[]string{"nosuch"}, "", `--scenario "nosuch": want one of`},
+		{[]string{"disk", "chain"}, "", "expected one SCENARIO, got 2"},
+		{[]string{"disk", "--scenario", "chain"}, "", "scenario given twice"},
+		{[]string{"disk", "--half-zero"}, "", "--half-zero does not apply to scenario disk"},
+		{[]string{"disk", "--engine", "stock"}, "", "--engine does not apply to scenario disk"},
+		{[]string{"chain", "--sync", "on"}, "", "--sync does not apply to scenario chain"},
+		{[]string{"eagle", "--blocks", "8"}, "", "--blocks does not apply to scenario eagle"},
+		{[]string{"disk", "--rows", "8"}, "", "--rows does not apply to scenario disk"},
+		{[]string{"eagle", "--sessions", "2"}, "", "--sessions does not apply to scenario eagle"},
+		{[]string{"agent", "--promote", "2"}, "", "--promote does not apply to scenario agent"},
+	}
+	for _, c := range cases {
+		b := newBenchFlags()
+		if err := parseFlags(b.fl, c.args); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		got, err := b.scenarioName()
+		if err == nil {
+			err = b.checkApplicable(got)
+		}
+		switch {
+		case c.want != "" && (err != nil || got != c.want):
+			t.Errorf("%q: scenario %q, %v; want %q", c.args, got, err, c.want)
+		case c.want == "" && (err == nil || !strings.Contains(err.Error(), c.errText)):
+			t.Errorf("%q: error %v; want one containing %q", c.args, err, c.errText)
+		}
+	}
+}
