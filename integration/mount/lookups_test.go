@@ -269,3 +269,41 @@ func TestDaemonSendsNoRequestToItsOwnMount(t *testing.T) {
 		t.Fatalf("no request in the daemon's --debug-fuse log:\n%s", d.Log())
 	}
 }
+
+// An absent key in a leaf directory that holds blocks (most of a long
+// prompt's absent keys once the store is full) reaches the daemon once: its
+// answer is a negative entry the kernel keeps, so the engine's next lookup
+// of it, at the next step, is the kernel's alone. bench disk's repeats of
+// these keys once cost a round trip each only because the other side's cache
+// drop had emptied the mount's dentries too.
+func TestAbsentKeysAreAskedOnce(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	const keys = 16
+	absent := make([]string, keys)
+	for i := range keys {
+		storeBlock(t, tier, region.Row(0), i)
+		absent[i] = hashOf(i)[:5] + hashOf(-1 - i)[5:] // block i's leaf, another name
+	}
+	lookups := func() int64 { return d.Stats().Counters.Lookups }
+	lookUp := func() {
+		t.Helper()
+		for _, h := range absent {
+			if tier.Exists(tier.BlockPath(tierDir, 0, h)) {
+				t.Fatalf("key %s present, never stored", h)
+			}
+		}
+	}
+	before := lookups()
+	lookUp()
+	first := lookups()
+	lookUp()
+	repeat := lookups()
+	if first-before != keys {
+		t.Errorf("first lookups of %d absent keys reached the daemon %d times, want once each", keys, first-before)
+	}
+	if repeat != first {
+		t.Errorf("repeated lookups of %d absent keys reached the daemon %d times, want none (the kernel's negative entries)", keys, repeat-first)
+	}
+}
