@@ -148,15 +148,24 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 }
 
 // presentBlockEntry is the entry of a block the store, or the shared store,
-// holds.
+// holds. The kernel keeps a stored block's entry and attributes as long as
+// the store extends its lookup protection (FS.blockEntryTimeout).
 func (n *node) presentBlockEntry(ctx context.Context, name string, ref block.Ref, inShared bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if inShared {
 		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}
+	var child *fs.Inode
+	errno := syscall.Errno(0)
 	if e, ok := n.fsys.blockAttr(ref.Rel); ok {
-		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		child = n.indexedChild(ctx, e, out)
+	} else {
+		child, errno = n.lookupStore(ctx, name, out)
 	}
-	return n.cached(out)(n.lookupStore(ctx, name, out))
+	if errno == 0 {
+		out.SetEntryTimeout(n.fsys.blockEntryTimeout)
+		out.SetAttrTimeout(n.fsys.blockEntryTimeout)
+	}
+	return child, errno
 }
 
 // indexedChild is the child inode of an entry answered from the lookup

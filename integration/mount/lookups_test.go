@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -306,4 +308,81 @@ func TestAbsentKeysAreAskedOnce(t *testing.T) {
 	if repeat != first {
 		t.Errorf("repeated lookups of %d absent keys reached the daemon %d times, want none (the kernel's negative entries)", keys, repeat-first)
 	}
+}
+
+// A present block's entry stays in the kernel while nothing needs to see its
+// lookups (--lookup-budget off, one node): the engine's repeated lookups of a
+// stored chain are the kernel's alone, and the entry stays true when the
+// block leaves, through the mount (unlink) or behind it (a file removed from
+// the store, which its next load finds: the daemon tells the kernel). Under
+// the lookup budget every repeated lookup reaches the daemon, which decides
+// each batch afresh.
+func TestPresentKeysStayInTheKernel(t *testing.T) {
+	const keys = 16
+	setup := func(t *testing.T, args ...string) (*mounttest.Daemon, *engineio.Tier, *engineio.Region, []string, func() int64) {
+		d := mounttest.Start(t, mounttest.Options{Args: args})
+		tier := openTier(t, d)
+		region := newRegion(t, 1)
+		paths := make([]string, keys)
+		for i := range keys {
+			paths[i] = storeBlock(t, tier, region.Row(0), i)
+		}
+		return d, tier, region, paths, func() int64 { return d.Stats().Counters.Lookups }
+	}
+	lookUp := func(t *testing.T, tier *engineio.Tier, paths []string) {
+		t.Helper()
+		for _, p := range paths {
+			if !tier.Exists(p) {
+				t.Fatalf("stored block %s answers absent", p)
+			}
+		}
+	}
+
+	t.Run("budget off", func(t *testing.T) {
+		d, tier, region, paths, lookups := setup(t, "--lookup-budget", "off")
+		before := lookups()
+		lookUp(t, tier, paths)
+		first := lookups()
+		lookUp(t, tier, paths)
+		// And again once the mount's general entry timeout has lapsed.
+		time.Sleep(fusefs.DefaultEntryTimeout + 500*time.Millisecond)
+		lookUp(t, tier, paths)
+		if first-before != keys || lookups() != first {
+			t.Fatalf("%d present keys looked up three times reached the daemon %d, then %d times; want %d, then 0",
+				keys, first-before, lookups()-first, keys)
+		}
+
+		if err := os.Remove(paths[0]); err != nil {
+			t.Fatal(err)
+		}
+		if tier.Exists(paths[0]) {
+			t.Fatal("a block unlinked through the mount answers present")
+		}
+
+		if err := os.Remove(filepath.Join(d.Store, strings.TrimPrefix(paths[1], d.Mountpoint))); err != nil {
+			t.Fatal(err)
+		}
+		if err := tier.Load(paths[1], region.Row(0)); err == nil {
+			t.Fatal("a block removed from the store behind the daemon loaded")
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for tier.Exists(paths[1]) {
+			if time.Now().After(deadline) {
+				t.Fatal("the kernel still answers present for a block the store found gone at its load")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		lookUp(t, tier, paths[2:])
+	})
+
+	t.Run("budget on", func(t *testing.T) {
+		_, tier, _, paths, lookups := setup(t, "--lookup-budget", "auto")
+		for pass := range 2 {
+			before := lookups()
+			lookUp(t, tier, paths)
+			if got := lookups() - before; got != keys {
+				t.Fatalf("pass %d: %d present keys reached the daemon %d times under the lookup budget, want each", pass, keys, got)
+			}
+		}
+	})
 }
