@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"path"
 	"syscall"
 	"time"
 
@@ -33,9 +32,14 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 	return ops
 }
 
-// rel is the store-relative path of child name of this directory.
+// rel is the store-relative path of child name of this directory. The
+// kernel's names are single components and the tree's paths are clean, so
+// a join needs no cleaning (it runs for every LOOKUP).
 func (n *node) rel(name string) string {
-	return path.Join(n.Path(n.Root()), name)
+	if dir := n.Path(n.Root()); dir != "" {
+		return dir + "/" + name
+	}
+	return name
 }
 
 // self is the store-relative path of this node.
