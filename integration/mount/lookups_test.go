@@ -386,3 +386,44 @@ func TestPresentKeysStayInTheKernel(t *testing.T) {
 		}
 	})
 }
+
+// The leaf directories an engine's lookup batch walks cost the daemon nothing
+// once their attributes are known: a GETATTR's answer for a directory lives as
+// long as its entry, so the permission checks of later lookups (the mount uses
+// default_permissions) stay in the kernel, also after the mount's 1 s entry
+// timeout. Each absent key is then one LOOKUP and nothing else.
+func TestLeafDirectoriesStayInTheKernel(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--debug-fuse"}})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	const leaves = 8
+	for i := range leaves {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	absentIn := func(i, round int) string {
+		return tier.BlockPath(tierDir, 0, hashOf(i)[:5]+hashOf(-1 - i - leaves*round)[5:])
+	}
+	lookUp := func(round int) {
+		t.Helper()
+		for i := range leaves {
+			if tier.Exists(absentIn(i, round)) {
+				t.Fatalf("round %d: an absent key of leaf %d answers present", round, i)
+			}
+		}
+	}
+	lookUp(0)
+	time.Sleep(fusefs.DefaultEntryTimeout + 500*time.Millisecond)
+	mark := len(d.Log())
+	lookUp(1)
+	requests := map[string]int{}
+	for _, line := range strings.Split(d.Log()[mark:], "\n") {
+		if _, rx, ok := strings.Cut(line, `msg="rx `); ok {
+			if fields := strings.Fields(rx); len(fields) > 1 {
+				requests[fields[1]]++
+			}
+		}
+	}
+	if requests["LOOKUP"] != leaves || len(requests) != 1 {
+		t.Fatalf("new absent keys in %d known leaves sent %v, want %d LOOKUPs and nothing else", leaves, requests, leaves)
+	}
+}
