@@ -599,6 +599,9 @@ func (r *run) lookups(res *Result) error {
 			r.report(res, Measurement{Phase: "lookup, " + name + ", " + class, Unit: "µs/key", Mount: m, Direct: d, Ratio: d / m})
 		}
 	}
+	if n := counts[lookupAbsentInDir]; n > 0 {
+		return r.lookupFloor(res, n, took[0][1][lookupAbsentInDir].Seconds()*1e6/float64(n))
+	}
 	return nil
 }
 
