@@ -62,13 +62,15 @@ const DefaultBlockEntryTimeout = 5 * time.Minute
 // for a mount with or without the lookup budget and row mirroring, which both
 // decide at every lookup (the budget its batch, mirroring whether every peer
 // can take a load now): with either, DefaultEntryTimeout (and 0 under the
-// budget, node.blockEntry); without, DefaultBlockEntryTimeout. Pass it to the
-// store as its disk.Config.LookupCacheTTL: the mount uses the store's.
-func BlockEntryTimeout(budget, mirrored bool) time.Duration {
+// budget, node.blockEntry); without, DefaultBlockEntryTimeout, or the lookup
+// protection if shorter, so that caching at most doubles how long a looked-up
+// block is kept. Pass it to the store as its disk.Config.LookupCacheTTL: the
+// mount uses the store's.
+func BlockEntryTimeout(budget, mirrored bool, lookupProtect time.Duration) time.Duration {
 	if budget || mirrored {
 		return DefaultEntryTimeout
 	}
-	return DefaultBlockEntryTimeout
+	return min(DefaultBlockEntryTimeout, lookupProtect)
 }
 
 // DirTimeout is how long the kernel caches the entries and attributes of
