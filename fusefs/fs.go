@@ -37,10 +37,10 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// Default kernel cache lifetimes: present blocks and other files are
-// answered by the kernel within the entry timeout, absent names outside the
-// block layout within the negative one; the daemon invalidates entries it
-// removes itself. The entry of a block tmp file is never cached, so the
+// Default kernel cache lifetimes: files other than blocks are answered by
+// the kernel within the entry timeout (present blocks: BlockEntryTimeout),
+// absent names outside the block layout within the negative one; the daemon
+// invalidates entries it removes itself. The entry of a block tmp file is never cached, so the
 // block it becomes at rename is looked up through the daemon at least once:
 // the daemon sees every key the engine is told is present (lookup
 // protection). Absent names of the layout are cached for DirTimeout.
@@ -48,6 +48,30 @@ const (
 	DefaultEntryTimeout    = time.Second
 	DefaultNegativeTimeout = 5 * time.Second
 )
+
+// DefaultBlockEntryTimeout is how long the kernel answers a present block's
+// lookups itself when nothing needs to see each of them (BlockEntryTimeout).
+// A block leaves only through the mount (UNLINK, RENAME over it: the kernel
+// applies its own replies) or through the store (eviction, a corrupt or
+// vanished file), which tells the kernel (FS.forget); the store's lookup
+// protection is extended by as much (disk.Config.LookupCacheTTL), so a block
+// the kernel answered present is still protected when its load comes.
+const DefaultBlockEntryTimeout = 5 * time.Minute
+
+// BlockEntryTimeout is the kernel's cache lifetime of present blocks' entries
+// for a mount with or without the lookup budget and row mirroring, which both
+// decide at every lookup (the budget its batch, mirroring whether every peer
+// can take a load now): with either, DefaultEntryTimeout (and 0 under the
+// budget, node.blockEntry); without, DefaultBlockEntryTimeout, or the lookup
+// protection if shorter, so that caching at most doubles how long a looked-up
+// block is kept. Pass it to the store as its disk.Config.LookupCacheTTL: the
+// mount uses the store's.
+func BlockEntryTimeout(budget, mirrored bool, lookupProtect time.Duration) time.Duration {
+	if budget || mirrored {
+		return DefaultEntryTimeout
+	}
+	return min(DefaultBlockEntryTimeout, lookupProtect)
+}
 
 // DirTimeout is how long the kernel caches the entries and attributes of
 // directories: they change only through the mount, whose replies keep the
@@ -133,6 +157,10 @@ type FS struct {
 	// entryTimeout is how long the kernel caches entries the daemon hands out;
 	// each node operation sets it explicitly (zero for block tmp files).
 	entryTimeout time.Duration
+	// blockEntryTimeout is how long it caches a present block's entry and
+	// attributes: the store's disk.Store.LookupCacheTTL, at most
+	// entryTimeout under the lookup budget or mirroring (BlockEntryTimeout).
+	blockEntryTimeout time.Duration
 	// negativeTimeout and layoutNegativeTimeout are how long the kernel
 	// caches absent names outside and inside the block layout; Lookup sets
 	// them on each answer (absentTimeout).
@@ -205,8 +233,12 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.LayoutNegativeTimeout == 0 {
 		opts.LayoutNegativeTimeout = DirTimeout
 	}
+	blockEntryTimeout := opts.Store.LookupCacheTTL()
+	if opts.LookupBudget != nil || opts.Sync != nil {
+		blockEntryTimeout = min(blockEntryTimeout, opts.EntryTimeout)
+	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
-		entryTimeout: opts.EntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
+		entryTimeout: opts.EntryTimeout, blockEntryTimeout: blockEntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, budget: opts.LookupBudget, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
 		primed: make(map[string]time.Time), recent: diagnose.NewRecent(opts.WarningWindow, nil)}

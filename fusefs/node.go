@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"path"
 	"syscall"
 	"time"
 
@@ -33,9 +32,14 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 	return ops
 }
 
-// rel is the store-relative path of child name of this directory.
+// rel is the store-relative path of child name of this directory. The
+// kernel's names are single components and the tree's paths are clean, so
+// a join needs no cleaning (it runs for every LOOKUP).
 func (n *node) rel(name string) string {
-	return path.Join(n.Path(n.Root()), name)
+	if dir := n.Path(n.Root()); dir != "" {
+		return dir + "/" + name
+	}
+	return name
 }
 
 // self is the store-relative path of this node.
@@ -148,15 +152,24 @@ func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *
 }
 
 // presentBlockEntry is the entry of a block the store, or the shared store,
-// holds.
+// holds. The kernel keeps a stored block's entry and attributes as long as
+// the store extends its lookup protection (FS.blockEntryTimeout).
 func (n *node) presentBlockEntry(ctx context.Context, name string, ref block.Ref, inShared bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if inShared {
 		return n.sharedBlockEntry(ctx, ref.Rel, out)
 	}
+	var child *fs.Inode
+	errno := syscall.Errno(0)
 	if e, ok := n.fsys.blockAttr(ref.Rel); ok {
-		return n.cached(out)(n.indexedChild(ctx, e, out), 0)
+		child = n.indexedChild(ctx, e, out)
+	} else {
+		child, errno = n.lookupStore(ctx, name, out)
 	}
-	return n.cached(out)(n.lookupStore(ctx, name, out))
+	if errno == 0 {
+		out.SetEntryTimeout(n.fsys.blockEntryTimeout)
+		out.SetAttrTimeout(n.fsys.blockEntryTimeout)
+	}
+	return child, errno
 }
 
 // indexedChild is the child inode of an entry answered from the lookup

@@ -107,13 +107,23 @@ var _ = (fs.NodeGetattrer)((*node)(nil))
 
 // Getattr answers a published block from memory (FS.blockAttr), and for a
 // block known only in the shared store until it is fetched; everything else
-// as the loopback does.
+// as the loopback does. The kernel keeps the answer as long as the entry it
+// belongs to (node.cached, presentBlockEntry): a directory's below the root
+// for DirTimeout (the kernel drops a directory's attributes itself when the
+// mount changes it; with 1 s, each leaf a lookup batch walks cost a GETATTR
+// every second), a block's for the block entry timeout. The root's stays
+// short: a client holding a descriptor of it tells a dead daemon by fstat's
+// ENOTCONN (tiers/shared does), which the kernel's cache would hide.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if e, ok := n.fsys.blockAttr(n.self()); ok {
 		out.Attr = e.attr
+		out.SetTimeout(n.fsys.blockEntryTimeout)
 		return 0
 	}
 	errno := n.getattrStore(ctx, f, out)
+	if errno == 0 && out.Mode&syscall.S_IFMT == syscall.S_IFDIR && !n.isRoot() {
+		out.SetTimeout(DirTimeout)
+	}
 	if errno != syscall.ENOENT || n.fsys.shared == nil {
 		return errno
 	}

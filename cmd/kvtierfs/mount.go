@@ -218,7 +218,7 @@ func runMount(args []string) error {
 	}
 	defer mnt.close()
 	store, err := disk.Open(disk.Config{Dir: c.store, Capacity: c.capacity, LookupProtect: c.lookupProtect,
-		LookupCacheTTL: fusefs.DefaultEntryTimeout, Logger: logger, Owner: engineOwner(c.engineUID)})
+		LookupCacheTTL: fusefs.BlockEntryTimeout(c.lookupBudget, c.listen != "" || len(c.peers) > 0, c.lookupProtect), Logger: logger, Owner: engineOwner(c.engineUID)})
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}

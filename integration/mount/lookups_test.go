@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -267,5 +269,168 @@ func TestDaemonSendsNoRequestToItsOwnMount(t *testing.T) {
 	}
 	if requests == 0 {
 		t.Fatalf("no request in the daemon's --debug-fuse log:\n%s", d.Log())
+	}
+}
+
+// An absent key in a leaf directory that holds blocks (most of a long
+// prompt's absent keys once the store is full) reaches the daemon once: its
+// answer is a negative entry the kernel keeps, so the engine's next lookup
+// of it, at the next step, is the kernel's alone. bench disk's repeats of
+// these keys once cost a round trip each only because the other side's cache
+// drop had emptied the mount's dentries too.
+func TestAbsentKeysAreAskedOnce(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	const keys = 16
+	absent := make([]string, keys)
+	for i := range keys {
+		storeBlock(t, tier, region.Row(0), i)
+		absent[i] = hashOf(i)[:5] + hashOf(-1 - i)[5:] // block i's leaf, another name
+	}
+	lookups := func() int64 { return d.Stats().Counters.Lookups }
+	lookUp := func() {
+		t.Helper()
+		for _, h := range absent {
+			if tier.Exists(tier.BlockPath(tierDir, 0, h)) {
+				t.Fatalf("key %s present, never stored", h)
+			}
+		}
+	}
+	before := lookups()
+	lookUp()
+	first := lookups()
+	lookUp()
+	repeat := lookups()
+	if first-before != keys {
+		t.Errorf("first lookups of %d absent keys reached the daemon %d times, want once each", keys, first-before)
+	}
+	if repeat != first {
+		t.Errorf("repeated lookups of %d absent keys reached the daemon %d times, want none (the kernel's negative entries)", keys, repeat-first)
+	}
+}
+
+// A present block's entry stays in the kernel while nothing needs to see its
+// lookups (--lookup-budget off, one node): the engine's repeated lookups of a
+// stored chain are the kernel's alone, and the entry stays true when the
+// block leaves, through the mount (unlink) or behind it (a file removed from
+// the store, which its next load finds: the daemon tells the kernel). Under
+// the lookup budget every repeated lookup reaches the daemon, which decides
+// each batch afresh.
+func TestPresentKeysStayInTheKernel(t *testing.T) {
+	const keys = 16
+	setup := func(t *testing.T, args ...string) (*mounttest.Daemon, *engineio.Tier, *engineio.Region, []string, func() int64) {
+		d := mounttest.Start(t, mounttest.Options{Args: args})
+		tier := openTier(t, d)
+		region := newRegion(t, 1)
+		paths := make([]string, keys)
+		for i := range keys {
+			paths[i] = storeBlock(t, tier, region.Row(0), i)
+		}
+		return d, tier, region, paths, func() int64 { return d.Stats().Counters.Lookups }
+	}
+	lookUp := func(t *testing.T, tier *engineio.Tier, paths []string) {
+		t.Helper()
+		for _, p := range paths {
+			if !tier.Exists(p) {
+				t.Fatalf("stored block %s answers absent", p)
+			}
+		}
+	}
+
+	t.Run("budget off", func(t *testing.T) {
+		d, tier, region, paths, lookups := setup(t, "--lookup-budget", "off")
+		before := lookups()
+		lookUp(t, tier, paths)
+		first := lookups()
+		lookUp(t, tier, paths)
+		// And again once the mount's general entry timeout has lapsed.
+		time.Sleep(fusefs.DefaultEntryTimeout + 500*time.Millisecond)
+		lookUp(t, tier, paths)
+		if first-before != keys || lookups() != first {
+			t.Fatalf("%d present keys looked up three times reached the daemon %d, then %d times; want %d, then 0",
+				keys, first-before, lookups()-first, keys)
+		}
+
+		if err := os.Remove(paths[0]); err != nil {
+			t.Fatal(err)
+		}
+		if tier.Exists(paths[0]) {
+			t.Fatal("a block unlinked through the mount answers present")
+		}
+
+		if err := os.Remove(filepath.Join(d.Store, strings.TrimPrefix(paths[1], d.Mountpoint))); err != nil {
+			t.Fatal(err)
+		}
+		if err := tier.Load(paths[1], region.Row(0)); err == nil {
+			t.Fatal("a block removed from the store behind the daemon loaded")
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for tier.Exists(paths[1]) {
+			if time.Now().After(deadline) {
+				t.Fatal("the kernel still answers present for a block the store found gone at its load")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		lookUp(t, tier, paths[2:])
+	})
+
+	t.Run("budget on", func(t *testing.T) {
+		_, tier, _, paths, lookups := setup(t, "--lookup-budget", "auto")
+		for pass := range 2 {
+			before := lookups()
+			lookUp(t, tier, paths)
+			if got := lookups() - before; got != keys {
+				t.Fatalf("pass %d: %d present keys reached the daemon %d times under the lookup budget, want each", pass, keys, got)
+			}
+		}
+	})
+}
+
+// The leaf directories an engine's lookup batch walks cost the daemon nothing
+// once their attributes are known: a GETATTR's answer for a directory lives as
+// long as its entry, so the permission checks of later lookups (the mount uses
+// default_permissions) stay in the kernel, also after the mount's 1 s entry
+// timeout. Each absent key is then one LOOKUP and nothing else (but the
+// root's attributes, asked again once a second).
+func TestLeafDirectoriesStayInTheKernel(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{Args: []string{"--debug-fuse"}})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	const leaves = 8
+	for i := range leaves {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	absentIn := func(i, round int) string {
+		return tier.BlockPath(tierDir, 0, hashOf(i)[:5]+hashOf(-1 - i - leaves*round)[5:])
+	}
+	lookUp := func(round int) {
+		t.Helper()
+		for i := range leaves {
+			if tier.Exists(absentIn(i, round)) {
+				t.Fatalf("round %d: an absent key of leaf %d answers present", round, i)
+			}
+		}
+	}
+	lookUp(0)
+	time.Sleep(fusefs.DefaultEntryTimeout + 500*time.Millisecond)
+	mark := len(d.Log())
+	lookUp(1)
+	// The log is written after each request: wait for the last LOOKUP's line
+	// (any other request of these walks came before it).
+	var requests map[string]int
+	for deadline := time.Now().Add(30 * time.Second); requests["LOOKUP"] < leaves && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		requests = map[string]int{}
+		for _, line := range strings.Split(d.Log()[mark:], "\n") {
+			if _, rx, ok := strings.Cut(line, `msg="rx `); ok {
+				// The root's attributes live 1 s (fusefs node.Getattr).
+				if fields := strings.Fields(rx); len(fields) > 2 && !(fields[1] == "GETATTR" && fields[2] == "n1") {
+					requests[fields[1]]++
+				}
+			}
+		}
+	}
+	if requests["LOOKUP"] != leaves || len(requests) != 1 {
+		t.Fatalf("new absent keys in %d known leaves sent %v, want %d LOOKUPs and nothing else", leaves, requests, leaves)
 	}
 }

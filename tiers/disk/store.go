@@ -285,6 +285,10 @@ func Open(cfg Config) (*Store, error) {
 // Root is the absolute path of the store directory.
 func (s *Store) Root() string { return s.root }
 
+// LookupCacheTTL is how long the kernel may answer a block's lookups from
+// its cache after the store answered one (Config.LookupCacheTTL).
+func (s *Store) LookupCacheTTL() time.Duration { return s.cfg.LookupCacheTTL }
+
 // Path is the store path of a store-relative path.
 func (s *Store) Path(rel string) string { return filepath.Join(s.root, rel) }
 
