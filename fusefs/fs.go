@@ -466,8 +466,8 @@ func (f *FS) noteStore(ref block.Ref) {
 			f.refreshBudget()
 		}
 	}
-	if d, ok := f.store.Digest(ref.Rel); ok {
-		f.diagnostics.Stored(ref, d.Size)
+	if size, ok := f.store.Size(ref.Rel); ok {
+		f.diagnostics.Stored(ref, size)
 	}
 }
 

@@ -44,7 +44,7 @@ func (s *Store) Import(rel string, data []byte) error {
 		s.RemoveTmp(tmp)
 		return err
 	}
-	if err := s.publish(tmp, rel); err != nil {
+	if _, err := s.publish(tmp, rel); err != nil {
 		s.RemoveTmp(tmp)
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,15 +55,33 @@ func (s *Store) Lookup(rel string, thread uint32) bool {
 	return true
 }
 
-// Digest returns a present block's digest; ok is false for an absent block.
+// Digest returns a present block's digest, once its proof is done (publish.go);
+// ok is false for an absent block, or one that failed its proof.
 func (s *Store) Digest(rel string) (block.Digest, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	b := s.blocks[rel]
-	if b == nil {
+	s.mu.Unlock()
+	if b == nil || s.awaitProof(b) != nil {
 		return block.Digest{}, false
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return b.digest, true
+}
+
+// awaitProof waits for the proof of a block published through the mount, if
+// it is still running, and returns its error.
+func (s *Store) awaitProof(b *entry) error {
+	if b.proof == nil {
+		return nil
+	}
+	select {
+	case <-b.proof.done:
+	default:
+		defer s.TimePhase(PhaseLoadProofWait, time.Now())
+		<-b.proof.done
+	}
+	return b.proof.err
 }
 
 // CountMissedLookup counts a block lookup that failed before reaching the
@@ -86,6 +105,9 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		s.mu.Unlock()
 		if b == nil {
 			return nil, newError("open", rel, syscall.ENOENT, "no such block")
+		}
+		if err := s.awaitProof(b); err != nil {
+			return nil, newError("open", rel, syscall.EIO, "the block was dropped after its rename: %v", err)
 		}
 		f, err := s.openForReading(rel)
 		s.mu.Lock()

@@ -62,6 +62,7 @@ func TestPublishRoundTrip(t *testing.T) {
 		if err := s.Publish(tmp, c.rel); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
+		s.proofs.Wait()
 		if exists(t, s.Path(tmp)) {
 			t.Errorf("tmp %s still on disk after Publish", tmp)
 		}
@@ -143,6 +144,7 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
+	s.proofs.Wait()
 	checkRecord(t, s.Path(rel), data)
 	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
 		t.Fatal("wrong bytes")
@@ -655,6 +657,7 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 		if err := s.Publish(tmp, rel); err != nil {
 			t.Fatal(err)
 		}
+		s.proofs.Wait()
 		want := bytes.Clone(data)
 		clear(want[block.PageSize : 2*block.PageSize])
 		checkRecord(t, s.Path(rel), want)
@@ -665,9 +668,11 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 }
 
 // vLLM PR #57912 sets its CRC32C on the tmp before the rename, as four
-// big-endian bytes: a matching one publishes, a disagreeing one or one in
-// another format (which vLLM's loader would refuse) is refused at the rename
-// and nothing is published.
+// big-endian bytes. As on the bare directory (io.py's os.replace), the rename
+// succeeds whatever the value; the proof behind it checks the value, and a
+// load, which waits for the proof, gets the block only if it matches. A
+// disagreeing value, or one in another format (which vLLM's loader would
+// refuse, _verify_checksum), drops the block before any load reads it.
 func TestPublishChecksVLLMChecksum(t *testing.T) {
 	s := openStore(t, Config{Capacity: 1 << 30})
 	data := pageData(7, 3)
@@ -686,16 +691,29 @@ func TestPublishChecksVLLMChecksum(t *testing.T) {
 		if err := unix.Setxattr(s.Path(tmp), block.VLLMChecksumXattr, c.value, 0); err != nil {
 			t.Fatal(err)
 		}
-		err := s.Publish(tmp, rel)
+		if err := s.Publish(tmp, rel); err != nil {
+			t.Fatalf("%s: Publish = %v; the rename takes any value, as the bare directory's does", c.what, err)
+		}
+		r, err := s.PinBlock(rel)
 		if c.published {
-			if err != nil || !s.Contains(rel) {
-				t.Errorf("%s: Publish = %v, indexed %v; want published", c.what, err, s.Contains(rel))
+			if err != nil {
+				t.Fatalf("%s: load after the rename: %v", c.what, err)
 			}
+			if err := r.Verify(); err != nil {
+				t.Errorf("%s: the loaded block fails its digest: %v", c.what, err)
+			}
+			r.Close()
 			continue
 		}
-		wantErrno(t, err, syscall.EIO, c.what)
+		if err == nil {
+			r.Close()
+		}
+		wantErrno(t, err, syscall.EIO, c.what+": load after the rename")
 		if s.Contains(rel) || exists(t, s.Path(rel)) {
-			t.Errorf("%s: block published", c.what)
+			t.Errorf("%s: block still published", c.what)
+		}
+		if _, ok := s.Digest(rel); ok {
+			t.Errorf("%s: the dropped block has a digest", c.what)
 		}
 	}
 	if got := s.Counters().ChecksumFailures.Load(); got != 2 {
