@@ -163,8 +163,8 @@ type Store struct {
 	// fsBlock is the store filesystem's block size: a placed block counts
 	// one more until its proof wrote its record (publish.go).
 	fsBlock  int64
-	counters  Counters
-	phases    phaseTimes
+	counters Counters
+	phases   phaseTimes
 	// rows finds the engine's row a passthrough tmp was written from.
 	rows WrittenRows
 	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
