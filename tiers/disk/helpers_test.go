@@ -291,12 +291,16 @@ func checkAccounting(t *testing.T, s *Store) {
 	}
 }
 
-// removals collects the paths OnRemove reports.
+// removals collects the blocks the store tells its listeners it removed by itself.
 type removals struct{ ch chan string }
 
 func watchRemovals(s *Store) *removals {
 	r := &removals{ch: make(chan string, 1024)}
-	s.OnRemove(func(rel string) { r.ch <- rel })
+	s.Listen(func(e Event) {
+		if e.Kind == Removed {
+			r.ch <- e.Rel
+		}
+	})
 	return r
 }
 

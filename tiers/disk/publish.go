@@ -70,13 +70,11 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
-	if fn := s.onPublish.Load(); fn != nil {
-		(*fn)(destRel, b.size)
-	}
+	s.tell(Event{Kind: Published, Rel: destRel, Size: b.size})
 	return nil
 }
 
-// publish is Publish without telling the publish listener.
+// publish is Publish without telling the listeners.
 func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 	t, name, err := s.publishedTmp(tmpRel, destRel)
 	if err != nil {
@@ -137,16 +135,23 @@ func (s *Store) publishedTmp(tmpRel, destRel string) (*tmpFile, block.Name, erro
 // place renames a released tmp over its block and indexes the block as
 // pending its proof. The caller holds t.mu.
 func (s *Store) place(t *tmpFile, tmpRel, destRel string, name block.Name) (*entry, error) {
-	f, physical, err := t.wholeRow(tmpRel)
+	f, unmarked, err := t.wholeRow(tmpRel)
 	if err != nil {
 		return nil, err
 	}
-	// The digest record the proof writes may take a block of its own: it
-	// is counted now, so the rename is where a full store says ENOSPC.
-	physical += s.fsBlock
 	phase := time.Now()
 	if err := s.markPending(f); err != nil {
 		return nil, err
+	}
+	_, physical, err := fileSize(f)
+	if err != nil {
+		return nil, err
+	}
+	if physical == unmarked {
+		// The mark fit in the inode; the digest record the proof writes
+		// may not, and take a block of its own: it is counted now, so the
+		// rename is where a full store says ENOSPC.
+		physical += s.fsBlock
 	}
 	s.TimePhase(PhasePending, phase)
 	phase = time.Now()
@@ -313,9 +318,14 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	}
 	s.mu.Lock()
 	t.closeIfRetired()
-	if err == nil && s.blocks[b.rel] == b {
-		s.settleLocked(b, st.Blocks*512)
-		b.digest, b.times = d, timesOf(&st)
+	if err == nil {
+		// A load that pinned the block reads it against this digest, even
+		// once the block was replaced or evicted.
+		b.digest = d
+		if s.blocks[b.rel] == b {
+			s.settleLocked(b, st.Blocks*512)
+			b.times = timesOf(&st)
+		}
 	}
 	s.mu.Unlock()
 	t.mu.Unlock()

@@ -89,8 +89,9 @@ func (s *Store) awaitProof(b *entry) error {
 func (s *Store) CountMissedLookup() { s.counters.Lookups.Add(1) }
 
 // PinBlock opens a block for a load without reading it, pinning it until the
-// Reader is closed. The caller must prove the load's bytes before the load
-// counts as done: Verify, or find them in the engine's region by Digest.
+// Reader is closed, and waits for the block's proof (publish.go). The
+// caller must prove the load's bytes before the load counts as done:
+// Verify, or find them in the engine's region by Digest.
 //
 // The file is opened outside the store's lock: with cold caches an open
 // reads directories and an inode from the disk, and sixteen loads would
@@ -105,9 +106,6 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		s.mu.Unlock()
 		if b == nil {
 			return nil, newError("open", rel, syscall.ENOENT, "no such block")
-		}
-		if err := s.awaitProof(b); err != nil {
-			return nil, newError("open", rel, syscall.EIO, "the block was dropped after its rename: %v", err)
 		}
 		f, err := s.openForReading(rel)
 		s.mu.Lock()
@@ -136,7 +134,12 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		}
 		b.readers++
 		s.mu.Unlock()
-		return &Reader{s: s, b: b, file: f}, nil
+		r := &Reader{s: s, b: b, file: f}
+		if err := s.awaitProof(b); err != nil {
+			r.Close()
+			return nil, newError("open", rel, syscall.EIO, "the block was dropped after its rename: %v", err)
+		}
+		return r, nil
 	}
 	return nil, newError("open", rel, syscall.EAGAIN, "the block was replaced %d times while being opened", pinAttempts)
 }

@@ -160,8 +160,9 @@ type Store struct {
 	rootFD    int
 	capacity  int64
 	fsReserve int64
-	// fsBlock is the store filesystem's block size: a placed block counts
-	// one more until its proof wrote its record (publish.go).
+	// fsBlock is the store filesystem's block size: a placed block whose
+	// xattrs took none yet counts one more until its proof wrote its
+	// record (publish.go).
 	fsBlock  int64
 	counters Counters
 	phases   phaseTimes
@@ -193,15 +194,15 @@ type Store struct {
 	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
 	lastSweep atomic.Int64
 
+	// listeners hear the store's block events (events.go), in order;
+	// the slice is replaced, never changed in place, under listenMu.
+	listenMu  sync.Mutex
+	listeners []func(Event)
+	// pending are the blocks gone from the index whose events the
+	// notifier goroutine has not told yet; removed wakes it.
 	removed     chan struct{}
 	pendingMu   sync.Mutex
-	pending     []removal
-	onRemove    func(rel string)
-	onBlockGone func(rel string)
-	// onPublish hears of blocks the engine publishes (OnPublish).
-	onPublish atomic.Pointer[func(rel string, size int64)]
-	// onImport hears of blocks Import published (OnImport).
-	onImport    atomic.Pointer[func(rel string)]
+	pending     []Event
 	stopRemoval chan struct{}
 	removalDone chan struct{}
 }
@@ -587,43 +588,20 @@ func (s *Store) dropLocked(b *entry) {
 	}
 }
 
-// OnRemove sets the function called from a background goroutine with the path
-// of every block the store removes by itself (eviction, checksum failure), so
-// that caches above it (the kernel's dentries) can forget the entry.
-func (s *Store) OnRemove(fn func(rel string)) {
-	s.pendingMu.Lock()
-	s.onRemove = fn
-	s.pendingMu.Unlock()
-}
+// queueRemoval hands a block the store removed by itself to the notifier
+// goroutine without blocking.
+func (s *Store) queueRemoval(rel string) { s.queue(Event{Kind: Removed, Rel: rel}) }
 
-// OnBlockGone sets the function called from the same goroutine with the path
-// of every block that leaves the store: those OnRemove reports, and those the
-// engine unlinks through the mount. A block replaced by a rename over its name
-// stays in the store and is not reported.
-func (s *Store) OnBlockGone(fn func(rel string)) {
-	s.pendingMu.Lock()
-	s.onBlockGone = fn
-	s.pendingMu.Unlock()
-}
-
-// removal is a block gone from the index, waiting for the listeners.
-type removal struct {
-	rel string
-	// requested is true for an unlink at the engine's request: the kernel
-	// already forgot the entry, so only OnBlockGone hears of it.
-	requested bool
-}
-
-// queueRemoval hands a removed block to the listeners' goroutine without blocking.
-func (s *Store) queueRemoval(rel string) { s.queue(removal{rel: rel}) }
-
-func (s *Store) queue(r removal) {
-	s.pendingMu.Lock()
-	if s.onBlockGone == nil && (s.onRemove == nil || r.requested) {
-		s.pendingMu.Unlock()
+// queue hands a removal event to the notifier goroutine without blocking.
+func (s *Store) queue(e Event) {
+	s.listenMu.Lock()
+	none := len(s.listeners) == 0
+	s.listenMu.Unlock()
+	if none {
 		return
 	}
-	s.pending = append(s.pending, r)
+	s.pendingMu.Lock()
+	s.pending = append(s.pending, e)
 	s.pendingMu.Unlock()
 	select {
 	case s.removed <- struct{}{}:
@@ -631,7 +609,7 @@ func (s *Store) queue(r removal) {
 	}
 }
 
-// notifyRemovals delivers queued removals to the listeners until Close.
+// notifyRemovals tells the listeners of queued removals until Close.
 func (s *Store) notifyRemovals() {
 	defer close(s.removalDone)
 	for {
@@ -641,16 +619,11 @@ func (s *Store) notifyRemovals() {
 		case <-s.removed:
 		}
 		s.pendingMu.Lock()
-		batch, onRemove, onBlockGone := s.pending, s.onRemove, s.onBlockGone
+		batch := s.pending
 		s.pending = nil
 		s.pendingMu.Unlock()
-		for _, r := range batch {
-			if onRemove != nil && !r.requested {
-				onRemove(r.rel)
-			}
-			if onBlockGone != nil {
-				onBlockGone(r.rel)
-			}
+		for _, e := range batch {
+			s.tell(e)
 		}
 	}
 }

@@ -566,7 +566,7 @@ func (s *Store) Remove(rel string) error {
 	}
 	if b := s.blocks[rel]; b != nil {
 		s.dropLocked(b)
-		s.queue(removal{rel: rel, requested: true})
+		s.queue(Event{Kind: Unlinked, Rel: rel})
 	}
 	return nil
 }
