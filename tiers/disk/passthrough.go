@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // This file is the passthrough store path (DESIGN.md "The store"): the kernel
@@ -205,22 +206,12 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 // readBackChunk is how much of a tmp file readBack reads at once.
 const readBackChunk = 4 << 20
 
-// fileBytes is what reading a tmp file back learns of its bytes.
-type fileBytes struct {
-	// Sum holds the file's CRC32C and chunk CRCs.
-	Sum block.Sum
-	// Probes are the file's windows at block.ProbeOffsets(size), in that order.
-	Probes []uint64
-	// ZeroRuns are the file's all-zero page runs, [start, end) byte offsets.
-	ZeroRuns [][2]int64
-}
-
-// readBack reads a tmp file back: its checksum, probe windows and all-zero
-// page runs.
-func (s *Store) readBack(f *os.File, size int64, direct *bool) (fileBytes, error) {
+// readBack reads a tmp file whose row was not found: its checksum, probe
+// windows and all-zero page runs.
+func (s *Store) readBack(f *os.File, size int64, direct *bool) (shm.WrittenRow, error) {
 	buf := s.buffers.get(readBackChunk)
 	defer s.buffers.put(buf)
-	var w fileBytes
+	var w shm.WrittenRow
 	offsets := block.ProbeOffsets(size)
 	w.Probes = make([]uint64, len(offsets))
 	for at := int64(0); at < size; at += readBackChunk {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -174,6 +175,30 @@ func TestTruncatedRegionFaultsSafely(t *testing.T) {
 	}
 	if ref, ok := set.Confirm(d, nil); !ok || ref.Row != 5 {
 		t.Fatalf("after regrowth: %+v %v", ref, ok)
+	}
+}
+
+// A region truncated under a row being checksummed chunk by chunk in
+// parallel (rows of four chunks, four cores) faults in a worker: the search
+// reports no row, the region is dropped, one fault is counted, and the
+// daemon does not crash.
+func TestTruncatedRegionFaultsSafelyInParallelScan(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	const rowBytes = 4 * testRow
+	set, data, path := regionFile(t, 8)
+	pages := map[int64][]byte{0: data[rowBytes : rowBytes+block.PageSize]}
+	if row, ok := set.ScanWritten(rowBytes, pages); !ok || row.Sum.CRC() != block.CRC32C(data[rowBytes:2*rowBytes]) {
+		t.Fatalf("before truncation: found %v, crc %08x", ok, row.Sum.CRC())
+	}
+	// The page compared stays mapped; the row's other chunks do not.
+	if err := os.Truncate(path, rowBytes+testRow); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := set.ScanWritten(rowBytes, pages); ok {
+		t.Fatal("a row cut short under its scan was found")
+	}
+	if got := set.Faults(); got != 1 {
+		t.Fatalf("Faults = %d, want 1", got)
 	}
 }
 

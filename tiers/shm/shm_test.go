@@ -116,6 +116,102 @@ func BenchmarkConfirm(b *testing.B) {
 	b.StopTimer() // unmapping and removing 4.3 GB is not part of a FLUSH
 }
 
+// Two rows that hold the same bytes at the pages sampled but differ elsewhere
+// leave the written row unknown: ScanWritten finds none (the store then reads
+// the file back) rather than the first twin's checksum.
+func TestScanWrittenTwinRows(t *testing.T) {
+	set, data, path := regionFile(t, 4)
+	written := data[1*testRow : 2*testRow]
+	twin := append([]byte(nil), written...)
+	copy(twin[5*block.PageSize:], "another block")
+	if err := os.WriteFile(path, append(twin, data[testRow:]...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[int64][]byte{}
+	for _, p := range []int64{0, 1, 2, 3, 4, 6} {
+		pages[p*page64] = written[p*page64 : (p+1)*page64]
+	}
+	if row, found := set.ScanWritten(testRow, pages); found && row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("found the twin row's checksum %08x, the written row's is %08x", row.Sum.CRC(), block.CRC32C(written))
+	}
+	copy(twin, written)
+	if err := os.WriteFile(path, append(twin, data[testRow:]...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if row, found := set.ScanWritten(testRow, pages); !found || row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("two rows holding the same block: found %v, crc %08x", found, row.Sum.CRC())
+	}
+}
+
+// A row that holds the first word of the pages read (the word tried first)
+// but not all of them is not the written row.
+func TestScanWrittenComparesEveryPage(t *testing.T) {
+	set, data, path := regionFile(t, 4)
+	written := append([]byte(nil), data[1*testRow:2*testRow]...)
+	changed := append([]byte(nil), data...)
+	copy(changed[1*testRow+3*page64+100:], "not the bytes written")
+	if err := os.WriteFile(path, changed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[int64][]byte{}
+	for _, p := range []int64{0, 1, 2, 3} {
+		pages[p*page64] = written[p*page64 : (p+1)*page64]
+	}
+	if row, found := set.ScanWritten(testRow, pages); found {
+		t.Fatalf("a row differing in the fourth page read was taken (crc %08x)", row.Sum.CRC())
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if row, found := set.ScanWritten(testRow, pages); !found || row.Sum.CRC() != block.CRC32C(written) {
+		t.Fatalf("the written row: found %v, crc %08x", found, row.Sum.CRC())
+	}
+}
+
+// Rows alike at the pages sampled, more of them than maxCandidates, leave the
+// written row unknown (the store reads the file back) rather than each being
+// checksummed whole: a region of many rows holding the same bytes would make
+// every rename checksum all of it.
+func TestScanWrittenBoundsRowsChecksummed(t *testing.T) {
+	const n = maxCandidates + 2
+	set, data, path := regionFile(t, n)
+	written := append([]byte(nil), data[:testRow]...)
+	alike := make([]byte, 0, n*testRow)
+	for range n {
+		alike = append(alike, written...)
+	}
+	if err := os.WriteFile(path, alike, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[int64][]byte{0: written[:block.PageSize]}
+	if _, found := set.ScanWritten(testRow, pages); found {
+		t.Fatalf("%d rows alike at the pages sampled were all checksummed, the bound is %d", n, maxCandidates)
+	}
+}
+
+// BenchmarkScanWritten finds the row a passthrough store wrote among 64 rows
+// of 8 MiB, from 8 of its pages, and reads its checksum, probe windows and
+// zero pages: the CPU a store's rename spends on the engine's region.
+func BenchmarkScanWritten(b *testing.B) {
+	const rows, rowBytes = 64, 8 << 20
+	set := benchRegion(b, rows, rowBytes)
+	row := make([]byte, rowBytes)
+	fill(row, rows/2)
+	pages := map[int64][]byte{}
+	for i := int64(0); i < 8; i++ {
+		off := i * (rowBytes / 2 / 8)
+		pages[off] = row[off : off+page64]
+	}
+	want := block.CRC32C(row)
+	b.SetBytes(rowBytes)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if w, ok := set.ScanWritten(rowBytes, pages); !ok || w.Sum.CRC() != want {
+			b.Fatalf("scan: crc %08x ok %v, want %08x", w.Sum.CRC(), ok, want)
+		}
+	}
+}
+
 // benchRegion maps a region of rows rows of rowBytes, row r holding block r
 // (fill), removed when the benchmark ends.
 func benchRegion(b *testing.B, rows, rowBytes int) *Set {
@@ -144,3 +240,6 @@ func benchRegion(b *testing.B, rows, rowBytes int) *Set {
 	}
 	return set
 }
+
+// page64 is block.PageSize where sizes and offsets are int64.
+var page64 = int64(block.PageSize)
