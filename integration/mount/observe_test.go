@@ -38,7 +38,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"kvtierfs_disk_blocks 1", "kvtierfs_lookup_seconds_bucket", "kvtierfs_read_seconds_count 1", "kvtierfs_write_seconds_count 1",
 		"kvtierfs_checksum_failures_total 0",
 		`kvtierfs_store_phase_seconds_count{phase="create"} 1`, `kvtierfs_store_phase_seconds_count{phase="rename"} 1`,
-		`kvtierfs_store_phase_seconds_count{phase="proof_record"} 1`} {
+		`kvtierfs_store_phase_seconds_count{phase="rename_record"} 1`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
 )
 
 // tempFile is a file holding data, open for reading.
