@@ -141,7 +141,7 @@ func TestPassthroughDigestFromRow(t *testing.T) {
 	// The daemon timed each passthrough store's reservation, probe and probe
 	// read, and every rename.
 	phases := m.d.Stats().Disk.StorePhases
-	for name, want := range map[string]int64{"create_reserve": 2, "proof_read_back": 2, "proof_read": 2, "rename": st.Writes} {
+	for name, want := range map[string]int64{"create_reserve": 2, "proof_probe": 2, "proof_probe_read": 2, "rename": st.Writes} {
 		if got := phases[name].Count; got != want {
 			t.Errorf("store phase %s timed %d times, want %d", name, got, want)
 		}

@@ -3,6 +3,7 @@ package disk
 import (
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"syscall"
 	"time"
@@ -15,14 +16,16 @@ import (
 
 // This file is the passthrough store path (DESIGN.md "The store"): the kernel
 // writes the engine's row straight into the tmp file, and the daemon learns
-// the block's checksum, probe windows and zero pages in its proof after the
-// rename, by reading the file back.
+// the block's checksum, probe windows and zero pages at the rename, from the
+// engine's row that the file's bytes came from, or by reading the file back.
 
-// WrittenRows are the engine's regions of rows (*shm.Set): a passthrough
-// store is taken only for rows of a size some region is made of.
+// WrittenRows finds the engine's row a block was written from (*shm.Set).
 type WrittenRows interface {
 	// Fits reports whether some region is made of rows of size bytes.
 	Fits(size int64) bool
+	// ScanWritten finds a row holding pages (offset → page) and reads its
+	// checksum, probe windows and all-zero pages.
+	ScanWritten(size int64, pages map[int64][]byte) (shm.WrittenRow, bool)
 }
 
 // UseRows lets tmp files of a tier whose row size is known, and for which a
@@ -33,6 +36,18 @@ func (s *Store) UseRows(rows WrittenRows) {
 	s.rows = rows
 	s.mu.Unlock()
 }
+
+// verifyPages is how many pages of a passthrough tmp file a rename reads
+// back, as one run at a random place in one request, to find the row they
+// came from. Reads among the writers' stream cost the disk per request, not
+// per byte (BENCHMARKS.md "Issues 10 and 14, third round").
+const verifyPages = 8
+
+// verifyRuns bounds the runs a rename reads while each one read is all
+// zero (a sparse row): zero pages tell no row apart. Run i lies in the i-th
+// of verifyRuns equal parts of the file, so a row with half its pages zero
+// (another node's slot) is always told by one of them.
+const verifyRuns = 3
 
 // releaseWait bounds how long a rename waits for the kernel to release the
 // tmp's passthrough descriptor after the writer closed it.
@@ -164,43 +179,100 @@ func (s *Store) dropOvergrownLocked(rel string, t *tmpFile) {
 type written struct {
 	sum   *block.Sum
 	probe func(off int64) (uint64, error)
+	// fromRow is set when the digest is the row's, not read from the file.
+	fromRow bool
 }
 
-// sealPassthrough learns a passthrough tmp's checksum and probe windows by
-// reading its file back, and leaves its all-zero pages as holes. It runs in
-// the proof, after the rename's reply: the engine may reuse the row it wrote
-// from by then, so no row stands for the file's bytes. The tmp's size is its
-// file's, a positive multiple of the page size (tmpFile.wholeRow). The
-// caller holds t.mu; the writer has released the file.
+// sealPassthrough learns a passthrough tmp's checksum and probe windows from
+// the engine's row its bytes came from (a run of verifyPages pages of the file
+// must equal it), or else by reading the file back, and leaves its all-zero
+// pages as holes. The tmp's size is its file's, a positive multiple of the
+// page size (tmpFile.wholeRow). The caller holds t.mu; the writer has
+// released the file.
 func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	size := t.size
-	// The file is read O_DIRECT where it allows it (no readahead, nothing
-	// left in the page cache), into recycled page-aligned buffers.
+	var w written
+	var err error
+	s.mu.Lock()
+	rows := s.rows
+	s.mu.Unlock()
+	// The file is read O_DIRECT where it allows it (no readahead pulls more
+	// of it back from the disk), into recycled page-aligned buffers.
 	fd := int(f.Fd())
 	direct := setDirect(fd, true) == nil
 	defer setDirect(fd, false)
+	var row shm.WrittenRow
+	found := false
 	reading := time.Now()
-	row, err := s.readBack(f, size, &direct)
-	if err != nil {
-		return written{}, err
+	run := s.buffers.get(verifyPages * block.PageSize)
+	for i := 0; rows != nil && i < verifyRuns; i++ {
+		pages, telling, err := readRun(f, size, i, run, &direct)
+		if err != nil {
+			s.buffers.put(run)
+			return w, err
+		}
+		if telling {
+			s.TimePhase(PhaseProbeRead, reading)
+			row, found = rows.ScanWritten(size, pages)
+			break
+		}
 	}
-	s.TimePhase(PhaseRead, reading)
+	s.buffers.put(run)
 	s.counters.WriteBytes.Add(size)
-	s.counters.StoresReadBack.Add(1)
+	if found {
+		s.counters.StoresFromRow.Add(1)
+		// The row may have changed since the kernel wrote the file: a page
+		// zero in the row is punched only where the file holds zeros too, or
+		// the hole would turn the file into the row and hide the change.
+		if row.ZeroRuns, err = s.zeroRunsOfFile(f, row.ZeroRuns, &direct); err != nil {
+			return w, err
+		}
+	} else {
+		s.counters.StoresReadBack.Add(1)
+		if row, err = s.readBack(f, size, &direct); err != nil {
+			return w, err
+		}
+	}
 	for _, r := range row.ZeroRuns {
-		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			return written{}, err
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return w, err
 		}
 	}
 	offsets := block.ProbeOffsets(size)
-	return written{sum: &row.Sum, probe: func(off int64) (uint64, error) {
+	w.sum, w.fromRow = &row.Sum, found
+	w.probe = func(off int64) (uint64, error) {
 		for i, o := range offsets {
 			if o == off {
 				return row.Probes[i], nil
 			}
 		}
 		return 0, syscall.EINVAL
-	}}, nil
+	}
+	return w, nil
+}
+
+// readRun reads a run of up to verifyPages whole pages at a random place in
+// part i of verifyRuns of a size-byte file, in one request, into buf (page
+// aligned, verifyPages long; the pages returned are slices of it). telling
+// is false when every page read is zero.
+func readRun(f *os.File, size int64, i int, buf []byte, direct *bool) (pages map[int64][]byte, telling bool, err error) {
+	page := int64(block.PageSize)
+	total := size / page
+	n := min(total, verifyPages)
+	first := min(total*int64(i)/verifyRuns, total-n)
+	last := max(first, total*int64(i+1)/verifyRuns-n)
+	start := (first + rand.Int64N(last-first+1)) * page
+	buf = buf[:n*page]
+	if _, err := readFullAt(f, buf, start, direct); err != nil {
+		return nil, false, err
+	}
+	pages = make(map[int64][]byte, n)
+	for p := range n {
+		data := buf[p*page : (p+1)*page]
+		pages[start+p*page] = data
+		telling = telling || !block.IsZero(data)
+	}
+	return pages, telling, nil
 }
 
 // readBackChunk is how much of a tmp file readBack reads at once.
@@ -234,6 +306,33 @@ func (s *Store) readBack(f *os.File, size int64, direct *bool) (shm.WrittenRow, 
 		}
 	}
 	return w, nil
+}
+
+// zeroRunsOfFile reads the page runs of f that the row found holds as zeros
+// and returns the all-zero page runs among them.
+func (s *Store) zeroRunsOfFile(f *os.File, runs [][2]int64, direct *bool) ([][2]int64, error) {
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	buf := s.buffers.get(readBackChunk)
+	defer s.buffers.put(buf)
+	var out [][2]int64
+	for _, r := range runs {
+		for at := r[0]; at < r[1]; at += readBackChunk {
+			chunk := buf[:min(readBackChunk, r[1]-at)]
+			if _, err := readFullAt(f, chunk, at, direct); err != nil {
+				return nil, err
+			}
+			for _, z := range nonZeroComplement(chunk, at) {
+				if n := len(out); n > 0 && out[n-1][1] == z[0] {
+					out[n-1][1] = z[1]
+				} else {
+					out = append(out, z)
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // nonZeroComplement lists the all-zero page runs of a page-aligned chunk at off.

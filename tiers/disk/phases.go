@@ -26,11 +26,11 @@ const (
 	PhaseRename
 	// PhaseReleaseWait waits for the writer to release the tmp file.
 	PhaseReleaseWait
-	// PhaseReadBack reads a passthrough block's file back and punches its
-	// zero pages; part of PhaseProof.
-	PhaseReadBack
-	// PhaseRead is the read of the file, part of PhaseReadBack.
-	PhaseRead
+	// PhaseProbe reads the probe pages, finds the row and punches zero
+	// pages; part of PhaseProof.
+	PhaseProbe
+	// PhaseProbeRead is the read of the probe pages, part of PhaseProbe.
+	PhaseProbeRead
 	// PhaseChecksum checksums what no row gave and checks vLLM's CRC32C
 	// xattr; part of PhaseProof.
 	PhaseChecksum
@@ -46,15 +46,13 @@ const (
 	PhaseProof
 	// PhaseLoadProofWait is what a load of a block waited for its proof.
 	PhaseLoadProofWait
-	// PhaseProofSlot is what a rename waited for a proof to end (maxProofs).
-	PhaseProofSlot
 	phaseCount
 )
 
 // phaseNames name the phases in stats.json and the metrics.
 var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
-	"rename", "rename_release_wait", "proof_read_back", "proof_read", "proof_checksum", "proof_record", "rename_renameat", "rename_index",
-	"rename_pending", "proof", "load_proof_wait", "rename_proof_slot"}
+	"rename", "rename_release_wait", "proof_probe", "proof_probe_read", "proof_checksum", "proof_record", "rename_renameat", "rename_index",
+	"rename_pending", "proof", "load_proof_wait"}
 
 // String is the phase's name in stats.json.
 func (p Phase) String() string { return phaseNames[p] }

@@ -62,7 +62,7 @@ func TestStoreTimesItsPhases(t *testing.T) {
 			t.Errorf("%s timed %d times, want once", p, st.Count)
 		}
 	}
-	for _, p := range []Phase{PhaseReadBack, PhaseCreateReserve} {
+	for _, p := range []Phase{PhaseProbe, PhaseCreateReserve} {
 		if st, ok := phases[p.String()]; ok {
 			t.Errorf("%s timed (%+v) on the daemon path", p, st)
 		}

@@ -43,11 +43,6 @@ func readBootID() []byte {
 	return bytes.TrimSpace(id)
 }
 
-// maxProofs bounds the proofs running at once (each reads a block back,
-// through a recycled buffer of readBackChunk bytes): a rename waits for a
-// slot, so stores that outrun their proofs are held back at the rename.
-const maxProofs = 16
-
 // proof is the outcome of a block's proof: done is closed once err is set
 // (nil when the block's digest is recorded).
 type proof struct {
@@ -85,14 +80,10 @@ func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 		return nil, err
 	}
 	s.TimePhase(PhaseReleaseWait, phase)
-	phase = time.Now()
-	s.proving <- struct{}{}
-	s.TimePhase(PhaseProofSlot, phase)
 	t.mu.Lock()
 	b, err := s.place(t, tmpRel, destRel, name)
 	if err != nil {
 		t.mu.Unlock()
-		<-s.proving
 		return nil, err
 	}
 	// The proof owns the tmp (and its mutex) from here on.
@@ -301,10 +292,9 @@ func (s *Store) renameLocked(t *tmpFile, dirfd int, tmpRel, destRel string) erro
 // releases t.mu, taken by Publish, and the tmp's descriptor.
 func (s *Store) prove(t *tmpFile, b *entry) {
 	defer s.proofs.Done()
-	defer func() { <-s.proving }()
 	started := time.Now()
 	f := t.file
-	d, err := s.digestOf(t, f)
+	d, fromRow, err := s.digestOf(t, f)
 	if err == nil {
 		phase := time.Now()
 		if err = writeDigest(f, b.name, d); err == nil {
@@ -321,7 +311,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	if err == nil {
 		// A load that pinned the block reads it against this digest, even
 		// once the block was replaced or evicted.
-		b.digest = d
+		b.digest, b.unchecked = d, fromRow
 		if s.blocks[b.rel] == b {
 			s.settleLocked(b, st.Blocks*512)
 			b.times = timesOf(&st)
@@ -356,11 +346,12 @@ func (s *Store) settleLocked(b *entry, physical int64) {
 	s.totals.add(b, 1)
 }
 
-// digestOf learns a placed block's digest: a passthrough tmp's from its
-// file read back, a daemon-path tmp's from what its writes summed (or its
-// file, written out of order). vLLM's CRC32C xattr, when set, must agree.
-// The caller holds t.mu.
-func (s *Store) digestOf(t *tmpFile, f *os.File) (d block.Digest, err error) {
+// digestOf learns a placed block's digest: a passthrough tmp's from the
+// engine's row (or its file read back), a daemon-path tmp's from what its
+// writes summed (or its file, written out of order). vLLM's CRC32C xattr,
+// when set, must agree. fromRow is set when the file's bytes were never
+// read. The caller holds t.mu.
+func (s *Store) digestOf(t *tmpFile, f *os.File) (d block.Digest, fromRow bool, err error) {
 	// What the proof reads leaves the access time as the write left it,
 	// not later than the modification time, so the block's first load moves
 	// it (times.go). The daemon owns the file or runs as root, so the flag
@@ -370,15 +361,15 @@ func (s *Store) digestOf(t *tmpFile, f *os.File) (d block.Digest, err error) {
 	if t.passthrough {
 		phase := time.Now()
 		if sealed, err = s.sealPassthrough(t, f); err != nil {
-			return d, err
+			return d, false, err
 		}
-		s.TimePhase(PhaseReadBack, phase)
+		s.TimePhase(PhaseProbe, phase)
 	}
 	phase := time.Now()
 	defer s.TimePhase(PhaseChecksum, phase)
 	// The checksum below reads the file buffered.
 	if err := setDirect(int(f.Fd()), false); err != nil {
-		return d, err
+		return d, false, err
 	}
 	sum := &t.sum
 	switch {
@@ -386,16 +377,18 @@ func (s *Store) digestOf(t *tmpFile, f *os.File) (d block.Digest, err error) {
 		sum = sealed.sum
 	case !t.sequential || sum.Len() != t.size:
 		if sum, err = fileSum(f, t.size); err != nil {
-			return d, err
+			return d, false, err
 		}
 	}
 	if err := checkVLLMChecksum(f, sum.CRC()); err != nil {
-		return d, err
+		return d, false, err
 	}
 	if t.passthrough {
-		return block.NewDigest(sum, sealed.probe)
+		d, err = block.NewDigest(sum, sealed.probe)
+	} else {
+		d, err = t.digest(f, sum)
 	}
-	return t.digest(f, sum)
+	return d, t.passthrough && sealed.fromRow, err
 }
 
 // vllmMismatch is a block whose bytes disagree with vLLM's CRC32C xattr.

@@ -15,16 +15,14 @@ import (
 
 // placeOnly runs a publication's first part (the rename and the index) and
 // returns the tmp and the block, their proof not started: the state a
-// daemon stopped right after the rename's reply leaves. It takes the
-// proof's slot; the caller runs the proof (s.proofs.Add(1), s.prove(t, b))
-// or leaves the tmp's mutex locked.
+// daemon stopped right after the rename's reply leaves. The caller runs
+// s.prove(t, b) or leaves the tmp's mutex locked.
 func placeOnly(t *testing.T, s *Store, tmpRel, destRel string) (*tmpFile, *entry) {
 	t.Helper()
 	tmp, name, err := s.publishedTmp(tmpRel, destRel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.proving <- struct{}{}
 	tmp.mu.Lock()
 	b, err := s.place(tmp, tmpRel, destRel, name)
 	if err != nil {
@@ -240,8 +238,8 @@ func TestFailedProofDropsTheBlock(t *testing.T) {
 func errorIs(err error, errno syscall.Errno) bool { return err != nil && Errno(err) == errno }
 
 // rowsIn maps a region of rows in a temporary directory, as the engine's
-// /dev/shm region would be, and returns it with its file.
-func rowsIn(t *testing.T, rows [][]byte) (*shm.Set, *os.File) {
+// /dev/shm region would be.
+func rowsIn(t *testing.T, rows [][]byte) *shm.Set {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "region")
 	if err := os.WriteFile(path, bytes.Join(rows, nil), 0o600); err != nil {
@@ -254,18 +252,13 @@ func rowsIn(t *testing.T, rows [][]byte) (*shm.Set, *os.File) {
 	if err := set.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return set, f
+	return set
 }
 
-// passthroughTmp writes data into a tmp the way the kernel writes a
+// passthroughStore writes data into a tmp the way the kernel writes a
 // passthrough store (to the descriptor Passthrough gives, without the
-// daemon) and releases it.
-func passthroughTmp(t *testing.T, s *Store, rel string, data []byte) string {
+// daemon), releases it and publishes it.
+func passthroughStore(t *testing.T, s *Store, rel string, data []byte) {
 	t.Helper()
 	mkdirFor(t, s, rel)
 	tmp := tmpRelFor(rel, int(tmpSeq.Add(1)))
@@ -283,46 +276,54 @@ func passthroughTmp(t *testing.T, s *Store, rel string, data []byte) string {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return tmp
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	s.proofs.Wait()
 }
 
-// A passthrough store's digest is read back from its file in the proof,
-// after the reply, never taken from the engine's row, which the engine may
-// rewrite as soon as its rename returned (here its last page, before the
-// proof runs); the file's zero pages become holes, and the block loads back
-// its own bytes, proven.
+// A passthrough store's digest comes from the region's row its bytes came
+// from (its file unread beyond the probe run, so unchecked), and its zero
+// pages become holes; bytes no row holds are read back from the file. Both
+// load back proven.
 func TestSealPassthrough(t *testing.T) {
 	const pages = 16
 	rowBytes := int64(pages) * page64
 	half := pageData(2, pages)
 	clear(half[:rowBytes/2])
 	s := openStore(t, Config{Capacity: 1 << 30})
-	rows, region := rowsIn(t, [][]byte{pageData(1, pages), half})
-	s.UseRows(rows)
-	putBlock(t, s, blockRel(testTier, 0, hashHex(1, 64)), pageData(1, pages)) // the tier's row size
+	s.UseRows(rowsIn(t, [][]byte{pageData(1, pages), half}))
+	first := blockRel(testTier, 0, hashHex(1, 64))
+	putBlock(t, s, first, pageData(1, pages)) // the tier's row size
 
-	rel := blockRel(testTier, 0, hashHex(2, 64))
-	tmp, b := placeOnly(t, s, passthroughTmp(t, s, rel, half), rel)
-	if _, err := region.WriteAt(pageData(9, 1), 2*rowBytes-page64); err != nil {
-		t.Fatal(err)
+	fromRow := blockRel(testTier, 0, hashHex(2, 64))
+	passthroughStore(t, s, fromRow, half)
+	if s.Counters().StoresFromRow.Load() != 1 || s.Counters().StoresReadBack.Load() != 0 {
+		t.Fatalf("from row %d, read back %d; want the store found in its row",
+			s.Counters().StoresFromRow.Load(), s.Counters().StoresReadBack.Load())
 	}
-	s.proofs.Add(1)
-	s.prove(tmp, b)
-	if b.proof.err != nil {
-		t.Fatal(b.proof.err)
+	if b := s.blocks[fromRow]; !b.unchecked {
+		t.Error("a block whose digest came from a row counts as checked against its file")
 	}
-	if got := s.Counters().StoresReadBack.Load(); got != 1 {
-		t.Fatalf("read back %d, want the passthrough store read back", got)
+	if onDisk := physicalOf(t, s.Path(fromRow)); onDisk > rowBytes/2+s.fsBlock {
+		t.Errorf("the zero half of a row from the region is not a hole: %d bytes allocated", onDisk)
 	}
-	if b.unchecked {
+
+	nowhere := pageData(3, pages)
+	clear(nowhere[rowBytes/4 : rowBytes/2])
+	readBack := blockRel(testTier, 0, hashHex(3, 64))
+	passthroughStore(t, s, readBack, nowhere)
+	if s.Counters().StoresReadBack.Load() != 1 {
+		t.Fatalf("read back %d, want the store no row holds read back", s.Counters().StoresReadBack.Load())
+	}
+	if b := s.blocks[readBack]; b.unchecked {
 		t.Error("a block read back from its file counts as unchecked")
 	}
-	if onDisk := physicalOf(t, s.Path(rel)); onDisk > rowBytes/2+s.fsBlock {
-		t.Errorf("the zero half of the row is not a hole: %d bytes allocated", onDisk)
-	}
-	checkRecord(t, s.Path(rel), half)
-	if got := readBlock(t, s, rel); !bytes.Equal(got, half) {
-		t.Error("the passthrough block loads other bytes")
+	for rel, want := range map[string][]byte{fromRow: half, readBack: nowhere} {
+		checkRecord(t, s.Path(rel), want)
+		if got := readBlock(t, s, rel); !bytes.Equal(got, want) {
+			t.Errorf("%s loads other bytes", rel)
+		}
 	}
 	checkAccounting(t, s)
 }

@@ -84,9 +84,9 @@ type entry struct {
 	prefix     *prefix
 	present    bool
 	// unchecked is set while the file's bytes were never checked against
-	// the digest: a record found at mount may have been taken from the
-	// engine's row by an earlier release. A row is not trusted to stand for
-	// such a file (Reader.FileChecked).
+	// the digest: a passthrough store takes its digest from the engine's
+	// row, and a record found at mount may have been taken so. A row is
+	// not trusted to stand for such a file (Reader.FileChecked).
 	unchecked bool
 	// times are the file's, as last read or set (times.go).
 	times Times
@@ -170,10 +170,8 @@ type Store struct {
 	rows WrittenRows
 	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
 	bootID []byte
-	// proofs counts the proofs running behind their renames' replies;
-	// proving holds a token for each, at most maxProofs.
-	proofs  sync.WaitGroup
-	proving chan struct{}
+	// proofs counts the proofs running behind their renames' replies.
+	proofs sync.WaitGroup
 
 	mu     sync.Mutex
 	blocks map[string]*entry
@@ -271,7 +269,6 @@ func Open(cfg Config) (*Store, error) {
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
 		bootID:      readBootID(),
-		proving:     make(chan struct{}, maxProofs),
 	}
 	if err := s.probeWritable(); err != nil {
 		lock.Close()
