@@ -49,7 +49,7 @@ func TestRunSmall(t *testing.T) {
 	if compared != 15 {
 		t.Fatalf("%d measurements of both sides, want 15: %+v", compared, res.Measurements)
 	}
-	for _, name := range []string{"create p50", "create p99", "rename p50", "proof_probe_read p50", "proof_record p99"} {
+	for _, name := range []string{"create p50", "create p99", "rename p50", "rename_probe_read p50", "rename_record p99"} {
 		if !daemon[name] {
 			t.Errorf("no daemon phase %q among %v", name, daemon)
 		}

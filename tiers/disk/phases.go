@@ -42,7 +42,7 @@ const (
 	PhaseIndex
 	// PhasePending marks the tmp pending its proof, before the rename.
 	PhasePending
-	// PhaseProof is a block's whole proof, run after its rename's reply.
+	// PhaseProof is a block's whole proof, the end of its rename.
 	PhaseProof
 	// PhaseLoadProofWait is what a load of a block waited for its proof.
 	PhaseLoadProofWait
@@ -51,8 +51,8 @@ const (
 
 // phaseNames name the phases in stats.json and the metrics.
 var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
-	"rename", "rename_release_wait", "proof_probe", "proof_probe_read", "proof_checksum", "proof_record", "rename_renameat", "rename_index",
-	"rename_pending", "proof", "load_proof_wait"}
+	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index",
+	"rename_pending", "rename_proof", "load_proof_wait"}
 
 // String is the phase's name in stats.json.
 func (p Phase) String() string { return phaseNames[p] }

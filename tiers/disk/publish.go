@@ -14,14 +14,15 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// This file is a block's publication (DESIGN.md "The store"), in two parts.
-// The engine's RENAME places the block: it checks the tmp holds a whole row,
-// marks the file pending, renames it in the store and indexes it, and
-// replies. The proof then runs behind the reply: it learns the block's
-// digest (from the engine's row or the file), checks vLLM's CRC32C xattr,
-// records the digest and clears the mark. Every load of the block waits for
-// the proof (PinBlock, Digest); a block whose proof fails is dropped before
-// any load reads it.
+// This file is a block's publication (DESIGN.md "The store"), in two parts,
+// both within the engine's RENAME. It places the block: it checks the tmp
+// holds a whole row, marks the file pending, renames it in the store and
+// indexes it. Then it proves it: it learns the block's digest (from the
+// engine's row, which the engine leaves alone until its rename returns, or
+// from the file), checks vLLM's CRC32C xattr, records the digest and clears
+// the mark, and only then replies. A load that finds the block meanwhile
+// waits for the proof (PinBlock, Digest); a block whose proof fails is
+// dropped before any load reads it, and its rename fails.
 
 // pendingXattr marks a block file renamed into place whose digest is not
 // recorded yet. It holds the kernel's boot id: at the next mount, a marked
@@ -50,10 +51,12 @@ type proof struct {
 	err  error
 }
 
-// Publish renames a tmp file over its block atomically and indexes it; the
-// block's digest is proven and recorded after the reply (prove), and every
-// load waits for that. Readers see the whole old block, the whole new one,
-// or ENOENT.
+// Publish renames a tmp file over its block atomically, indexes it, and
+// proves and records its digest (prove) before it returns; a load that
+// finds the block meanwhile waits for that. Readers see the whole old
+// block, the whole new one, or ENOENT. A block whose proof fails is gone
+// when Publish returns its error (EIO for bytes that disagree with vLLM's
+// CRC32C xattr, as vLLM's own load would have found).
 //
 // It works on the descriptor the tmp was written through, never on what the
 // tmp's name points to now: the rename (within the block's directory, opened
@@ -86,13 +89,30 @@ func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 		t.mu.Unlock()
 		return nil, err
 	}
-	// The proof owns the tmp (and its mutex) from here on.
+	// The proof releases the tmp's mutex.
 	s.proofs.Add(1)
-	go s.prove(t, b)
+	s.prove(t, b)
+	if err := b.proof.err; err != nil {
+		return nil, refusal(tmpRel, err)
+	}
 	return b, nil
 }
 
-// Size is an indexed block's size, known from its rename on: unlike
+// refusal is the rename's error for a proof that failed: bytes vLLM's
+// loader would refuse are EIO.
+func refusal(tmpRel string, err error) error {
+	var mismatch *vllmMismatch
+	var malformed *vllmMalformed
+	switch {
+	case errors.As(err, &mismatch):
+		return newError("rename", tmpRel, syscall.EIO, "%v: not published", err)
+	case errors.As(err, &malformed):
+		return newError("rename", tmpRel, syscall.EIO, "%v: not published (vLLM's loader would refuse it)", err)
+	}
+	return err
+}
+
+// Size is an indexed block's size, known from its placement on: unlike
 // Digest it does not wait for the block's proof.
 func (s *Store) Size(rel string) (int64, bool) {
 	s.mu.Lock()
@@ -398,6 +418,11 @@ func (e *vllmMismatch) Error() string {
 	return fmt.Sprintf("the engine's %s %08x does not match the bytes written (crc32c %08x)", block.VLLMChecksumXattr, e.want, e.got)
 }
 
+// vllmMalformed is a vLLM CRC32C xattr of another format than vLLM's.
+type vllmMalformed struct{ err error }
+
+func (e *vllmMalformed) Error() string { return e.err.Error() }
+
 // checkVLLMChecksum checks the bytes' CRC32C against vLLM's xattr on f,
 // if it has one: a value of another format than vLLM's is an error too
 // (vLLM's loader would refuse it).
@@ -405,7 +430,7 @@ func checkVLLMChecksum(f *os.File, crc uint32) error {
 	want, present, err := vllmChecksum(f)
 	switch {
 	case err != nil:
-		return err
+		return &vllmMalformed{err}
 	case present && want != crc:
 		return &vllmMismatch{want: want, got: crc}
 	}
