@@ -314,8 +314,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if f.connection, err = connectionOf(mountpoint); err != nil {
 		f.logger.Warn("the mount's FUSE connection cannot be aborted at shutdown", "err", err)
 	}
-	opts.Store.OnRemove(f.forget)
-	opts.Store.OnImport(f.imported)
+	opts.Store.Listen(f.storeEvent)
 	if f.regions != nil {
 		f.refreshBudget()
 		go f.watchRegions()
@@ -493,8 +492,8 @@ func (f *FS) noteStore(ref block.Ref) {
 			f.refreshBudget()
 		}
 	}
-	if d, ok := f.store.Digest(ref.Rel); ok {
-		f.diagnostics.Stored(ref, d.Size)
+	if size, ok := f.store.Size(ref.Rel); ok {
+		f.diagnostics.Stored(ref, size)
 	}
 }
 
@@ -502,6 +501,17 @@ func (f *FS) noteStore(ref block.Ref) {
 func (f *FS) invalidate(ref block.Ref) {
 	if f.stager != nil {
 		f.stager.Invalidate(ref)
+	}
+}
+
+// storeEvent follows the store's block events (disk.Store.Listen): a block
+// the store removed by itself is forgotten, an imported one indexed.
+func (f *FS) storeEvent(e disk.Event) {
+	switch e.Kind {
+	case disk.Removed:
+		f.forget(e.Rel)
+	case disk.Imported:
+		f.imported(e.Rel)
 	}
 }
 

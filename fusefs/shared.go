@@ -45,8 +45,8 @@ func (f *FS) lookupBlock(ref block.Ref, thread uint32, engine bool) (present, in
 	}
 	f.noteLookup(ref, thread, present || inShared)
 	if present && f.shared != nil {
-		if d, ok := f.store.Digest(ref.Rel); ok {
-			f.shared.LookedUp(ref.Rel, d.Size)
+		if size, ok := f.store.Size(ref.Rel); ok {
+			f.shared.LookedUp(ref.Rel, size)
 		}
 	}
 	return present, inShared, withheld

@@ -24,7 +24,11 @@ func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, 
 		events.Close()
 		return nil, err
 	}
-	store.OnBlockGone(events.BlockGone)
+	store.Listen(func(e disk.Event) {
+		if e.Kind == disk.Removed || e.Kind == disk.Unlinked {
+			events.BlockGone(e.Rel)
+		}
+	})
 	listening := "no (connects)"
 	if addr := events.Addr(); addr != nil {
 		listening = addr.String()

@@ -94,7 +94,11 @@ func startShared(cfg shared.Config, store *disk.Store, logger *slog.Logger) (*sh
 	if err != nil {
 		return nil, err
 	}
-	store.OnPublish(level.Published)
+	store.Listen(func(e disk.Event) {
+		if e.Kind == disk.Published {
+			level.Published(e.Rel, e.Size)
+		}
+	})
 	logger.Info("shared level", "dir", cfg.Dir, "capacity", formatBytes(cfg.Capacity), "rate", formatBytes(cfg.Rate),
 		"negative_ttl", cfg.NegativeTTL, "timeout", cfg.Timeout)
 	return level, nil

@@ -101,9 +101,16 @@ func (m *passthroughMount) loadsBack(t *testing.T, i int, scratch []byte, want [
 	}
 }
 
-// recordedDigest is the digest the store recorded beside block i.
+// recordedDigest is the digest the store recorded beside block i, read
+// after a load's open of the block, which waits for the proof that records it.
 func (m *passthroughMount) recordedDigest(t *testing.T, i int) block.Digest {
 	t.Helper()
+	path, _ := m.paths(i)
+	fd, err := unix.Open(path, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
 	buf := make([]byte, block.MaxRecordBytes)
 	n, err := unix.Getxattr(m.storeFile(i), "user.kvtierfs.crc32c", buf)
 	if err != nil {
@@ -147,11 +154,12 @@ func TestPassthroughDigestFromRow(t *testing.T) {
 // A passthrough store leaves none of the block's pages in the page cache, as
 // the engine's O_DIRECT write does without the mount: the kernel writes
 // through its own backing file, opened with the engine's flags, and the
-// rename reads the pages it samples O_DIRECT.
+// proof reads the pages it samples O_DIRECT.
 func TestPassthroughLeavesNothingInThePageCache(t *testing.T) {
 	m := newPassthroughMount(t, 4)
 	for i := 1; i < 3; i++ {
 		storeBlock(t, m.tier, m.region.Row(i), i)
+		m.recordedDigest(t, i) // after the proof
 		if n := residentPages(t, m.storeFile(i)); n != 0 {
 			t.Errorf("block %d: %d of its pages are in the page cache after the rename", i, n)
 		}
@@ -191,7 +199,7 @@ func residentPages(t *testing.T, path string) int {
 
 // All-zero pages of a passthrough store end up as holes in the store file,
 // and a row half zero (another node's slot, either half) is still found from
-// the region: the rename reads runs of the file until one is not all zero.
+// the region: the proof reads runs of the file until one is not all zero.
 func TestPassthroughZeroPagesAreHoles(t *testing.T) {
 	m := newPassthroughMount(t, 4)
 	for i, zeroHalf := range map[int]int{1: 1, 2: 0} {
@@ -202,6 +210,7 @@ func TestPassthroughZeroPagesAreHoles(t *testing.T) {
 		if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(i)), row); err != nil {
 			t.Fatal(err)
 		}
+		m.recordedDigest(t, i) // after the proof, which punches the holes
 		var st unix.Stat_t
 		if err := unix.Stat(m.storeFile(i), &st); err != nil {
 			t.Fatal(err)
@@ -229,11 +238,11 @@ func TestPassthroughReadsBackWithoutRow(t *testing.T) {
 	if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(5)), buf); err != nil {
 		t.Fatal(err)
 	}
-	if c := m.d.Stats().Counters; c.StoresReadBack != 1 || c.StoresFromRow != 0 {
-		t.Fatalf("stores read back %d, from a row %d; want 1 and 0", c.StoresReadBack, c.StoresFromRow)
-	}
 	if d := m.recordedDigest(t, 5); d.CRC != block.CRC32C(buf) {
 		t.Fatalf("recorded crc %08x, the bytes' %08x", d.CRC, block.CRC32C(buf))
+	}
+	if c := m.d.Stats().Counters; c.StoresReadBack != 1 || c.StoresFromRow != 0 {
+		t.Fatalf("stores read back %d, from a row %d; want 1 and 0", c.StoresReadBack, c.StoresFromRow)
 	}
 	m.loadsBack(t, 5, m.region.Row(1), buf)
 }
@@ -284,10 +293,10 @@ func TestPassthroughTruncateAllocateOutOfOrder(t *testing.T) {
 	if err := m.publish(t, fd, 1); err != nil {
 		t.Fatal(err)
 	}
+	m.loadsBack(t, 1, m.region.Row(2), expectedRow(1))
 	if c := m.d.Stats().Counters; c.StoresFromRow != 1 {
 		t.Fatalf("%d stores from a row, want 1", c.StoresFromRow)
 	}
-	m.loadsBack(t, 1, m.region.Row(2), expectedRow(1))
 }
 
 // The engine's user.vllm.kv_crc32c is checked against the row the bytes
@@ -344,6 +353,10 @@ func TestPassthroughCapacityCountedFirst(t *testing.T) {
 		if err := m.publish(t, fd, i); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A load's open waits for the proof, which counts the store from its row.
+	for i := 1; i < 3; i++ {
+		m.recordedDigest(t, i)
 	}
 	st := m.d.Stats()
 	if st.Disk.PhysicalBytes > st.Disk.CapacityBytes || st.Disk.Blocks != 3 || st.Counters.StoresFromRow != 2 {

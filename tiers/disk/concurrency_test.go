@@ -31,7 +31,11 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 	capacity := int64(24 * pages * block.PageSize)
 	s := openStore(t, Config{Capacity: capacity, LookupProtect: time.Millisecond})
 	var removedCalls atomic.Int64
-	s.OnRemove(func(string) { removedCalls.Add(1) })
+	s.Listen(func(e Event) {
+		if e.Kind == Removed {
+			removedCalls.Add(1)
+		}
+	})
 	rel := func(k int) string { return blockRel(testTier, k%3, hashHex(5000+k, 64)) }
 	for k := 0; k < keys; k++ {
 		mkdirFor(t, s, rel(k))
@@ -182,15 +186,15 @@ func TestConcurrentStoreLookupLoadRemove(t *testing.T) {
 			t.Errorf("block %d on disk but not indexed", k)
 		}
 	}
-	// Every eviction is reported to OnRemove (asynchronously: wait for it).
+	// Every eviction is told to the listeners (asynchronously: wait for it).
 	for deadline := time.Now().Add(20 * time.Second); removedCalls.Load() < c.Evictions.Load(); {
 		if time.Now().After(deadline) {
-			t.Fatalf("OnRemove called %d times for %d evictions", removedCalls.Load(), c.Evictions.Load())
+			t.Fatalf("Removed told %d times for %d evictions", removedCalls.Load(), c.Evictions.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if removedCalls.Load() != c.Evictions.Load() {
-		t.Errorf("OnRemove called %d times for %d evictions", removedCalls.Load(), c.Evictions.Load())
+		t.Errorf("Removed told %d times for %d evictions", removedCalls.Load(), c.Evictions.Load())
 	}
 }
 

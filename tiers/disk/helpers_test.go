@@ -117,13 +117,16 @@ func writeTmp(t *testing.T, s *Store, rel string, data []byte) string {
 	return tmp
 }
 
-// putBlock stores a block the way the engine does: create tmp, one write, close, rename.
+// putBlock stores a block the way the engine does: create tmp, one write,
+// close, rename; it then waits for the proofs running, so the test sees
+// the block as its proof left it.
 func putBlock(t *testing.T, s *Store, rel string, data []byte) {
 	t.Helper()
 	tmp := writeTmp(t, s, rel, data)
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatalf("Publish(%s -> %s): %v", tmp, rel, err)
 	}
+	s.proofs.Wait()
 }
 
 // readBlock loads a block through OpenBlock and returns its bytes.
@@ -288,12 +291,16 @@ func checkAccounting(t *testing.T, s *Store) {
 	}
 }
 
-// removals collects the paths OnRemove reports.
+// removals collects the blocks the store tells its listeners it removed by itself.
 type removals struct{ ch chan string }
 
 func watchRemovals(s *Store) *removals {
 	r := &removals{ch: make(chan string, 1024)}
-	s.OnRemove(func(rel string) { r.ch <- rel })
+	s.Listen(func(e Event) {
+		if e.Kind == Removed {
+			r.ch <- e.Rel
+		}
+	})
 	return r
 }
 

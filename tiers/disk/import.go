@@ -20,8 +20,8 @@ var importSerial atomic.Uint64
 // level, which verified them) through the store's own write path: a tmp file
 // beside the block, written, then published, so capacity, digest and holes
 // hold as for a block the engine stored. Its parent directories are created
-// as the mount would create them. The publish listener is not told: the
-// block came from the level it would write to.
+// as the mount would create them. Its listeners hear Imported, not
+// Published: the block came from the level a Published block goes to.
 func (s *Store) Import(rel string, data []byte) error {
 	kind, name := block.Parse(rel)
 	if kind != block.File {
@@ -44,20 +44,12 @@ func (s *Store) Import(rel string, data []byte) error {
 		s.RemoveTmp(tmp)
 		return err
 	}
-	if err := s.publish(tmp, rel); err != nil {
+	if _, err := s.publish(tmp, rel); err != nil {
 		s.RemoveTmp(tmp)
 		return err
 	}
-	if fn := s.onImport.Load(); fn != nil {
-		(*fn)(rel)
-	}
+	s.tell(Event{Kind: Imported, Rel: rel})
 	return nil
-}
-
-// OnImport sets the function told of every block Import published, after
-// its rename: the mount learns of the directories Import made without it.
-func (s *Store) OnImport(fn func(rel string)) {
-	s.onImport.Store(&fn)
 }
 
 // MakeDirs creates the directories of relDir that are missing, beneath the
@@ -92,11 +84,4 @@ func (s *Store) MakeDirs(relDir string) error {
 		parent = dir
 	}
 	return nil
-}
-
-// OnPublish sets the function told (rel, size) of every block the engine
-// publishes through the mount, after its rename (the shared level's
-// write-behind); it must not block.
-func (s *Store) OnPublish(fn func(rel string, size int64)) {
-	s.onPublish.Store(&fn)
 }

@@ -12,16 +12,21 @@ import (
 
 // TestImport: a block imported from elsewhere is published through the
 // write path (directories created private, digest recorded, capacity
-// counted, zero pages left as holes), and only the engine's own publishes
-// reach the publish listener.
+// counted, zero pages left as holes); its listeners hear it Imported, and
+// only the engine's own publishes Published.
 func TestImport(t *testing.T) {
 	s := openStore(t, Config{})
 	var mu sync.Mutex
-	var heard []string
-	s.OnPublish(func(rel string, size int64) {
+	var heard, imports []string
+	s.Listen(func(e Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		heard = append(heard, rel)
+		switch e.Kind {
+		case Published:
+			heard = append(heard, e.Rel)
+		case Imported:
+			imports = append(imports, e.Rel)
+		}
 	})
 	imported := blockRel("tier", 0, hashHex(1, 32))
 	data := pageData(1, 4)
@@ -46,6 +51,9 @@ func TestImport(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if len(heard) != 1 || heard[0] != engine {
-		t.Fatalf("publish listener heard %v, want only %s", heard, engine)
+		t.Fatalf("listeners heard %v Published, want only %s", heard, engine)
+	}
+	if len(imports) != 1 || imports[0] != imported {
+		t.Fatalf("listeners heard %v Imported, want only %s", imports, imported)
 	}
 }

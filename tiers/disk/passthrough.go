@@ -175,9 +175,8 @@ func (s *Store) dropOvergrownLocked(rel string, t *tmpFile) {
 		"path", s.Path(rel), "bytes", size, "row_bytes", t.expect)
 }
 
-// written is what a rename learns about a passthrough tmp's bytes.
+// written is what a proof learns about a passthrough tmp's bytes.
 type written struct {
-	size  int64
 	sum   *block.Sum
 	probe func(off int64) (uint64, error)
 	// fromRow is set when the digest is the row's, not read from the file.
@@ -187,16 +186,13 @@ type written struct {
 // sealPassthrough learns a passthrough tmp's checksum and probe windows from
 // the engine's row its bytes came from (a run of verifyPages pages of the file
 // must equal it), or else by reading the file back, and leaves its all-zero
-// pages as holes. The caller holds t.mu; the writer has released the file.
+// pages as holes. The tmp's size is its file's, a positive multiple of the
+// page size (tmpFile.wholeRow). The caller holds t.mu; the writer has
+// released the file.
 func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
-	size, _, err := fileSize(f)
-	if err != nil {
-		return written{}, err
-	}
-	w := written{size: size}
-	if size == 0 || size%int64(block.PageSize) != 0 {
-		return w, nil // refused by the caller
-	}
+	size := t.size
+	var w written
+	var err error
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()

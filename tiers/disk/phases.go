@@ -26,24 +26,33 @@ const (
 	PhaseRename
 	// PhaseReleaseWait waits for the writer to release the tmp file.
 	PhaseReleaseWait
-	// PhaseProbe reads the probe pages, finds the row and punches zero pages.
+	// PhaseProbe reads the probe pages, finds the row and punches zero
+	// pages; part of PhaseProof.
 	PhaseProbe
 	// PhaseProbeRead is the read of the probe pages, part of PhaseProbe.
 	PhaseProbeRead
-	// PhaseChecksum checksums what no row gave and checks vLLM's CRC32C xattr.
+	// PhaseChecksum checksums what no row gave and checks vLLM's CRC32C
+	// xattr; part of PhaseProof.
 	PhaseChecksum
-	// PhaseRecord writes the digest record.
+	// PhaseRecord writes the digest record and clears the pending mark; part of PhaseProof.
 	PhaseRecord
 	// PhaseRenameat renames the tmp in the store and checks its identity, under the store's lock.
 	PhaseRenameat
 	// PhaseIndex updates the lookup index, staging and the diagnostics after the rename.
 	PhaseIndex
+	// PhasePending marks the tmp pending its proof, before the rename.
+	PhasePending
+	// PhaseProof is a block's whole proof, the end of its rename.
+	PhaseProof
+	// PhaseLoadProofWait is what a load of a block waited for its proof.
+	PhaseLoadProofWait
 	phaseCount
 )
 
 // phaseNames name the phases in stats.json and the metrics.
 var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
-	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index"}
+	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index",
+	"rename_pending", "rename_proof", "load_proof_wait"}
 
 // String is the phase's name in stats.json.
 func (p Phase) String() string { return phaseNames[p] }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,15 +55,33 @@ func (s *Store) Lookup(rel string, thread uint32) bool {
 	return true
 }
 
-// Digest returns a present block's digest; ok is false for an absent block.
+// Digest returns a present block's digest, once its proof is done (publish.go);
+// ok is false for an absent block, or one that failed its proof.
 func (s *Store) Digest(rel string) (block.Digest, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	b := s.blocks[rel]
-	if b == nil {
+	s.mu.Unlock()
+	if b == nil || s.awaitProof(b) != nil {
 		return block.Digest{}, false
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return b.digest, true
+}
+
+// awaitProof waits for the proof of a block published through the mount, if
+// it is still running, and returns its error.
+func (s *Store) awaitProof(b *entry) error {
+	if b.proof == nil {
+		return nil
+	}
+	select {
+	case <-b.proof.done:
+	default:
+		defer s.TimePhase(PhaseLoadProofWait, time.Now())
+		<-b.proof.done
+	}
+	return b.proof.err
 }
 
 // CountMissedLookup counts a block lookup that failed before reaching the
@@ -70,8 +89,9 @@ func (s *Store) Digest(rel string) (block.Digest, bool) {
 func (s *Store) CountMissedLookup() { s.counters.Lookups.Add(1) }
 
 // PinBlock opens a block for a load without reading it, pinning it until the
-// Reader is closed. The caller must prove the load's bytes before the load
-// counts as done: Verify, or find them in the engine's region by Digest.
+// Reader is closed, and waits for the block's proof (publish.go). The
+// caller must prove the load's bytes before the load counts as done:
+// Verify, or find them in the engine's region by Digest.
 //
 // The file is opened outside the store's lock: with cold caches an open
 // reads directories and an inode from the disk, and sixteen loads would
@@ -114,7 +134,12 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		}
 		b.readers++
 		s.mu.Unlock()
-		return &Reader{s: s, b: b, file: f}, nil
+		r := &Reader{s: s, b: b, file: f}
+		if err := s.awaitProof(b); err != nil {
+			r.Close()
+			return nil, newError("open", rel, syscall.EIO, "the block was dropped after its rename: %v", err)
+		}
+		return r, nil
 	}
 	return nil, newError("open", rel, syscall.EAGAIN, "the block was replaced %d times while being opened", pinAttempts)
 }

@@ -65,7 +65,7 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 				t.Error("corrupt block still on disk (an engine pointed at the store would load it)")
 			}
 			if rel := gone.next(t); rel != bad {
-				t.Errorf("OnRemove(%q), want %q", rel, bad)
+				t.Errorf("Removed %q told, want %q", rel, bad)
 			}
 			// Further opens see ENOENT, not another checksum failure.
 			_, err = s.OpenBlock(bad)
@@ -190,7 +190,7 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 		t.Errorf("ChecksumFailures = %d, want 1", got)
 	}
 	if got := gone.next(t); got != rel {
-		t.Errorf("OnRemove(%q), want %q", got, rel)
+		t.Errorf("Removed %q told, want %q", got, rel)
 	}
 	checkAccounting(t, s)
 
@@ -213,7 +213,7 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 		t.Errorf("ChecksumFailures = %d, want 2", got)
 	}
 	if got := gone.next(t); got != rel {
-		t.Errorf("OnRemove(%q), want %q", got, rel)
+		t.Errorf("Removed %q told, want %q", got, rel)
 	}
 	_, err = s.PinBlock(rel)
 	wantErrno(t, err, syscall.ENOENT, "PinBlock of a removed block")

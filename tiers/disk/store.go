@@ -90,6 +90,9 @@ type entry struct {
 	unchecked bool
 	// times are the file's, as last read or set (times.go).
 	times Times
+	// proof is set for a block published through the mount: loads wait for
+	// it (publish.go). Set at creation, never changed.
+	proof *proof
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
@@ -157,10 +160,18 @@ type Store struct {
 	rootFD    int
 	capacity  int64
 	fsReserve int64
-	counters  Counters
-	phases    phaseTimes
+	// fsBlock is the store filesystem's block size: a placed block whose
+	// xattrs took none yet counts one more until its proof wrote its
+	// record (publish.go).
+	fsBlock  int64
+	counters Counters
+	phases   phaseTimes
 	// rows finds the engine's row a passthrough tmp was written from.
 	rows WrittenRows
+	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
+	bootID []byte
+	// proofs counts the proofs running behind their renames' replies.
+	proofs sync.WaitGroup
 
 	mu     sync.Mutex
 	blocks map[string]*entry
@@ -181,15 +192,15 @@ type Store struct {
 	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
 	lastSweep atomic.Int64
 
+	// listeners hear the store's block events (events.go), in order;
+	// the slice is replaced, never changed in place, under listenMu.
+	listenMu  sync.Mutex
+	listeners []func(Event)
+	// pending are the blocks gone from the index whose events the
+	// notifier goroutine has not told yet; removed wakes it.
 	removed     chan struct{}
 	pendingMu   sync.Mutex
-	pending     []removal
-	onRemove    func(rel string)
-	onBlockGone func(rel string)
-	// onPublish hears of blocks the engine publishes (OnPublish).
-	onPublish atomic.Pointer[func(rel string, size int64)]
-	// onImport hears of blocks Import published (OnImport).
-	onImport    atomic.Pointer[func(rel string)]
+	pending     []Event
 	stopRemoval chan struct{}
 	removalDone chan struct{}
 }
@@ -257,6 +268,7 @@ func Open(cfg Config) (*Store, error) {
 		removed:     make(chan struct{}, 1),
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
+		bootID:      readBootID(),
 	}
 	if err := s.refuseTakeover(s.rootFD); err != nil {
 		lock.Close()
@@ -292,8 +304,10 @@ func (s *Store) LookupCacheTTL() time.Duration { return s.cfg.LookupCacheTTL }
 // Path is the store path of a store-relative path.
 func (s *Store) Path(rel string) string { return filepath.Join(s.root, rel) }
 
-// Close stops background work and releases the store lock.
+// Close waits for the proofs of published blocks, stops background work and
+// releases the store lock.
 func (s *Store) Close() error {
+	s.proofs.Wait()
 	close(s.stopRemoval)
 	<-s.removalDone
 	return s.lockFile.Close()
@@ -333,6 +347,7 @@ func (s *Store) setCapacity(capacity int64) error {
 	}
 	s.capacity = capacity
 	s.fsReserve = min(1<<30, total/20)
+	s.fsBlock = st.Bsize
 	return nil
 }
 
@@ -473,7 +488,9 @@ func (e *unprovenError) Error() string { return e.reason }
 // the name it is found under. A block without a record (copied or restored
 // without xattrs, or written by an engine pointed straight at the store) has
 // no proof of its bytes: it is indexed only when vLLM's own CRC32C xattr is
-// on it and matches its bytes, and refused (left on disk, unindexed) otherwise.
+// on it and matches its bytes, and refused (left on disk, unindexed)
+// otherwise. A block still pending its proof is proven from its bytes when
+// this boot renamed it (pendingDigest), its record, if any, ignored.
 func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	f, err := s.openForReading(rel)
 	if err != nil {
@@ -487,20 +504,15 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, &unprovenError{reason: "not a regular file"}
 	}
-	d, ok, upgrade, err := readRecord(f, name)
+	d, pending, err := s.pendingDigest(f, st.Size)
 	if err != nil {
-		return nil, &unprovenError{reason: err.Error()}
+		return nil, err
 	}
-	if !ok {
-		if d, err = s.adoptVLLM(f, st.Size); err != nil {
+	upgrade := pending
+	if !pending {
+		if d, upgrade, err = s.recordedDigest(f, name, st.Size); err != nil {
 			return nil, err
 		}
-		upgrade = true
-	} else if want, present, err := vllmChecksum(f); err != nil {
-		// vLLM's loader would drop the block at its first load.
-		return nil, &unprovenError{reason: err.Error()}
-	} else if present && want != d.CRC {
-		return nil, &unprovenError{reason: fmt.Sprintf("its %s %08x disagrees with its digest record (crc32c %08x)", block.VLLMChecksumXattr, want, d.CRC)}
 	}
 	if d.Size != st.Size {
 		return nil, fmt.Errorf("file has %d bytes, checksum covers %d", st.Size, d.Size)
@@ -509,12 +521,38 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 		if err := writeDigest(f, name, d); err != nil {
 			return nil, err
 		}
+		if pending {
+			if err := clearPending(f); err != nil {
+				return nil, err
+			}
+		}
 		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 			return nil, err
 		}
 	}
 	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
 		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true, times: timesOf(&st)}, nil
+}
+
+// recordedDigest is a block file's digest from its record, or from vLLM's
+// CRC32C xattr when it has no record (adoptVLLM); upgrade is set when the
+// record is to be written again, bound to the block's name.
+func (s *Store) recordedDigest(f *os.File, name block.Name, size int64) (d block.Digest, upgrade bool, err error) {
+	d, ok, upgrade, err := readRecord(f, name)
+	if err != nil {
+		return d, false, &unprovenError{reason: err.Error()}
+	}
+	if !ok {
+		d, err = s.adoptVLLM(f, size)
+		return d, true, err
+	}
+	if want, present, err := vllmChecksum(f); err != nil {
+		// vLLM's loader would drop the block at its first load.
+		return d, false, &unprovenError{reason: err.Error()}
+	} else if present && want != d.CRC {
+		return d, false, &unprovenError{reason: fmt.Sprintf("its %s %08x disagrees with its digest record (crc32c %08x)", block.VLLMChecksumXattr, want, d.CRC)}
+	}
+	return d, upgrade, nil
 }
 
 // adoptVLLM proves a block without a record by vLLM's CRC32C xattr: the
@@ -566,43 +604,20 @@ func (s *Store) dropLocked(b *entry) {
 	}
 }
 
-// OnRemove sets the function called from a background goroutine with the path
-// of every block the store removes by itself (eviction, checksum failure), so
-// that caches above it (the kernel's dentries) can forget the entry.
-func (s *Store) OnRemove(fn func(rel string)) {
-	s.pendingMu.Lock()
-	s.onRemove = fn
-	s.pendingMu.Unlock()
-}
+// queueRemoval hands a block the store removed by itself to the notifier
+// goroutine without blocking.
+func (s *Store) queueRemoval(rel string) { s.queue(Event{Kind: Removed, Rel: rel}) }
 
-// OnBlockGone sets the function called from the same goroutine with the path
-// of every block that leaves the store: those OnRemove reports, and those the
-// engine unlinks through the mount. A block replaced by a rename over its name
-// stays in the store and is not reported.
-func (s *Store) OnBlockGone(fn func(rel string)) {
-	s.pendingMu.Lock()
-	s.onBlockGone = fn
-	s.pendingMu.Unlock()
-}
-
-// removal is a block gone from the index, waiting for the listeners.
-type removal struct {
-	rel string
-	// requested is true for an unlink at the engine's request: the kernel
-	// already forgot the entry, so only OnBlockGone hears of it.
-	requested bool
-}
-
-// queueRemoval hands a removed block to the listeners' goroutine without blocking.
-func (s *Store) queueRemoval(rel string) { s.queue(removal{rel: rel}) }
-
-func (s *Store) queue(r removal) {
-	s.pendingMu.Lock()
-	if s.onBlockGone == nil && (s.onRemove == nil || r.requested) {
-		s.pendingMu.Unlock()
+// queue hands a removal event to the notifier goroutine without blocking.
+func (s *Store) queue(e Event) {
+	s.listenMu.Lock()
+	none := len(s.listeners) == 0
+	s.listenMu.Unlock()
+	if none {
 		return
 	}
-	s.pending = append(s.pending, r)
+	s.pendingMu.Lock()
+	s.pending = append(s.pending, e)
 	s.pendingMu.Unlock()
 	select {
 	case s.removed <- struct{}{}:
@@ -610,7 +625,7 @@ func (s *Store) queue(r removal) {
 	}
 }
 
-// notifyRemovals delivers queued removals to the listeners until Close.
+// notifyRemovals tells the listeners of queued removals until Close.
 func (s *Store) notifyRemovals() {
 	defer close(s.removalDone)
 	for {
@@ -620,16 +635,11 @@ func (s *Store) notifyRemovals() {
 		case <-s.removed:
 		}
 		s.pendingMu.Lock()
-		batch, onRemove, onBlockGone := s.pending, s.onRemove, s.onBlockGone
+		batch := s.pending
 		s.pending = nil
 		s.pendingMu.Unlock()
-		for _, r := range batch {
-			if onRemove != nil && !r.requested {
-				onRemove(r.rel)
-			}
-			if onBlockGone != nil {
-				onBlockGone(r.rel)
-			}
+		for _, e := range batch {
+			s.tell(e)
 		}
 	}
 }

@@ -17,11 +17,18 @@ func (s *Store) OpenBlock(rel string) (*Reader, error) {
 	return r, nil
 }
 
-// Contains reports whether a block is indexed, without recording a lookup.
+// Contains reports whether a block is indexed once its proof is done,
+// without recording a lookup.
 func (s *Store) Contains(rel string) bool {
 	s.mu.Lock()
+	b := s.blocks[rel]
+	s.mu.Unlock()
+	if b == nil || s.awaitProof(b) != nil {
+		return false
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.blocks[rel] != nil
+	return s.blocks[rel] == b
 }
 
 // RowBytes returns the block size of each tier directory that holds blocks.
