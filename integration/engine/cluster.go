@@ -41,6 +41,7 @@ type node struct {
 	region     *engineio.Region
 	daemon     *daemon.Daemon
 	log        daemon.LogBuffer
+	metrics    string // host:port of its metrics and pprof endpoint, with Config.Profile
 }
 
 // cluster is the nodes of a run and the temporary directory holding their
@@ -112,6 +113,14 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 			args = append(args, "--staging-bytes", "0")
 		}
 		args = append(args, "--lookup-budget", budgetMode(cfg.LookupBudget))
+		if cfg.Profile != "" {
+			port, err := freeLoopbackPort()
+			if err != nil {
+				return nil, err
+			}
+			n.metrics = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			args = append(args, "--debug", "--metrics-addr", n.metrics) // --debug serves pprof
+		}
 		var wrapper []string
 		if c.netns != nil {
 			wrapper = c.netns.Wrapper(n.index)

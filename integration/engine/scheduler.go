@@ -35,6 +35,7 @@ type scheduler struct {
 	measuring   bool
 	loadSeconds float64
 	reporter    *progressReporter
+	profile     *phaseProfile // --profile; nil without
 }
 
 // newScheduler opens the tier on the head node's mount as the engine does (the
