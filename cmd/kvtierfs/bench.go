@@ -65,7 +65,7 @@ type benchFlags struct {
 	rowBytes, groups, kv     string
 	hashSeed, model, gpuKind string
 	gpuDevices, replicatedKV string
-	capacity, dir            string
+	capacity, dir, profile   string
 	asJSON, dropCaches       bool
 	halfZero, netns          bool
 	stagingBytes             string
@@ -118,6 +118,7 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.netns, "netns", false, "put each node's daemon in a network namespace of its own, the nodes on one bridge, so that mirrored rows cross veth links (root, iproute2)")
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
+	fl.StringVar(&b.profile, "profile", "", "engine scenarios: write a CPU profile of every node's daemon and of the bench during the measured requests, and the CPU they and the machine used, to this directory (not with --netns)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
 	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side; chain: the chain's length (default 222)")
 	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent); chain: keys matched")
@@ -133,7 +134,7 @@ func newBenchFlags() *benchFlags {
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
 	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds"}
-	engineOnlyFlags = []string{"engine", "sync", "staging", "lookup-budget", "at-once", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns"}
+	engineOnlyFlags = []string{"engine", "sync", "staging", "lookup-budget", "at-once", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns", "profile"}
 )
 
 func runBench(args []string) error {
@@ -247,6 +248,7 @@ func (b *benchFlags) engineConfig(scenario, exe string) (engine.Config, error) {
 	cfg.IOThreads, cfg.KV, cfg.HashSeed, cfg.Model, cfg.GPU = b.threads, b.kv, b.hashSeed, b.model, b.gpuKind
 	cfg.AtOnce = b.atOnce
 	cfg.ReplicatedKV, cfg.Capacity, cfg.Dir, cfg.StepGap, cfg.Netns = b.replicatedKV, b.capacity, b.dir, b.stepGap, b.netns
+	cfg.Profile = b.profile
 	cfg.Binary, cfg.RegionID, cfg.Progress = exe, fmt.Sprintf("kvtierbench_%d", os.Getpid()), os.Stderr
 	return cfg, nil
 }

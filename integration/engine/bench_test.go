@@ -2,8 +2,10 @@ package engine
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,4 +170,42 @@ func TestBenchInterrupt(t *testing.T) {
 		t.Fatalf("the bench did not stop within 60 s of SIGINT:\n%s", stderr)
 	}
 	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+}
+
+// TestBenchProfile: with --profile a multinode run writes a CPU profile of
+// every node's daemon and of the bench for its measured requests, and the
+// cores each kept busy, and removes everything else.
+func TestBenchProfile(t *testing.T) {
+	dir, profiles := t.TempDir(), t.TempDir()
+	cmd, _, stderr := benchCommand(dir, "multinode", "--nodes", "2", "--sync", "on", "--row-bytes", "256KiB", "--rows", "16", "--promote", "8", "--gpu", "host", "--profile", profiles)
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	for _, name := range []string{"node0-sync-on.pprof", "node1-sync-on.pprof", "bench-sync-on.pprof"} {
+		f, err := os.Open(filepath.Join(profiles, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		z, err := gzip.NewReader(f) // a pprof profile is a gzipped protocol buffer
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if n, err := io.Copy(io.Discard, z); err != nil || n == 0 {
+			t.Errorf("%s: %d bytes, %v", name, n, err)
+		}
+	}
+	report, err := os.ReadFile(filepath.Join(profiles, "cpu-sync-on.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"measured requests: ", "machine: ", "node 0 daemon: ", "node 1 daemon: ", "bench (engine, ranks, GPU stage): "} {
+		if !strings.Contains(string(report), "\n"+line) && !strings.HasPrefix(string(report), line) {
+			t.Errorf("cpu-sync-on.txt lacks %q:\n%s", line, report)
+		}
+	}
+	if !strings.Contains(stderr.String(), "--profile: measured requests") {
+		t.Errorf("the run's progress does not report the CPU use:\n%s", stderr)
+	}
 }

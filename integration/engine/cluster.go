@@ -41,6 +41,7 @@ type node struct {
 	region     *engineio.Region
 	daemon     *daemon.Daemon
 	log        daemon.LogBuffer
+	metrics    string // host:port of its metrics and pprof endpoint, with Config.Profile
 }
 
 // cluster is the nodes of a run and the temporary directory holding their
@@ -112,6 +113,14 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 			args = append(args, "--staging-bytes", "0")
 		}
 		args = append(args, "--lookup-budget", budgetMode(cfg.LookupBudget))
+		if cfg.Profile != "" {
+			port, err := freeLoopbackPort()
+			if err != nil {
+				return nil, err
+			}
+			n.metrics = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			args = append(args, "--debug", "--metrics-addr", n.metrics) // --debug serves pprof
+		}
 		var wrapper []string
 		if c.netns != nil {
 			wrapper = c.netns.Wrapper(n.index)
@@ -167,13 +176,6 @@ func (c *cluster) waitPeersUp(ctx context.Context) error {
 	}
 }
 
-// mirroredRequest is the request size of a mirroring mount for rows of
-// rowBytes: a row must arrive in at least two READs, so that the mount finds
-// its destination row before the last returns (package fusefs/core).
-func mirroredRequest(rowBytes int) int {
-	return max(16<<10, min(4<<20, rowBytes/2/engineio.PageSize*engineio.PageSize))
-}
-
 // CheckSync returns an error wrapping ErrSyncUnavailable unless `binary mount
 // --help` lists --peer, i.e. unless the binary can mirror rows.
 func CheckSync(binary string) error {
@@ -215,7 +217,7 @@ func (c *cluster) syncArgs(cfg Config) ([][]string, error) {
 	}
 	for i := range c.nodes {
 		args[i] = []string{"--listen", addrs[i], "--secret-file", secretFile, "--replicated-kv", cfg.ReplicatedKV,
-			"--max-request", strconv.Itoa(mirroredRequest(cfg.RowBytes)), "--row-bytes", strconv.Itoa(cfg.RowBytes)}
+			"--row-bytes", strconv.Itoa(cfg.RowBytes)}
 		for _, addr := range addrs { // one list for the whole group, as a DaemonSet gives it
 			args[i] = append(args[i], "--peer", addr)
 		}

@@ -145,6 +145,9 @@ type Config struct {
 	// Netns puts each node's daemon in a network namespace of its own, the
 	// nodes joined by a bridge, so that rows cross veth links (--netns; root).
 	Netns bool
+	// Profile, when set, is the directory for the CPU profiles and CPU use
+	// of the measured requests (--profile; not with Netns).
+	Profile string
 
 	// RowBytes is the size of a row and of every block file (--row-bytes), a
 	// multiple of the page size.
@@ -313,6 +316,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--world-size %d: want a multiple of --nodes %d (the same number of GPUs on every node)", c.WorldSize, c.Nodes)
 	case c.SlotBytes() == 0:
 		return fmt.Errorf("--row-bytes %d: too small for --world-size %d slots of at least one page", c.RowBytes, c.WorldSize)
+	case c.Profile != "" && c.Netns:
+		return fmt.Errorf("--profile: not with --netns (the daemons' pprof endpoints listen on loopback)")
 	case c.Sync && c.Nodes == 1:
 		return fmt.Errorf("--sync on: needs --nodes 2 or more (a single node has no peer to mirror rows to)")
 	case c.KV != KVMLA && c.KV != KVGQA:

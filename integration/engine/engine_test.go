@@ -331,6 +331,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		"--promote 0":                          func(c *Config) { c.Promote = 0 },
 		"--rows 0":                             func(c *Config) { c.Rows = 0 },
 		"--model":                              func(c *Config) { c.Model = "a/b" },
+		"--profile: not with --netns":          func(c *Config) { c.Profile, c.Netns = "p", true },
 	} {
 		cfg, _ := DefaultConfig(ScenarioMultinode)
 		cfg.Binary = "kvtierfs"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
@@ -137,9 +138,19 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 		s.startIOThreads()
 		defer s.close()
+		if cfg.Profile != "" {
+			if s.profile, err = newPhaseProfile(cfg.Profile, "sync-"+res.Sync, cl.nodes); err != nil {
+				return
+			}
+		}
 		start := time.Now()
 		err = runScenario(ctx, s)
 		res.Seconds = time.Since(start).Seconds()
+		if s.profile != nil {
+			report, perr := s.profile.stop()
+			reporter.always("--profile: %s", strings.ReplaceAll(strings.TrimSpace(report), "\n", "; "))
+			err = errors.Join(err, perr)
+		}
 	})
 	if err != nil {
 		return res, err
@@ -209,7 +220,9 @@ func storeThenAskCold(ctx context.Context, s *scheduler, prompts [][]uint32) err
 		s.progress("stored prompt %d/%d", i+1, len(prompts))
 	}
 	s.restart()
-	s.measuring = true
+	if err := s.beginMeasuring(); err != nil {
+		return err
+	}
 	if s.cfg.AtOnce {
 		return s.serveTogether(ctx, prompts)
 	}
@@ -235,7 +248,9 @@ func multinode(ctx context.Context, s *scheduler) error {
 			return err
 		}
 	}
-	s.measuring = true
+	if err := s.beginMeasuring(); err != nil {
+		return err
+	}
 	return s.serve(ctx, prompt)
 }
 
@@ -252,7 +267,9 @@ func agent(ctx context.Context, s *scheduler) error {
 		sessions[i] = append(append([]uint32{}, shared...), own...)
 	}
 	turns := (cfg.Requests + cfg.Sessions - 1) / cfg.Sessions
-	s.measuring = true
+	if err := s.beginMeasuring(); err != nil {
+		return err
+	}
 	for i := 0; i < cfg.Requests; i++ {
 		turn := i / cfg.Sessions
 		length := cfg.PrefixMin

@@ -36,7 +36,8 @@ type scheduler struct {
 	loadSeconds float64
 	reporter    *progressReporter
 	// io feeds the engine's tier I/O threads (startIOThreads).
-	io chan func()
+	io      chan func()
+	profile *phaseProfile // --profile; nil without
 }
 
 // newScheduler opens the tier on the head node's mount as the engine does (the

@@ -37,9 +37,10 @@ const StateInbound = "inbound"
 // from peers, a Mirror to peers, the replication Gate and the counters. A Node
 // started without Listen and Peers is a no-op.
 type Node struct {
-	gate   *Gate
-	mirror *Mirror // nil without peers
-	server *Server // nil without Listen
+	gate     *Gate
+	mirror   *Mirror // nil without peers
+	server   *Server // nil without Listen
+	rowBytes int     // Config.RowBytes
 
 	rowsMirrored atomic.Uint64
 }
@@ -57,7 +58,7 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
-	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf)}
+	n := &Node{gate: NewGate(cfg.Replicated, cfg.Logf), rowBytes: cfg.RowBytes}
 	if cfg.Notes != nil {
 		if err := n.gate.Remember(cfg.Notes); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			cfg.Logf("rowsync: the store samples of an earlier run are lost: %v", err)
@@ -93,6 +94,10 @@ func (n *Node) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// RowBytes is the row size the node was configured with (--row-bytes); 0
+// when none was given.
+func (n *Node) RowBytes() int { return n.rowBytes }
 
 // Enabled reports whether the node has peers or listens.
 func (n *Node) Enabled() bool { return n.mirror != nil || n.server != nil }

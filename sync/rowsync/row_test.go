@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"strings"
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"golang.org/x/sys/unix"
 )
 
 // applyExtents is the reference for what a receiver makes of a RowWrite: the
@@ -77,5 +79,49 @@ func TestReceiveRow(t *testing.T) {
 	r = bytes.NewReader(frame[5 : len(frame)-1])
 	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("receiveRow of a torn frame = %v", err)
+	}
+}
+
+// TestCommitRowOnlyReadsZeroPages checks that commitRow clears the stale
+// pages between and after the extents, whatever byte of the page is stale,
+// and never writes a page that is zero already: those pages are mapped
+// read-only, so a write would fault.
+func TestCommitRowOnlyReadsZeroPages(t *testing.T) {
+	page := block.PageSize
+	mem, err := unix.Mmap(-1, 0, 16*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	src := make([]byte, len(mem))
+	fillPage := func(p []byte, seed byte) {
+		for i := range p {
+			p[i] = seed + byte(i%251) | 1
+		}
+	}
+	fillPage(src[2*page:4*page], 3)    // the sent slot: pages 2 and 3
+	fillPage(src[9*page:9*page+10], 5) // and part of page 9
+	stale := map[int]int{0: page - 1, 5: 0, 9: page - 1, 12: page / 2, 15: page - 1}
+	for p, at := range stale {
+		mem[p*page+at] = 0xee
+	}
+	for p := range 16 {
+		if _, ok := stale[p]; !ok && p != 2 && p != 3 {
+			if err := unix.Mprotect(mem[p*page:(p+1)*page], unix.PROT_READ); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("commitRow wrote a page that was zero already: %v", r)
+			}
+		}()
+		commitRow(mem, nonZeroExtents(src))
+	}()
+	if !bytes.Equal(mem, src) {
+		t.Error("commitRow left stale bytes or lost the slot's")
 	}
 }

@@ -492,12 +492,29 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 }
 
 // commitRow makes row hold extents (sorted, disjoint, inside the row) and
-// zeros elsewhere.
+// zeros elsewhere. Pages between the extents are written only where they are
+// not zero already: with one GPU per node a row's other slots are zero on
+// every node (shared DESIGN §2), and clearing them made every peer write the
+// whole row for each slot it received, a cost that grew with the row, not the
+// slot. The row's pages are first mapped in one call (a daemon's mapping of
+// the engine's region starts without any).
 func commitRow(row []byte, extents []Extent) {
+	prefault(row)
 	var end uint64 // end of the previous extent
 	for _, e := range extents {
-		clear(row[end:e.Off])
+		clearNonZero(row[end:e.Off])
 		end = e.Off + uint64(copy(row[e.Off:], e.Data))
 	}
-	clear(row[end:])
+	clearNonZero(row[end:])
+}
+
+// clearNonZero zeroes the pages of p that are not zero.
+func clearNonZero(p []byte) {
+	for len(p) > 0 {
+		n := min(len(p), block.PageSize)
+		if !block.IsZero(p[:n]) {
+			clear(p[:n])
+		}
+		p = p[n:]
+	}
 }

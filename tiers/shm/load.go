@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"encoding/binary"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -39,7 +40,8 @@ func (s *Set) CopyHeld(d block.Digest, dst []byte) (RowRef, bool) {
 
 // Destinations finds the rows a load is filling from the part already
 // delivered: prefix is the block's first len(prefix) bytes, and a row whose
-// first len(prefix) bytes equal it (samples, then CRC32C) is a candidate.
+// first len(prefix) bytes equal it (samples, then every byte: one pass over
+// the row, where summing the prefix and the row took two) is a candidate.
 // Rows that held the whole block before the load started (before) can match
 // without being the destination, so they are left out, unless every
 // candidate is one of them: the engine then reloads the block into a row
@@ -53,7 +55,6 @@ func (s *Set) Destinations(d block.Digest, prefix []byte, before []RowRef) []Row
 	for _, ref := range before {
 		held[ref] = true
 	}
-	want := block.CRC32C(prefix)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var fresh, old []RowRef
@@ -66,7 +67,7 @@ func (s *Set) Destinations(d block.Digest, prefix []byte, before []RowRef) []Row
 			fresh, old = nil, nil
 			return false
 		}
-		if block.CRC32C(row[:len(prefix)]) != want {
+		if !bytes.Equal(row[:len(prefix)], prefix) {
 			return true
 		}
 		if held[ref] {

@@ -243,3 +243,42 @@ func benchRegion(b *testing.B, rows, rowBytes int) *Set {
 
 // page64 is block.PageSize where sizes and offsets are int64.
 var page64 = int64(block.PageSize)
+
+// TestDestinationsComparesEveryByte: the row a load is filling is found from
+// the delivered prefix; a row that matches every sample but differs in one
+// byte of the prefix is not a destination, and a row that held the whole
+// block before counts only when no other row matches.
+func TestDestinationsComparesEveryByte(t *testing.T) {
+	set, data, path := regionFile(t, 4)
+	d := block.DigestOf(data[1*testRow : 2*testRow])
+	before := set.Candidates(d) // row 1 holds the block already
+	prefix := data[1*testRow : 1*testRow+testRow/4]
+	if got := set.Destinations(d, prefix, before); len(got) != 1 || got[0].Row != 1 {
+		t.Fatalf("only the row holding the block before: destinations %+v, want row 1 (a reload)", got)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	near := append([]byte{}, prefix...)
+	flip := len(near) - 3 // inside the prefix, past every sample's 8 bytes
+	for _, s := range d.Samples {
+		if int(s.Off) <= flip && flip < int(s.Off)+8 {
+			flip = int(s.Off) - 1
+		}
+	}
+	near[flip] ^= 1
+	if _, err := f.WriteAt(near, 3*testRow); err != nil { // row 3: one byte off
+		t.Fatal(err)
+	}
+	if got := set.Destinations(d, prefix, before); len(got) != 1 || got[0].Row != 1 {
+		t.Fatalf("with a row one byte off: destinations %+v, want row 1", got)
+	}
+	if _, err := f.WriteAt(prefix, 2*testRow); err != nil { // row 2: the load's destination
+		t.Fatal(err)
+	}
+	if got := set.Destinations(d, prefix, before); len(got) != 1 || got[0].Row != 2 {
+		t.Fatalf("destinations %+v, want row 2, the row being filled", got)
+	}
+}
