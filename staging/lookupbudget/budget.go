@@ -144,8 +144,11 @@ type Budget struct {
 	// latest rows' worth of blocks loaded or stored, most recent last.
 	resident      *list.List
 	residentEntry map[Key]*list.Element
-	lastSweep     time.Time
-	stats         Stats
+	// lookedUp is the keys the lookup thread looked up since the engine
+	// last stored or loaded them: its rows lack them.
+	lookedUp  map[Key]bool
+	lastSweep time.Time
+	stats     Stats
 }
 
 // answer is when a key was last answered, and in which batch.
@@ -212,6 +215,7 @@ func New(opts Options) *Budget {
 		prev:          map[Key]Key{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
+		lookedUp:      map[Key]bool{},
 	}
 }
 
@@ -293,6 +297,10 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.resident.Remove(e)
 		delete(b.residentEntry, key)
 	}
+	if len(b.lookedUp) >= b.opts.MaxKeys {
+		clear(b.lookedUp)
+	}
+	b.lookedUp[key] = true
 	bt := b.batchLocked(key, thread, now)
 	if !present {
 		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
@@ -396,11 +404,16 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 }
 
 // countSkippedLocked counts the keys of key's chain just before it that the
-// batch did not look up and the engine's rows likely hold (its walk found
-// them there): they take rows of the batch too. The walk back from key
-// follows the links earlier batches taught and must end at the batch's
-// previous prefix key, or at a chain's head for the batch's first one. Key
-// is then linked after the previous prefix key when nothing lies between.
+// batch did not look up and the engine's rows hold (its walk found them
+// there, or is promoting them): they take rows of the batch too. The walk
+// back from key follows the links earlier batches taught and must end at
+// the batch's previous prefix key, or at a chain's head for the batch's
+// first one. A key the lookup thread looked up since its last store or
+// load is not in the engine's rows and ends the walk; any other may be,
+// whether or not the estimate of the engine's rows still has it (the
+// estimate's latest rows' worth of blocks, of every chain and group,
+// misses a long chain's older chunks). Key is then linked after the
+// previous prefix key when nothing lies between.
 func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 	var skipped []Key
 	joined := false
@@ -411,7 +424,7 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 			joined = !bt.hasLast
 		case bt.hasLast && prev == bt.last:
 			joined = true
-		case prev != key && !bt.counted[prev] && b.residentEntry[prev] != nil:
+		case prev != key && !bt.counted[prev] && !b.lookedUp[prev]:
 			k = prev
 			skipped = append(skipped, k)
 			continue
@@ -467,6 +480,7 @@ func (b *Budget) NoteStore(key Key) {
 
 // residentLocked notes that a row of the engine holds key now.
 func (b *Budget) residentLocked(key Key) {
+	delete(b.lookedUp, key)
 	if e := b.residentEntry[key]; e != nil {
 		b.resident.MoveToBack(e)
 		return

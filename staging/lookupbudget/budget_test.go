@@ -258,6 +258,46 @@ func TestResidentChunksBeforeTheLookupsTakeRows(t *testing.T) {
 	}
 }
 
+// The estimate of the engine's rows keeps the latest rows' worth of blocks
+// of every tier and group, so it loses a long chain's older chunks while
+// the engine still holds them; a chunk the walk skips takes a row all the
+// same, unless the engine looked it up since its rows last took it.
+func TestSkippedChunksChargedBeyondTheEstimate(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(40, c)
+	upstreamBatch(b, 2, "a", 40, 1) // an earlier request teaches the chain
+	for i := range 20 {
+		b.Loaded(key(0, "a", i))
+	}
+	for i := range 40 {
+		b.NoteStore(Key{Tier: "other", Hash: hash("o", i)}) // pushes a out of the estimate
+	}
+	c.advance(2 * time.Second)
+	present := 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "a", i), 1, true) {
+			present++
+		}
+	}
+	if present != 20 {
+		t.Errorf("%d looked-up chunks present after 20 skipped ones, want 20 (40 rows)", present)
+	}
+	// The engine asks for a5 again: its rows lost it, so the walk back
+	// from a20 meets a5, reaches no chain head, and charges nothing.
+	c.advance(2 * time.Second)
+	b.Answer(key(0, "a", 5), 3, true)
+	c.advance(2 * time.Second)
+	present = 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "a", i), 1, true) {
+			present++
+		}
+	}
+	if present != 40 {
+		t.Errorf("%d looked-up chunks present once a5 was looked up, want 40 (a5's row is gone)", present)
+	}
+}
+
 // A key looked up before it was stored, then again once it is, answers
 // present: a miss before any present key ends no prefix.
 func TestKeyStoredWhileLookedUp(t *testing.T) {
