@@ -179,6 +179,9 @@ type batch struct {
 	held      int // rows of resident prefix keys the engine did not look up
 	last      Key // the latest prefix key looked up
 	hasLast   bool
+	endHash   string // the hash of the latest prefix key asked, answered or not
+	scan      scanState
+	scanLast  Key // the window group's latest key in a scan from the end
 	counted   map[Key]bool
 	ended     bool // the prefix ended: a miss or the cap
 	capped    bool
@@ -302,6 +305,7 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 	}
 	b.lookedUp[key] = true
 	bt := b.batchLocked(key, thread, now)
+	b.learnScanLocked(bt, key)
 	if !present {
 		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
 			bt.ended = true
@@ -401,6 +405,45 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 	if b.promised[p.thread]--; b.promised[p.thread] <= 0 {
 		delete(b.promised, p.thread)
 	}
+}
+
+// scanState is where a batch is in learning links from a window group.
+type scanState uint8
+
+const (
+	scanNone scanState = iota
+	scanFromEnd
+	scanOther
+)
+
+// learnScanLocked teaches links from a window group scanned from the end
+// (vLLM main's _sliding_window_lookup): it asks the chain's chunks in
+// reverse from the prefix's last one, and the engine's rows seldom hold a
+// window group's blocks, so consecutive keys of that scan are consecutive
+// chunks, also where the prefix group skipped chunks its rows held.
+func (b *Budget) learnScanLocked(bt *batch, key Key) {
+	if key.Group == bt.groups[0] {
+		bt.endHash = key.Hash
+		return
+	}
+	if key.Group != bt.groups[1] {
+		bt.scan = scanOther
+		return
+	}
+	switch bt.scan {
+	case scanNone:
+		bt.scan = scanOther
+		if key.Hash == bt.endHash {
+			bt.scan = scanFromEnd
+		}
+	case scanFromEnd:
+		later := Key{Tier: key.Tier, Group: bt.groups[0], Hash: bt.scanLast.Hash}
+		if len(b.prev) >= b.opts.MaxKeys {
+			clear(b.prev)
+		}
+		b.prev[later] = Key{Tier: key.Tier, Group: bt.groups[0], Hash: key.Hash}
+	}
+	bt.scanLast = key
 }
 
 // countSkippedLocked counts the keys of key's chain just before it that the
