@@ -52,7 +52,10 @@
 // The engine's walk does not look up what its rows hold. The budget keeps
 // an estimate of those rows (the latest blocks loaded, stored or checked by
 // an I/O thread) and charges a batch for the resident chunks it skips, and
-// for their keys of the other groups (DESIGN.md "The lookup budget").
+// for their keys of the other groups, along the links of its chains that
+// batches taught: consecutive prefix keys, and consecutive keys of a window
+// group scanned from the end, which asks the chunks the prefix skipped
+// (DESIGN.md "The lookup budget").
 //
 // A tier whose engine matches through .kvtier/match loads in waves: it is
 // exempt. Every other tier's present entries must reach Answer at every
