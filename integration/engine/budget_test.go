@@ -141,10 +141,10 @@ func TestBudgetRequestsAtOnce(t *testing.T) {
 
 // TestBudgetAgent: the agent bench's sessions (40 turns of 4 sessions over
 // a shared preamble of 78 chunks, 124 primary rows, two nodes): with the
-// budget the stock walk gets at least 40 % coverage (9 % before: the lookup
-// thread's next request was denied what the last one was, and a store's
-// check of a block on disk lifted the lookup thread's cap), and neither
-// engine gets fewer hits than without the budget.
+// budget both walks get at least 40 % coverage and no request parks (the
+// stock walk had 9 %: the lookup thread's next request was denied what the
+// last one was; vLLM main's parked 2 requests whose resident chunks no link
+// joined to the keys asked), and neither gets fewer hits than without it.
 func TestBudgetAgent(t *testing.T) {
 	for _, engine := range []string{EngineStock, EngineUpstream} {
 		var results [2]Result
@@ -158,8 +158,8 @@ func TestBudgetAgent(t *testing.T) {
 		if on.TokensHit < off.TokensHit {
 			t.Errorf("%s, budget auto: %d tokens hit, %d without; want no fewer", engine, on.TokensHit, off.TokensHit)
 		}
-		if engine == EngineStock && (on.Coverage < 0.4 || on.ParkedRequests != 0) {
-			t.Errorf("stock, budget auto: coverage %.3f, %d parked; want at least 0.4, none parked", on.Coverage, on.ParkedRequests)
+		if on.Coverage < 0.4 || on.ParkedRequests != 0 {
+			t.Errorf("%s, budget auto: coverage %.3f, %d parked; want at least 0.4, none parked", engine, on.Coverage, on.ParkedRequests)
 		}
 		wantRightRows(t, engine+", agent", on)
 	}

@@ -52,7 +52,10 @@
 // The engine's walk does not look up what its rows hold. The budget keeps
 // an estimate of those rows (the latest blocks loaded, stored or checked by
 // an I/O thread) and charges a batch for the resident chunks it skips, and
-// for their keys of the other groups (DESIGN.md "The lookup budget").
+// for their keys of the other groups, along the links of its chains that
+// batches taught: consecutive prefix keys, and consecutive keys of a window
+// group scanned from the end, which asks the chunks the prefix skipped
+// (DESIGN.md "The lookup budget").
 //
 // A tier whose engine matches through .kvtier/match loads in waves: it is
 // exempt. Every other tier's present entries must reach Answer at every
@@ -144,8 +147,11 @@ type Budget struct {
 	// latest rows' worth of blocks loaded or stored, most recent last.
 	resident      *list.List
 	residentEntry map[Key]*list.Element
-	lastSweep     time.Time
-	stats         Stats
+	// lookedUp is the keys the lookup thread looked up since the engine
+	// last stored or loaded them: its rows lack them.
+	lookedUp  map[Key]bool
+	lastSweep time.Time
+	stats     Stats
 }
 
 // answer is when a key was last answered, and in which batch.
@@ -176,6 +182,9 @@ type batch struct {
 	held      int // rows of resident prefix keys the engine did not look up
 	last      Key // the latest prefix key looked up
 	hasLast   bool
+	endHash   string // the hash of the latest prefix key asked, answered or not
+	scan      scanState
+	scanLast  Key // the window group's latest key in a scan from the end
 	counted   map[Key]bool
 	ended     bool // the prefix ended: a miss or the cap
 	capped    bool
@@ -212,6 +221,7 @@ func New(opts Options) *Budget {
 		prev:          map[Key]Key{},
 		resident:      list.New(),
 		residentEntry: map[Key]*list.Element{},
+		lookedUp:      map[Key]bool{},
 	}
 }
 
@@ -293,7 +303,12 @@ func (b *Budget) Answer(key Key, thread uint32, present bool) bool {
 		b.resident.Remove(e)
 		delete(b.residentEntry, key)
 	}
+	if len(b.lookedUp) >= b.opts.MaxKeys {
+		clear(b.lookedUp)
+	}
+	b.lookedUp[key] = true
 	bt := b.batchLocked(key, thread, now)
+	b.learnScanLocked(bt, key)
 	if !present {
 		if key.Group == bt.groups[0] && bt.prefixLen > 0 {
 			bt.ended = true
@@ -395,12 +410,56 @@ func (b *Budget) dropPromiseLocked(key Key, p promise) {
 	}
 }
 
+// scanState is where a batch is in learning links from a window group.
+type scanState uint8
+
+const (
+	scanNone scanState = iota
+	scanFromEnd
+	scanOther
+)
+
+// learnScanLocked teaches links from a window group scanned from the end
+// (vLLM main's _sliding_window_lookup): it asks the chain's chunks in
+// reverse from the prefix's last one, and the engine's rows seldom hold a
+// window group's blocks, so consecutive keys of that scan are consecutive
+// chunks, also where the prefix group skipped chunks its rows held.
+func (b *Budget) learnScanLocked(bt *batch, key Key) {
+	if key.Group == bt.groups[0] {
+		bt.endHash = key.Hash
+		return
+	}
+	if key.Group != bt.groups[1] {
+		bt.scan = scanOther
+		return
+	}
+	switch bt.scan {
+	case scanNone:
+		bt.scan = scanOther
+		if key.Hash == bt.endHash {
+			bt.scan = scanFromEnd
+		}
+	case scanFromEnd:
+		later := Key{Tier: key.Tier, Group: bt.groups[0], Hash: bt.scanLast.Hash}
+		if len(b.prev) >= b.opts.MaxKeys {
+			clear(b.prev)
+		}
+		b.prev[later] = Key{Tier: key.Tier, Group: bt.groups[0], Hash: key.Hash}
+	}
+	bt.scanLast = key
+}
+
 // countSkippedLocked counts the keys of key's chain just before it that the
-// batch did not look up and the engine's rows likely hold (its walk found
-// them there): they take rows of the batch too. The walk back from key
-// follows the links earlier batches taught and must end at the batch's
-// previous prefix key, or at a chain's head for the batch's first one. Key
-// is then linked after the previous prefix key when nothing lies between.
+// batch did not look up and the engine's rows hold (its walk found them
+// there, or is promoting them): they take rows of the batch too. The walk
+// back from key follows the links earlier batches taught and must end at
+// the batch's previous prefix key, or at a chain's head for the batch's
+// first one. A key the lookup thread looked up since its last store or
+// load is not in the engine's rows and ends the walk; any other may be,
+// whether or not the estimate of the engine's rows still has it (the
+// estimate's latest rows' worth of blocks, of every chain and group,
+// misses a long chain's older chunks). Key is then linked after the
+// previous prefix key when nothing lies between.
 func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 	var skipped []Key
 	joined := false
@@ -411,7 +470,7 @@ func (b *Budget) countSkippedLocked(bt *batch, key Key) {
 			joined = !bt.hasLast
 		case bt.hasLast && prev == bt.last:
 			joined = true
-		case prev != key && !bt.counted[prev] && b.residentEntry[prev] != nil:
+		case prev != key && !bt.counted[prev] && !b.lookedUp[prev]:
 			k = prev
 			skipped = append(skipped, k)
 			continue
@@ -467,6 +526,7 @@ func (b *Budget) NoteStore(key Key) {
 
 // residentLocked notes that a row of the engine holds key now.
 func (b *Budget) residentLocked(key Key) {
+	delete(b.lookedUp, key)
 	if e := b.residentEntry[key]; e != nil {
 		b.resident.MoveToBack(e)
 		return

@@ -258,6 +258,82 @@ func TestResidentChunksBeforeTheLookupsTakeRows(t *testing.T) {
 	}
 }
 
+// The estimate of the engine's rows keeps the latest rows' worth of blocks
+// of every tier and group, so it loses a long chain's older chunks while
+// the engine still holds them; a chunk the walk skips takes a row all the
+// same, unless the engine looked it up since its rows last took it.
+func TestSkippedChunksChargedBeyondTheEstimate(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(40, c)
+	upstreamBatch(b, 2, "a", 40, 1) // an earlier request teaches the chain
+	for i := range 20 {
+		b.Loaded(key(0, "a", i))
+	}
+	for i := range 40 {
+		b.NoteStore(Key{Tier: "other", Hash: hash("o", i)}) // pushes a out of the estimate
+	}
+	c.advance(2 * time.Second)
+	present := 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "a", i), 1, true) {
+			present++
+		}
+	}
+	if present != 20 {
+		t.Errorf("%d looked-up chunks present after 20 skipped ones, want 20 (40 rows)", present)
+	}
+	// The engine asks for a5 again: its rows lost it, so the walk back
+	// from a20 meets a5, reaches no chain head, and charges nothing.
+	c.advance(2 * time.Second)
+	b.Answer(key(0, "a", 5), 3, true)
+	c.advance(2 * time.Second)
+	present = 0
+	for i := 20; i < 60; i++ {
+		if b.Answer(key(0, "a", i), 1, true) {
+			present++
+		}
+	}
+	if present != 40 {
+		t.Errorf("%d looked-up chunks present once a5 was looked up, want 40 (a5's row is gone)", present)
+	}
+}
+
+// vLLM main's walk skips the prefix chunks its rows hold, so its prefix
+// lookups teach no link across them; its window group's scan from the end
+// asks every chunk, and teaches the links the next request's walk back
+// needs to charge the skipped chunks.
+func TestWindowScanFromTheEndTeachesLinks(t *testing.T) {
+	c := &clock{now: time.Unix(1000, 0)}
+	b := newBudget(20, c)
+	noteGroups(b, 2)
+	// a3..a7 are in the engine's rows: neither request asks their prefix keys.
+	asked := []int{0, 1, 2}
+	for i := 8; i < 30; i++ {
+		asked = append(asked, i)
+	}
+	request := func(scan bool) (past int) {
+		for _, i := range asked {
+			if b.Answer(key(0, "a", i), 1, true) && i >= 8 {
+				past++
+			}
+		}
+		if scan {
+			for i := 29; i >= 0; i-- {
+				b.Answer(key(1, "a", i), 1, true)
+			}
+		}
+		c.advance(2 * time.Second)
+		return past
+	}
+	// 20 rows − 4 for the window group: 16, 3 before the gap.
+	if past := request(true); past != 13 {
+		t.Fatalf("first request: %d present past the gap, want 13 (no link across it yet)", past)
+	}
+	if past := request(false); past != 8 {
+		t.Errorf("next request: %d present past the gap, want 8 (the 5 skipped chunks charged)", past)
+	}
+}
+
 // A key looked up before it was stored, then again once it is, answers
 // present: a miss before any present key ends no prefix.
 func TestKeyStoredWhileLookedUp(t *testing.T) {
