@@ -1,0 +1,154 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// newMemoryFixture is a fixture whose store lies on tmpfs (/dev/shm), where
+// loads serve the store's pages in place.
+func newMemoryFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "kvtier-inplace-")
+	if err != nil {
+		t.Fatalf("a store on tmpfs: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return newFixtureIn(t, dir)
+}
+
+// TestLoadFromAStoreInMemoryIsServedInPlace loads a block of a tmpfs store:
+// it is served from the mapped file, not a copy, with its bytes and counted.
+func TestLoadFromAStoreInMemoryIsServedInPlace(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := f.put(t, 1)
+	loads := NewLoads(Config{Store: f.store})
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, rowBytes)
+	err = engineRead(context.Background(), l, row, 1<<20)
+	if err == nil {
+		err = l.Flush()
+	}
+	l.Release()
+	if err != nil || !bytes.Equal(row, data) {
+		t.Fatalf("load in place: %v, bytes equal %v", err, bytes.Equal(row, data))
+	}
+	if c := &loads.Counters; c.InPlace.Load() != 1 || c.FromStore.Load() != 1 || c.Completed.Load() != 1 {
+		t.Fatalf("in place %d, from the store %d, completed %d; want 1 each", c.InPlace.Load(), c.FromStore.Load(), c.Completed.Load())
+	}
+}
+
+// TestDamagedBlockInPlaceFailsItsChunk damages the second MiB of a block of a
+// tmpfs store: the first MiB is served once proven, the read of the damaged
+// one fails with EIO, and the block is dropped.
+func TestDamagedBlockInPlaceFailsItsChunk(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := f.put(t, 1)
+	f.corrupt(t, rel, 1<<20+4096)
+	loads := NewLoads(Config{Store: f.store})
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	first, err := l.Read(context.Background(), 0, 1<<20)
+	if err != nil && disk.Errno(err) != syscall.EIO || err == nil && !bytes.Equal(first, data[:1<<20]) {
+		t.Fatalf("first MiB, intact: %v, bytes equal %v; want its bytes or EIO", err, bytes.Equal(first, data[:1<<20]))
+	}
+	if _, err := l.Read(context.Background(), 1<<20, 1<<20); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("damaged MiB: %v, want EIO", err)
+	}
+	if err := l.Flush(); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("close: %v, want EIO", err)
+	}
+	if f.store.Lookup(rel, 0) || loads.Counters.InPlace.Load() != 1 {
+		t.Fatalf("still indexed %v, in place %d; want false, 1", f.store.Lookup(rel, 0), loads.Counters.InPlace.Load())
+	}
+}
+
+// TestWriterOfABlockServedInPlaceFailsTheLoad opens the store file of a block
+// being served in place for writing, as the engine's uid may: the open waits
+// for the load's lease, the load's next read and its close fail with EIO,
+// and the writer goes on once the load is released.
+func TestWriterOfABlockServedInPlaceFailsTheLoad(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := f.put(t, 1)
+	loads := NewLoads(Config{Store: f.store})
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := l.Read(context.Background(), 0, 1<<20); err != nil || !bytes.Equal(got, data[:1<<20]) {
+		t.Fatalf("first read: %v", err)
+	}
+	l.Delivered(0, 1<<20)
+	opened := make(chan error, 1)
+	go func() {
+		w, err := os.OpenFile(f.store.Path(rel), os.O_WRONLY, 0)
+		if err == nil {
+			_, err = w.WriteAt([]byte("changed"), 0)
+			w.Close()
+		}
+		opened <- err
+	}()
+	// The writer's open breaks the lease; reads fail from then on.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := l.Read(context.Background(), 1<<20, 1<<20)
+		if disk.Errno(err) == syscall.EIO {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("read while a writer waits for the file: %v, want EIO", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-opened:
+		t.Fatalf("the writer's open returned (%v) while the load still holds the file", err)
+	default:
+	}
+	if err := l.Flush(); disk.Errno(err) != syscall.EIO {
+		t.Fatalf("close: %v, want EIO", err)
+	}
+	l.Release()
+	if err := <-opened; err != nil {
+		t.Fatalf("the writer after the load's release: %v", err)
+	}
+	if loads.Counters.Completed.Load() != 0 {
+		t.Fatal("a load whose file was opened for writing counts as completed")
+	}
+}
+
+// TestBlockOpenForWritingIsCopied loads a block of a tmpfs store whose file
+// someone holds open for writing: no lease is granted, so the load copies
+// and checks the block instead of serving it in place.
+func TestBlockOpenForWritingIsCopied(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := f.put(t, 1)
+	w, err := os.OpenFile(f.store.Path(rel), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	loads := NewLoads(Config{Store: f.store})
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, rowBytes)
+	err = engineRead(context.Background(), l, row, 1<<20)
+	l.Release()
+	if err != nil || !bytes.Equal(row, data) || loads.Counters.InPlace.Load() != 0 {
+		t.Fatalf("load of a file open for writing: %v, bytes equal %v, in place %d; want nil, true, 0", err, bytes.Equal(row, data), loads.Counters.InPlace.Load())
+	}
+}
