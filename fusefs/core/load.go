@@ -609,7 +609,12 @@ func (l *Load) Flush() error {
 func (l *Load) Release() error {
 	l.background.Wait()
 	if l.inPlace != nil {
+		// go-fuse may report a reply delivered after the kernel's RELEASE:
+		// nothing asks the lease once it is given back.
+		l.mu.Lock()
 		l.inPlace.Close()
+		l.inPlace = nil
+		l.mu.Unlock()
 	} else {
 		l.loads.cfg.Store.RecycleBlock(l.buf)
 	}
