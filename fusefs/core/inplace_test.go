@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -150,5 +151,56 @@ func TestBlockOpenForWritingIsCopied(t *testing.T) {
 	l.Release()
 	if err != nil || !bytes.Equal(row, data) || loads.Counters.InPlace.Load() != 0 {
 		t.Fatalf("load of a file open for writing: %v, bytes equal %v, in place %d; want nil, true, 0", err, bytes.Equal(row, data), loads.Counters.InPlace.Load())
+	}
+}
+
+// TestSparseBlockInMemoryIsCopied loads a block of a tmpfs store stored with
+// a hole (its zero pages): the load copies it, since faulting the mapping
+// would allocate the hole, and the file stays as sparse as it was stored.
+func TestSparseBlockInMemoryIsCopied(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := testBlock(1)
+	clear(data[1<<20 : 2<<20])
+	tmp := rel + "_1.tmp"
+	if err := os.MkdirAll(filepath.Dir(f.store.Path(rel)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := f.store.CreateTmp(tmp, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	allocated := func() int64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(f.store.Path(rel), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	before := allocated()
+	if before >= int64(len(data)) {
+		t.Fatalf("the stored block takes %d bytes of %d: no hole to keep", before, len(data))
+	}
+	loads := NewLoads(Config{Store: f.store})
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, rowBytes)
+	err = engineRead(context.Background(), l, row, 1<<20)
+	l.Release()
+	if err != nil || !bytes.Equal(row, data) || loads.Counters.InPlace.Load() != 0 {
+		t.Fatalf("load of a sparse block: %v, bytes equal %v, in place %d; want nil, true, 0", err, bytes.Equal(row, data), loads.Counters.InPlace.Load())
+	}
+	if after := allocated(); after != before {
+		t.Fatalf("the load changed the file's allocation from %d to %d bytes", before, after)
 	}
 }

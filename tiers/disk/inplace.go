@@ -27,7 +27,8 @@ type InPlace struct {
 
 // MapInPlace maps the pinned block for a load to serve in place, when the
 // store keeps it in memory and the read lease is granted; ok is false
-// otherwise (a disk, a writer holding the file open, a file of another size)
+// otherwise (a disk, a writer holding the file open, a file of another size
+// or with holes)
 // and the load copies the block (ReadInto). Verify the mapping with
 // VerifyInPlace before serving it; Close it before closing the Reader.
 func (r *Reader) MapInPlace() (p *InPlace, ok bool) {
@@ -41,8 +42,10 @@ func (r *Reader) MapInPlace() (p *InPlace, ok bool) {
 		return nil, false
 	}
 	// Sized under the lease: a file of another size goes to ReadInto,
-	// which drops it as corrupt.
-	if n, _, err := fileSize(r.file); err != nil || n != int64(size) {
+	// which drops it as corrupt. A sparse file (the zero pages of a row
+	// left as holes) is copied too: a fault of a shared mapping on tmpfs
+	// allocates its holes, which would grow the store past its accounting.
+	if n, physical, err := fileSize(r.file); err != nil || n != int64(size) || physical < int64(roundUpToPage(size)) {
 		unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK)
 		return nil, false
 	}
