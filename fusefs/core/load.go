@@ -443,7 +443,10 @@ func (l *Load) Delivered(off, end int64) {
 	defer l.mu.Unlock()
 	l.delivered.add(off, end)
 	l.changedLocked()
-	l.stillInPlaceLocked()
+	if !l.flushed {
+		// Past the close the engine has its answer; the check is for it.
+		l.stillInPlaceLocked()
+	}
 	if l.found == nil && l.err == nil && l.loads.mirrors() {
 		l.findRowLocked(l.delivered.prefix(), false)
 	}
