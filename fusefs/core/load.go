@@ -105,9 +105,6 @@ type Counters struct {
 	// Refused counts loads refused: opens that failed (vanished block, no
 	// room) and blocks whose bytes failed verification (corrupt).
 	Refused atomic.Int64
-	// InPlace counts loads from the store served where the block lies
-	// (disk.InPlace) instead of from a copy.
-	InPlace atomic.Int64
 }
 
 // Loads opens and serves block loads. The read that completes a load returns
@@ -149,9 +146,6 @@ type Load struct {
 	r      *disk.Reader
 	digest block.Digest
 	buf    []byte
-	// inPlace is the mapped store file buf is, for a block served in place;
-	// nil when buf is a copy.
-	inPlace *disk.InPlace
 	// Source is where the bytes came from.
 	Source Source
 	// before lists the rows that held the block when it was opened, which a
@@ -288,16 +282,7 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		l.landed, l.proven = d.Size, true
 		return
 	}
-	l.Source = FromStore
-	if p, ok := r.MapInPlace(); ok {
-		// A store in memory: its pages are served under the lease, with no
-		// copy into a buffer of ours.
-		c.cfg.Store.RecycleBlock(buf)
-		l.buf, l.inPlace = p.Bytes(), p
-		c.Counters.InPlace.Add(1)
-	} else {
-		l.buf = buf
-	}
+	l.buf, l.Source = buf, FromStore
 	l.background.Go(l.readStore)
 }
 
@@ -308,19 +293,13 @@ func (l *Load) readStore() {
 	if c.cfg.Stager != nil {
 		defer c.cfg.Stager.StoreLoadDone()
 	}
-	landed := func(prefix int) {
+	err := c.readInto(l.r, l.buf, func(prefix int) {
 		// The first prefix bytes matched their chunk CRCs.
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.landed = int64(prefix)
 		l.changedLocked()
-	}
-	var err error
-	if l.inPlace != nil {
-		err = l.r.VerifyInPlace(l.inPlace, landed)
-	} else {
-		err = c.readInto(l.r, l.buf, landed)
-	}
+	})
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -386,26 +365,8 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
-	if err := l.stillInPlaceLocked(); err != nil {
-		return nil, err
-	}
 	l.served.add(off, end)
 	return l.buf[off:end], nil
-}
-
-// stillInPlaceLocked fails a load served in place once someone opened its
-// store file for writing (or truncated it): its bytes may no longer be those
-// proven. Checked before a reply leaves and again once it was written, it
-// tells every reply whose bytes could have changed (the writer waits in the
-// kernel for the lease, lease-break-time after the break began).
-func (l *Load) stillInPlaceLocked() error {
-	if l.inPlace == nil || l.err != nil || l.inPlace.Held() {
-		return l.err
-	}
-	l.loads.Counters.Refused.Add(1)
-	l.loads.cfg.Logger.Error("load failed: its store file was opened for writing while it was served", "path", l.Path())
-	l.failLocked(fmt.Errorf("load %s: the store file was opened for writing while it was served: %w", l.Path(), syscall.EIO))
-	return l.err
 }
 
 // waitLanded waits until the block's first end bytes are in buf and proven
@@ -443,10 +404,6 @@ func (l *Load) Delivered(off, end int64) {
 	defer l.mu.Unlock()
 	l.delivered.add(off, end)
 	l.changedLocked()
-	if !l.flushed {
-		// Past the close the engine has its answer; the check is for it.
-		l.stillInPlaceLocked()
-	}
 	if l.found == nil && l.err == nil && l.loads.mirrors() {
 		l.findRowLocked(l.delivered.prefix(), false)
 	}
@@ -588,8 +545,8 @@ func (l *Load) Flush() error {
 		return l.err
 	}
 	l.flushed = true
-	if err := l.stillInPlaceLocked(); err != nil {
-		return err
+	if l.err != nil {
+		return l.err
 	}
 	for _, ref := range l.rows {
 		if !l.loads.cfg.Regions.Holds(ref, l.digest) {
@@ -611,16 +568,7 @@ func (l *Load) Flush() error {
 // answered).
 func (l *Load) Release() error {
 	l.background.Wait()
-	if l.inPlace != nil {
-		// go-fuse may report a reply delivered after the kernel's RELEASE:
-		// nothing asks the lease once it is given back.
-		l.mu.Lock()
-		l.inPlace.Close()
-		l.inPlace = nil
-		l.mu.Unlock()
-	} else {
-		l.loads.cfg.Store.RecycleBlock(l.buf)
-	}
+	l.loads.cfg.Store.RecycleBlock(l.buf)
 	l.loads.budget.Release(int64(len(l.buf)))
 	l.buf = nil
 	return l.r.Close()

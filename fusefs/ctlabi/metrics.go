@@ -71,8 +71,6 @@ var Metrics = []Metric{
 		func(s *Stats) int64 { return s.Counters.LoadsFromStaging }),
 	counter("counters.loads_from_row", "kvtierfs_loads_from_row_total", "Loads served from a row of the engine's region that still held the block.",
 		func(s *Stats) int64 { return s.Counters.LoadsFromRow }),
-	counter("counters.loads_in_place", "kvtierfs_loads_in_place_total", "Loads from the store served from its mapped file under a read lease (a store in memory), with no copy.",
-		func(s *Stats) int64 { return s.Counters.LoadsInPlace }),
 	counter("counters.loads_refused", "kvtierfs_loads_refused_total", "Loads refused: opens that failed (vanished block, too many bytes open) and blocks that failed verification.",
 		func(s *Stats) int64 { return s.Counters.LoadsRefused }),
 	counter("counters.loads_unmirrored", "kvtierfs_loads_unmirrored_total", "Loads whose read failed because a peer did not acknowledge their row.",

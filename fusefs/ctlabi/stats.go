@@ -76,11 +76,8 @@ type Counters struct {
 	LoadsFromStore   int64 `json:"loads_from_store"`
 	LoadsFromStaging int64 `json:"loads_from_staging"`
 	LoadsFromRow     int64 `json:"loads_from_row"`
-	// LoadsInPlace counts the loads from the store that were served from
-	// its mapped file under a read lease (a store in memory), not a copy.
-	LoadsInPlace    int64 `json:"loads_in_place"`
-	LoadsRefused    int64 `json:"loads_refused"`
-	LoadsUnmirrored int64 `json:"loads_unmirrored"`
+	LoadsRefused     int64 `json:"loads_refused"`
+	LoadsUnmirrored  int64 `json:"loads_unmirrored"`
 	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`
