@@ -424,21 +424,27 @@ func TestReloadFromARowThatHoldsTheBlock(t *testing.T) {
 	}
 }
 
-// TestRowWithOtherBytesIsNotTrusted changes one byte of a row that matches
-// the block's samples: the copy fails its checksum and the load reads the store.
+// TestRowWithOtherBytesIsNotTrusted changes one bit of a row that matches
+// the block's samples, at the edges of the pieces the copy is checked in and
+// at the row's ends: the copy fails its checksum, and the load reads the
+// store and serves the block's bytes.
 func TestRowWithOtherBytesIsNotTrusted(t *testing.T) {
-	f := newFixture(t)
-	rel, data := f.put(t, 1)
-	copy(f.region.Row(0), data)
-	f.region.Row(0)[rowBytes/2+1] ^= 1
-	loads := NewLoads(Config{Store: f.store, Regions: f.regions})
-	l, err := loads.Open(context.Background(), refOf(rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
-	if l.Source != FromStore {
-		t.Fatalf("source %d, want the store", l.Source)
+	for _, off := range []int{0, block.CachePiece - 1, block.CachePiece, rowBytes/2 + 1, rowBytes - 1} {
+		f := newFixture(t)
+		rel, data := f.put(t, 1)
+		copy(f.region.Row(0), data)
+		f.region.Row(0)[off] ^= 1
+		loads := NewLoads(Config{Store: f.store, Regions: f.regions})
+		l, err := loads.Open(context.Background(), refOf(rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := make([]byte, rowBytes)
+		err = engineRead(context.Background(), l, row, 1<<20)
+		l.Release()
+		if l.Source != FromStore || err != nil || !bytes.Equal(row, data) {
+			t.Fatalf("bit at %d flipped in the row: source %d, %v, bytes equal %v; want the store's bytes", off, l.Source, err, bytes.Equal(row, data))
+		}
 	}
 }
 

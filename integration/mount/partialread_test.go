@@ -116,40 +116,56 @@ var readPatterns = []readPattern{
 }
 
 func TestPartialReadsCarryOnlyProvenBytes(t *testing.T) {
-	for _, size := range partialRowSizes {
-		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			d := mounttest.Start(t, mounttest.Options{})
-			tier := openTier(t, d)
-			row := alignedRow(t, size)
-			for i, p := range readPatterns {
-				intact := tier.BlockPath(tierDir, 0, hashOf(2*i))
-				damaged := tier.BlockPath(tierDir, 0, hashOf(2*i+1))
-				engineio.FillPattern(row, uint64(2*i))
-				want := bytes.Clone(row)
-				if _, err := tier.Store(intact, row); err != nil {
-					t.Fatal(err)
-				}
-				if err := p.read(t, intact, size, want); err != nil {
-					t.Fatalf("%s of an intact block: %v", p.name, err)
-				}
-				engineio.FillPattern(row, uint64(2*i+1))
-				want = bytes.Clone(row)
-				if _, err := tier.Store(damaged, row); err != nil {
-					t.Fatal(err)
-				}
-				onStore := filepath.Join(d.Store, strings.TrimPrefix(damaged, d.Mountpoint))
-				flipByte(t, onStore, p.damageAt(size))
-				before := d.Stats().Counters.ChecksumFailures
-				if err := p.read(t, damaged, size, want); !errors.Is(err, syscall.EIO) {
-					t.Fatalf("%s of a damaged block: %v, want EIO", p.name, err)
-				}
-				if _, err := os.Stat(onStore); !errors.Is(err, os.ErrNotExist) {
-					t.Fatalf("%s: the damaged block is still in the store (%v)", p.name, err)
-				}
-				if got := d.Stats().Counters.ChecksumFailures; got != before+1 {
-					t.Errorf("%s: checksum failures %d, want %d", p.name, got, before+1)
-				}
-			}
-		})
+	for _, store := range []string{"disk", "tmpfs"} {
+		for _, size := range partialRowSizes {
+			t.Run(fmt.Sprintf("%s_%d", store, size), func(t *testing.T) { partialReads(t, store, size) })
+		}
+	}
+}
+
+// partialReads runs every read pattern on an intact and a damaged block of
+// size bytes, in a store on the disk (read O_DIRECT, a chunk per request) or
+// on tmpfs (copied and checked 256 KiB at a time).
+func partialReads(t *testing.T, store string, size int) {
+	opts := mounttest.Options{}
+	if store == "tmpfs" {
+		dir, err := os.MkdirTemp("/dev/shm", "kvtier-partial-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		opts.Store = dir
+	}
+	d := mounttest.Start(t, opts)
+	tier := openTier(t, d)
+	row := alignedRow(t, size)
+	for i, p := range readPatterns {
+		intact := tier.BlockPath(tierDir, 0, hashOf(2*i))
+		damaged := tier.BlockPath(tierDir, 0, hashOf(2*i+1))
+		engineio.FillPattern(row, uint64(2*i))
+		want := bytes.Clone(row)
+		if _, err := tier.Store(intact, row); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.read(t, intact, size, want); err != nil {
+			t.Fatalf("%s of an intact block: %v", p.name, err)
+		}
+		engineio.FillPattern(row, uint64(2*i+1))
+		want = bytes.Clone(row)
+		if _, err := tier.Store(damaged, row); err != nil {
+			t.Fatal(err)
+		}
+		onStore := filepath.Join(d.Store, strings.TrimPrefix(damaged, d.Mountpoint))
+		flipByte(t, onStore, p.damageAt(size))
+		before := d.Stats().Counters.ChecksumFailures
+		if err := p.read(t, damaged, size, want); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("%s of a damaged block: %v, want EIO", p.name, err)
+		}
+		if _, err := os.Stat(onStore); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: the damaged block is still in the store (%v)", p.name, err)
+		}
+		if got := d.Stats().Counters.ChecksumFailures; got != before+1 {
+			t.Errorf("%s: checksum failures %d, want %d", p.name, got, before+1)
+		}
 	}
 }

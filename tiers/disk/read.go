@@ -251,6 +251,7 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 	fd := int(r.file.Fd())
 	n := block.ChunkCount(int64(size))
 	in := &inFlight{direct: setDirect(fd, true) == nil, size: size, crcs: make([]uint32, n), done: make([]bool, n)}
+	in.piece = readPiece(fd, in.direct)
 	if len(d.Chunks) == n {
 		in.want, in.proven = d.Chunks, proven
 	}
@@ -260,10 +261,11 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 	for w := range workers {
 		wg.Go(func() {
 			for c := w; c < n; c += workers {
-				if errs[w] = r.readChunk(fd, buf, c, in); errs[w] != nil {
-					return
+				crc, err := r.readChunk(fd, buf, c, in)
+				if err == nil {
+					err = in.land(c, crc)
 				}
-				if errs[w] = in.land(buf, c); errs[w] != nil {
+				if errs[w] = err; err != nil {
 					return
 				}
 			}
@@ -325,11 +327,13 @@ func (r *Reader) addChunks(d block.Digest, chunks []uint32) {
 type inFlight struct {
 	mu     sync.Mutex
 	direct bool
-	size   int
-	crcs   []uint32
-	done   []bool
-	next   int // first chunk not yet in the checksum
-	crc    uint32
+	// piece is how many bytes one read request moves (readPiece).
+	piece int
+	size  int
+	crcs  []uint32
+	done  []bool
+	next  int // first chunk not yet in the checksum
+	crc   uint32
 	// want are the digest's chunk CRCs, nil when it has none; proven is
 	// then never called.
 	want   []uint32
@@ -346,12 +350,9 @@ func (e *chunkMismatch) Error() string {
 	return fmt.Sprintf("chunk %d: crc32c %08x, recorded %08x", e.chunk, e.got, e.want)
 }
 
-// land checks chunk c, just read into buf, against its chunk CRC and extends
-// the checksum over the chunks from next on that all landed.
-func (in *inFlight) land(buf []byte, c int) error {
-	start := c * ReadChunk
-	chunkLen := min(ReadChunk, in.size-start)
-	crc := block.CRC32C(buf[start : start+chunkLen])
+// land checks chunk c, just read with CRC32C crc, against its chunk CRC and
+// extends the checksum over the chunks from next on that all landed.
+func (in *inFlight) land(c int, crc uint32) error {
 	if in.want != nil && crc != in.want[c] {
 		return &chunkMismatch{chunk: c, got: crc, want: in.want[c]}
 	}
@@ -370,18 +371,21 @@ func (in *inFlight) land(buf []byte, c int) error {
 	return nil
 }
 
-// readChunk reads chunk c of the block into buf. An O_DIRECT read reads
-// whole pages, so the last chunk reads up to buf's capacity and ends at EOF.
-func (r *Reader) readChunk(fd int, buf []byte, c int, in *inFlight) error {
+// readChunk reads chunk c of the block into buf, in requests of in.piece
+// bytes, and returns its CRC32C, each request's bytes summed as soon as they
+// landed. An O_DIRECT read reads whole pages, so the last request reads up to
+// buf's capacity and ends at EOF; bytes past the block's size are never summed.
+func (r *Reader) readChunk(fd int, buf []byte, c int, in *inFlight) (uint32, error) {
 	size := len(buf)
 	start, end := c*ReadChunk, min((c+1)*ReadChunk, size)
-	limit := end
-	if end == size {
-		limit = cap(buf)
-	}
-	whole := buf[:limit]
+	whole := buf[:cap(buf)]
+	var crc uint32
 	for n := start; n < end; {
-		m, err := unix.Pread(fd, whole[n:], int64(n))
+		stop := min(n+in.piece, end)
+		if stop == size {
+			stop = cap(buf)
+		}
+		m, err := unix.Pread(fd, whole[n:stop], int64(n))
 		if err == syscall.EINTR {
 			continue
 		}
@@ -393,20 +397,36 @@ func (r *Reader) readChunk(fd int, buf []byte, c int, in *inFlight) error {
 			in.mu.Unlock()
 			if wasDirect {
 				if err := setDirect(fd, false); err != nil {
-					return err
+					return 0, err
 				}
 				continue
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("reading %d bytes at %d: %w", end-n, n, err)
+			return 0, fmt.Errorf("reading %d bytes at %d: %w", end-n, n, err)
 		}
 		if m == 0 {
-			return &shortBlock{at: n}
+			return 0, &shortBlock{at: n}
 		}
+		crc = block.UpdateCRC32C(crc, buf[n:min(n+m, end)])
 		n += m
 	}
-	return nil
+	return crc, nil
+}
+
+// readPiece is the size of one read request of a chunk. Where the kernel
+// copies the bytes out of memory (a filesystem in memory, or a read that is
+// not O_DIRECT) a request moves block.CachePiece bytes, so that they are
+// checksummed while in the core's cache: the copy and its check cost one
+// pass over memory instead of two. An O_DIRECT read of a disk, which the
+// device writes into memory without the CPU, reads the whole chunk in one
+// request, as large as the disk likes them.
+func readPiece(fd int, direct bool) int {
+	var st unix.Statfs_t
+	if direct && unix.Fstatfs(fd, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+		return ReadChunk
+	}
+	return block.CachePiece
 }
 
 // shortBlock is a block file that ends before the block's size.

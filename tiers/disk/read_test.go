@@ -351,3 +351,74 @@ func TestReadIntoLandsInOrder(t *testing.T) {
 		t.Fatalf("block cut short: %d checksum failures, still indexed %v; want 1, false", got, s.Contains(rel))
 	}
 }
+
+// TestReadIntoChecksEveryPiece damages one byte at a time at the edges of the
+// requests a chunk is read in (a store in memory reads block.CachePiece
+// bytes per request and sums each as it lands; a disk one whole chunk per
+// request), on the disk and on tmpfs: every damaged byte fails the read with
+// EIO, no proven prefix reaches into its chunk, and an intact block reads
+// whole.
+func TestReadIntoChecksEveryPiece(t *testing.T) {
+	dirs := map[string]string{"disk": ""}
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dirs["tmpfs"] = "/dev/shm"
+	}
+	size := 3*ReadChunk + 5*block.PageSize
+	data := bytes.Repeat(pageData(50, 16), size/(16*block.PageSize)+1)[:size]
+	for fsName, parent := range dirs {
+		t.Run(fsName, func(t *testing.T) {
+			dir := ""
+			if parent != "" {
+				var err error
+				if dir, err = os.MkdirTemp(parent, "kvtier-pieces-"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.RemoveAll(dir) })
+			}
+			s := openStore(t, Config{Capacity: 1 << 30, Dir: dir})
+			read := func(rel string) ([]byte, int, error) {
+				r, err := s.PinBlock(rel)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				// An O_DIRECT read of tmpfs is a copy by the CPU; of the disk, a DMA.
+				want := ReadChunk
+				if fsName == "tmpfs" {
+					want = block.CachePiece
+				}
+				if got := readPiece(int(r.File().Fd()), true); got != want {
+					t.Fatalf("a store on %s reads %d bytes per O_DIRECT request, want %d", fsName, got, want)
+				}
+				if got := readPiece(int(r.File().Fd()), false); got != block.CachePiece {
+					t.Fatalf("a buffered read of a store on %s moves %d bytes per request, want %d", fsName, got, block.CachePiece)
+				}
+				buf := s.Buffer(size)
+				proven := 0
+				err = r.ReadInto(buf, func(prefix int) { proven = prefix })
+				return buf, proven, err
+			}
+			for i, off := range []int{0, block.CachePiece - 1, block.CachePiece, 2*ReadChunk + 3*block.CachePiece + 7, ReadChunk - 1, size - 1} {
+				rel := blockRel(testTier, 0, hashHex(60+i, 64))
+				putBlock(t, s, rel, data)
+				flipByte(t, s.Path(rel), int64(off))
+				buf, proven, err := read(rel)
+				wantErrno(t, err, syscall.EIO, fmt.Sprintf("byte %d damaged", off))
+				if damaged := off / ReadChunk * ReadChunk; proven > damaged {
+					t.Fatalf("byte %d damaged: %d bytes proven, beyond the damaged chunk's start %d", off, proven, damaged)
+				}
+				if s.Contains(rel) {
+					t.Fatalf("byte %d damaged: the block is still indexed", off)
+				}
+				s.RecycleBlock(buf)
+			}
+			rel := blockRel(testTier, 1, hashHex(70, 64))
+			putBlock(t, s, rel, data)
+			buf, proven, err := read(rel)
+			if err != nil || proven != size || !bytes.Equal(buf, data) {
+				t.Fatalf("intact block: %v, %d bytes proven, bytes equal %v; want nil, %d, true", err, proven, bytes.Equal(buf, data), size)
+			}
+			s.RecycleBlock(buf)
+		})
+	}
+}

@@ -14,7 +14,8 @@ import (
 
 // CopyHeld copies into dst (len(dst) == d.Size) a row that holds the digest's
 // block and checks the copy, not the live row, against the CRC32C: the engine
-// may overwrite the row meanwhile. ok is false when no row does.
+// may overwrite the row meanwhile. The copy and its check are one pass
+// (block.CopyCRC32C). ok is false when no row does.
 func (s *Set) CopyHeld(d block.Digest, dst []byte) (RowRef, bool) {
 	if int64(len(dst)) != d.Size {
 		return RowRef{}, false
@@ -28,8 +29,7 @@ func (s *Set) CopyHeld(d block.Digest, dst []byte) (RowRef, bool) {
 			return true
 		}
 		tried++
-		copy(dst, row)
-		if block.CRC32C(dst) == d.CRC {
+		if block.CopyCRC32C(dst, row) == d.CRC {
 			found, ok = ref, true
 			return false
 		}
