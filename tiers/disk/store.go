@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -28,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // DefaultLookupProtect is how long a block that answered a lookup is kept
@@ -349,37 +351,32 @@ func isProbeLeftover(name string) bool { return probeLeftover.MatchString(name) 
 func (s *Store) rebuild() error {
 	var found []*entry
 	var tmpsRemoved, dropped, refused, unreadable int
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil && p != s.root {
-			// The engine's uid owns the tree: a name it made unreadable
-			// (one past PATH_MAX, say) costs that name, not the mount.
-			if unreadable++; unreadable == 1 {
-				s.cfg.Logger.Warn("store names not indexed: they cannot be read (their count is in \"store indexed\")", "path", p, "err", err)
-			}
-			if d != nil && d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
+	rootDir, err := beneath.Open(s.rootFD, "", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("indexing store %s: %w", s.root, err)
+	}
+	skip := func(rel string, err error) {
+		// The engine's uid owns the tree: a name it made unreadable
+		// (one past PATH_MAX, a directory swapped for a link) costs that
+		// name, not the mount.
+		if unreadable++; unreadable == 1 {
+			s.cfg.Logger.Warn("store names not indexed: they cannot be read (their count is in \"store indexed\")", "path", s.Path(rel), "err", err)
 		}
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return nil
-		}
-		rel, _ := filepath.Rel(s.root, p)
+	}
+	err = walkStore(rootDir, func(rel string, st *unix.Stat_t) error {
 		kind, name := block.Parse(rel)
-		if kind == block.TmpFile || isProbeLeftover(d.Name()) {
+		if kind == block.TmpFile || isProbeLeftover(path.Base(rel)) {
 			if err := s.unlink(rel); err != nil {
 				return err
 			}
 			tmpsRemoved++
 			return nil
 		}
-		if kind != block.File || !d.Type().IsRegular() {
+		if kind != block.File || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			s.countOtherFile(rel)
 			return nil
 		}
+		p := s.Path(rel)
 		b, err := s.readBlockMeta(rel, name)
 		var unproven *unprovenError
 		switch {
@@ -396,7 +393,7 @@ func (s *Store) rebuild() error {
 		}
 		found = append(found, b)
 		return nil
-	})
+	}, skip)
 	if err != nil {
 		return fmt.Errorf("indexing store %s: %w", s.root, err)
 	}
