@@ -45,6 +45,7 @@ func (f *FS) Stats() ctlabi.Stats {
 		Peers:    []rowsync.PeerStats{},
 		Warnings: []ctlabi.Warning{},
 	}
+	st.Counters.OtherFilesRefused = c.OtherFilesRefused.Load()
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
 	st.Counters.TiersPrimed = f.tiersPrimed.Load()
 	if f.primer != nil {
@@ -124,6 +125,11 @@ func (f *FS) Stats() ctlabi.Stats {
 	}
 	if n, recent := f.recent.Grew(ctlabi.WarnNoSpace, st.Counters.NoSpace); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(n, d) + fmt.Sprintf("; clears after %s without one", quiet)})
+	}
+	if n, recent := f.recent.Grew(ctlabi.WarnOtherFilesFull, st.Counters.OtherFilesRefused); recent {
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnOtherFilesFull, Message: fmt.Sprintf(
+			"%s outside the block layout failed with EDQUOT: the store tracks %d such files, its bound (%d untracked found at mount); remove files the engine does not need from the mount; clears after %s without one",
+			plural(n, "write"), d.OtherFilesMax, d.OtherFilesUntracked, quiet)})
 	}
 	if n, recent := f.recent.Grew(ctlabi.WarnStoreIOErrors, st.Counters.StoreIOErrors); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(

@@ -46,6 +46,12 @@ const DefaultCapacityFraction = 0.9
 // capacity.
 const DefaultTmpMaxAge = 30 * time.Second
 
+// DefaultMaxOtherFiles bounds the files outside the block layout whose bytes
+// the store tracks one by one (other.go). The engine writes a config.json per
+// namespace and its probes; the bound leaves room for far more, and keeps
+// the table a few MiB however many files the engine's uid makes.
+const DefaultMaxOtherFiles = 1 << 16
+
 // prefixGap separates two lookup batches of one thread: lookups further apart start a new prefix.
 const prefixGap = time.Second
 
@@ -69,6 +75,9 @@ type Config struct {
 	// Owner receives the store root and the block files; nil leaves them to
 	// the daemon's user. Either way they are private (owner.go).
 	Owner *Owner
+	// MaxOtherFiles bounds the files outside the block layout that hold
+	// bytes; 0 means DefaultMaxOtherFiles.
+	MaxOtherFiles int
 }
 
 // entry is one published block in the index.
@@ -178,6 +187,9 @@ type Store struct {
 	// totals are the index's sums, kept as blocks come and go so that Stats
 	// does not walk the index under the lock.
 	totals blockTotals
+	// othersUntracked counts the files found past the others' bound: their
+	// bytes are counted in used until the next Open.
+	othersUntracked int
 
 	buffers blockBuffers
 	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
@@ -207,6 +219,12 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxOtherFiles < 0 {
+		return nil, fmt.Errorf("at most %d files outside the block layout: want a positive bound, or 0 for %d", cfg.MaxOtherFiles, DefaultMaxOtherFiles)
+	}
+	if cfg.MaxOtherFiles == 0 {
+		cfg.MaxOtherFiles = DefaultMaxOtherFiles
 	}
 	if cfg.TmpMaxAge == 0 {
 		cfg.TmpMaxAge = DefaultTmpMaxAge
@@ -415,7 +433,12 @@ func (s *Store) rebuild() error {
 	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
 		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped, "odd_size_files_ignored", skipped,
 		"unproven_blocks_ignored", refused, "unreadable_names_ignored", unreadable,
+		"other_files", len(s.others), "other_files_untracked", s.othersUntracked,
 		"evicted_to_fit_capacity", evicted)
+	if s.othersUntracked > 0 {
+		s.cfg.Logger.Warn("the store holds more files outside the block layout than it tracks (Config.MaxOtherFiles): the rest count against the capacity until the next start, and writes to a file not tracked are refused with EDQUOT",
+			"store", s.root, "tracked", len(s.others), "max_other_files", s.cfg.MaxOtherFiles, "untracked", s.othersUntracked)
+	}
 	return nil
 }
 
