@@ -33,6 +33,9 @@ func TestOtherFilesBoundedThroughTheMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := f.ProbePoll(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := f.Unmount(); err != nil {
 			t.Errorf("unmount: %v", err)

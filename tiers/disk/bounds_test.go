@@ -123,6 +123,9 @@ func TestOtherFilesBounded(t *testing.T) {
 	const capacity = 1 << 20
 	const bound = 3
 	dir := t.TempDir()
+	if _, err := Open(Config{Dir: dir, Capacity: capacity, MaxOtherFiles: -1}); err == nil {
+		t.Fatal("a negative bound on the other files was taken")
+	}
 	s, err := Open(Config{Dir: dir, Capacity: capacity, MaxOtherFiles: bound})
 	if err != nil {
 		t.Fatal(err)
