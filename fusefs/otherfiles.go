@@ -111,11 +111,15 @@ func (o *otherFile) settle(reserved int64) {
 	o.fsys.store.SettleOther(&st, reserved)
 }
 
-// reserve makes room for n bytes before they are written.
+// reserve makes room for n bytes before they are written: ENOSPC past the
+// capacity, EDQUOT past the bound on files outside the block layout.
 func (o *otherFile) reserve(n int64) syscall.Errno {
-	if err := o.fsys.store.ReserveOther(n, o.rel); err != nil {
-		o.fsys.logger.Warn("refused a write outside the block layout: it would take the store over its capacity",
-			"path", o.rel, "bytes", n, "err", err)
+	var st unix.Stat_t
+	if err := unix.Fstat(o.fd, &st); err != nil {
+		return disk.Errno(err)
+	}
+	if err := o.fsys.store.ReserveOther(n, &st, o.rel); err != nil {
+		o.fsys.logger.Warn("refused a write outside the block layout", "path", o.rel, "bytes", n, "err", err)
 		return disk.Errno(err)
 	}
 	return 0

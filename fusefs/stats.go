@@ -50,6 +50,7 @@ func (f *FS) Stats() ctlabi.Stats {
 	for group, g := range d.Groups {
 		st.Groups[group] = ctlabi.Group(g)
 	}
+	st.Counters.OtherFilesRefused = c.OtherFilesRefused.Load()
 	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
 	st.Counters.TiersPrimed = f.tiersPrimed.Load()
 	if f.primer != nil {
@@ -137,6 +138,11 @@ func (f *FS) Stats() ctlabi.Stats {
 	if n, recent := f.recent.Grew(ctlabi.WarnNoSpace, st.Counters.NoSpace); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(n, d) + fmt.Sprintf("; clears after %s without one", quiet)})
 	}
+	if n, recent := f.recent.Grew(ctlabi.WarnOtherFilesFull, st.Counters.OtherFilesRefused); recent {
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnOtherFilesFull, Message: fmt.Sprintf(
+			"%s outside the block layout failed with EDQUOT: the store tracks %d such files, its bound (%d untracked found at mount); remove files the engine does not need from the mount; clears after %s without one",
+			plural(n, "write"), d.OtherFilesMax, d.OtherFilesUntracked, quiet)})
+	}
 	if n, recent := f.recent.Grew(ctlabi.WarnStoreIOErrors, st.Counters.StoreIOErrors); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(
 			"%s failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl; clears after %s without one",
@@ -149,7 +155,8 @@ func (f *FS) Stats() ctlabi.Stats {
 func abiDisk(d disk.Stats) ctlabi.Disk {
 	out := ctlabi.Disk{Store: d.Store, Blocks: d.Blocks, LogicalBytes: d.LogicalBytes, PhysicalBytes: d.PhysicalBytes,
 		CapacityBytes: d.CapacityBytes, FreeBytes: d.FreeBytes, Evictions: d.Evictions, InFlightTmp: d.InFlightTmp,
-		TmpBytes: d.TmpBytes, NeverLookedUp: d.NeverLookedUp, RowBytes: d.RowBytes, StorePhases: make(map[string]ctlabi.Phase, len(d.StorePhases))}
+		TmpBytes: d.TmpBytes, NeverLookedUp: d.NeverLookedUp, RowBytes: d.RowBytes, StorePhases: make(map[string]ctlabi.Phase, len(d.StorePhases)),
+		OtherFiles: d.OtherFiles, OtherFilesMax: d.OtherFilesMax, OtherFilesUntracked: d.OtherFilesUntracked}
 	for name, ph := range d.StorePhases {
 		out.StorePhases[name] = ctlabi.Phase(ph)
 	}

@@ -62,6 +62,12 @@ type Disk struct {
 	RowBytes map[string]int64 `json:"row_bytes"`
 	// StorePhases times the steps of stores' creates and renames, by step.
 	StorePhases map[string]Phase `json:"store_phases"`
+	// OtherFiles is the number of files outside the block layout the store
+	// tracks, OtherFilesMax its bound, and OtherFilesUntracked those found
+	// past it at mount, counted until the next start.
+	OtherFiles          int64 `json:"other_files"`
+	OtherFilesMax       int64 `json:"other_files_max"`
+	OtherFilesUntracked int64 `json:"other_files_untracked"`
 }
 
 // Phase summarises the durations of one step of stores (tiers/disk.Phase).
@@ -159,8 +165,11 @@ type Counters struct {
 	// came from the engine's row, and those whose tmp file was read back.
 	StoresFromRow  int64 `json:"stores_from_row"`
 	StoresReadBack int64 `json:"stores_read_back"`
-	ShmIgnored     int64 `json:"shm_ignored"`
-	ShmFaults      int64 `json:"shm_faults"`
+	// OtherFilesRefused counts writes outside the block layout refused with
+	// EDQUOT: the store tracked disk.Stats.OtherFilesMax such files.
+	OtherFilesRefused int64 `json:"other_files_refused"`
+	ShmIgnored        int64 `json:"shm_ignored"`
+	ShmFaults         int64 `json:"shm_faults"`
 	// KVEventsPublished counts removed blocks published as BlockRemoved KV
 	// events, KVEventsDropped those dropped because the publisher's queue was
 	// full (both 0 without --kv-events-endpoint).
@@ -289,6 +298,9 @@ const (
 	WarnStoreIOErrors = "store_io_errors"
 	// WarnUnprovenBlocks: block files found at mount had no digest record.
 	WarnUnprovenBlocks = "unproven_blocks"
+	// WarnOtherFilesFull: writes outside the block layout were refused
+	// because the store tracks as many such files as it may.
+	WarnOtherFilesFull = "other_files_full"
 	// WarnShmUnmappable: the engine's regions could not be listed or mapped.
 	WarnShmUnmappable = "shm_unmappable"
 	// WarnShmIgnored: a file matching --shm-glob is not mapped.
@@ -322,7 +334,7 @@ const (
 
 // WarningCodes lists every Warn* code, in the order metrics export them.
 var WarningCodes = []string{
-	WarnChecksumFailures, WarnNoSpace, WarnStoreIOErrors, WarnUnprovenBlocks,
+	WarnChecksumFailures, WarnNoSpace, WarnStoreIOErrors, WarnUnprovenBlocks, WarnOtherFilesFull,
 	WarnShmUnmappable, WarnShmIgnored, WarnShmGeometry, WarnPeerDown, WarnMirroringOff,
 	WarnSharedUnreachable, WarnSharedBehind,
 	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted, WarnLookupBudgetCapped,

@@ -1,6 +1,8 @@
 package disk
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -61,22 +63,12 @@ func TestOtherFilesCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := first.ReserveOther(64<<10, "config.json"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(first.Path("config.json"), pageData(1, 16), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(first.Path("config.json"), &st); err != nil {
-		t.Fatal(err)
-	}
-	first.SettleOther(&st, 64<<10)
+	st := writeOther(t, first, "config.json", pageData(1, 16))
 	allocated := st.Blocks * 512
 	if _, free := first.Reach(); free != capacity-allocated {
 		t.Fatalf("free %d with a file of %d bytes allocated in a %d-byte store", free, allocated, capacity)
 	}
-	wantErrno(t, first.ReserveOther(capacity, "config.json"), syscall.ENOSPC, "a whole capacity more")
+	wantErrno(t, first.ReserveOther(capacity, &st, "config.json"), syscall.ENOSPC, "a whole capacity more")
 	first.Close()
 
 	s := openStore(t, Config{Dir: dir, Capacity: capacity})
@@ -90,5 +82,132 @@ func TestOtherFilesCounted(t *testing.T) {
 	gone()
 	if _, free := s.Reach(); free != capacity {
 		t.Fatalf("free %d after removing the only file, want %d", free, capacity)
+	}
+}
+
+// writeOther writes a file outside the block layout as the mount does:
+// create it, reserve room for its bytes, write them, settle what it
+// allocates. It returns the file's attributes.
+func writeOther(t *testing.T, s *Store, rel string, data []byte) unix.Stat_t {
+	t.Helper()
+	f, err := os.OpenFile(s.Path(rel), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReserveOther(int64(len(data)), &st, rel); err != nil {
+		t.Fatalf("ReserveOther(%s): %v", rel, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	s.SettleOther(&st, int64(len(data)))
+	return st
+}
+
+// TestOtherFilesBounded: the engine's uid makes files outside the block
+// layout without end (each counts against the capacity, but the table of
+// them grew by one per file, ~100M entries for a large store). The table
+// holds at most MaxOtherFiles: a write that would take another place is
+// refused with EDQUOT, a tracked file is still written, a refusal for space
+// takes no place, and files found past the bound at Open count against the
+// capacity (never too little) without taking places.
+func TestOtherFilesBounded(t *testing.T) {
+	const capacity = 1 << 20
+	const bound = 3
+	dir := t.TempDir()
+	if _, err := Open(Config{Dir: dir, Capacity: capacity, MaxOtherFiles: -1}); err == nil {
+		t.Fatal("a negative bound on the other files was taken")
+	}
+	s, err := Open(Config{Dir: dir, Capacity: capacity, MaxOtherFiles: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allocated int64
+	var st unix.Stat_t
+	perFile := make([]int64, bound)
+	for i := range bound {
+		st = writeOther(t, s, fmt.Sprintf("f%d", i), pageData(i, 1))
+		perFile[i] = st.Blocks * 512
+		allocated += perFile[i]
+	}
+	if err := s.ReserveOther(1, &st, "f2"); err != nil {
+		t.Errorf("a write to a tracked file with the table full: %v", err)
+	}
+	s.SettleOther(&st, 1)
+
+	f, err := os.OpenFile(s.Path("more"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var more unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &more); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, s.ReserveOther(4096, &more, "more"), syscall.EDQUOT, "a fourth file of three")
+	if n := s.Counters().OtherFilesRefused.Load(); n != 1 {
+		t.Errorf("%d refusals counted, want 1", n)
+	}
+	if st := s.Stats(); st.OtherFiles != bound || st.OtherFilesMax != bound {
+		t.Errorf("stats: %d other files of at most %d, want %d of %d", st.OtherFiles, st.OtherFilesMax, bound, bound)
+	}
+
+	gone := s.RemovingOther("f0")
+	if err := os.Remove(s.Path("f0")); err != nil {
+		t.Fatal(err)
+	}
+	gone()
+	allocated -= perFile[0]
+	wantErrno(t, s.ReserveOther(2*capacity, &more, "more"), syscall.ENOSPC, "more than the capacity")
+	if n := s.Stats().OtherFiles; n != bound-1 {
+		t.Errorf("%d other files after a refusal for space, want %d: the refused file kept a place", n, bound-1)
+	}
+	if err := s.ReserveOther(4096, &more, "more"); err != nil {
+		t.Fatalf("a file taking the place of a removed one: %v", err)
+	}
+	if _, err := f.Write(pageData(9, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fstat(int(f.Fd()), &more); err != nil {
+		t.Fatal(err)
+	}
+	s.SettleOther(&more, 4096)
+	allocated += more.Blocks * 512
+	if _, free := s.Reach(); free != capacity-allocated {
+		t.Errorf("free %d, want %d: the other files' bytes", free, capacity-allocated)
+	}
+	s.Close()
+
+	s = openStore(t, Config{Dir: dir, Capacity: capacity, MaxOtherFiles: bound - 1})
+	if st := s.Stats(); st.OtherFiles != bound-1 || st.OtherFilesUntracked != 1 {
+		t.Errorf("reopened with a bound of %d: %d tracked, %d untracked; want %d and 1", bound-1, st.OtherFiles, st.OtherFilesUntracked, bound-1)
+	}
+	if _, free := s.Reach(); free != capacity-allocated {
+		t.Errorf("reopened: free %d, want %d: a file past the bound must still count", free, capacity-allocated)
+	}
+	refused := 0
+	for _, rel := range []string{"f1", "f2", "more"} {
+		st, err := s.Lstat(rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReserveOther(1, &st, rel); errors.Is(err, syscall.EDQUOT) {
+			refused++
+			continue
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		s.SettleOther(&st, 1)
+	}
+	if refused != 1 {
+		t.Errorf("%d of the three files refused a write, want the one past the bound", refused)
 	}
 }

@@ -35,6 +35,9 @@ type Counters struct {
 	// came from the engine's row, and those whose tmp file was read back.
 	StoresFromRow  atomic.Int64
 	StoresReadBack atomic.Int64
+	// OtherFilesRefused counts writes outside the block layout refused
+	// with EDQUOT: the table of other files was full (other.go).
+	OtherFilesRefused atomic.Int64
 }
 
 // Counters exposes the store's counters for metrics.
@@ -64,6 +67,12 @@ type Stats struct {
 	Groups        map[string]GroupStats
 	// StorePhases times the steps of stores' creates and renames (phases.go).
 	StorePhases map[string]PhaseStats
+	// OtherFiles is the number of files outside the block layout the store
+	// tracks, OtherFilesMax its bound (Config.MaxOtherFiles), and
+	// OtherFilesUntracked those found past it, counted until the next Open.
+	OtherFiles          int64
+	OtherFilesMax       int64
+	OtherFilesUntracked int64
 }
 
 // Stats returns the current occupancy. Groups are keyed by group number.
@@ -81,6 +90,7 @@ func (s *Store) Stats() Stats {
 		RowBytes:      make(map[string]int64, len(s.rowBytes)),
 		Groups:        make(map[string]GroupStats, len(s.totals.groups)),
 	}
+	st.OtherFiles, st.OtherFilesMax, st.OtherFilesUntracked = int64(len(s.others)), int64(s.cfg.MaxOtherFiles), int64(s.othersUntracked)
 	for k, v := range s.rowBytes {
 		st.RowBytes[k] = v
 	}

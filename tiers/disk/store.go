@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -28,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
 
 // DefaultLookupProtect is how long a block that answered a lookup is kept
@@ -43,6 +45,12 @@ const DefaultCapacityFraction = 0.9
 // killed or broken writer, so it is removed and its bytes return to the
 // capacity.
 const DefaultTmpMaxAge = 30 * time.Second
+
+// DefaultMaxOtherFiles bounds the files outside the block layout whose bytes
+// the store tracks one by one (other.go). The engine writes a config.json per
+// namespace and its probes; the bound leaves room for far more, and keeps
+// the table a few MiB however many files the engine's uid makes.
+const DefaultMaxOtherFiles = 1 << 16
 
 // prefixGap separates two lookup batches of one thread: lookups further apart start a new prefix.
 const prefixGap = time.Second
@@ -67,6 +75,9 @@ type Config struct {
 	// Owner receives the store root and the block files; nil leaves them to
 	// the daemon's user. Either way they are private (owner.go).
 	Owner *Owner
+	// MaxOtherFiles bounds the files outside the block layout that hold
+	// bytes; 0 means DefaultMaxOtherFiles.
+	MaxOtherFiles int
 }
 
 // entry is one published block in the index.
@@ -187,6 +198,9 @@ type Store struct {
 	// totals are the index's sums, kept as blocks come and go so that Stats
 	// does not walk the index under the lock.
 	totals blockTotals
+	// othersUntracked counts the files found past the others' bound: their
+	// bytes are counted in used until the next Open.
+	othersUntracked int
 
 	buffers blockBuffers
 	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
@@ -216,6 +230,12 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxOtherFiles < 0 {
+		return nil, fmt.Errorf("at most %d files outside the block layout: want a positive bound, or 0 for %d", cfg.MaxOtherFiles, DefaultMaxOtherFiles)
+	}
+	if cfg.MaxOtherFiles == 0 {
+		cfg.MaxOtherFiles = DefaultMaxOtherFiles
 	}
 	if cfg.TmpMaxAge == 0 {
 		cfg.TmpMaxAge = DefaultTmpMaxAge
@@ -368,37 +388,32 @@ func isProbeLeftover(name string) bool { return probeLeftover.MatchString(name) 
 func (s *Store) rebuild() error {
 	var found []*entry
 	var tmpsRemoved, dropped, refused, unreadable int
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil && p != s.root {
-			// The engine's uid owns the tree: a name it made unreadable
-			// (one past PATH_MAX, say) costs that name, not the mount.
-			if unreadable++; unreadable == 1 {
-				s.cfg.Logger.Warn("store names not indexed: they cannot be read (their count is in \"store indexed\")", "path", p, "err", err)
-			}
-			if d != nil && d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
+	rootDir, err := beneath.Open(s.rootFD, "", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("indexing store %s: %w", s.root, err)
+	}
+	skip := func(rel string, err error) {
+		// The engine's uid owns the tree: a name it made unreadable
+		// (one past PATH_MAX, a directory swapped for a link) costs that
+		// name, not the mount.
+		if unreadable++; unreadable == 1 {
+			s.cfg.Logger.Warn("store names not indexed: they cannot be read (their count is in \"store indexed\")", "path", s.Path(rel), "err", err)
 		}
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return nil
-		}
-		rel, _ := filepath.Rel(s.root, p)
+	}
+	err = walkStore(rootDir, func(rel string, st *unix.Stat_t) error {
 		kind, name := block.Parse(rel)
-		if kind == block.TmpFile || isProbeLeftover(d.Name()) {
+		if kind == block.TmpFile || isProbeLeftover(path.Base(rel)) {
 			if err := s.unlink(rel); err != nil {
 				return err
 			}
 			tmpsRemoved++
 			return nil
 		}
-		if kind != block.File || !d.Type().IsRegular() {
+		if kind != block.File || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			s.countOtherFile(rel)
 			return nil
 		}
+		p := s.Path(rel)
 		b, err := s.readBlockMeta(rel, name)
 		var unproven *unprovenError
 		switch {
@@ -415,7 +430,7 @@ func (s *Store) rebuild() error {
 		}
 		found = append(found, b)
 		return nil
-	})
+	}, skip)
 	if err != nil {
 		return fmt.Errorf("indexing store %s: %w", s.root, err)
 	}
@@ -437,7 +452,12 @@ func (s *Store) rebuild() error {
 	s.cfg.Logger.Info("store indexed", "store", s.root, "blocks", len(found), "bytes", s.used,
 		"tmp_files_removed", tmpsRemoved, "torn_blocks_dropped", dropped, "odd_size_files_ignored", skipped,
 		"unproven_blocks_ignored", refused, "unreadable_names_ignored", unreadable,
+		"other_files", len(s.others), "other_files_untracked", s.othersUntracked,
 		"evicted_to_fit_capacity", evicted)
+	if s.othersUntracked > 0 {
+		s.cfg.Logger.Warn("the store holds more files outside the block layout than it tracks (Config.MaxOtherFiles): the rest count against the capacity until the next start, and writes to a file not tracked are refused with EDQUOT",
+			"store", s.root, "tracked", len(s.others), "max_other_files", s.cfg.MaxOtherFiles, "untracked", s.othersUntracked)
+	}
 	return nil
 }
 

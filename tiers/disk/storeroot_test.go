@@ -162,3 +162,90 @@ func TestStoreTooDeepToNameStillOpens(t *testing.T) {
 		t.Errorf("the store counts %d bytes, want the block's %d and d/other's 8192", got, before)
 	}
 }
+
+// TestIndexingWalkDoesNotFollowASwappedDirectory: the engine's uid, which
+// owns the store tree, swaps a directory of the store for a link to a
+// directory outside it after the indexing walk read the directory's name
+// and before it opened it. The walk went by path and listed the outside
+// directory through the link: a tmp file there failed Open (its removal,
+// resolved beneath the root, was refused), a block there was checked as the
+// store's. The walk opens each directory from its parent's descriptor
+// without following links: nothing outside is listed, touched or indexed.
+func TestIndexingWalkDoesNotFollowASwappedDirectory(t *testing.T) {
+	test := func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := evName(0)
+		putBlock(t, s, rel, pageData(0, 2))
+		before := s.Used()
+		s.Close()
+
+		// Outside the store: a tier's tree with a published block, a
+		// leftover tmp of the layout and another file.
+		outside := t.TempDir()
+		o, err := Open(Config{Dir: outside, Capacity: 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		foreign := blockRel("victim", 0, hashHex(7, 64))
+		putBlock(t, o, foreign, pageData(7, 2))
+		o.Close()
+		foreignTmp := filepath.Join(outside, tmpRelFor(foreign, 9))
+		if err := os.WriteFile(foreignTmp, pageData(8, 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(outside, "victim", "other"), make([]byte, 8192), 0o600); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := os.Mkdir(filepath.Join(dir, "victim"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		swapped := false
+		beforeDescend = func(rel string) {
+			if rel != "victim" || swapped {
+				return
+			}
+			if err := os.Remove(filepath.Join(dir, "victim")); err != nil {
+				t.Error(err)
+			}
+			if err := os.Symlink(filepath.Join(outside, "victim"), filepath.Join(dir, "victim")); err != nil {
+				t.Error(err)
+			}
+			swapped = true
+		}
+		t.Cleanup(func() { beforeDescend = nil })
+
+		s, err = Open(Config{Dir: dir, Capacity: 1 << 30})
+		if err != nil {
+			t.Fatalf("a store whose directory was swapped for a link while indexed: %v", err)
+		}
+		defer s.Close()
+		if !swapped {
+			t.Fatal("the walk never came to descend into victim")
+		}
+		if !s.Contains(rel) {
+			t.Errorf("the store's own block is not indexed")
+		}
+		if s.Contains(foreign) {
+			t.Errorf("a block outside the store is indexed through the link")
+		}
+		if n := s.Counters().UnprovenBlocks.Load(); n != 0 {
+			t.Errorf("%d block files checked, want none: the only other one is outside the store", n)
+		}
+		if !exists(t, foreignTmp) {
+			t.Errorf("a tmp file outside the store was removed")
+		}
+		if got := s.Used(); got != before {
+			t.Errorf("the store counts %d bytes, want its block's %d", got, before)
+		}
+	}
+	t.Run("openat2", test)
+	t.Run("walk", func(t *testing.T) {
+		withoutOpenat2(t)
+		test(t)
+	})
+}
