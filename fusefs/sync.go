@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -148,12 +149,12 @@ type peerMirror struct {
 
 func (m *peerMirror) Mirrors() bool { return m.node.Mirrors() }
 
-func (m *peerMirror) MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error {
-	region, err := m.regions.Get(ref.Region, ref.File, len(block))
+func (m *peerMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32, nonZero []block.Run) error {
+	region, err := m.regions.Get(ref.Region, ref.File, len(data))
 	if err != nil {
 		return err
 	}
-	return m.node.MirrorBlock(ctx, region, ref.Row, block, crc)
+	return m.node.MirrorBlock(ctx, region, ref.Row, data, crc, nonZero)
 }
 
 // sampleStore lets the replication gate compare a stored block's source row

@@ -31,6 +31,7 @@ func TestBenchFlagRules(t *testing.T) {
 		{[]string{"disk", "--rows", "8"}, "", "--rows does not apply to scenario disk"},
 		{[]string{"eagle", "--sessions", "2"}, "", "--sessions does not apply to scenario eagle"},
 		{[]string{"agent", "--promote", "2"}, "", "--promote does not apply to scenario agent"},
+		{[]string{"agent", "--prompts", "2"}, "", "--prompts does not apply to scenario agent"},
 		{[]string{"multinode", "--profile", "p"}, "multinode", ""},
 		{[]string{"disk", "--profile", "p"}, "", "--profile does not apply to scenario disk"},
 	}

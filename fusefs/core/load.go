@@ -30,9 +30,10 @@ type Stager interface {
 type Mirror interface {
 	// Mirrors reports whether loads must reach the peers before they return.
 	Mirrors() bool
-	// MirrorRow writes block, whose CRC32C is crc, into the row ref on every
+	// MirrorRow writes data, whose CRC32C is crc and whose non-zero pages
+	// are the runs nonZero (block.NonZeroRuns), into the row ref on every
 	// peer and returns once each acknowledged that checksum.
-	MirrorRow(ctx context.Context, ref shm.RowRef, block []byte, crc uint32) error
+	MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32, nonZero []block.Run) error
 }
 
 // Config is what Loads works with.
@@ -151,9 +152,14 @@ type Load struct {
 	// before lists the rows that held the block when it was opened, which a
 	// row that holds it later may not be the destination of this load.
 	before []shm.RowRef
-	// background counts the goroutines that use buf: the store read and the
-	// mirror.
+	// background counts the goroutines that use buf: the store read, the
+	// scan of its non-zero pages and the mirror.
 	background sync.WaitGroup
+	// scanned is closed once nonZero holds the runs of buf's non-zero pages,
+	// found by scanLanded as a mirrored load's store read landed them; nil
+	// when the load does not scan so (the mirror then finds them itself).
+	scanned chan struct{}
+	nonZero []block.Run
 
 	mu sync.Mutex
 	// landed is how many of the block's first bytes are in buf and matched
@@ -283,7 +289,43 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		return
 	}
 	l.buf, l.Source = buf, FromStore
+	if c.mirrors() {
+		l.scanned = make(chan struct{})
+		l.background.Go(l.scanLanded)
+	}
 	l.background.Go(l.readStore)
+}
+
+// scanLanded finds the non-zero pages of buf behind the store read, each
+// stretch soon after it landed and matched its chunk CRCs, so that the
+// mirror can send the proven block without first reading the whole row for
+// them. It closes scanned when the whole block is scanned or the load failed.
+func (l *Load) scanLanded() {
+	defer close(l.scanned)
+	var runs []block.Run
+	scanned := 0
+	for scanned < len(l.buf) {
+		l.mu.Lock()
+		for l.err == nil && !l.proven && int(l.landed)-scanned < block.PageSize {
+			changed := l.changed
+			l.mu.Unlock()
+			<-changed
+			l.mu.Lock()
+		}
+		// A proven block is scanned to its end even if the load fails
+		// later: a mirror already started sends what the scan found.
+		failed, end := l.err != nil && !l.proven, int(l.landed)
+		if !l.proven {
+			end -= end % block.PageSize
+		}
+		l.mu.Unlock()
+		if failed {
+			return
+		}
+		runs = appendNonZeroRuns(runs, l.buf, scanned, end)
+		scanned = end
+	}
+	l.nonZero = runs
 }
 
 // readStore reads the block from the store into l.buf, letting reads of the
@@ -313,6 +355,20 @@ func (l *Load) readStore() {
 	if l.found != nil && l.mirroring == nil {
 		l.startMirrorLocked()
 	}
+}
+
+// appendNonZeroRuns appends to runs, those of buf[:from], the runs of the
+// non-zero pages of buf[from:to], merging a run that goes on from the last.
+func appendNonZeroRuns(runs []block.Run, buf []byte, from, to int) []block.Run {
+	for _, r := range block.NonZeroRuns(buf[from:to], int64(from)) {
+		r.Start, r.End = r.Start+from, r.End+from
+		if n := len(runs); n > 0 && runs[n-1].End == r.Start {
+			runs[n-1].End = r.End
+		} else {
+			runs = append(runs, r)
+		}
+	}
+	return runs
 }
 
 // changedLocked wakes every waiter for a change of the load's state.
@@ -448,9 +504,16 @@ func (l *Load) startMirrorLocked() {
 	rows := l.found
 	l.background.Go(func() {
 		c := l.loads
+		var nonZero []block.Run
+		if l.scanned != nil {
+			<-l.scanned
+			nonZero = l.nonZero
+		} else {
+			nonZero = block.NonZeroRuns(l.buf, 0)
+		}
 		var err error
 		for _, ref := range rows {
-			if err = c.cfg.Mirror.MirrorRow(context.Background(), ref, l.buf, l.digest.CRC); err != nil {
+			if err = c.cfg.Mirror.MirrorRow(context.Background(), ref, l.buf, l.digest.CRC, nonZero); err != nil {
 				err = fmt.Errorf("row %d of %s: %v", ref.Row, ref.Region, err)
 				break
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -70,6 +71,13 @@ func refOf(rel string) block.Ref {
 func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 	t.Helper()
 	rel, data := testBlock(i)
+	f.putData(t, rel, data)
+	return rel, data
+}
+
+// putData stores data as block rel, as put does.
+func (f *fixture) putData(t *testing.T, rel string, data []byte) {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(f.store.Path(rel)), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +95,6 @@ func (f *fixture) put(t *testing.T, i int) (string, []byte) {
 	if err := f.store.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
-	return rel, data
 }
 
 // corrupt flips 64 bytes of the block file in the store at off, keeping its size.
@@ -133,9 +140,12 @@ type fakeMirror struct {
 
 func (m *fakeMirror) Mirrors() bool { return true }
 
-func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32) error {
+func (m *fakeMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte, crc uint32, nonZero []block.Run) error {
 	if block.CRC32C(data) != crc {
 		return errors.New("block does not match its checksum")
+	}
+	if want := block.NonZeroRuns(data, 0); !slices.Equal(nonZero, want) {
+		return fmt.Errorf("non-zero runs %v, want %v", nonZero, want)
 	}
 	m.mu.Lock()
 	m.rows = append(m.rows, ref)
@@ -468,6 +478,70 @@ func TestMirrorBeforeTheLastReadReturns(t *testing.T) {
 	}
 	if got := loads.Counters.Mirrored.Load(); got != 1 {
 		t.Fatalf("%d loads mirrored, want 1", got)
+	}
+}
+
+// TestMirrorGetsTheNonZeroPagesFoundAsTheBlockLanded loads a block whose
+// zero and non-zero pages alternate across its read chunks: the runs the
+// load found behind the store read and hands the mirror must be those of
+// the whole block (the fake mirror fails the load otherwise).
+func TestMirrorGetsTheNonZeroPagesFoundAsTheBlockLanded(t *testing.T) {
+	f := newFixture(t)
+	rel, data := testBlock(1)
+	page := block.PageSize
+	for _, zero := range [][2]int{{0, 25 * page}, {40 * page, 41 * page}, {disk.ReadChunk + 2*page, 2 * disk.ReadChunk}, {rowBytes - 2*page, rowBytes - page}} {
+		clear(data[zero[0]:zero[1]])
+	}
+	runs := block.NonZeroRuns(data, 0)
+	if len(runs) != 4 || runs[1].Start != 41*page || runs[1].End != disk.ReadChunk+2*page {
+		t.Fatalf("test block's non-zero runs %v, want 4, the second across the first chunk's end", runs)
+	}
+	f.putData(t, rel, data)
+	copy(f.region.Row(1), bytes.Repeat([]byte{7}, rowBytes)) // stale bytes of another block
+	m := f.mirror(nil)
+	loads := NewLoads(Config{Store: f.store, Regions: f.regions, Mirror: m})
+	g := (&gatedRead{data: data, step: make(chan struct{})}).install(loads)
+	l, err := loads.Open(context.Background(), refOf(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	go func() {
+		for range 3 { // the first MiB, the second, the rest
+			g.step <- struct{}{}
+		}
+	}()
+	if err := engineRead(context.Background(), l, f.region.Row(1), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(); err != nil || loads.Counters.Mirrored.Load() != 1 || len(m.rows) != 1 {
+		t.Fatalf("close: %v, mirrored %d, rows %v; want nil, 1, one row", err, loads.Counters.Mirrored.Load(), m.rows)
+	}
+	if l.Source != FromStore || l.scanned == nil {
+		t.Fatalf("source %v, scanned behind the read %v; want a store read scanned as it landed", l.Source, l.scanned != nil)
+	}
+}
+
+// TestNonZeroRunsInStretches checks that scanning a buffer in stretches,
+// split at any pages, finds the runs of one scan of the whole.
+func TestNonZeroRunsInStretches(t *testing.T) {
+	page := block.PageSize
+	buf := make([]byte, 13*page+100)
+	for _, p := range []int{1, 2, 3, 6, 7, 11, 12} {
+		buf[p*page+page/2] = 1
+	}
+	want := block.NonZeroRuns(buf, 0)
+	for _, cuts := range [][]int{{3}, {1, 2, 3}, {2, 7, 12}, {6, 7}, {}, {4, 5, 8, 9, 10, 11}} {
+		var runs []block.Run
+		from := 0
+		for _, c := range cuts {
+			runs = appendNonZeroRuns(runs, buf, from, c*page)
+			from = c * page
+		}
+		runs = appendNonZeroRuns(runs, buf, from, len(buf))
+		if !slices.Equal(runs, want) {
+			t.Errorf("cut at pages %v: runs %v, want %v", cuts, runs, want)
+		}
 	}
 }
 

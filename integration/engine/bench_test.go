@@ -74,13 +74,13 @@ func TestBenchJSON(t *testing.T) {
 // GPUs (multinode without sync).
 func TestBenchTable(t *testing.T) {
 	dir := t.TempDir()
-	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--sync", "off", "--gpu", "host")
+	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--prompts", "2", "--sync", "off", "--gpu", "host")
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, stderr)
 	}
 	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
-	for _, want := range []string{"scenario multinode", "rows identical at the GPUs", "0/8", "kvtierfs stat of the head node's mount", "warnings:",
-		"engine fixed: with the fixes", "verdict, fixed engine, sync off, staging on: coverage", "FAIL: 8 of 8 rows at the GPUs differ across ranks"} {
+	for _, want := range []string{"scenario multinode", "rows identical at the GPUs", "0/16", "kvtierfs stat of the head node's mount", "warnings:",
+		"engine fixed: with the fixes", "verdict, fixed engine, sync off, staging on: coverage", "FAIL: 16 of 16 rows at the GPUs differ across ranks"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout)
 		}

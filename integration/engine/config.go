@@ -177,8 +177,13 @@ type Config struct {
 	// PromptTokens is the prompt length of eagle and long-prefix
 	// (--prompt-tokens).
 	PromptTokens int
-	// Promote is the number of rows multinode promotes (--promote).
+	// Promote is the number of rows each multinode prompt promotes
+	// (--promote).
 	Promote int
+	// Prompts is the number of distinct prompts multinode stores and then
+	// asks again, measured, one after another (--prompts): the measured
+	// promotions number Prompts·Promote.
+	Prompts int
 	// Sessions, PrefixMin, PrefixMax and SharedPrefix shape agent: Sessions
 	// sessions take turns; the turns of a session grow from PrefixMin to
 	// PrefixMax tokens; every session starts with the same SharedPrefix
@@ -256,7 +261,7 @@ func DefaultConfig(scenario string) (Config, error) {
 		c.Rows, c.Requests, c.PromptTokens = 64, 4, 100_400
 	case ScenarioMultinode:
 		c.Groups = []Group{full}
-		c.Nodes, c.WorldSize, c.Rows, c.Promote = 2, 2, 128, 112
+		c.Nodes, c.WorldSize, c.Rows, c.Promote, c.Prompts = 2, 2, 128, 112, 4
 	case ScenarioLongPrefix:
 		c.Groups = []Group{full, {Kind: ctlabi.KindSliding, Tail: 1, Acc: 1}}
 		c.Rows, c.PromptTokens = 124, 348_000
@@ -362,6 +367,9 @@ func (c Config) validateScenario() error {
 	case ScenarioMultinode:
 		if c.Promote <= 0 {
 			return fmt.Errorf("--promote %d: want a positive number of rows", c.Promote)
+		}
+		if c.Prompts <= 0 {
+			return fmt.Errorf("--prompts %d: want a positive number of prompts", c.Prompts)
 		}
 	case ScenarioAgent:
 		switch {

@@ -135,12 +135,16 @@ func TestLongPrefix(t *testing.T) {
 	}
 }
 
-// multinodeConfig is multinode at CI size.
+// multinodeConfig is multinode at CI size: two prompts, so the second one's
+// rows held the first one's blocks.
 func multinodeConfig(t *testing.T, sync bool) Config {
 	cfg := ciConfig(t, ScenarioMultinode, EngineFixed)
-	cfg.Rows, cfg.Promote, cfg.Sync = 32, 24, sync
+	cfg.Rows, cfg.Promote, cfg.Prompts, cfg.Sync = 32, 24, 2, sync
 	return cfg
 }
+
+// measuredRows is the number of rows a multinode run promotes, measured.
+func measuredRows(cfg Config) int64 { return int64(cfg.Promote * cfg.Prompts) }
 
 // TestMultinodeSyncOff: TP=2 across two nodes; the head promotes every hit
 // block into a recycled row of its own region only, so rank 1 loads stale KV:
@@ -148,8 +152,8 @@ func multinodeConfig(t *testing.T, sync bool) Config {
 func TestMultinodeSyncOff(t *testing.T) {
 	cfg := multinodeConfig(t, false)
 	res := run(t, cfg)
-	if res.RowsPromoted != int64(cfg.Promote) || res.RowsChecked != int64(cfg.Promote) || res.RowsIdentical != 0 {
-		t.Errorf("sync off: %d promoted, %d/%d identical; want %d promoted, 0/%d", res.RowsPromoted, res.RowsIdentical, res.RowsChecked, cfg.Promote, cfg.Promote)
+	if want := measuredRows(cfg); res.RowsPromoted != want || res.RowsChecked != want || res.RowsIdentical != 0 {
+		t.Errorf("sync off: %d promoted, %d/%d identical; want %d promoted, 0/%d", res.RowsPromoted, res.RowsIdentical, res.RowsChecked, want, want)
 	}
 }
 
@@ -160,8 +164,8 @@ func TestMultinodeSyncOn(t *testing.T) {
 	}
 	cfg := multinodeConfig(t, true)
 	res := run(t, cfg)
-	if res.RowsChecked != int64(cfg.Promote) || res.RowsIdentical != res.RowsChecked {
-		t.Errorf("sync on: %d/%d identical, want %d/%d", res.RowsIdentical, res.RowsChecked, cfg.Promote, cfg.Promote)
+	if want := measuredRows(cfg); res.RowsChecked != want || res.RowsIdentical != res.RowsChecked {
+		t.Errorf("sync on: %d/%d identical, want %d/%d", res.RowsIdentical, res.RowsChecked, want, want)
 	}
 }
 
@@ -176,9 +180,9 @@ func TestMultinodeFourNodes(t *testing.T) {
 		cfg := multinodeConfig(t, sync)
 		cfg.Nodes, cfg.WorldSize, cfg.Netns = 4, 4, true
 		res := run(t, cfg)
-		want := map[bool]int64{false: 0, true: int64(cfg.Promote)}[sync]
-		if res.RowsChecked != int64(cfg.Promote) || res.RowsIdentical != want {
-			t.Errorf("sync %v: %d/%d rows identical at every rank, want %d/%d", sync, res.RowsIdentical, res.RowsChecked, want, cfg.Promote)
+		want := map[bool]int64{false: 0, true: measuredRows(cfg)}[sync]
+		if res.RowsChecked != measuredRows(cfg) || res.RowsIdentical != want {
+			t.Errorf("sync %v: %d/%d rows identical at every rank, want %d/%d", sync, res.RowsIdentical, res.RowsChecked, want, measuredRows(cfg))
 		}
 		if !sync {
 			continue
@@ -329,6 +333,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		"--gpu \"x\": want auto, cuda or host": func(c *Config) { c.GPU = "x" },
 		"--replicated-kv \"x\"":                func(c *Config) { c.ReplicatedKV = "x" },
 		"--promote 0":                          func(c *Config) { c.Promote = 0 },
+		"--prompts 0":                          func(c *Config) { c.Prompts = 0 },
 		"--rows 0":                             func(c *Config) { c.Rows = 0 },
 		"--model":                              func(c *Config) { c.Model = "a/b" },
 		"--profile: not with --netns":          func(c *Config) { c.Profile, c.Netns = "p", true },

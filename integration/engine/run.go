@@ -235,15 +235,19 @@ func storeThenAskCold(ctx context.Context, s *scheduler, prompts [][]uint32) err
 	return nil
 }
 
-// multinode stores a prompt of Promote chunks, then a filler prompt of Rows
-// chunks that recycles every primary row, then asks the prompt again,
-// measured: every hit block is promoted into a row that held the filler on
-// every node.
+// multinode stores Prompts distinct prompts of Promote chunks each, then a
+// filler prompt of Rows chunks that recycles every primary row, then asks
+// each prompt again, measured: every hit block is promoted into a row that
+// held the filler or an earlier prompt on every node. More prompts make the
+// measured phase longer without a larger region.
 func multinode(ctx context.Context, s *scheduler) error {
 	chunk := s.cfg.TokensPerChunk
-	prompt := tokenStream("multinode/prompt", s.cfg.Promote*chunk+1)
+	prompts := make([][]uint32, s.cfg.Prompts)
+	for i := range prompts {
+		prompts[i] = tokenStream(fmt.Sprintf("multinode/prompt/%d", i), s.cfg.Promote*chunk+1)
+	}
 	filler := tokenStream("multinode/filler", s.cfg.Rows*chunk+1)
-	for _, p := range [][]uint32{prompt, filler} {
+	for _, p := range append(append([][]uint32{}, prompts...), filler) {
 		if err := s.serve(ctx, p); err != nil {
 			return err
 		}
@@ -251,7 +255,12 @@ func multinode(ctx context.Context, s *scheduler) error {
 	if err := s.beginMeasuring(); err != nil {
 		return err
 	}
-	return s.serve(ctx, prompt)
+	for _, p := range prompts {
+		if err := s.serve(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // agent serves Requests requests round-robin over Sessions sessions. Every

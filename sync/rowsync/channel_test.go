@@ -154,7 +154,7 @@ func TestNodeRefusesItsOwnHandshake(t *testing.T) {
 		t.Error("lookups are served while the only peer may be the relay's reflection")
 	}
 	fillHalf(region.Row(3), 3)
-	if err := node.MirrorBlock(context.Background(), region, 3, region.Row(3), block.CRC32C(region.Row(3))); err == nil {
+	if err := node.MirrorBlock(context.Background(), region, 3, region.Row(3), block.CRC32C(region.Row(3)), block.NonZeroRuns(region.Row(3), 0)); err == nil {
 		t.Error("a row mirrored to the node itself counted as mirrored")
 	}
 }

@@ -9,7 +9,7 @@
 //	rename of a store:    if n.WantStoreSample(), find the source row and
 //	                      n.SampleStoredRow(ctx, region, row, key, crc); log an error, never fail
 //	last READ of a load:  find the row the earlier READs filled, then
-//	                      if n.MirrorBlock(ctx, region, row, block, crc) != nil, fail the READ with EIO
+//	                      if n.MirrorBlock(ctx, region, row, block, crc, runs) != nil, fail the READ with EIO
 //	stat and metrics:     n.Snapshot()
 //
 // MirrorBlock sends the verified block's non-zero pages to every peer's Server,

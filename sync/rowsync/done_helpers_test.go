@@ -68,7 +68,7 @@ func (n *Node) LoadDone(ctx context.Context, region *Region, data []byte) error 
 	if err != nil {
 		return err
 	}
-	return n.MirrorBlock(ctx, region, row, data, block.CRC32C(data))
+	return n.MirrorBlock(ctx, region, row, data, block.CRC32C(data), block.NonZeroRuns(data, 0))
 }
 
 // StoreDone finds the row of region holding a stored block and, when the gate

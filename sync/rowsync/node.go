@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // Config configures a Node from the mount flags.
@@ -120,14 +122,17 @@ func (n *Node) ServeLoads() bool {
 	return !n.Mirrors() || (n.gate.Allowed() && n.mirror.Healthy())
 }
 
-// MirrorBlock writes block, whose CRC32C is crc and which the caller has
-// verified, into row of region on every peer and returns once each
-// acknowledged that checksum. The filesystem calls it while the engine's
-// own read of the block into that row is still open (before its last READ
-// returns), so it sends the block, not the live row. A non-nil error means a
+// MirrorBlock writes data, a block whose CRC32C is crc and which the caller
+// has verified, into row of region on every peer and returns once each
+// acknowledged that checksum. nonZero are the runs of data's non-zero pages
+// (block.NonZeroRuns), found by the caller while the block arrived; the
+// peers' acknowledgements would not match a block they misdescribe. The
+// filesystem calls it while the engine's own read of the block into that row
+// is still open (before its last READ returns), so it sends the block, not
+// the live row. A non-nil error means a
 // peer may hold stale bytes and the load must fail; without peers it does
 // nothing.
-func (n *Node) MirrorBlock(ctx context.Context, region *Region, row int, block []byte, crc uint32) error {
+func (n *Node) MirrorBlock(ctx context.Context, region *Region, row int, data []byte, crc uint32, nonZero []block.Run) error {
 	if !n.Mirrors() {
 		return nil
 	}
@@ -135,10 +140,14 @@ func (n *Node) MirrorBlock(ctx context.Context, region *Region, row int, block [
 	if !n.gate.Allowed() {
 		return fmt.Errorf("%w: %s", ErrNotReplicated, n.gate.Snapshot().DecidedBy)
 	}
-	if len(block) != region.RowBytes() {
-		return fmt.Errorf("rowsync: block of %d bytes for rows of %d", len(block), region.RowBytes())
+	if len(data) != region.RowBytes() {
+		return fmt.Errorf("rowsync: block of %d bytes for rows of %d", len(data), region.RowBytes())
 	}
-	if err := n.mirror.mirror(ctx, region, row, block, func() uint32 { return crc }, func() {}); err != nil {
+	extents, err := extentsOf(data, nonZero)
+	if err != nil {
+		return err
+	}
+	if err := n.mirror.mirror(ctx, region, row, data, extents, func() uint32 { return crc }, func() {}); err != nil {
 		return err
 	}
 	n.rowsMirrored.Add(1)

@@ -325,19 +325,19 @@ func (m *Mirror) MirrorRow(ctx context.Context, region *Region, row int, data []
 	// only to check their acknowledgements.
 	var crc uint32
 	crcReady := make(chan struct{})
-	return m.mirror(ctx, region, row, data, func() uint32 { <-crcReady; return crc }, func() {
+	return m.mirror(ctx, region, row, data, nonZeroExtents(data), func() uint32 { <-crcReady; return crc }, func() {
 		crc = block.CRC32C(data)
 		close(crcReady)
 	})
 }
 
-// mirror sends data as row to every peer and waits for their acknowledgements,
-// which must equal want(); meanwhile runs alongside the sends.
-func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byte, want func() uint32, meanwhile func()) error {
+// mirror sends data, whose non-zero pages extents cover, as row to every
+// peer and waits for their acknowledgements, which must equal want();
+// meanwhile runs alongside the sends.
+func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byte, extents []Extent, want func() uint32, meanwhile func()) error {
 	if row < 0 || row >= region.Rows() || len(data) != region.RowBytes() {
 		return fmt.Errorf("rowsync: mirror row %d of %d bytes into a region of %d rows of %d bytes", row, len(data), region.Rows(), region.RowBytes())
 	}
-	extents := nonZeroExtents(data)
 	var payload uint64
 	for _, e := range extents {
 		payload += uint64(len(e.Data))

@@ -1,6 +1,7 @@
 package rowsync
 
 import (
+	"fmt"
 	"io"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -16,12 +17,23 @@ const crcChunkBytes = 64 << 10
 // nonZeroExtents returns the extents of the non-zero pages of row, adjacent
 // pages merged, Data aliasing row.
 func nonZeroExtents(row []byte) []Extent {
-	runs := block.NonZeroRuns(row, 0)
-	extents := make([]Extent, 0, len(runs))
-	for _, r := range runs {
-		extents = append(extents, Extent{Off: uint64(r.Start), Data: row[r.Start:r.End]})
-	}
+	extents, _ := extentsOf(row, block.NonZeroRuns(row, 0)) // sorted and inside row
 	return extents
+}
+
+// extentsOf returns the extents of runs of row, checked to be sorted,
+// disjoint, non-empty and inside the row.
+func extentsOf(row []byte, runs []block.Run) ([]Extent, error) {
+	extents := make([]Extent, 0, len(runs))
+	end := 0
+	for _, r := range runs {
+		if r.Start < end || r.End <= r.Start || r.End > len(row) {
+			return nil, fmt.Errorf("rowsync: run [%d, %d) of a %d-byte row after one ending at %d", r.Start, r.End, len(row), end)
+		}
+		extents = append(extents, Extent{Off: uint64(r.Start), Data: row[r.Start:r.End]})
+		end = r.End
+	}
+	return extents, nil
 }
 
 // readAndSum fills dst from r in chunks, adding each chunk to the running

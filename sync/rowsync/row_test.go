@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -52,8 +53,10 @@ func TestReceiveRow(t *testing.T) {
 	fillHalf(src, 1)
 	frame := Encode(&RowWrite{Seq: 3, Row: 1, Rows: 2, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
 	buf := make([]byte, len(src))
+	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
+	dest := newRowCommit(dst)
 	var asked *RowWrite
-	w, crc, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil })
+	w, crc, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil }, dest.gap)
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
@@ -63,26 +66,25 @@ func TestReceiveRow(t *testing.T) {
 	if asked.Row != 1 || asked.Rows != 2 || asked.RowBytes != uint64(len(src)) || asked.Seq != 3 || w != asked {
 		t.Errorf("bufFor got %+v", asked)
 	}
-	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
-	if commitRow(dst, w.Extents); !bytes.Equal(dst, src) {
-		t.Error("commitRow made another row")
+	if dest.commit(w.Extents); !bytes.Equal(dst, src) {
+		t.Error("the commit made another row")
 	}
 
 	// Without a buffer the body is skipped and the refusal returned.
 	r := bytes.NewReader(append(frame[5:], "next frame"...))
-	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil })
+	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil }, nil)
 	if err != nil || refused == nil || !strings.Contains(refused.Error(), fmt.Sprintf("buffer of %d bytes", len(buf)-1)) || r.Len() != len("next frame") || w.Seq != 3 {
 		t.Errorf("refused %v, %v, %d bytes left", refused, err, r.Len())
 	}
 
 	// A body cut short is an error, whatever it had delivered.
 	r = bytes.NewReader(frame[5 : len(frame)-1])
-	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("receiveRow of a torn frame = %v", err)
 	}
 }
 
-// TestCommitRowOnlyReadsZeroPages checks that commitRow clears the stale
+// TestCommitRowOnlyReadsZeroPages checks that a received row's commit clears the stale
 // pages between and after the extents, whatever byte of the page is stale,
 // and never writes a page that is zero already: those pages are mapped
 // read-only, so a write would fault.
@@ -116,12 +118,63 @@ func TestCommitRowOnlyReadsZeroPages(t *testing.T) {
 	func() {
 		defer func() {
 			if r := recover(); r != nil {
-				t.Fatalf("commitRow wrote a page that was zero already: %v", r)
+				t.Fatalf("the commit wrote a page that was zero already: %v", r)
 			}
 		}()
-		commitRow(mem, nonZeroExtents(src))
+		frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
+		dest := newRowCommit(mem)
+		w, _, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap)
+		if err != nil || refused != nil {
+			t.Fatal(err, refused)
+		}
+		dest.commit(w.Extents)
 	}()
 	if !bytes.Equal(mem, src) {
-		t.Error("commitRow left stale bytes or lost the slot's")
+		t.Error("the commit left stale bytes or lost the slot's")
+	}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r    io.Reader
+	read int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += n
+	return n, err
+}
+
+// TestReceiveRowTellsGapsBeforeTheirData checks that every range outside the
+// extents is told as soon as its bounds arrived, the one after the last
+// extent before that extent's data, so the destination is read while the
+// data still arrives.
+func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
+	page := block.PageSize
+	src := make([]byte, 16*page)
+	fillHalf(src[2*page:4*page], 1)
+	fillHalf(src[9*page:11*page], 2)
+	extents := nonZeroExtents(src)
+	if len(extents) != 2 {
+		t.Fatalf("%d extents, want 2", len(extents))
+	}
+	frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: extents})
+	r := &countingReader{r: bytes.NewReader(frame[5:])}
+	type told struct{ from, to uint64 }
+	var gaps []told
+	var readAt []int
+	_, _, refused, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil },
+		func(from, to uint64) { gaps, readAt = append(gaps, told{from, to}), append(readAt, r.read) })
+	if err != nil || refused != nil {
+		t.Fatal(err, refused)
+	}
+	endOf := func(e Extent) uint64 { return e.Off + uint64(len(e.Data)) }
+	want := []told{{0, extents[0].Off}, {endOf(extents[0]), extents[1].Off}, {endOf(extents[1]), uint64(len(src))}}
+	if !reflect.DeepEqual(gaps, want) {
+		t.Fatalf("gaps %v, want %v", gaps, want)
+	}
+	if last := len(frame) - 5 - len(extents[1].Data); readAt[2] > last {
+		t.Errorf("the gap after the last extent was told after %d bytes of the body, want by %d (before that extent's data)", readAt[2], last)
 	}
 }

@@ -71,7 +71,7 @@ func checkGroup(t *testing.T, nodes []*Node, regions []*Region) {
 		row := i + 1
 		fillHalf(regions[i].Row(row), 77+uint64(i))
 		data := bytes.Clone(regions[i].Row(row))
-		if err := n.MirrorBlock(context.Background(), regions[i], row, data, block.CRC32C(data)); err != nil {
+		if err := n.MirrorBlock(context.Background(), regions[i], row, data, block.CRC32C(data), block.NonZeroRuns(data, 0)); err != nil {
 			t.Fatalf("node %d: %v", i, err)
 		}
 		for j := range nodes {

@@ -307,22 +307,25 @@ func (s *Server) serve(conn net.Conn) {
 // as they arrived. A refused row is acknowledged with its error and leaves the region
 // as it was, and so does a frame that fails to arrive whole.
 func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, error) {
-	var region *Region
+	var dest *rowCommit
 	w, crc, refused, err := receiveRow(ch, bodyLen, func(w *RowWrite) ([]byte, error) {
 		r, err := s.region(w.Rows, w.RowBytes)
 		if err != nil {
 			return nil, err
 		}
-		region = r
+		dest = newRowCommit(r.Row(int(w.Row)))
 		if cap(*buf) < r.RowBytes() {
 			*buf = make([]byte, r.RowBytes())
 		}
 		return (*buf)[:r.RowBytes()], nil
-	})
+	}, func(from, to uint64) { dest.gap(from, to) })
 	if err == nil {
 		err = ch.endFrame()
 	}
 	if err != nil {
+		if dest != nil {
+			dest.wait()
+		}
 		return nil, err
 	}
 	ack := &Ack{Seq: w.Seq, Row: w.Row}
@@ -330,7 +333,7 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 		ack.Err = refused.Error()
 		return ack, nil
 	}
-	commitRow(region.Row(int(w.Row)), w.Extents)
+	dest.commit(w.Extents)
 	ack.CRC = crc ^ ackCRCFlip
 	return ack, nil
 }

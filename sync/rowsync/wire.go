@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -434,11 +435,13 @@ func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
 // the RowWrite (as long as the row), each extent at its offset in the row,
 // and returns the RowWrite with its extents aliasing that buffer and the
 // CRC32C of the row it describes, summed as the bytes arrive. Nothing else
-// is written: the caller writes the row (commitRow) once the frame is
-// complete. When bufFor fails, the body is skipped and its error returned as
-// refused. An error return means the stream is unusable: bytes that are not
-// a valid frame (ErrBadFrame), or a read error.
-func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error)) (w *RowWrite, crc uint32, refused, err error) {
+// is written: the caller writes the row (rowCommit) once the frame is
+// complete. gap, unless nil, is told each range of the row outside every
+// extent as soon as its bounds arrived, before the data that follows. When
+// bufFor fails, the body is skipped and its error returned as refused. An
+// error return means the stream is unusable: bytes that are not a valid
+// frame (ErrBadFrame), or a read error.
+func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error), gap func(from, to uint64)) (w *RowWrite, crc uint32, refused, err error) {
 	if bodyLen < rowWriteHeadBytes {
 		return nil, 0, nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
 	}
@@ -461,6 +464,12 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 		_, err = io.CopyN(io.Discard, r, int64(left))
 		return w, 0, refused, err
 	}
+	if gap == nil {
+		gap = func(from, to uint64) {}
+	}
+	if count == 0 {
+		gap(0, w.RowBytes)
+	}
 	w.Extents = make([]Extent, 0, min(count, 1024))
 	var end uint64 // end of the previous extent
 	for i := range count {
@@ -475,6 +484,12 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 		off, n := d.extentHead(i, end, w.RowBytes, left)
 		if d.err != nil {
 			return nil, 0, nil, d.err
+		}
+		if off > end {
+			gap(end, off)
+		}
+		if i == count-1 && off+n < w.RowBytes {
+			gap(off+n, w.RowBytes)
 		}
 		crc = block.UpdateCRC32CZeros(crc, off-end)
 		data := buf[off : off+n : off+n]
@@ -491,30 +506,69 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	return w, block.UpdateCRC32CZeros(crc, w.RowBytes-end), nil, nil
 }
 
-// commitRow makes row hold extents (sorted, disjoint, inside the row) and
-// zeros elsewhere. Pages between the extents are written only where they are
-// not zero already: with one GPU per node a row's other slots are zero on
+// rowCommit writes a received row into its destination row: the extents,
+// and zeros elsewhere. Pages outside the extents are written only where they
+// are not zero already: with one GPU per node a row's other slots are zero on
 // every node (shared DESIGN §2), and clearing them made every peer write the
 // whole row for each slot it received, a cost that grew with the row, not the
-// slot. The row's pages are first mapped in one call (a daemon's mapping of
-// the engine's region starts without any).
-func commitRow(row []byte, extents []Extent) {
-	prefault(row)
-	var end uint64 // end of the previous extent
-	for _, e := range extents {
-		clearNonZero(row[end:e.Off])
-		end = e.Off + uint64(copy(row[e.Off:], e.Data))
-	}
-	clearNonZero(row[end:])
+// slot. Those pages are read while the frame still arrives (gap), at most
+// scanLanes at a time beside the receive, so the commit after the frame
+// writes the extents and only the stale pages found. The destination is only
+// read until commit, so a frame that fails leaves it as it was.
+type rowCommit struct {
+	row   []byte
+	lanes chan struct{} // a token per scan running beside the receive
+	scans sync.WaitGroup
+	mu    sync.Mutex
+	stale []block.Run // guarded by mu: non-zero pages outside the extents
 }
 
-// clearNonZero zeroes the pages of p that are not zero.
-func clearNonZero(p []byte) {
-	for len(p) > 0 {
-		n := min(len(p), block.PageSize)
-		if !block.IsZero(p[:n]) {
-			clear(p[:n])
+// scanLanes is how many gaps are read at once beside the receive; a gap
+// found while all are busy is read by the receive itself.
+const scanLanes = 2
+
+func newRowCommit(row []byte) *rowCommit {
+	return &rowCommit{row: row, lanes: make(chan struct{}, scanLanes)}
+}
+
+// gap notes that [from, to) of the row lies outside every extent of the
+// frame, and finds its non-zero pages.
+func (c *rowCommit) gap(from, to uint64) {
+	scan := func() {
+		p := c.row[from:to]
+		prefault(p)
+		runs := block.NonZeroRuns(p, int64(from))
+		c.mu.Lock()
+		for _, r := range runs {
+			c.stale = append(c.stale, block.Run{Start: r.Start + int(from), End: r.End + int(from)})
 		}
-		p = p[n:]
+		c.mu.Unlock()
+	}
+	select {
+	case c.lanes <- struct{}{}:
+		c.scans.Go(func() {
+			defer func() { <-c.lanes }()
+			scan()
+		})
+	default:
+		scan()
+	}
+}
+
+// wait waits for the gaps' scans.
+func (c *rowCommit) wait() { c.scans.Wait() }
+
+// commit makes the row hold extents (sorted, disjoint, inside the row, with
+// every gap between and around them noted) and zeros elsewhere. The row's
+// pages are first mapped in one call (a daemon's mapping of the engine's
+// region starts without any).
+func (c *rowCommit) commit(extents []Extent) {
+	c.wait()
+	prefault(c.row)
+	for _, r := range c.stale {
+		clear(c.row[r.Start:r.End])
+	}
+	for _, e := range extents {
+		copy(c.row[e.Off:], e.Data)
 	}
 }

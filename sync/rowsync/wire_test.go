@@ -168,21 +168,26 @@ func FuzzDecode(f *testing.F) {
 }
 
 // checkReceiveRow checks that receiveRow accepts frame b exactly when Decode
-// did (m, err) and then reads the extents Decode found, and that commitRow
+// did (m, err) and then reads the extents Decode found, and that the commit
 // makes of them the row they describe.
 func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 	if len(b) < 5 || b[4] != typeRowWrite || int64(binary.BigEndian.Uint32(b)) != int64(len(b)-4) {
 		return
 	}
-	buf := []byte(nil)
+	buf, row := []byte(nil), []byte(nil)
+	var dest *rowCommit
 	bufFor := func(w *RowWrite) ([]byte, error) {
 		if w.RowBytes > 1<<16 {
 			return nil, errors.New("too large to check")
 		}
-		buf = make([]byte, w.RowBytes)
+		buf, row = make([]byte, w.RowBytes), bytes.Repeat([]byte{0xee}, int(w.RowBytes))
+		dest = newRowCommit(row)
 		return buf, nil
 	}
-	got, crc, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor)
+	got, crc, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor, func(from, to uint64) { dest.gap(from, to) })
+	if dest != nil {
+		defer dest.wait()
+	}
 	switch {
 	case err != nil && rerr == nil && buf != nil:
 		t.Fatalf("receiveRow accepted what Decode refused (%v)", err)
@@ -193,10 +198,9 @@ func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 		if refused != nil || got.Seq != w.Seq || got.Row != w.Row || !reflect.DeepEqual(applyExtents(w.RowBytes, got.Extents), applyExtents(w.RowBytes, w.Extents)) {
 			t.Fatalf("receiveRow read %+v (refused %v), Decode %+v", got, refused, w)
 		}
-		row := bytes.Repeat([]byte{0xee}, int(w.RowBytes))
 		want := applyExtents(w.RowBytes, w.Extents)
-		if commitRow(row, got.Extents); !bytes.Equal(row, want) || crc != block.CRC32C(want) {
-			t.Fatalf("commitRow made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, block.CRC32C(want))
+		if dest.commit(got.Extents); !bytes.Equal(row, want) || crc != block.CRC32C(want) {
+			t.Fatalf("the commit made a different row, or receiveRow summed another (CRC32C %08x, want %08x)", crc, block.CRC32C(want))
 		}
 	}
 }
