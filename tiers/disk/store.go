@@ -524,7 +524,7 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, &unprovenError{reason: "not a regular file"}
 	}
-	d, pending, err := s.pendingDigest(f, st.Size)
+	d, pending, err := s.pendingDigest(f, rel, st.Size)
 	if err != nil {
 		return nil, err
 	}
