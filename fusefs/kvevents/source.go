@@ -18,8 +18,9 @@ import (
 const maxPeersPerSource = 8
 
 // source names who is behind a subscriber's connection: the uid that owns
-// the other end of a loopback or ipc:// connection (every local user
-// shares the loopback address), else the remote address. Where the kernel
+// the other end of a connection made on this host (every local user
+// shares the loopback address and the host's others) or of an ipc:// one,
+// else the remote address. Where the kernel
 // cannot tell the uid (no sock_diag), the loopback address is the source,
 // and err says why.
 func source(conn net.Conn) (string, error) {
@@ -31,12 +32,15 @@ func source(conn net.Conn) (string, error) {
 		}
 		return "uid " + strconv.FormatUint(uint64(uid), 10), nil
 	case *net.TCPConn:
+		// A local user reaches the publisher through any of the host's
+		// addresses, not only loopback: whatever the address, a socket
+		// of this network namespace at the other end names its uid.
 		remote := c.RemoteAddr().(*net.TCPAddr)
-		if !remote.IP.IsLoopback() {
-			return "address " + remote.IP.String(), nil
-		}
-		uid, err := loopbackPeerUID(remote, c.LocalAddr().(*net.TCPAddr))
+		uid, err := localPeerUID(remote, c.LocalAddr().(*net.TCPAddr))
 		if err != nil {
+			if !remote.IP.IsLoopback() {
+				err = nil // a peer on another host
+			}
 			return "address " + remote.IP.String(), err
 		}
 		return "uid " + strconv.FormatUint(uint64(uid), 10), nil
@@ -64,10 +68,11 @@ func unixPeerUID(c *net.UnixConn) (uint32, error) {
 	return cred.Uid, nil
 }
 
-// loopbackPeerUID asks the kernel (sock_diag) which uid owns the TCP
-// socket bound to remote and connected to local: the other end of a
-// loopback connection, in this network namespace.
-func loopbackPeerUID(remote, local *net.TCPAddr) (uint32, error) {
+// localPeerUID asks the kernel (sock_diag) which uid owns the TCP socket
+// bound to remote and connected to local: the other end of a connection
+// made on this host, in this network namespace (ENOENT for one made
+// elsewhere).
+func localPeerUID(remote, local *net.TCPAddr) (uint32, error) {
 	family, src, dst := familyOf(remote.IP, local.IP)
 	uid, err := diagUID(family, remote.Port, local.Port, src, dst)
 	if family == unix.AF_INET && errors.Is(err, unix.ENOENT) {

@@ -25,10 +25,13 @@ import (
 // dropped before any load reads it, and its rename fails.
 
 // pendingXattr marks a block file renamed into place whose digest is not
-// recorded yet. It holds the kernel's boot id: at the next mount, a marked
-// file of the same boot still holds what was written (only the daemon
-// stopped), so its digest is taken from its bytes; a marked file of an
-// earlier boot may have been torn by the machine's crash and is left unproven.
+// recorded yet. It holds the kernel's boot id and the block's store-relative
+// name (pendingMark): at the next mount, a marked file of the same boot at
+// that name still holds what was written (only the daemon stopped), so its
+// digest is taken from its bytes; a marked file of an earlier boot may have
+// been torn by the machine's crash, and one found under another name (copied
+// with its xattrs, say into another rank's tier) was never written for it:
+// both are left unproven.
 const pendingXattr = block.ReservedXattrPrefix + "pending"
 
 // bootIDPath holds the kernel's random id of the current boot.
@@ -151,7 +154,7 @@ func (s *Store) place(t *tmpFile, tmpRel, destRel string, name block.Name) (*ent
 		return nil, err
 	}
 	phase := time.Now()
-	if err := s.markPending(f); err != nil {
+	if err := s.markPending(f, destRel); err != nil {
 		return nil, err
 	}
 	_, physical, err := fileSize(f)
@@ -242,13 +245,19 @@ func (t *tmpFile) wholeRow(tmpRel string) (f *os.File, physical int64, err error
 	return f, physical, nil
 }
 
-// markPending marks a file about to become a block as pending its proof
-// (pendingXattr).
-func (s *Store) markPending(f *os.File) error {
+// markPending marks a file about to become the block rel as pending its
+// proof (pendingXattr).
+func (s *Store) markPending(f *os.File, rel string) error {
 	if len(s.bootID) == 0 {
 		return nil
 	}
-	return unix.Fsetxattr(int(f.Fd()), pendingXattr, s.bootID, 0)
+	return unix.Fsetxattr(int(f.Fd()), pendingXattr, s.pendingMark(rel), 0)
+}
+
+// pendingMark is the pending mark of the block rel in this boot: the boot id
+// and the name, apart by a NUL (neither holds one).
+func (s *Store) pendingMark(rel string) []byte {
+	return append(append(append([]byte(nil), s.bootID...), 0), rel...)
 }
 
 // fitsLocked checks, under the store's lock, that the tmp is still the one
@@ -471,17 +480,22 @@ func (s *Store) refuseProven(b *entry, err error) {
 // pendingDigest proves, at mount, a block file left pending by a daemon that
 // stopped before its proof: of this boot, its bytes are what was written and
 // give its digest (vLLM's CRC32C, when set, must agree); of an earlier boot,
-// nothing proves them. ok is false when the file is not pending; the caller
-// records the digest, then clears the mark.
-func (s *Store) pendingDigest(f *os.File, size int64) (d block.Digest, ok bool, err error) {
-	buf := make([]byte, 64)
+// nothing proves them; a mark taken for another name (the file was copied
+// with its xattrs) proves nothing either. ok is false when the file is not
+// pending; the caller records the digest, then clears the mark.
+func (s *Store) pendingDigest(f *os.File, rel string, size int64) (d block.Digest, ok bool, err error) {
+	want := s.pendingMark(rel)
+	buf := make([]byte, len(want)+1)
 	n, err := unix.Fgetxattr(int(f.Fd()), pendingXattr, buf)
 	switch {
 	case err == unix.ENODATA:
 		return d, false, nil
 	case err != nil && err != unix.ERANGE:
 		return d, true, &unprovenError{reason: "reading its pending mark: " + err.Error()}
-	case err != nil || len(s.bootID) == 0 || !bytes.Equal(buf[:n], s.bootID):
+	case err == nil && len(s.bootID) > 0 && bytes.Equal(buf[:n], want):
+	case err == nil && len(s.bootID) > 0 && bytes.HasPrefix(buf[:n], append(append([]byte(nil), s.bootID...), 0)):
+		return d, true, &unprovenError{reason: "its pending mark was taken for another block (copied with its xattrs?)"}
+	default:
 		return d, true, &unprovenError{reason: "its rename was not proven before the machine restarted (its bytes may be torn)"}
 	}
 	sum, err := fileSum(f, size)

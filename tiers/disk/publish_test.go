@@ -115,10 +115,10 @@ func TestCrashBeforeProofKeepsTheBlock(t *testing.T) {
 	rel := blockRel(testTier, 0, hashHex(1, 64))
 	data := pageData(1, 4)
 	tmp, b := placeOnly(t, s, writeTmp(t, s, rel, data), rel)
-	pending := make([]byte, 64)
+	pending := make([]byte, 8192)
 	n, err := unix.Getxattr(s.Path(rel), pendingXattr, pending)
-	if err != nil || !bytes.Equal(pending[:n], readBootID()) {
-		t.Fatalf("pending mark %q, %v; want the boot id %q", pending[:max(n, 0)], err, readBootID())
+	if err != nil || !bytes.Equal(pending[:n], s.pendingMark(rel)) {
+		t.Fatalf("pending mark %q, %v; want the boot id and the name %q", pending[:max(n, 0)], err, s.pendingMark(rel))
 	}
 	if _, ok := storeRecord(t, s.Path(rel)); !ok {
 		t.Fatal("no store xattr on the placed block")
@@ -360,5 +360,48 @@ func TestReadBack(t *testing.T) {
 	})
 	if err != nil || !d.SamplesMatch(data) {
 		t.Fatalf("probe windows read back do not match the file: %v", err)
+	}
+}
+
+// A block left pending by a stopped daemon and then copied with its xattrs
+// into another rank's tier (cp -a, rsync -X) carries a pending mark of this
+// boot; the mark names the block it was taken for, so the copy is not
+// proven from its bytes under a name it was never written for.
+func TestPendingMarkCopiedToAnotherRankIsUnproven(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	data := pageData(1, 4)
+	tmp, _ := placeOnly(t, s, writeTmp(t, s, rel, data), rel)
+	// The daemon stops here: the proof never runs.
+	tmp.file.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copied := blockRel("model_0123456789ab_r1", 0, hashHex(1, 64))
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, copied)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, copied), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mark := make([]byte, 8192)
+	n, err := unix.Getxattr(filepath.Join(dir, rel), pendingXattr, mark)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(dir, copied), pendingXattr, mark[:n], 0); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if !s.Contains(rel) {
+		t.Fatal("the block pending at the stop is not indexed")
+	}
+	if s.Contains(copied) || s.Counters().UnprovenBlocks.Load() != 1 {
+		t.Fatalf("copy indexed %v, unproven %d; want the copy under another rank's name unproven", s.Contains(copied), s.Counters().UnprovenBlocks.Load())
 	}
 }

@@ -404,7 +404,10 @@ func (s *Store) rebuild() error {
 		kind, name := block.Parse(rel)
 		if kind == block.TmpFile || isProbeLeftover(path.Base(rel)) {
 			if err := s.unlink(rel); err != nil {
-				return err
+				// Its name changed under the walk (a directory
+				// swapped for a link, the file gone): it costs the name.
+				skip(rel, err)
+				return nil
 			}
 			tmpsRemoved++
 			return nil
@@ -425,8 +428,12 @@ func (s *Store) rebuild() error {
 			return nil
 		case err != nil:
 			s.cfg.Logger.Warn("dropping block whose size disagrees with its checksum record (torn by a crash)", "path", p, "err", err)
+			if err := s.unlink(rel); err != nil {
+				skip(rel, err)
+				return nil
+			}
 			dropped++
-			return s.unlink(rel)
+			return nil
 		}
 		found = append(found, b)
 		return nil
@@ -524,7 +531,7 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, &unprovenError{reason: "not a regular file"}
 	}
-	d, pending, err := s.pendingDigest(f, st.Size)
+	d, pending, err := s.pendingDigest(f, rel, st.Size)
 	if err != nil {
 		return nil, err
 	}

@@ -249,3 +249,55 @@ func TestIndexingWalkDoesNotFollowASwappedDirectory(t *testing.T) {
 		test(t)
 	})
 }
+
+// The engine's uid swaps a tier directory for a link to its moved self while
+// the indexing walk is beneath it: the walk keeps reading the moved
+// directory through its descriptor, and the leftover tmp it finds there can
+// no longer be removed by its name (which now crosses a link). That costs the
+// tmp, not the store: the daemon still starts, and its other blocks are
+// indexed.
+func TestLeftoverTmpBehindASwappedDirectoryDoesNotFailOpen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := blockRel("kept", 0, hashHex(1, 64))
+	putBlock(t, s, kept, pageData(1, 2))
+	moved := blockRel(testTier, 0, hashHex(2, 64))
+	putBlock(t, s, moved, pageData(2, 2))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, tmpRelFor(moved, 1)), pageData(3, 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	group := filepath.Dir(moved)
+	swapped := false
+	beforeDescend = func(rel string) {
+		if rel != group || swapped {
+			return
+		}
+		tier := filepath.Join(dir, testTier)
+		if err := os.Rename(tier, tier+".moved"); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(tier+".moved", tier); err != nil {
+			t.Error(err)
+		}
+		swapped = true
+	}
+	t.Cleanup(func() { beforeDescend = nil })
+
+	s, err = Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatalf("a store whose tier directory was swapped for a link while its leftover tmp was found: %v", err)
+	}
+	defer s.Close()
+	if !swapped {
+		t.Fatal("the walk never came to descend into the block's group")
+	}
+	if !s.Contains(kept) {
+		t.Error("the block of the untouched tier is not indexed")
+	}
+}
