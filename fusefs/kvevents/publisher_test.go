@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 
@@ -559,26 +558,8 @@ func TestPublisherDropsPeersThatNeverSubscribe(t *testing.T) {
 // and the kernel's sock_diag reports it as that user's.
 func dialAs(t *testing.T, p *Publisher, uid int) net.Conn {
 	t.Helper()
-	runtime.LockOSThread()
-	unix.Setfsuid(uid)
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	unix.Setfsuid(0)
-	runtime.UnlockOSThread()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fd), "socket")
-	defer f.Close()
 	addr := p.Addr().(*net.TCPAddr)
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: addr.Port, Addr: [4]byte(addr.IP.To4())}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.FileConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return dialFrom(t, [4]byte(addr.IP.To4()), addr.Port, uid)
 }
 
 // subscribeRaw completes a SUB peer's subscription to every topic and
