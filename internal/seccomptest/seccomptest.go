@@ -8,17 +8,13 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// openat2Syscall is openat2's number, the same on amd64 and arm64.
-const openat2Syscall = 437
-
 // DenyOpenat2 makes openat2 answer ENOSYS on the calling thread, for good,
 // and in whatever that thread execs: lock the goroutine to its thread first
 // (runtime.LockOSThread) and never unlock it.
 func DenyOpenat2() error {
 	filter := []unix.SockFilter{
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // seccomp_data.nr
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: openat2Syscall, Jt: 0, Jf: 1},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: unix.SYS_OPENAT2, Jt: 0, Jf: 1},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
 	}

@@ -417,7 +417,6 @@ func TestENOSPCUntilProtectionEnds(t *testing.T) {
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
-	s.proofs.Wait()
 	present(t, s, 1, 2)
 	if st := s.Stats(); st.PhysicalBytes > st.CapacityBytes {
 		t.Errorf("store holds %d bytes, capacity %d", st.PhysicalBytes, st.CapacityBytes)

@@ -168,7 +168,6 @@ func TestAbandonedTmpsDoNotFillTheStore(t *testing.T) {
 	if err := s.Publish(tmpRelFor(rel, 1), rel); err != nil {
 		t.Fatal(err)
 	}
-	s.proofs.Wait()
 	if got := s.Counters().TmpsExpired.Load(); got != 4 {
 		t.Errorf("TmpsExpired = %d, want 4", got)
 	}
@@ -494,7 +493,6 @@ func TestPublishBeforeCloseAccounting(t *testing.T) {
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
-	s.proofs.Wait()
 	checkAccounting(t, s)
 	if w.tmp.file == nil {
 		t.Fatal("descriptor closed while the writer still holds it")

@@ -118,15 +118,13 @@ func writeTmp(t *testing.T, s *Store, rel string, data []byte) string {
 }
 
 // putBlock stores a block the way the engine does: create tmp, one write,
-// close, rename; it then waits for the proofs running, so the test sees
-// the block as its proof left it.
+// close, rename (the rename returns once the block is proven).
 func putBlock(t *testing.T, s *Store, rel string, data []byte) {
 	t.Helper()
 	tmp := writeTmp(t, s, rel, data)
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatalf("Publish(%s -> %s): %v", tmp, rel, err)
 	}
-	s.proofs.Wait()
 }
 
 // readBlock loads a block through OpenBlock and returns its bytes.

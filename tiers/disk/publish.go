@@ -93,7 +93,6 @@ func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 		return nil, err
 	}
 	// The proof releases the tmp's mutex.
-	s.proofs.Add(1)
 	s.prove(t, b)
 	if err := b.proof.err; err != nil {
 		return nil, refusal(tmpRel, err)
@@ -320,7 +319,6 @@ func (s *Store) renameLocked(t *tmpFile, dirfd int, tmpRel, destRel string) erro
 // xattr and records it, then ends the proof: a failure drops the block. It
 // releases t.mu, taken by Publish, and the tmp's descriptor.
 func (s *Store) prove(t *tmpFile, b *entry) {
-	defer s.proofs.Done()
 	started := time.Now()
 	f := t.file
 	d, fromRow, err := s.digestOf(t, f)

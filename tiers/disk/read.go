@@ -251,7 +251,7 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 	fd := int(r.file.Fd())
 	n := block.ChunkCount(int64(size))
 	in := &inFlight{direct: setDirect(fd, true) == nil, size: size, crcs: make([]uint32, n), done: make([]bool, n)}
-	in.piece = readPiece(fd, in.direct)
+	in.piece = s.readPiece(in.direct)
 	if len(d.Chunks) == n {
 		in.want, in.proven = d.Chunks, proven
 	}
@@ -421,9 +421,8 @@ func (r *Reader) readChunk(fd int, buf []byte, c int, in *inFlight) (uint32, err
 // pass over memory instead of two. An O_DIRECT read of a disk, which the
 // device writes into memory without the CPU, reads the whole chunk in one
 // request, as large as the disk likes them.
-func readPiece(fd int, direct bool) int {
-	var st unix.Statfs_t
-	if direct && unix.Fstatfs(fd, &st) == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+func (s *Store) readPiece(direct bool) int {
+	if direct && !s.inMemory {
 		return ReadChunk
 	}
 	return block.CachePiece

@@ -387,10 +387,10 @@ func TestReadIntoChecksEveryPiece(t *testing.T) {
 				if fsName == "tmpfs" {
 					want = block.CachePiece
 				}
-				if got := readPiece(int(r.File().Fd()), true); got != want {
+				if got := s.readPiece(true); got != want {
 					t.Fatalf("a store on %s reads %d bytes per O_DIRECT request, want %d", fsName, got, want)
 				}
-				if got := readPiece(int(r.File().Fd()), false); got != block.CachePiece {
+				if got := s.readPiece(false); got != block.CachePiece {
 					t.Fatalf("a buffered read of a store on %s moves %d bytes per request, want %d", fsName, got, block.CachePiece)
 				}
 				buf := s.Buffer(size)

@@ -65,7 +65,6 @@ func TestStats(t *testing.T) {
 	if err := s.Publish(tmpRelFor(rel, 1), rel); err != nil {
 		t.Fatal(err)
 	}
-	s.proofs.Wait()
 	end := s.Stats()
 	if end.InFlightTmp != 0 || end.Blocks != 6 || end.Groups["1"] != (GroupStats{Blocks: 2, Bytes: 4 * page64}) ||
 		end.FreeBytes != end.CapacityBytes-end.PhysicalBytes || end.LogicalBytes != 10*page64 {

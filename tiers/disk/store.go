@@ -174,15 +174,16 @@ type Store struct {
 	// fsBlock is the store filesystem's block size: a placed block whose
 	// xattrs took none yet counts one more until its proof wrote its
 	// record (publish.go).
-	fsBlock  int64
+	fsBlock int64
+	// inMemory: the store filesystem keeps its files in memory (tmpfs,
+	// ramfs), so even an O_DIRECT read is a copy by the CPU (readPiece).
+	inMemory bool
 	counters Counters
 	phases   phaseTimes
 	// rows finds the engine's row a passthrough tmp was written from.
 	rows WrittenRows
 	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
 	bootID []byte
-	// proofs counts the proofs running behind their renames' replies.
-	proofs sync.WaitGroup
 
 	mu     sync.Mutex
 	blocks map[string]*entry
@@ -324,10 +325,8 @@ func (s *Store) LookupCacheTTL() time.Duration { return s.cfg.LookupCacheTTL }
 // Path is the store path of a store-relative path.
 func (s *Store) Path(rel string) string { return filepath.Join(s.root, rel) }
 
-// Close waits for the proofs of published blocks, stops background work and
-// releases the store lock.
+// Close stops background work and releases the store lock.
 func (s *Store) Close() error {
-	s.proofs.Wait()
 	close(s.stopRemoval)
 	<-s.removalDone
 	return s.lockFile.Close()
@@ -350,9 +349,10 @@ func (s *Store) probeWritable() error {
 // setCapacity fixes the capacity and the reserve kept free on the store filesystem.
 func (s *Store) setCapacity(capacity int64) error {
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.root, &st); err != nil {
+	if err := unix.Fstatfs(s.rootFD, &st); err != nil {
 		return fmt.Errorf("statfs %s: %w", s.root, err)
 	}
+	s.inMemory = st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC
 	total := int64(st.Blocks) * st.Bsize
 	if capacity < 0 {
 		return fmt.Errorf("capacity of %d bytes: want a positive size, or 0 for %v of the filesystem", capacity, DefaultCapacityFraction)
@@ -413,7 +413,11 @@ func (s *Store) rebuild() error {
 			return nil
 		}
 		if kind != block.File || st.Mode&unix.S_IFMT != unix.S_IFREG {
-			s.countOtherFile(rel)
+			if st.Mode&unix.S_IFMT == unix.S_IFREG {
+				s.mu.Lock()
+				s.countOtherLocked(st, true)
+				s.mu.Unlock()
+			}
 			return nil
 		}
 		p := s.Path(rel)

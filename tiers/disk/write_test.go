@@ -62,7 +62,6 @@ func TestPublishRoundTrip(t *testing.T) {
 		if err := s.Publish(tmp, c.rel); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
-		s.proofs.Wait()
 		if exists(t, s.Path(tmp)) {
 			t.Errorf("tmp %s still on disk after Publish", tmp)
 		}
@@ -144,7 +143,6 @@ func TestPublishReopenedTmpChecksumsFile(t *testing.T) {
 	if err := s.Publish(tmp, rel); err != nil {
 		t.Fatal(err)
 	}
-	s.proofs.Wait()
 	checkRecord(t, s.Path(rel), data)
 	if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
 		t.Fatal("wrong bytes")
@@ -657,7 +655,6 @@ func TestPublishAfterPunchOrZeroRange(t *testing.T) {
 		if err := s.Publish(tmp, rel); err != nil {
 			t.Fatal(err)
 		}
-		s.proofs.Wait()
 		want := bytes.Clone(data)
 		clear(want[block.PageSize : 2*block.PageSize])
 		checkRecord(t, s.Path(rel), want)
