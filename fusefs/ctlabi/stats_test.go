@@ -18,10 +18,11 @@ var exportedElsewhere = map[string]string{
 
 // numberedStats returns a Stats whose every number in counters, disk,
 // staging and shared is distinct, so a metric reading the wrong field shows
-// (its booleans are all true).
+// (its booleans alternate, true first, so two of them differ).
 func numberedStats() Stats {
 	st := Stats{Staging: &Staging{}, Shared: &Shared{}}
 	next := int64(1)
+	flag := false
 	for _, v := range []reflect.Value{reflect.ValueOf(&st.Counters).Elem(), reflect.ValueOf(&st.Disk).Elem(),
 		reflect.ValueOf(st.Staging).Elem(), reflect.ValueOf(st.Shared).Elem()} {
 		for i := range v.NumField() {
@@ -31,7 +32,8 @@ func numberedStats() Stats {
 			case reflect.Float64:
 				f.SetFloat(float64(next) + 0.5)
 			case reflect.Bool:
-				f.SetBool(true)
+				flag = !flag
+				f.SetBool(flag)
 			}
 			next++
 		}

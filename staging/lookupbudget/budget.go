@@ -174,21 +174,21 @@ type promise struct {
 
 // batch is one thread's run of lookups of one tier.
 type batch struct {
-	tier      string
-	began, at time.Time
-	groups    []int // in the order the batch reached them
-	positions map[string]int
-	prefixLen int // prefix keys answered present or found resident before them
-	held      int // rows of resident prefix keys the engine did not look up
-	last      Key // the latest prefix key looked up
-	hasLast   bool
-	endHash   string // the hash of the latest prefix key asked, answered or not
-	scan      scanState
-	scanLast  Key // the window group's latest key in a scan from the end
-	counted   map[Key]bool
-	ended     bool // the prefix ended: a miss or the cap
-	capped    bool
-	loadedAt  time.Time // latest load of a key the batch answered present
+	tier         string
+	began, at    time.Time
+	groups       []int // in the order the batch reached them
+	positions    map[string]int
+	prefixLen    int // prefix keys answered present or found resident before them
+	held         int // rows of resident prefix keys the engine did not look up
+	last         Key // the latest prefix key looked up
+	hasLast      bool
+	endHash      string // the hash of the latest prefix key asked, answered or not
+	scan         scanState
+	scanLastHash string // the window group's latest key in a scan from the end, by hash
+	counted      map[Key]bool
+	ended        bool // the prefix ended: a miss or the cap
+	capped       bool
+	loadedAt     time.Time // latest load of a key the batch answered present
 }
 
 // New returns a budget with no rows known yet.
@@ -440,13 +440,13 @@ func (b *Budget) learnScanLocked(bt *batch, key Key) {
 			bt.scan = scanFromEnd
 		}
 	case scanFromEnd:
-		later := Key{Tier: key.Tier, Group: bt.groups[0], Hash: bt.scanLast.Hash}
+		later := Key{Tier: key.Tier, Group: bt.groups[0], Hash: bt.scanLastHash}
 		if len(b.prev) >= b.opts.MaxKeys {
 			clear(b.prev)
 		}
 		b.prev[later] = Key{Tier: key.Tier, Group: bt.groups[0], Hash: key.Hash}
 	}
-	bt.scanLast = key
+	bt.scanLastHash = key.Hash
 }
 
 // countSkippedLocked counts the keys of key's chain just before it that the

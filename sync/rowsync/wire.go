@@ -514,7 +514,10 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 // slot. Those pages are read while the frame still arrives (gap), at most
 // scanLanes at a time beside the receive, so the commit after the frame
 // writes the extents and only the stale pages found. The destination is only
-// read until commit, so a frame that fails leaves it as it was.
+// read until commit, so a frame that fails leaves it as it was. Two frames
+// for one row at once (two loads into one row, which an engine never issues)
+// could leave it holding parts of both; the old whole-row write was not
+// atomic either, only quicker.
 type rowCommit struct {
 	row   []byte
 	lanes chan struct{} // a token per scan running beside the receive
