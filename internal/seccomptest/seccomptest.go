@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
 // DenyOpenat2 makes openat2 answer ENOSYS on the calling thread, for good,
 // and in whatever that thread execs: lock the goroutine to its thread first
 // (runtime.LockOSThread) and never unlock it.
