@@ -510,18 +510,31 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 var _ = (fs.NodeStatfser)((*node)(nil))
 
 // Statfs reports the tier, not its filesystem: what it can hold now and
-// may still use (disk.Store.Reach), so df's used is the tier's own bytes.
+// may still use (disk.Store.Reach), so df's used is the tier's own bytes,
+// counted in the fragments (f_frsize) that df multiplies them by. Only the
+// engine's uid and root learn the tier's figures, as only they may read
+// stats.json: with --allow-other any local user can statfs the mount, and
+// its usage over time tells the engine's traffic. Others get no counts, as
+// the kernel answers those a mount does not allow.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	if errno := n.statfsStore(out); errno != 0 {
 		return errno
 	}
-	capacity, free := n.fsys.store.Reach()
-	bsize := int64(out.Bsize)
-	if bsize == 0 {
-		bsize = int64(block.PageSize)
+	if !n.fsys.mayControl(ctx) {
+		out.Blocks, out.Bfree, out.Bavail, out.Files, out.Ffree = 0, 0, 0, 0, 0
+		return 0
 	}
-	out.Blocks = uint64(capacity / bsize)
-	out.Bfree = uint64(free / bsize)
+	capacity, free := n.fsys.store.Reach()
+	unit := int64(out.Frsize)
+	if unit == 0 {
+		unit = int64(out.Bsize)
+	}
+	if unit == 0 {
+		unit = int64(block.PageSize)
+		out.Frsize = uint32(unit)
+	}
+	out.Blocks = uint64(capacity / unit)
+	out.Bfree = uint64(free / unit)
 	out.Bavail = out.Bfree
 	return 0
 }

@@ -83,6 +83,50 @@ func TestPrivateToEngineUID(t *testing.T) {
 	}
 }
 
+// TestTierFiguresOnlyForEngine: with --allow-other every local user can
+// statfs the mount; only the engine's uid and root learn the tier's size
+// and usage from it (main answered every user the tier's figures and the
+// store filesystem's file counts), as only they may read stats.json.
+func TestTierFiguresOnlyForEngine(t *testing.T) {
+	engine, other := newUser(t, "eng"), newUser(t, "oth")
+	dir := sharedDir(t)
+	helper, _ := binaries(t, dir)
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{Store: store, Mountpoint: filepath.Join(dir, "mnt"),
+		Args: []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid), "--capacity", "64MiB"}})
+	if out, ok := helperAs(engine, helper, "store", d.Mountpoint, hashOf(1)); !ok {
+		t.Fatalf("the engine's uid cannot store: %s", out)
+	}
+	counts := func(out string) (blocks, free, files uint64) {
+		var avail, ffree, frsize uint64
+		if _, err := fmt.Sscanf(out, "blocks %d free %d avail %d files %d ffree %d frsize %d", &blocks, &free, &avail, &files, &ffree, &frsize); err != nil {
+			t.Fatalf("statfs: %q: %v", out, err)
+		}
+		return blocks * frsize, free * frsize, files + ffree
+	}
+	out, ok := helperAs(engine, helper, "statfs", d.Mountpoint)
+	if !ok {
+		t.Fatalf("the engine's uid: statfs: %s", out)
+	}
+	if size, free, _ := counts(out); size != 64<<20 || size-free < rowBytes {
+		t.Errorf("the engine's uid: statfs %s; want 64 MiB, at least a row used", out)
+	}
+	out, ok = helperAs(other, helper, "statfs", d.Mountpoint)
+	if !ok {
+		t.Fatalf("another user: statfs: %s", out)
+	}
+	if size, free, files := counts(out); size != 0 || free != 0 || files != 0 {
+		t.Errorf("another user: statfs %s; want no counts", out)
+	}
+	var root syscall.Statfs_t
+	if err := syscall.Statfs(d.Mountpoint, &root); err != nil || int64(root.Blocks)*root.Frsize != 64<<20 {
+		t.Errorf("root: statfs %+v, %v; want the tier's 64 MiB", root, err)
+	}
+}
+
 // TestEngineRegionsMapped gives one shm region to the engine's uid and one
 // to another user: with --engine-uid the daemon maps the engine's and
 // ignores the other (tiers/shm maps root's and the engine's files only).

@@ -51,6 +51,7 @@ func hashOf(i int) string {
 //
 //	list DIR                    read a directory
 //	read FILE                   read a file
+//	statfs PATH                 print the counts statfs answers for PATH
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
@@ -68,6 +69,10 @@ func runHelper(args []string) int {
 		out = fmt.Sprintf("%d bytes", len(data))
 	case "match":
 		out, err = matchOne(args[1], args[2])
+	case "statfs":
+		var st syscall.Statfs_t
+		err = syscall.Statfs(args[1], &st)
+		out = fmt.Sprintf("blocks %d free %d avail %d files %d ffree %d frsize %d", st.Blocks, st.Bfree, st.Bavail, st.Files, st.Ffree, st.Frsize)
 	case "store":
 		err = storeOne(args[1], args[2])
 		out = "stored"
