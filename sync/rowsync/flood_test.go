@@ -1,7 +1,10 @@
 package rowsync
 
 import (
+	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,4 +86,62 @@ func TestUnauthenticatedConnectionsAreBounded(t *testing.T) {
 	}
 	// A peer holding the secret still gets in past them.
 	newMirror(t, testSecret, time.Minute, true, s.Addr().String())
+}
+
+// TestLastRefusalsOfAFloodAreLogged: refusals past one line a second are
+// counted by the next line, and when the flood stops, by a line of their
+// own: the lines count every refused handshake (main left the count a
+// flood ended with unlogged until the next refusal, if one ever came).
+func TestLastRefusalsOfAFloodAreLogged(t *testing.T) {
+	region := shmRegion(t, 2, testRowBytes)
+	var logMu sync.Mutex
+	var lines []string
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf: func(format string, args ...any) {
+			logMu.Lock()
+			lines = append(lines, fmt.Sprintf(format, args...))
+			logMu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const flood = 50
+	for range flood {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close() // the handshake fails at its first read
+	}
+	counted := func() (n int, all []string) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		for _, line := range lines {
+			var more int
+			switch {
+			case strings.Contains(line, "more handshakes since the last such line, the last"):
+				fmt.Sscanf(line, "rowsync: refused %d more", &more)
+				n += more
+			case strings.Contains(line, "(and "):
+				fmt.Sscanf(line[strings.Index(line, "(and "):], "(and %d more", &more)
+				n += 1 + more
+			case strings.HasPrefix(line, "rowsync: refused "):
+				n++
+			}
+		}
+		return n, slices.Clone(lines)
+	}
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n, _ := counted(); s.AuthFailures() == flood && n == flood {
+			return
+		}
+	}
+	n, all := counted()
+	t.Fatalf("%d handshakes refused, the log counts %d:\n%s", s.AuthFailures(), n, strings.Join(all, "\n"))
 }

@@ -56,9 +56,13 @@ type Server struct {
 	// handshake, oldest first; at most maxHandshaking.
 	handshaking []net.Conn
 	// refusalLogged is when the last refused handshake was logged;
-	// refusalsUnlogged counts those refused since without a line.
+	// refusalsUnlogged counts those refused since without a line, the
+	// last of them lastUnlogged; refusalSummary logs their count at the
+	// end of the second, should no refusal come after them.
 	refusalLogged    time.Time
 	refusalsUnlogged int
+	lastUnlogged     string
+	refusalSummary   *time.Timer
 	sessions         map[uint64]*sessionConn   // the connection serving each session
 	inbound          map[string]*atomic.Uint64 // rows received, by remote IP
 	closed           bool
@@ -162,6 +166,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	err := s.ln.Close()
 	s.wg.Wait()
+	s.summarizeRefusals(true)
 	return err
 }
 
@@ -176,12 +181,18 @@ const maxHandshaking = 64
 
 // logRefusal logs a refused handshake, at most one line a second: anyone
 // who reaches the listener causes one per connection (15,545 lines in 25 s
-// of a flood). The next line counts those left out.
+// of a flood). The next line counts those left out; when none comes within
+// the second, a line of their own does (summarizeRefusals), so the count a
+// flood ends with is logged too.
 func (s *Server) logRefusal(from net.Addr, err error) {
 	s.mu.Lock()
 	now := time.Now()
-	if now.Sub(s.refusalLogged) < time.Second {
+	if since := now.Sub(s.refusalLogged); since < time.Second {
 		s.refusalsUnlogged++
+		s.lastUnlogged = fmt.Sprintf("%s: %v", from, err)
+		if s.refusalSummary == nil && !s.closed {
+			s.refusalSummary = time.AfterFunc(time.Second-since, func() { s.summarizeRefusals(false) })
+		}
 		s.mu.Unlock()
 		return
 	}
@@ -193,6 +204,21 @@ func (s *Server) logRefusal(from net.Addr, err error) {
 		return
 	}
 	s.cfg.Logf("rowsync: refused %s: %v", from, err)
+}
+
+// summarizeRefusals logs the count of the refusals that no line counted
+// yet: at the end of their second, or at Close (final). It logs under mu, so
+// that no line comes after Close.
+func (s *Server) summarizeRefusals(final bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed && !final {
+		return
+	}
+	if s.refusalsUnlogged > 0 {
+		s.cfg.Logf("rowsync: refused %d more handshakes since the last such line, the last %s", s.refusalsUnlogged, s.lastUnlogged)
+	}
+	s.refusalLogged, s.refusalsUnlogged, s.refusalSummary = time.Now(), 0, nil
 }
 
 // handshakeDone forgets conn among the connections in handshake.
