@@ -322,7 +322,7 @@ func (l *Load) scanLanded() {
 		if failed {
 			return
 		}
-		runs = appendNonZeroRuns(runs, l.buf, scanned, end)
+		runs = block.AppendNonZeroRuns(runs, l.buf, scanned, end)
 		scanned = end
 	}
 	l.nonZero = runs
@@ -355,20 +355,6 @@ func (l *Load) readStore() {
 	if l.found != nil && l.mirroring == nil {
 		l.startMirrorLocked()
 	}
-}
-
-// appendNonZeroRuns appends to runs, those of buf[:from], the runs of the
-// non-zero pages of buf[from:to], merging a run that goes on from the last.
-func appendNonZeroRuns(runs []block.Run, buf []byte, from, to int) []block.Run {
-	for _, r := range block.NonZeroRuns(buf[from:to], int64(from)) {
-		r.Start, r.End = r.Start+from, r.End+from
-		if n := len(runs); n > 0 && runs[n-1].End == r.Start {
-			runs[n-1].End = r.End
-		} else {
-			runs = append(runs, r)
-		}
-	}
-	return runs
 }
 
 // changedLocked wakes every waiter for a change of the load's state.

@@ -522,29 +522,6 @@ func TestMirrorGetsTheNonZeroPagesFoundAsTheBlockLanded(t *testing.T) {
 	}
 }
 
-// TestNonZeroRunsInStretches checks that scanning a buffer in stretches,
-// split at any pages, finds the runs of one scan of the whole.
-func TestNonZeroRunsInStretches(t *testing.T) {
-	page := block.PageSize
-	buf := make([]byte, 13*page+100)
-	for _, p := range []int{1, 2, 3, 6, 7, 11, 12} {
-		buf[p*page+page/2] = 1
-	}
-	want := block.NonZeroRuns(buf, 0)
-	for _, cuts := range [][]int{{3}, {1, 2, 3}, {2, 7, 12}, {6, 7}, {}, {4, 5, 8, 9, 10, 11}} {
-		var runs []block.Run
-		from := 0
-		for _, c := range cuts {
-			runs = appendNonZeroRuns(runs, buf, from, c*page)
-			from = c * page
-		}
-		runs = appendNonZeroRuns(runs, buf, from, len(buf))
-		if !slices.Equal(runs, want) {
-			t.Errorf("cut at pages %v: runs %v, want %v", cuts, runs, want)
-		}
-	}
-}
-
 // TestMirrorOverlapsTheRead delivers every request of a row but the last:
 // the row goes to the peers meanwhile, the load's other requests go on while
 // the peers have not answered, and the last request returns only after they

@@ -540,11 +540,9 @@ func (c *rowCommit) gap(from, to uint64) {
 	scan := func() {
 		p := c.row[from:to]
 		prefault(p)
-		runs := block.NonZeroRuns(p, int64(from))
+		runs := block.AppendNonZeroRuns(nil, c.row, int(from), int(to))
 		c.mu.Lock()
-		for _, r := range runs {
-			c.stale = append(c.stale, block.Run{Start: r.Start + int(from), End: r.End + int(from)})
-		}
+		c.stale = append(c.stale, runs...)
 		c.mu.Unlock()
 	}
 	select {

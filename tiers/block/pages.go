@@ -72,3 +72,19 @@ func NonZeroRuns(p []byte, off int64) []Run {
 	}
 	return runs
 }
+
+// AppendNonZeroRuns appends to runs, those of buf[:from], the runs of the
+// non-zero pages of buf[from:to], buf starting at a page of the block,
+// merging a run that goes on from the last: a buffer scanned in stretches
+// gets the runs of one scan of the whole.
+func AppendNonZeroRuns(runs []Run, buf []byte, from, to int) []Run {
+	for _, r := range NonZeroRuns(buf[from:to], int64(from)) {
+		r.Start, r.End = r.Start+from, r.End+from
+		if n := len(runs); n > 0 && runs[n-1].End == r.Start {
+			runs[n-1].End = r.End
+		} else {
+			runs = append(runs, r)
+		}
+	}
+	return runs
+}

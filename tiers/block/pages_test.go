@@ -3,6 +3,7 @@ package block
 import (
 	"hash/crc32"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -91,5 +92,28 @@ func TestPageSizeProbed(t *testing.T) {
 	}
 	if PageSize != want {
 		t.Fatalf("PageSize = %d, want %d", PageSize, want)
+	}
+}
+
+// TestNonZeroRunsInStretches checks that scanning a buffer in stretches,
+// split at any pages, finds the runs of one scan of the whole.
+func TestNonZeroRunsInStretches(t *testing.T) {
+	page := PageSize
+	buf := make([]byte, 13*page+100)
+	for _, p := range []int{1, 2, 3, 6, 7, 11, 12} {
+		buf[p*page+page/2] = 1
+	}
+	want := NonZeroRuns(buf, 0)
+	for _, cuts := range [][]int{{3}, {1, 2, 3}, {2, 7, 12}, {6, 7}, {}, {4, 5, 8, 9, 10, 11}} {
+		var runs []Run
+		from := 0
+		for _, c := range cuts {
+			runs = AppendNonZeroRuns(runs, buf, from, c*page)
+			from = c * page
+		}
+		runs = AppendNonZeroRuns(runs, buf, from, len(buf))
+		if !slices.Equal(runs, want) {
+			t.Errorf("cut at pages %v: runs %v, want %v", cuts, runs, want)
+		}
 	}
 }
