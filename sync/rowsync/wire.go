@@ -560,16 +560,17 @@ func (c *rowCommit) gap(from, to uint64) {
 func (c *rowCommit) wait() { c.scans.Wait() }
 
 // commit makes the row hold extents (sorted, disjoint, inside the row, with
-// every gap between and around them noted) and zeros elsewhere. The row's
-// pages are first mapped in one call (a daemon's mapping of the engine's
-// region starts without any).
+// every gap between and around them noted) and zeros elsewhere. The gaps'
+// pages were mapped by their scans; the extents' pages are mapped here, an
+// extent in one call (a daemon's mapping of the engine's region starts
+// without any).
 func (c *rowCommit) commit(extents []Extent) {
 	c.wait()
-	prefault(c.row)
 	for _, r := range c.stale {
 		clear(c.row[r.Start:r.End])
 	}
 	for _, e := range extents {
+		prefault(c.row[e.Off-e.Off%uint64(block.PageSize) : e.Off+uint64(len(e.Data))])
 		copy(c.row[e.Off:], e.Data)
 	}
 }
