@@ -3,13 +3,54 @@ package main
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/user"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/internal/sockdiag"
 )
+
+// listenMetrics binds --metrics-addr. Any local user may bind a free port
+// first, to keep the daemon from starting or to answer its scrapes; the
+// daemon then fails before it opens the store, naming who holds the port.
+func listenMetrics(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err == nil {
+		return l, nil
+	}
+	const remedy = "choose another address, or --metrics-addr '' to disable metrics"
+	plain := fmt.Errorf("--metrics-addr %s: %w (%s)", addr, err, remedy)
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return nil, plain
+	}
+	at, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, plain
+	}
+	uid, err := sockdiag.ListenerOwner(at)
+	if err != nil {
+		return nil, plain
+	}
+	id := strconv.FormatUint(uint64(uid), 10)
+	holder := "uid " + id
+	if u, err := user.LookupId(id); err == nil {
+		holder += " (" + u.Username + ")"
+	}
+	if int(uid) != os.Getuid() && uid != 0 {
+		return nil, fmt.Errorf("--metrics-addr %s: the port is held by %s, another user: it keeps the daemon from serving there "+
+			"and would answer its scrapes; end that process (ss -ltnp 'sport = :%d'), or %s", addr, holder, at.Port, remedy)
+	}
+	return nil, fmt.Errorf("--metrics-addr %s: the port is held by %s, perhaps another kvtierfs (ss -ltnp 'sport = :%d'); %s", addr, holder, at.Port, remedy)
+}
 
 // The metrics endpoint's bounds: whoever reaches the port (every local user
 // on loopback) holds at most maxMetricsConns descriptors of the daemon, and

@@ -212,6 +212,21 @@ func runMount(args []string) error {
 	if err := checkSharedDisjoint(c.shared.Dir, c.mountpoint, c.store); err != nil {
 		return usageError{err}
 	}
+	var metricsToken []byte
+	if c.metricsToken != "" {
+		if metricsToken, err = rowsync.ReadSecretFile(c.metricsToken); err != nil {
+			return fmt.Errorf("--metrics-token-file: %w", err)
+		}
+	}
+	// Bound before the store is indexed, which may take minutes: a port
+	// someone holds fails the start at once.
+	var metricsListener net.Listener
+	if c.metricsAddr != "" {
+		if metricsListener, err = listenMetrics(c.metricsAddr); err != nil {
+			return err
+		}
+		defer metricsListener.Close()
+	}
 	mnt, err := prepareMountpoint(c.mountpoint, c.nonempty)
 	if err != nil {
 		return err
@@ -248,19 +263,6 @@ func runMount(args []string) error {
 	// descriptors (go_* and process_* metrics).
 	build := thisBuild()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric(build))
-	var metricsListener net.Listener
-	var metricsToken []byte
-	if c.metricsToken != "" {
-		if metricsToken, err = rowsync.ReadSecretFile(c.metricsToken); err != nil {
-			return fmt.Errorf("--metrics-token-file: %w", err)
-		}
-	}
-	if c.metricsAddr != "" {
-		if metricsListener, err = net.Listen("tcp", c.metricsAddr); err != nil {
-			return fmt.Errorf("--metrics-addr %s: %w (choose another address, or --metrics-addr '' to disable metrics)", c.metricsAddr, err)
-		}
-		defer metricsListener.Close()
-	}
 	events, err := startKVEvents(c, store, reg, logger)
 	if err != nil {
 		return fmt.Errorf("--kv-events-endpoint %w", err)

@@ -1,14 +1,13 @@
 package kvevents
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"strconv"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/internal/sockdiag"
 )
 
 // maxPeersPerSource bounds the connections of one source (a local user, or
@@ -74,13 +73,13 @@ func unixPeerUID(c *net.UnixConn) (uint32, error) {
 // elsewhere).
 func localPeerUID(remote, local *net.TCPAddr) (uint32, error) {
 	family, src, dst := familyOf(remote.IP, local.IP)
-	uid, err := diagUID(family, remote.Port, local.Port, src, dst)
+	uid, err := sockdiag.TCPOwner(family, remote.Port, local.Port, src, dst)
 	if family == unix.AF_INET && errors.Is(err, unix.ENOENT) {
 		// A dual-stack peer's socket holds the addresses v4-mapped.
 		var src6, dst6 [16]byte
 		copy(src6[:], remote.IP.To16())
 		copy(dst6[:], local.IP.To16())
-		return diagUID(unix.AF_INET6, remote.Port, local.Port, src6, dst6)
+		return sockdiag.TCPOwner(unix.AF_INET6, remote.Port, local.Port, src6, dst6)
 	}
 	return uid, err
 }
@@ -96,60 +95,4 @@ func familyOf(src, dst net.IP) (family uint8, srcBytes, dstBytes [16]byte) {
 	copy(srcBytes[:], src.To16())
 	copy(dstBytes[:], dst.To16())
 	return unix.AF_INET6, srcBytes, dstBytes
-}
-
-// Sizes and offsets of linux/inet_diag.h's structures.
-const (
-	diagRequestLen = 56 // struct inet_diag_req_v2
-	diagUIDOffset  = 64 // idiag_uid in struct inet_diag_msg
-	diagReplyLen   = diagUIDOffset + 8
-)
-
-// diagUID looks one TCP socket up by its addresses (SOCK_DIAG_BY_FAMILY
-// without NLM_F_DUMP) and returns its owner's uid.
-func diagUID(family uint8, sport, dport int, src, dst [16]byte) (uint32, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return 0, fmt.Errorf("sock_diag: %w", err)
-	}
-	defer unix.Close(fd)
-	timeout := unix.NsecToTimeval(time.Second.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &timeout); err != nil {
-		return 0, err
-	}
-	msg := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+diagRequestLen)
-	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.NLMSG_HDRLEN+diagRequestLen))
-	binary.NativeEndian.PutUint16(msg[4:], unix.SOCK_DIAG_BY_FAMILY)
-	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST)
-	binary.NativeEndian.PutUint32(msg[8:], 1) // sequence number
-	msg = append(msg, family, unix.IPPROTO_TCP, 0, 0)
-	msg = binary.NativeEndian.AppendUint32(msg, ^uint32(0)) // every state
-	msg = binary.BigEndian.AppendUint16(msg, uint16(sport))
-	msg = binary.BigEndian.AppendUint16(msg, uint16(dport))
-	msg = append(msg, src[:]...)
-	msg = append(msg, dst[:]...)
-	msg = binary.NativeEndian.AppendUint32(msg, 0)          // any interface
-	msg = binary.NativeEndian.AppendUint64(msg, ^uint64(0)) // INET_DIAG_NOCOOKIE
-	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, fmt.Errorf("sock_diag: %w", err)
-	}
-	reply := make([]byte, 4096)
-	n, _, err := unix.Recvfrom(fd, reply, 0)
-	if err != nil {
-		return 0, fmt.Errorf("sock_diag: %w", err)
-	}
-	if n < unix.NLMSG_HDRLEN+4 {
-		return 0, errors.New("sock_diag: short reply")
-	}
-	body := reply[unix.NLMSG_HDRLEN:n]
-	switch binary.NativeEndian.Uint16(reply[4:]) {
-	case unix.NLMSG_ERROR:
-		return 0, fmt.Errorf("sock_diag: %w", unix.Errno(-int32(binary.NativeEndian.Uint32(body))))
-	case unix.SOCK_DIAG_BY_FAMILY:
-		if len(body) < diagReplyLen {
-			return 0, errors.New("sock_diag: short reply")
-		}
-		return binary.NativeEndian.Uint32(body[diagUIDOffset:]), nil
-	}
-	return 0, errors.New("sock_diag: unexpected reply")
 }

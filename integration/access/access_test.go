@@ -1,9 +1,11 @@
 package access_test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -124,6 +126,51 @@ func TestTierFiguresOnlyForEngine(t *testing.T) {
 	var root syscall.Statfs_t
 	if err := syscall.Statfs(d.Mountpoint, &root); err != nil || int64(root.Blocks)*root.Frsize != 64<<20 {
 		t.Errorf("root: statfs %+v, %v; want the tier's 64 MiB", root, err)
+	}
+}
+
+// TestMetricsPortHeldByAnotherUser: another local user binds the metrics
+// port before the daemon starts. The daemon must not start beside it (the
+// user's server would answer the scrapes); it fails before it mounts,
+// naming the uid that holds the port (main said only "address already in
+// use", after indexing the store).
+func TestMetricsPortHeldByAnotherUser(t *testing.T) {
+	squatter := newUser(t, "sq")
+	helper, _ := binaries(t, sharedDir(t))
+	cmd := exec.Command(helper, "listen", "127.0.0.1:0")
+	cmd.Env = []string{helperEnv + "=1"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(squatter.uid), Gid: uint32(squatter.gid)}}
+	hold, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		hold.Close()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the other user's listener: %q, %v", line, err)
+	}
+	addr := strings.TrimSpace(line)
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	log, err := mounttest.Run("mount", mnt, "--store", t.TempDir(), "--metrics-addr", addr)
+	if err == nil {
+		mounttest.Run("umount", mnt)
+		t.Fatalf("the daemon started on %s, which uid %d holds:\n%s", addr, squatter.uid, log)
+	}
+	if want := fmt.Sprintf("held by uid %d (%s), another user", squatter.uid, squatter.name); !strings.Contains(log, want) {
+		t.Errorf("the daemon's error does not say %q:\n%s", want, log)
+	}
+	if strings.Contains(log, "store indexed") {
+		t.Errorf("the daemon indexed the store before it tried the port:\n%s", log)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -52,6 +54,7 @@ func hashOf(i int) string {
 //	list DIR                    read a directory
 //	read FILE                   read a file
 //	statfs PATH                 print the counts statfs answers for PATH
+//	listen ADDR                 listen on ADDR, print its address, hold it until stdin ends
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
@@ -69,6 +72,13 @@ func runHelper(args []string) int {
 		out = fmt.Sprintf("%d bytes", len(data))
 	case "match":
 		out, err = matchOne(args[1], args[2])
+	case "listen":
+		var l net.Listener
+		if l, err = net.Listen("tcp", args[1]); err == nil {
+			fmt.Println(l.Addr())
+			io.Copy(io.Discard, os.Stdin)
+			l.Close()
+		}
 	case "statfs":
 		var st syscall.Statfs_t
 		err = syscall.Statfs(args[1], &st)
