@@ -19,8 +19,8 @@
 // The protocol is lines on the helper's stdin and stdout. The helper first
 // writes "tid N" for each thread that looks names up, then "ready". The
 // daemon writes a batch of names relative to the mountpoint, one per line,
-// ended by an empty line; the helper looks each up (fstatat, links not
-// followed) and writes "done N" with the names of the batch it looked up.
+// ended by an empty line; the helper looks each up (lookUpName: through no
+// link) and writes "done N" with the names of the batch it looked up.
 package prime
 
 import (
@@ -268,9 +268,7 @@ func serve(mountpoint string, in io.Reader, out io.Writer) error {
 			runtime.LockOSThread()
 			tids <- unix.Gettid()
 			for name := range names {
-				var st unix.Stat_t
-				err := unix.Fstatat(int(dirfd.Load()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
-				looked <- err == nil || err == unix.ENOENT || err == unix.ENOTDIR
+				looked <- lookUpName(int(dirfd.Load()), name)
 			}
 		})
 	}
@@ -311,6 +309,29 @@ func serve(mountpoint string, in io.Reader, out io.Writer) error {
 		}
 	}
 	return r.Err()
+}
+
+// maxRaces bounds the retries of a lookup that a signal or a rename interrupted.
+const maxRaces = 8
+
+// lookUpName looks name up below the mount's root dir, as an O_PATH open
+// (no OPEN request reaches the daemon) through no link in any component and
+// within the mount: the engine's uid owns the store tree and can swap a tier
+// for a link, and the helper, root like the daemon, would otherwise look up
+// every prefix name beneath the link's target, anywhere. It reports whether
+// the name was looked up, found or absent. Without openat2 (ENOSYS) nothing
+// is: the engine's lookups then reach the daemon, as without priming.
+func lookUpName(dir int, name string) bool {
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV}
+	fd, err := unix.Openat2(dir, name, &how)
+	for races := 0; (err == unix.EINTR || err == unix.EAGAIN) && races < maxRaces; races++ {
+		fd, err = unix.Openat2(dir, name, &how) // a signal, or a rename elsewhere in the tree
+	}
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err == nil || err == unix.ENOENT || err == unix.ENOTDIR
 }
 
 // lookUp hands a batch to the workers and counts the names they looked up

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMain runs the helper when the test binary is started as one.
@@ -143,6 +145,41 @@ func TestOpenMountRefusesWhatIsNotTheMount(t *testing.T) {
 	for _, path := range []string{dir, link, "/"} {
 		if fd, err := openMount(path); err == nil {
 			t.Errorf("openMount(%s) = %d, want an error", path, fd)
+		}
+	}
+}
+
+// TestLookUpGoesThroughNoLink: the engine's uid owns the store tree and can
+// swap a tier for a link to any directory; the helper, root like the
+// daemon, must not look the prefix names up beneath the link's target
+// (main's fstatat followed every link but the last component's). Names of
+// plain directories are looked up, found or absent.
+func TestLookUpGoesThroughNoLink(t *testing.T) {
+	mount, elsewhere := t.TempDir(), t.TempDir()
+	for _, dir := range []string{mount + "/tier/abc", elsewhere + "/abc"} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(elsewhere, mount+"/swapped"); err != nil {
+		t.Fatal(err)
+	}
+	root, err := unix.Open(mount, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	for name, want := range map[string]bool{
+		"tier/abc":                   true,  // present
+		"tier/abd":                   true,  // absent
+		"swapped/abc":                false, // through the link: elsewhere/abc
+		"swapped/abd":                false,
+		"swapped":                    true, // the link itself, not followed
+		"../abc":                     false,
+		"tier/abc/../../swapped/abc": false,
+	} {
+		if got := lookUpName(root, name); got != want {
+			t.Errorf("lookUpName(%q) = %v, want %v", name, got, want)
 		}
 	}
 }
