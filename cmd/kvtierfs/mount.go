@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
@@ -312,9 +313,19 @@ func runMount(args []string) error {
 	if err := mnt.guard(logger); err != nil {
 		return err
 	}
+	if err := mnt.stillHere(); err != nil {
+		return err
+	}
+	mountsBefore, err := mountinfo.Read("self")
+	if err != nil {
+		return err
+	}
 	fsys, err := fusefs.Mount(c.mountpoint, opts)
 	if err != nil {
 		return explainMountError(err, c.allowOther)
+	}
+	if err := mnt.landed(mountsBefore, "kvtierfs:"+store.Root()); err != nil {
+		return err
 	}
 	var serving atomic.Bool
 	serving.Store(true)

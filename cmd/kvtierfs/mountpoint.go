@@ -7,9 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
 
 // fsImmutableFlag is FS_IMMUTABLE_FL of linux/fs.h, an inode flag of
@@ -111,6 +115,69 @@ func (m *mountpoint) seal() error {
 }
 
 func (m *mountpoint) close() { m.dir.Close() }
+
+// The mount itself takes a path (mount(2), go-fuse), which the kernel
+// resolves anew, following links: whoever may write into the mountpoint's
+// parent or an ancestor (the engine's uid, when the operator put the
+// mountpoint in one of its directories) can swap the path for a link
+// between the open and the mount (the store's indexing, minutes long, lies
+// between them), and a root daemon then mounted the engine's store over
+// the link's target, /etc for one. stillHere is checked before the mount,
+// landed after it.
+
+// stillHere checks that the mountpoint's path still leads to the directory
+// opened and guarded.
+func (m *mountpoint) stillHere() error {
+	fd, err := unix.Open(m.path, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("mountpoint %s was replaced while the daemon started (%w): not mounted", m.path, err)
+	}
+	defer unix.Close(fd)
+	var now, opened unix.Stat_t
+	if err := unix.Fstat(fd, &now); err != nil {
+		return err
+	}
+	if err := unix.Fstat(int(m.dir.Fd()), &opened); err != nil {
+		return err
+	}
+	if now.Dev != opened.Dev || now.Ino != opened.Ino {
+		return fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
+			"keep the mountpoint out of directories that others than root may write", m.path)
+	}
+	return nil
+}
+
+// landed checks, after the mount, that the mount of source made since
+// before covers the directory opened and guarded; one that landed
+// elsewhere (the path was swapped after stillHere) is detached, and landed
+// fails.
+func (m *mountpoint) landed(before []mountinfo.Mount, source string) error {
+	dir, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
+	if err != nil {
+		return err
+	}
+	mounts, err := mountinfo.Read("self")
+	if err != nil {
+		return err
+	}
+	var elsewhere []string
+	here := false
+	for _, mount := range mounts {
+		switch {
+		case mount.FSType != ctlabi.FSType || mount.Source != source || slices.Contains(before, mount):
+		case mount.Mountpoint == dir:
+			here = true
+		default:
+			elsewhere = append(elsewhere, mount.Mountpoint)
+			unix.Unmount(mount.Mountpoint, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+	}
+	if here && len(elsewhere) == 0 {
+		return nil
+	}
+	return fmt.Errorf("mountpoint %s was replaced while the daemon started: the mount landed at %q, not at %s, and was detached; "+
+		"keep the mountpoint out of directories that others than root may write", m.path, elsewhere, dir)
+}
 
 // explainMountError adds to a failed FUSE mount the cause a user other than
 // root usually meets, which go-fuse reports only as fusermount's exit code:

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
@@ -55,6 +57,7 @@ func hashOf(i int) string {
 //	read FILE                   read a file
 //	statfs PATH                 print the counts statfs answers for PATH
 //	listen ADDR                 listen on ADDR, print its address, hold it until stdin ends
+//	swap-on-open DIR TARGET     once DIR is opened, rename it away and put a link to TARGET there
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
@@ -79,6 +82,9 @@ func runHelper(args []string) int {
 			io.Copy(io.Discard, os.Stdin)
 			l.Close()
 		}
+	case "swap-on-open":
+		err = swapOnOpen(args[1], args[2])
+		out = "swapped"
 	case "statfs":
 		var st syscall.Statfs_t
 		err = syscall.Statfs(args[1], &st)
@@ -97,6 +103,27 @@ func runHelper(args []string) int {
 	}
 	fmt.Println(out)
 	return 0
+}
+
+// swapOnOpen waits until dir is opened, then renames it to dir.old and puts
+// a link to target in its place, as a user who may write dir's parent can.
+func swapOnOpen(dir, target string) error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
+		return err
+	}
+	fmt.Println("watching")
+	if _, err := unix.Read(fd, make([]byte, 4096)); err != nil {
+		return err
+	}
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		return err
+	}
+	return os.Symlink(target, dir)
 }
 
 // matchOne writes a one-key request to the match file and reads the answer.

@@ -1,13 +1,18 @@
 package access_test
 
 import (
+	"bufio"
+	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -57,5 +62,83 @@ func TestUnservedMountpointRefusesEngine(t *testing.T) {
 	again := mounttest.Start(t, mounttest.Options{Mountpoint: mnt, Store: d.Store, Args: args})
 	if st := again.Stats(); st.Disk.Blocks != 1 {
 		t.Errorf("the daemon mounted again serves %d blocks, want the 1 stored before", st.Disk.Blocks)
+	}
+}
+
+// TestSwappedMountpointIsNotMountedOver: the operator put the mountpoint
+// in a directory of the engine's user, which renames it away while the
+// daemon indexes the store and puts a link to a root directory (standing
+// for /etc) in its place. Main's root daemon mounted the engine's store over
+// that directory, the engine's files then in root's; the daemon must fail
+// and mount nothing there.
+func TestSwappedMountpointIsNotMountedOver(t *testing.T) {
+	engine := newUser(t, "eng")
+	dir := sharedDir(t)
+	helper, _ := binaries(t, dir)
+	parent, victim, store := filepath.Join(dir, "engine"), filepath.Join(dir, "victim"), filepath.Join(dir, "store")
+	mnt := filepath.Join(parent, "mnt")
+	for _, d := range []string{parent, mnt, victim, store} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{parent, mnt, store} {
+		if err := os.Chown(d, engine.uid, engine.gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The daemon guards the directory it opened (immutable): lifted for the cleanup.
+	t.Cleanup(func() { exec.Command("chattr", "-i", mnt, mnt+".old").Run() })
+	swap := exec.Command(helper, "swap-on-open", mnt, victim)
+	swap.Env = []string{helperEnv + "=1"}
+	swap.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(engine.uid), Gid: uint32(engine.gid)}}
+	swapOut, err := swap.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := swap.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		swap.Process.Kill()
+		swap.Wait()
+	})
+	swapLines := bufio.NewScanner(swapOut)
+	if !swapLines.Scan() || swapLines.Text() != "watching" {
+		t.Fatalf("the engine's swap: %q", swapLines.Text())
+	}
+
+	var log bytes.Buffer
+	daemon := exec.Command(mounttest.Binary(), "mount", mnt, "--store", store, "--allow-other",
+		"--engine-uid", strconv.Itoa(engine.uid), "--metrics-addr", "")
+	daemon.Stdout, daemon.Stderr = &log, &log
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- daemon.Wait() }()
+	mountedOverVictim := func() bool {
+		mounts, err := mountinfo.Read("self")
+		return err == nil && len(mountinfo.At(mounts, victim)) > 0
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			if err == nil || !strings.Contains(log.String(), "was replaced while the daemon started") {
+				t.Errorf("the daemon: %v, want a failure naming the replaced mountpoint:\n%s", err, log.String())
+			}
+			if mountedOverVictim() {
+				t.Errorf("the daemon left a mount over %s", victim)
+				exec.Command("umount", "-l", victim).Run()
+			}
+			return
+		default:
+		}
+		if mountedOverVictim() || time.Now().After(deadline) {
+			daemon.Process.Signal(syscall.SIGTERM)
+			<-exited
+			exec.Command("umount", "-l", victim).Run()
+			t.Fatalf("the daemon mounted over %s, where the engine's link led (or never ended):\n%s", victim, log.String())
+		}
 	}
 }
