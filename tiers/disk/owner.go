@@ -52,6 +52,27 @@ func (s *Store) isPrivate(st *unix.Stat_t, mode uint32) bool {
 	return int(st.Uid) == owner.UID && int(st.Gid) == owner.GID && st.Mode&0o7777 == mode
 }
 
+// refuseTakeoverThroughLink refuses to take over an empty directory of
+// another user that the store's path reached through a link in a
+// directory above it: the engine's uid, owning a directory on the way
+// (--store /data/engine/x/kvtier), can make it a link to a directory of
+// root's where an empty directory of that name waits (/usr/local/bin, or
+// /etc/cron.d on a bare system), which Open then gave to the engine with
+// mode 0700. Only a link puts another user's directory at a path the
+// engine's uid can change: renames need write access where it stood.
+func (s *Store) refuseTakeoverThroughLink(rootFD int) error {
+	reached, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", rootFD))
+	if err != nil {
+		return fmt.Errorf("store directory %s: %w", s.root, err)
+	}
+	if reached == s.root {
+		return nil
+	}
+	return fmt.Errorf("store directory %s is reached through a link (it is %s) and belongs to another user than the engine's uid %d: "+
+		"another user's directory is taken over only when named by its own path; give --store %s if it is meant, or chown it to the engine's uid first",
+		s.root, reached, s.Owner().UID, reached)
+}
+
 // refuseTakeover refuses a store directory that holds files and belongs to
 // another user than the store's owner: Open would give it, and every file
 // it indexes or removes, to the engine's uid (a mistyped --store of a home
@@ -74,7 +95,7 @@ func (s *Store) refuseTakeover(rootFD int) error {
 	defer dir.Close()
 	names, err := dir.Readdirnames(1)
 	if errors.Is(err, io.EOF) {
-		return nil
+		return s.refuseTakeoverThroughLink(rootFD)
 	}
 	if err != nil {
 		return fmt.Errorf("store directory %s: %w", s.root, err)

@@ -116,6 +116,46 @@ func TestStoreOfAnotherUserIsNotTakenOver(t *testing.T) {
 	}
 }
 
+// TestEmptyRootDirectoryThroughALinkIsNotTakenOver: the engine's uid owns
+// a directory on the store's path (--store /data/engine/x/kvtier) and makes
+// x a link to a directory of root's that holds an empty directory of the
+// store's name (/usr/local/bin on a fresh system, for --store .../bin).
+// Open gave that directory to the engine's uid, mode 0700; it must keep
+// its owner and mode, and the refusal name the path it leads to.
+func TestEmptyRootDirectoryThroughALinkIsNotTakenOver(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another uid needs root")
+	}
+	base := t.TempDir()
+	roots := filepath.Join(base, "usr-local")
+	empty := filepath.Join(roots, "kvtier")
+	if err := os.MkdirAll(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	engineDir := filepath.Join(base, "engine")
+	if err := os.Mkdir(engineDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(roots, filepath.Join(engineDir, "x")); err != nil {
+		t.Fatal(err)
+	}
+	owner := Owner{UID: 4242, GID: 4343}
+	s, err := Open(Config{Dir: filepath.Join(engineDir, "x", "kvtier"), Owner: &owner})
+	if err == nil {
+		s.Close()
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(empty, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 0 || st.Mode&0o777 != 0o755 {
+		t.Fatalf("root's empty directory behind a link on the store's path: Open %v, and it is now uid %d, mode %o (was root, 755)", err, st.Uid, st.Mode&0o777)
+	}
+	if err == nil || !strings.Contains(err.Error(), "--store "+empty) {
+		t.Errorf("refusal %v does not name the directory reached, --store %s", err, empty)
+	}
+}
+
 // TestStoreTooDeepToNameStillOpens: the engine's uid, which owns the store
 // tree, nests directories until their path passes PATH_MAX. Open walked
 // the tree by path and refused the whole store (ENAMETOOLONG), so the
