@@ -1,11 +1,9 @@
 package access_test
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -137,29 +135,7 @@ func TestTierFiguresOnlyForEngine(t *testing.T) {
 func TestMetricsPortHeldByAnotherUser(t *testing.T) {
 	squatter := newUser(t, "sq")
 	helper, _ := binaries(t, sharedDir(t))
-	cmd := exec.Command(helper, "listen", "127.0.0.1:0")
-	cmd.Env = []string{helperEnv + "=1"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(squatter.uid), Gid: uint32(squatter.gid)}}
-	hold, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		hold.Close()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("the other user's listener: %q, %v", line, err)
-	}
-	addr := strings.TrimSpace(line)
+	addr := startHelperAs(t, squatter, helper, "listen", "127.0.0.1:0")
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	log, err := mounttest.Run("mount", mnt, "--store", t.TempDir(), "--metrics-addr", addr)
 	if err == nil {

@@ -4,6 +4,7 @@
 package access_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -224,6 +225,38 @@ func as(u testUser, env []string, name string, args ...string) (string, bool) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid)}}
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err == nil
+}
+
+// startHelperAs starts a helper operation as u and returns the first line
+// it prints; its stdin stays open, and the helper is ended and reaped, when
+// the test ends.
+func startHelperAs(t *testing.T, u testUser, helper string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(helper, args...)
+	cmd.Env = []string{helperEnv + "=1"}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid)}}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper %v as %s: %q, %v", args, u.name, line, err)
+	}
+	return strings.TrimSpace(line)
 }
 
 // helperAs runs a helper operation as u.

@@ -1,7 +1,6 @@
 package access_test
 
 import (
-	"bufio"
 	"bytes"
 	"os"
 	"os/exec"
@@ -89,23 +88,8 @@ func TestSwappedMountpointIsNotMountedOver(t *testing.T) {
 	}
 	// The daemon guards the directory it opened (immutable): lifted for the cleanup.
 	t.Cleanup(func() { exec.Command("chattr", "-i", mnt, mnt+".old").Run() })
-	swap := exec.Command(helper, "swap-on-open", mnt, victim)
-	swap.Env = []string{helperEnv + "=1"}
-	swap.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(engine.uid), Gid: uint32(engine.gid)}}
-	swapOut, err := swap.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := swap.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		swap.Process.Kill()
-		swap.Wait()
-	})
-	swapLines := bufio.NewScanner(swapOut)
-	if !swapLines.Scan() || swapLines.Text() != "watching" {
-		t.Fatalf("the engine's swap: %q", swapLines.Text())
+	if line := startHelperAs(t, engine, helper, "swap-on-open", mnt, victim); line != "watching" {
+		t.Fatalf("the engine's swap: %q", line)
 	}
 
 	var log bytes.Buffer
