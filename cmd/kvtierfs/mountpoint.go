@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -51,6 +52,10 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
 	}
 	m := &mountpoint{dir: os.NewFile(uintptr(fd), mnt), path: mnt}
+	if err := m.reachedByTrustedLinks(); err != nil {
+		m.close()
+		return nil, err
+	}
 	names, err := m.dir.Readdirnames(4)
 	if err != nil && err != io.EOF {
 		m.close()
@@ -143,6 +148,33 @@ func (m *mountpoint) stillHere() error {
 	if now.Dev != opened.Dev || now.Ino != opened.Ino {
 		return fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
 			"keep the mountpoint out of directories that others than root may write", m.path)
+	}
+	return nil
+}
+
+// reachedByTrustedLinks refuses a mountpoint whose path passes through a
+// link that another user than root or the daemon's made: its owner chose
+// where the path leads, and the daemon guards and mounts over whatever
+// directory of that name it finds there (a link to / makes .../mnt root's
+// /mnt). A path without links, or with only root's, is taken.
+func (m *mountpoint) reachedByTrustedLinks() error {
+	abs, err := filepath.Abs(m.path)
+	if err != nil {
+		return err
+	}
+	reached, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
+	if err != nil || reached == abs {
+		return err
+	}
+	for at := abs; at != filepath.Dir(at); at = filepath.Dir(at) {
+		var st unix.Stat_t
+		if err := unix.Lstat(at, &st); err != nil {
+			return fmt.Errorf("mountpoint %s: %w", m.path, err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+			return fmt.Errorf("mountpoint %s is reached through %s, a link of uid %d, which chooses where the mount lands: "+
+				"give the mountpoint's own path (%s now), and keep it out of directories that others than root may write", m.path, at, st.Uid, reached)
+		}
 	}
 	return nil
 }

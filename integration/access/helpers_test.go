@@ -58,7 +58,7 @@ func hashOf(i int) string {
 //	read FILE                   read a file
 //	statfs PATH                 print the counts statfs answers for PATH
 //	listen ADDR                 listen on ADDR, print its address, hold it until stdin ends
-//	swap-on-open DIR TARGET     once DIR is opened, rename it away and put a link to TARGET there
+//	swap-on-open WATCH DIR TARGET  once WATCH is opened, rename DIR away and put a link to TARGET there
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
@@ -84,7 +84,7 @@ func runHelper(args []string) int {
 			l.Close()
 		}
 	case "swap-on-open":
-		err = swapOnOpen(args[1], args[2])
+		err = swapOnOpen(args[1], args[2], args[3])
 		out = "swapped"
 	case "statfs":
 		var st syscall.Statfs_t
@@ -106,15 +106,16 @@ func runHelper(args []string) int {
 	return 0
 }
 
-// swapOnOpen waits until dir is opened, then renames it to dir.old and puts
-// a link to target in its place, as a user who may write dir's parent can.
-func swapOnOpen(dir, target string) error {
+// swapOnOpen waits until watch is opened, then renames dir to dir.old and
+// puts a link to target in its place, as a user who may write dir's parent
+// can.
+func swapOnOpen(watch, dir, target string) error {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
+	if _, err := unix.InotifyAddWatch(fd, watch, unix.IN_OPEN); err != nil {
 		return err
 	}
 	fmt.Println("watching")

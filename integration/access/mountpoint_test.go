@@ -65,9 +65,9 @@ func TestUnservedMountpointRefusesEngine(t *testing.T) {
 }
 
 // TestSwappedMountpointIsNotMountedOver: the operator put the mountpoint
-// in a directory of the engine's user, which renames it away while the
-// daemon indexes the store and puts a link to a root directory (standing
-// for /etc) in its place. Main's root daemon mounted the engine's store over
+// in a directory of the engine's user, which renames it away once the
+// daemon, past its checks of the mountpoint, opens the store to index it,
+// and puts a link to a root directory (standing for /etc) in its place. Main's root daemon mounted the engine's store over
 // that directory, the engine's files then in root's; the daemon must fail
 // and mount nothing there.
 func TestSwappedMountpointIsNotMountedOver(t *testing.T) {
@@ -86,15 +86,72 @@ func TestSwappedMountpointIsNotMountedOver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Files to index, so that the swap, made when the store is opened, is
+	// done before the daemon reaches the mount.
+	for i := range 2000 {
+		if err := os.WriteFile(filepath.Join(store, "f"+strconv.Itoa(i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The daemon guards the directory it opened (immutable): lifted for the cleanup.
 	t.Cleanup(func() { exec.Command("chattr", "-i", mnt, mnt+".old").Run() })
-	if line := startHelperAs(t, engine, helper, "swap-on-open", mnt, victim); line != "watching" {
+	if line := startHelperAs(t, engine, helper, "swap-on-open", store, mnt, victim); line != "watching" {
 		t.Fatalf("the engine's swap: %q", line)
 	}
 
-	var log bytes.Buffer
-	daemon := exec.Command(mounttest.Binary(), "mount", mnt, "--store", store, "--allow-other",
+	log := mountRefusedAway(t, victim, "mount", mnt, "--store", store, "--allow-other",
 		"--engine-uid", strconv.Itoa(engine.uid), "--metrics-addr", "")
+	if !strings.Contains(log, "was replaced while the daemon started") {
+		t.Errorf("the daemon's failure does not name the replaced mountpoint:\n%s", log)
+	}
+}
+
+// TestMountpointThroughAnotherUsersLinkIsRefused: the mountpoint's path
+// passes through a link the engine's user made in its directory, to a
+// directory of root's holding one of the mountpoint's name (/mnt, for
+// .../mnt and a link to /). Main's daemon guarded and mounted over root's;
+// it must refuse, naming the link.
+func TestMountpointThroughAnotherUsersLinkIsRefused(t *testing.T) {
+	engine := newUser(t, "eng")
+	dir := sharedDir(t)
+	parent, roots, store := filepath.Join(dir, "engine"), filepath.Join(dir, "roots"), filepath.Join(dir, "store")
+	victim := filepath.Join(roots, "mnt")
+	for _, d := range []string{parent, roots, victim, store} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{parent, store} {
+		if err := os.Chown(d, engine.uid, engine.gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(parent, "x")
+	if err := os.Symlink(roots, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, engine.uid, engine.gid); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", victim).Run() })
+	log := mountRefusedAway(t, victim, "mount", filepath.Join(link, "mnt"), "--store", store, "--allow-other",
+		"--engine-uid", strconv.Itoa(engine.uid), "--metrics-addr", "")
+	if !strings.Contains(log, link+", a link of uid "+strconv.Itoa(engine.uid)) {
+		t.Errorf("the daemon's failure does not name the engine's link:\n%s", log)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(victim, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o755 {
+		t.Errorf("root's directory behind the link: %+v, %v; want it untouched (root, 755)", st, err)
+	}
+}
+
+// mountRefusedAway runs kvtierfs with args, expecting it to fail without
+// mounting over victim; it returns the daemon's output. A daemon that
+// mounts there is stopped, the mount removed, and the test failed.
+func mountRefusedAway(t *testing.T, victim string, args ...string) string {
+	t.Helper()
+	var log bytes.Buffer
+	daemon := exec.Command(mounttest.Binary(), args...)
 	daemon.Stdout, daemon.Stderr = &log, &log
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
@@ -108,21 +165,21 @@ func TestSwappedMountpointIsNotMountedOver(t *testing.T) {
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		select {
 		case err := <-exited:
-			if err == nil || !strings.Contains(log.String(), "was replaced while the daemon started") {
-				t.Errorf("the daemon: %v, want a failure naming the replaced mountpoint:\n%s", err, log.String())
+			if err == nil {
+				t.Errorf("the daemon ended without an error:\n%s", log.String())
 			}
 			if mountedOverVictim() {
-				t.Errorf("the daemon left a mount over %s", victim)
 				exec.Command("umount", "-l", victim).Run()
+				t.Errorf("the daemon left a mount over %s", victim)
 			}
-			return
+			return log.String()
 		default:
 		}
 		if mountedOverVictim() || time.Now().After(deadline) {
 			daemon.Process.Signal(syscall.SIGTERM)
 			<-exited
 			exec.Command("umount", "-l", victim).Run()
-			t.Fatalf("the daemon mounted over %s, where the engine's link led (or never ended):\n%s", victim, log.String())
+			t.Fatalf("the daemon mounted over %s (or never ended):\n%s", victim, log.String())
 		}
 	}
 }
