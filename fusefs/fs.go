@@ -455,7 +455,7 @@ func (f *FS) namespaceChanged(rel string) { f.index.changed(rel) }
 // from or to rel: a layout name, or a tier directory that may carry layout
 // names with it.
 func (f *FS) namespaceMoved(rel string) {
-	if layoutLevel(rel) != notLayout || !strings.Contains(rel, "/") {
+	if block.ParseDir(rel).Level != block.NotLayoutDir || !strings.Contains(rel, "/") {
 		f.index.moved(rel)
 	}
 }
@@ -467,16 +467,9 @@ func (f *FS) noteMissedDir(ctx context.Context, rel string) {
 	if f.primer != nil && f.primer.Owns(callerThread(ctx)) {
 		return // the daemon's own lookup, ahead of the engine
 	}
-	parts := strings.Split(rel, "/")
-	switch {
-	case len(parts) == 2 && len(parts[1]) == 3:
+	if dir := block.ParseDir(rel); dir.Level != block.NotLayoutDir {
 		f.store.CountMissedLookup()
-		f.diagnostics.MissedLookup(parts[0], -1)
-	case len(parts) == 3:
-		if g, ok := block.GroupOfDir(parts[2]); ok {
-			f.store.CountMissedLookup()
-			f.diagnostics.MissedLookup(parts[0], g)
-		}
+		f.diagnostics.MissedLookup(dir.Tier, dir.Group)
 	}
 }
 
