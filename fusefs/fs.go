@@ -158,8 +158,8 @@ type FS struct {
 	// each node operation sets it explicitly (zero for block tmp files).
 	entryTimeout time.Duration
 	// blockEntryTimeout is how long it caches a present block's entry and
-	// attributes: the store's disk.Store.LookupCacheTTL, at most
-	// entryTimeout under the lookup budget or mirroring (BlockEntryTimeout).
+	// attributes: the store's disk.Store.LookupCacheTTL, which the daemon
+	// opens the store with (BlockEntryTimeout).
 	blockEntryTimeout time.Duration
 	// negativeTimeout and layoutNegativeTimeout are how long the kernel
 	// caches absent names outside and inside the block layout; Lookup sets
@@ -233,12 +233,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.LayoutNegativeTimeout == 0 {
 		opts.LayoutNegativeTimeout = DirTimeout
 	}
-	blockEntryTimeout := opts.Store.LookupCacheTTL()
-	if opts.LookupBudget != nil || opts.Sync != nil {
-		blockEntryTimeout = min(blockEntryTimeout, opts.EntryTimeout)
-	}
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
-		entryTimeout: opts.EntryTimeout, blockEntryTimeout: blockEntryTimeout, negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
+		entryTimeout: opts.EntryTimeout, blockEntryTimeout: opts.Store.LookupCacheTTL(), negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
 		stager: opts.Stager, budget: opts.LookupBudget, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
 		primed: make(map[string]time.Time), recent: diagnose.NewRecent(opts.WarningWindow, nil)}
@@ -455,7 +451,7 @@ func (f *FS) namespaceChanged(rel string) { f.index.changed(rel) }
 // from or to rel: a layout name, or a tier directory that may carry layout
 // names with it.
 func (f *FS) namespaceMoved(rel string) {
-	if layoutLevel(rel) != notLayout || !strings.Contains(rel, "/") {
+	if block.ParseDir(rel).Level != block.NotLayoutDir || !strings.Contains(rel, "/") {
 		f.index.moved(rel)
 	}
 }
@@ -467,16 +463,9 @@ func (f *FS) noteMissedDir(ctx context.Context, rel string) {
 	if f.primer != nil && f.primer.Owns(callerThread(ctx)) {
 		return // the daemon's own lookup, ahead of the engine
 	}
-	parts := strings.Split(rel, "/")
-	switch {
-	case len(parts) == 2 && len(parts[1]) == 3:
+	if dir := block.ParseDir(rel); dir.Level != block.NotLayoutDir {
 		f.store.CountMissedLookup()
-		f.diagnostics.MissedLookup(parts[0], -1)
-	case len(parts) == 3:
-		if g, ok := block.GroupOfDir(parts[2]); ok {
-			f.store.CountMissedLookup()
-			f.diagnostics.MissedLookup(parts[0], g)
-		}
+		f.diagnostics.MissedLookup(dir.Tier, dir.Group)
 	}
 }
 

@@ -14,53 +14,6 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// The layout's directory levels: a key's lookup walks
-// `<tier>/<h[0:3]>/<h[3:5]>_g<N>/<h>.bin`, and most absent keys end at one
-// of the two directories (DESIGN "Lookups and the kernel's caches").
-const (
-	notLayout   = 0
-	prefixLevel = 2 // <tier>/<h[0:3]>
-	groupLevel  = 3 // <tier>/<h[0:3]>/<h[3:5]>_g<N>
-)
-
-// layoutLevel tells which directory level of the block layout a
-// store-relative path names, or notLayout.
-func layoutLevel(rel string) int {
-	tier, rest, ok := strings.Cut(rel, "/")
-	if !ok || tier == "" {
-		return notLayout
-	}
-	prefix, group, deeper := strings.Cut(rest, "/")
-	if !isLowerHex(prefix, 3) {
-		return notLayout
-	}
-	if !deeper {
-		return prefixLevel
-	}
-	if len(group) < 5 || !isLowerHex(group[:2], 2) || group[2:4] != "_g" {
-		return notLayout
-	}
-	for _, c := range group[4:] {
-		if c < '0' || c > '9' {
-			return notLayout
-		}
-	}
-	return groupLevel
-}
-
-// isLowerHex reports whether s is n lowercase hex digits.
-func isLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < n; i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
 // storeEntry is what a lookup answers for a name: its attributes and the
 // identity go-fuse's loopback gives the file (loopbackID).
 type storeEntry struct {
@@ -118,7 +71,7 @@ func (x *lookupIndex) layoutAnswer(rel string) (e storeEntry, exists, known bool
 		return e, true, true
 	}
 	parent := path.Dir(rel)
-	if layoutLevel(rel) == prefixLevel {
+	if block.ParseDir(rel).Level == block.PrefixDir {
 		_, known = x.tiers[parent]
 	} else {
 		p, ok := x.layout[parent]
@@ -183,8 +136,10 @@ func (x *lookupIndex) refresh(rel string) {
 }
 
 func (x *lookupIndex) putLayoutLocked(rel string, e storeEntry) {
-	if _, had := x.layout[rel]; !had && layoutLevel(rel) == prefixLevel {
-		x.tiers[tierOf(rel)]++
+	if dir := block.ParseDir(rel); dir.Level == block.PrefixDir {
+		if _, had := x.layout[rel]; !had {
+			x.tiers[dir.Tier]++
+		}
 	}
 	x.layout[rel] = e
 }
@@ -194,10 +149,8 @@ func (x *lookupIndex) deleteLayoutLocked(rel string) {
 		return
 	}
 	delete(x.layout, rel)
-	if layoutLevel(rel) == prefixLevel {
-		if tier := tierOf(rel); x.tiers[tier] > 0 {
-			x.tiers[tier]--
-		}
+	if dir := block.ParseDir(rel); dir.Level == block.PrefixDir && x.tiers[dir.Tier] > 0 {
+		x.tiers[dir.Tier]--
 	}
 }
 
@@ -224,7 +177,7 @@ func (x *lookupIndex) refreshBlock(rel string) {
 // rel: nothing below it can be indexed, as a new name is empty and a
 // directory removed was.
 func (x *lookupIndex) changed(rel string) {
-	if layoutLevel(rel) != notLayout {
+	if block.ParseDir(rel).Level != block.NotLayoutDir {
 		x.refresh(rel)
 		return
 	}
@@ -277,8 +230,8 @@ func (x *lookupIndex) scan(rel string) {
 	if rel != "" {
 		depth = strings.Count(rel, "/") + 1
 	}
-	level := layoutLevel(rel)
-	if level != notLayout {
+	level := block.ParseDir(rel).Level
+	if level != block.NotLayoutDir {
 		x.refresh(rel)
 	} else if depth > 1 {
 		return
@@ -297,9 +250,9 @@ func (x *lookupIndex) scan(rel string) {
 	for _, de := range entries {
 		child := path.Join(rel, de.Name())
 		switch {
-		case depth == 0 && de.IsDir(), layoutLevel(child) != notLayout:
+		case depth == 0 && de.IsDir(), block.ParseDir(child).Level != block.NotLayoutDir:
 			x.scan(child)
-		case level == groupLevel && de.Type().IsRegular():
+		case level == block.GroupDir && de.Type().IsRegular():
 			if kind, _ := block.Parse(child); kind == block.File {
 				x.refreshBlock(child)
 			}
@@ -316,12 +269,6 @@ func (x *lookupIndex) readDir(rel string) ([]os.DirEntry, error) {
 	dir := os.NewFile(uintptr(fd), rel)
 	defer dir.Close()
 	return dir.ReadDir(-1)
-}
-
-// tierOf is the first component of a store-relative path.
-func tierOf(rel string) string {
-	tier, _, _ := strings.Cut(rel, "/")
-	return tier
 }
 
 // loopbackID is the identity go-fuse's loopback gives a file: its inode
@@ -390,7 +337,7 @@ func (x *lookupIndex) groupDirs(tier string, limit int) []string {
 		if len(names) == limit {
 			break
 		}
-		if strings.HasPrefix(rel, prefix) && layoutLevel(rel) == groupLevel {
+		if strings.HasPrefix(rel, prefix) && block.ParseDir(rel).Level == block.GroupDir {
 			names = append(names, rel)
 		}
 	}

@@ -15,31 +15,6 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
-func TestLayoutLevel(t *testing.T) {
-	for rel, want := range map[string]int{
-		"M_0123456789ab_r0/abc":                  prefixLevel,
-		"M_0123456789ab_r0/abc/de_g0":            groupLevel,
-		"M_0123456789ab_r0/abc/de_g12":           groupLevel,
-		"M_0123456789ab_r0":                      notLayout,
-		"M_0123456789ab_r0/ABC":                  notLayout,
-		"M_0123456789ab_r0/abcd":                 notLayout,
-		"M_0123456789ab_r0/config.json":          notLayout,
-		"M_0123456789ab_r0/abc/de_g":             notLayout,
-		"M_0123456789ab_r0/abc/de_gx":            notLayout,
-		"M_0123456789ab_r0/abc/dex_g0":           notLayout,
-		"M_0123456789ab_r0/abc/de_g0/x.bin":      notLayout,
-		"M_0123456789ab_r0/xyz/de_g0":            notLayout,
-		"/abc":                                   notLayout,
-		"M_0123456789ab_r0/abc/de_g0_tmp":        notLayout,
-		"M_0123456789ab_r0/abc/de_g0/":           notLayout,
-		"M_0123456789ab_r0/abc/.o_direct_probe_": notLayout,
-	} {
-		if got := layoutLevel(rel); got != want {
-			t.Errorf("layoutLevel(%q) = %d, want %d", rel, got, want)
-		}
-	}
-}
-
 // layoutNames lists the index's layout names and block names, sorted.
 func layoutNames(x *lookupIndex) (layout, blocks []string) {
 	x.mu.RLock()

@@ -85,13 +85,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		defer n.fsys.store.TimePhase(disk.PhaseTmpLookup, time.Now())
 		return n.lookupStore(ctx, name, out)
 	}
-	level := layoutLevel(rel)
-	if level == prefixLevel {
+	dir := block.ParseDir(rel)
+	if dir.Level == block.PrefixDir {
 		// The kernel had forgotten this name: it may have dropped the
 		// tier's other prefix names too.
-		n.fsys.primeTier(ctx, tierOf(rel))
+		n.fsys.primeTier(ctx, dir.Tier)
 	}
-	if level != notLayout {
+	if dir.Level != block.NotLayoutDir {
 		// The index sees every directory the store gains: through the
 		// mount, from the shared level's lookups and its fetches (FS.imported).
 		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
@@ -386,7 +386,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, syscall.EEXIST
 	}
 	child, errno := n.mkdirStore(ctx, name, mode&0o700, out)
-	if errno == syscall.EEXIST && layoutLevel(n.rel(name)) != notLayout {
+	if errno == syscall.EEXIST && block.ParseDir(n.rel(name)).Level != block.NotLayoutDir {
 		// Made in the store, not through the mount: index it and drop the
 		// kernel's cached absence (after this request, which holds the
 		// directory's lock), so the engine's next lookup finds it.

@@ -3,11 +3,13 @@ package staging
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/tiers/batch"
 )
 
 // TestStagerStateBounded floods the Stager with lookups of new tiers,
 // groups and threads, as a flood of match requests does: absent keys leave
-// no state, present ones at most maxChains chains and maxCursors cursors,
+// no state, present ones at most maxChains chains and batch.MaxCursors cursors,
 // and a chain in use keeps what it learnt.
 func TestStagerStateBounded(t *testing.T) {
 	f := newFakeStore(1000)
@@ -23,11 +25,11 @@ func TestStagerStateBounded(t *testing.T) {
 		}
 	}
 	s.mu.Lock()
-	chains, cursors := len(s.chains), len(s.cursors)
+	chains, cursors := len(s.chains), s.cursors.Len()
 	s.mu.Unlock()
-	if chains > maxChains || cursors > maxCursors {
+	if chains > maxChains || cursors > batch.MaxCursors {
 		t.Fatalf("after a flood of %d (tier, group) pairs: %d chains (limit %d), %d cursors (limit %d)",
-			4*maxChains, chains, maxChains, cursors, maxCursors)
+			4*maxChains, chains, maxChains, cursors, batch.MaxCursors)
 	}
 	mustMiss(t, s, keys[0])
 	wantFetched(t, f, keys[1:5]...)
@@ -42,7 +44,7 @@ func TestStagerAbsentLookupsLeaveNoState(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.chains) != 0 || len(s.cursors) != 0 {
-		t.Fatalf("absent lookups left %d chains and %d cursors", len(s.chains), len(s.cursors))
+	if len(s.chains) != 0 || s.cursors.Len() != 0 {
+		t.Fatalf("absent lookups left %d chains and %d cursors", len(s.chains), s.cursors.Len())
 	}
 }

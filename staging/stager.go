@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/tiers/batch"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -98,9 +99,9 @@ const (
 	IdleDepthFactor = 4
 	// DefaultWaveBlocks is the default number of blocks staged ahead of a read.
 	DefaultWaveBlocks = 32
-	// DefaultBatchGap is the default pause that ends a lookup batch; the disk
-	// tier's chains use the same.
-	DefaultBatchGap = time.Second
+	// DefaultBatchGap is the default pause that ends a lookup batch, the one
+	// the disk tier's prefixes use.
+	DefaultBatchGap = batch.Gap
 	// DefaultMaxKeys is the default bound on remembered keys (about 50 MB).
 	DefaultMaxKeys = 1 << 18
 )
@@ -108,8 +109,6 @@ const (
 // Bounds on what lookups teach the Stager, so that no flood of lookups or
 // match requests grows it without limit (DESIGN "Threat model").
 const (
-	// maxCursors bounds the (thread, chain) lookup cursors.
-	maxCursors = 1024
 	// maxChains bounds the (tier, group) chains.
 	maxChains = 4096
 )
@@ -130,7 +129,7 @@ type Stager struct {
 	settled  *sync.Cond // broadcast when pending drops to zero
 	closed   bool
 	chains   map[chainID]*chain
-	cursors  map[cursorID]*cursor
+	cursors  *batch.Cursors[cursorID, cursor]
 	keys     int                  // members over all chains
 	entries  map[block.Ref]*entry // live entries: queued, fetching or staged
 	queue    []*entry             // fetches to run, oldest first; dropped ones are skipped
@@ -204,9 +203,8 @@ type cursorID struct {
 
 // cursor is where one thread's current lookup batch is in one chain.
 type cursor struct {
-	run  uint64
+	run  uint64    // the batch's id; 0 until its first present key
 	prev block.Ref // the batch's latest present key; zero after an absent one
-	at   time.Time
 }
 
 // NewStager starts a Stager that fetches blocks with fetch. Call Close to
@@ -244,7 +242,7 @@ func NewStager(fetch Fetch, opts Options) (*Stager, error) {
 		fetch:   fetch,
 		opts:    opts,
 		chains:  make(map[chainID]*chain),
-		cursors: make(map[cursorID]*cursor),
+		cursors: batch.New[cursorID, cursor](opts.BatchGap),
 		entries: make(map[block.Ref]*entry),
 	}
 	s.work = sync.NewCond(&s.mu)
@@ -279,19 +277,17 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 		if e := s.entries[key]; e != nil {
 			s.dropLocked(e, true)
 		}
-		if cur := s.cursors[cursorID{thread: thread, chain: id}]; cur != nil {
-			s.advanceCursorLocked(cur, now)
+		if cur, _ := s.cursors.NoteKnown(cursorID{thread: thread, chain: id}, now.UnixNano()); cur != nil {
 			cur.prev = block.Ref{}
 		}
 		s.mu.Unlock()
 		return
 	}
 	c := s.chainLocked(id)
-	cur := s.cursorLocked(cursorID{thread: thread, chain: id}, now)
-	s.advanceCursorLocked(cur, now)
+	cur, _ := s.cursors.Note(cursorID{thread: thread, chain: id}, now.UnixNano())
 	n := s.memberLocked(c, key)
 	n.present = true
-	if n.run == cur.run { // listed again: the thread started over
+	if cur.run == 0 || n.run == cur.run { // a new batch, or listed again: the thread started over
 		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
 	}
 	n.run = cur.run
@@ -300,15 +296,6 @@ func (s *Stager) NoteLookup(key block.Ref, thread uint32, present bool) {
 	}
 	cur.prev = key
 	s.mu.Unlock()
-}
-
-// advanceCursorLocked starts a new batch for a cursor idle longer than
-// BatchGap and notes a lookup at now.
-func (s *Stager) advanceCursorLocked(cur *cursor, now time.Time) {
-	if now.Sub(cur.at) > s.opts.BatchGap {
-		cur.run, cur.prev = s.newRunLocked(), block.Ref{}
-	}
-	cur.at = now
 }
 
 // NoteStore records that key was stored (its rename landed): the block is

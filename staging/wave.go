@@ -3,7 +3,6 @@ package staging
 import (
 	"cmp"
 	"slices"
-	"time"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
@@ -53,11 +52,7 @@ func (s *Stager) forgetIdleChainsLocked() {
 		s.keys -= len(s.chains[cand.id].members)
 		delete(s.chains, cand.id)
 	}
-	for id := range s.cursors {
-		if s.chains[id.chain] == nil {
-			delete(s.cursors, id)
-		}
-	}
+	s.cursors.DeleteFunc(func(id cursorID) bool { return s.chains[id.chain] == nil })
 }
 
 // memberLocked returns key's member in c, creating it. When the Stager already
@@ -77,33 +72,6 @@ func (s *Stager) memberLocked(c *chain, key block.Ref) *member {
 	c.members[key] = n
 	s.keys++
 	return n
-}
-
-// cursorLocked returns the lookup cursor of id, creating it; creating one
-// when maxCursors are kept first forgets those idle for over BatchGap.
-func (s *Stager) cursorLocked(id cursorID, now time.Time) *cursor {
-	if cur := s.cursors[id]; cur != nil {
-		return cur
-	}
-	if len(s.cursors) >= maxCursors {
-		for other, cur := range s.cursors {
-			if now.Sub(cur.at) > s.opts.BatchGap {
-				delete(s.cursors, other)
-			}
-		}
-		// Still full of busy cursors (a flood): forget any, down to three
-		// quarters, so each full cursor table costs one walk per
-		// maxCursors/4 new cursors. A forgotten cursor only splits a batch.
-		for other := range s.cursors {
-			if len(s.cursors) < maxCursors*3/4 {
-				break
-			}
-			delete(s.cursors, other)
-		}
-	}
-	cur := &cursor{}
-	s.cursors[id] = cur
-	return cur
 }
 
 // newRunLocked returns the id of a new lookup batch; ids start at 1, so a

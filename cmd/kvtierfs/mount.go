@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
+	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
@@ -280,7 +281,11 @@ func runMount(args []string) error {
 	}
 	var stager *staging.Stager
 	if c.stagingBytes > 0 {
-		if stager, err = staging.NewStager(stagingFetch(store, sharedLevel),
+		fetch := core.StagingFetch(store, nil)
+		if sharedLevel != nil {
+			fetch = core.StagingFetch(store, sharedLevel)
+		}
+		if stager, err = staging.NewStager(fetch,
 			staging.Options{Budget: c.stagingBytes, QueueDepth: c.stagingDepth}); err != nil {
 			return err
 		}

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -13,7 +11,6 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
-	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
 )
@@ -127,29 +124,6 @@ func printShared(w io.Writer, sh *ctlabi.Shared) {
 	fmt.Fprintf(w, "  read-through\t%d lookups (%d hits, %d answered by the negative cache), %d fetched (%s, %.3fs each), %d corrupt dropped\n",
 		sh.Lookups, sh.LookupHits, sh.NegativeHits, sh.FetchedBlocks, formatBytes(sh.FetchedBytes), sh.FetchSecondsAvg, sh.CorruptDropped)
 	fmt.Fprintf(w, "  eviction\t%s; lease %s; %d evicted\n", capacity, lease, sh.EvictedBlocks)
-}
-
-// stagingFetch is how staging reads a block ahead: from the store, or with
-// the shared level, from the shared store when only it holds the block
-// (fetched, verified and kept locally first), so staging streams a chain
-// from the shared store as it does from the disk. The bytes the fetch read
-// and verified are staged as they are; the store is read again only when a
-// concurrent fetch of the block read them.
-func stagingFetch(store *disk.Store, level *shared.Level) func(block.Ref) ([]byte, error) {
-	return func(ref block.Ref) ([]byte, error) {
-		buf, err := store.ReadBlock(ref.Rel)
-		if level == nil || !errors.Is(err, syscall.ENOENT) {
-			return buf, err
-		}
-		fetched, fetchErr := level.Fetch(ref.Rel)
-		switch {
-		case fetchErr != nil:
-			return buf, err
-		case fetched != nil:
-			return fetched, nil
-		}
-		return store.ReadBlock(ref.Rel)
-	}
 }
 
 // checkSharedDisjoint refuses a --shared directory that contains or lies

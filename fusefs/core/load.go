@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -194,15 +193,13 @@ type Load struct {
 // read returns").
 func (c *Loads) Open(ctx context.Context, ref block.Ref) (*Load, error) {
 	rel := ref.Rel
-	r, err := c.cfg.Store.PinBlock(rel)
+	// Present only in the shared store (its lookup said so): fetched,
+	// verified and kept locally, then loaded from the bytes fetched.
 	var fetched []byte
-	if errors.Is(err, syscall.ENOENT) && c.cfg.Shared != nil {
-		// Present only in the shared store (its lookup said so): fetched,
-		// verified and kept locally, then loaded from the bytes fetched.
-		if fetched, err = c.cfg.Shared.Fetch(rel); err == nil {
-			r, err = c.cfg.Store.PinBlock(rel)
-		}
-	}
+	r, err := localThenShared(rel, c.cfg.Shared, func(bytes []byte) (*disk.Reader, error) {
+		fetched = bytes
+		return c.cfg.Store.PinBlock(rel)
+	})
 	if err != nil {
 		c.Counters.Refused.Add(1)
 		return nil, err

@@ -8,25 +8,27 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/batch"
 )
 
 // TestLookupCursorsBounded looks a block up from many more threads than
-// maxCursors within one prefix gap, as a flood of match requests (one
-// thread id each) does: the store remembers at most maxCursors of them.
+// batch.MaxCursors within one prefix gap, as a flood of match requests (one
+// thread id each) does: the store remembers at most batch.MaxCursors of them.
 func TestLookupCursorsBounded(t *testing.T) {
 	clock := newFakeClock()
 	s := openStore(t, Config{Now: clock.Now})
 	rel := blockRel("T", 0, hashHex(1, 64))
 	putBlock(t, s, rel, pageData(1, 1))
-	for thread := range uint32(10 * maxCursors) {
+	for thread := range uint32(10 * batch.MaxCursors) {
 		if !s.Lookup(rel, thread) {
 			t.Fatal("the block answered absent")
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.cursors) > maxCursors {
-		t.Fatalf("%d lookup cursors remembered, limit %d", len(s.cursors), maxCursors)
+	if s.lookups.Len() > batch.MaxCursors {
+		t.Fatalf("%d lookup cursors remembered, limit %d", s.lookups.Len(), batch.MaxCursors)
 	}
 }
 

@@ -92,36 +92,12 @@ func (s *Store) evictLocked(b *entry) {
 // thread that pauses, or comes back to a key it already listed, starts a new
 // prefix: the engine looks a request's keys up again from the start every step.
 func (s *Store) extendPrefixLocked(b *entry, thread uint32, now int64) {
-	st := s.cursors[thread]
-	if st == nil {
-		s.pruneCursorsLocked(now)
-		st = &lookupCursor{}
-		s.cursors[thread] = st
+	current, _ := s.lookups.Note(thread, now)
+	if *current == nil || b.prefix == *current {
+		*current = &prefix{}
 	}
-	if st.prefix == nil || now-st.lastAt > int64(prefixGap) || b.prefix == st.prefix {
-		st.prefix = &prefix{}
-	}
-	st.lastAt = now
-	st.prefix.members = append(st.prefix.members, b)
-	b.prefix = st.prefix
-}
-
-// maxCursors bounds the lookup threads remembered before idle ones are forgotten.
-const maxCursors = 1024
-
-// pruneCursorsLocked forgets threads that have not looked anything up for a
-// while and, when a flood keeps more than three quarters of maxCursors busy,
-// any of them down to that: each full table then costs one walk per
-// maxCursors/4 new threads. A forgotten thread only starts a new prefix.
-func (s *Store) pruneCursorsLocked(now int64) {
-	if len(s.cursors) < maxCursors {
-		return
-	}
-	for id, st := range s.cursors {
-		if now-st.lastAt > int64(prefixGap) || len(s.cursors) > maxCursors*3/4 {
-			delete(s.cursors, id)
-		}
-	}
+	(*current).members = append((*current).members, b)
+	b.prefix = *current
 }
 
 // replaceInPrefixLocked puts a republished block in its predecessor's prefix slot.

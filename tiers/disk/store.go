@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/tiers/batch"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 )
@@ -51,9 +52,6 @@ const DefaultTmpMaxAge = 30 * time.Second
 // namespace and its probes; the bound leaves room for far more, and keeps
 // the table a few MiB however many files the engine's uid makes.
 const DefaultMaxOtherFiles = 1 << 16
-
-// prefixGap separates two lookup batches of one thread: lookups further apart start a new prefix.
-const prefixGap = time.Second
 
 // Config configures a Store.
 type Config struct {
@@ -110,12 +108,6 @@ type entry struct {
 // takes its tail before its head.
 type prefix struct {
 	members []*entry
-}
-
-// lookupCursor remembers the prefix a thread is currently looking up.
-type lookupCursor struct {
-	prefix *prefix
-	lastAt int64
 }
 
 // tmpFile is a staging file being written through the store. Its mutex guards
@@ -195,7 +187,7 @@ type Store struct {
 	used       int64
 	rowBytes   map[string]int64
 	tierBlocks map[string]int
-	cursors    map[uint32]*lookupCursor
+	lookups    *batch.Cursors[uint32, *prefix] // each thread's current prefix
 	// totals are the index's sums, kept as blocks come and go so that Stats
 	// does not walk the index under the lock.
 	totals blockTotals
@@ -285,7 +277,7 @@ func Open(cfg Config) (*Store, error) {
 		rowBytes:    make(map[string]int64),
 		tierBlocks:  make(map[string]int),
 		totals:      blockTotals{groups: make(map[int]GroupStats)},
-		cursors:     make(map[uint32]*lookupCursor),
+		lookups:     batch.New[uint32, *prefix](0),
 		removed:     make(chan struct{}, 1),
 		stopRemoval: make(chan struct{}),
 		removalDone: make(chan struct{}),
