@@ -77,6 +77,31 @@ func TestSmallRowsStoreThroughTheDaemon(t *testing.T) {
 	}
 }
 
+// A row half zero (another node's slot) written through the daemon
+// O_DIRECT leaves its zero half a hole and loads back whole.
+func TestSmallRowHalfZeroIsAHole(t *testing.T) {
+	m := smallRowMount(t, 3)
+	row := m.region.Row(1)
+	fillRow(row, 1)
+	clear(row[rowBytes/2:])
+	want := bytes.Clone(row)
+	if _, err := m.tier.Store(m.tier.BlockPath(tierDir, 0, hashOf(1)), row); err != nil {
+		t.Fatal(err)
+	}
+	m.recordedDigest(t, 1)
+	var st unix.Stat_t
+	if err := unix.Stat(m.storeFile(1), &st); err != nil {
+		t.Fatal(err)
+	}
+	if allocated := st.Blocks * 512; allocated > rowBytes/2+16<<10 {
+		t.Fatalf("store file allocates %d bytes for a row half zero (%d bytes of data)", allocated, rowBytes/2)
+	}
+	if n := residentPages(t, m.storeFile(1)); n != 0 {
+		t.Errorf("%d pages of an O_DIRECT store are in the page cache", n)
+	}
+	m.loadsBack(t, 1, m.region.Row(2), want)
+}
+
 // A row the engine changes after its write and before the rename: the
 // daemon summed the bytes it wrote, so the block is those bytes, proven,
 // and neither kind of loader ever gets the changed row, though the region
