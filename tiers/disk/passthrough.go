@@ -54,9 +54,11 @@ const verifyRuns = 3
 const releaseWait = 2 * time.Second
 
 // DefaultPassthroughMinRow is the mount's --passthrough-min-row: rows below
-// it store faster through the daemon than passed through, whose rename must
-// read the file to find the row it came from (BENCHMARKS.md "Small rows
-// through the daemon").
+// it are written through the daemon, whose rename reads nothing, rather than
+// passed through, whose rename reads the file to find the row it came from.
+// 4 MiB keeps 8 MiB and field rows (8,601,600 B) passed through, where the
+// daemon's copy doubles its CPU per GB; BENCHMARKS.md "Small rows through
+// the daemon" has the figures.
 const DefaultPassthroughMinRow = 4 << 20
 
 // Passthrough reserves the tier's row size against the capacity and returns
