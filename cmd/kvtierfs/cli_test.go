@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
 func TestParseSize(t *testing.T) {
@@ -92,6 +94,7 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--sync-deadline"), []string{"--sync-deadline needs a value", "a duration"}},
 		{"mount", mount("--capacity", "lots"), []string{"--capacity", `"lots"`, "want a positive size"}},
 		{"mount", mount("--max-request", "2GiB"), []string{"--max-request", "2GiB", "to 1GiB"}},
+		{"mount", mount("--passthrough-min-row", "-1MiB"), []string{"--passthrough-min-row", `"-1MiB"`, "want a positive size", "or 0"}},
 		{"mount", mount("--row-bytes", "1000"), []string{"--row-bytes 1000", "a multiple of the page size"}},
 		{"mount", mount("--row-bytes", "1GiB"), []string{"--row-bytes 1GiB", "up to 268435456 bytes"}},
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
@@ -184,5 +187,22 @@ func TestWriteVersion(t *testing.T) {
 	writeVersion(&out, &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
 	if !strings.Contains(out.String(), "kvtierfs v0.4.0-3-gfeed42 commit feed42") {
 		t.Errorf("version stamped by -ldflags = %q, want it before the module's", out.String())
+	}
+}
+
+// TestPassthroughMinRowFlag: the default is the store's, 0 passes every row
+// through, a size is taken as given.
+func TestPassthroughMinRowFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int64
+	}{{nil, disk.DefaultPassthroughMinRow}, {[]string{"--passthrough-min-row", "0"}, 0}, {[]string{"--passthrough-min-row", "1MiB"}, 1 << 20}} {
+		got, err := parseMountFlags(append([]string{"/mnt/x", "--store", t.TempDir()}, c.args...))
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if got.passthroughMinRow != c.want {
+			t.Errorf("%q: %d, want %d", c.args, got.passthroughMinRow, c.want)
+		}
 	}
 }

@@ -55,6 +55,9 @@ type Config struct {
 	DropCaches bool
 	// StagingOff mounts with wave staging off (--staging-bytes 0).
 	StagingOff bool
+	// PassthroughMinRow is the mount's --passthrough-min-row; empty leaves
+	// the mount's default.
+	PassthroughMinRow string
 	// Rounds splits the blocks of the store phase into rounds that alternate
 	// the sides (mount, bare, mount, bare …), so that a drift of the disk's
 	// speed during the phase weighs on both sides alike. Load phases run in
@@ -82,6 +85,9 @@ func (c Config) mountArgs() []string {
 	args := []string{"--lookup-budget", "off"}
 	if c.StagingOff {
 		args = append(args, "--staging-bytes", "0")
+	}
+	if c.PassthroughMinRow != "" {
+		args = append(args, "--passthrough-min-row", c.PassthroughMinRow)
 	}
 	return args
 }

@@ -16,48 +16,58 @@ import (
 
 func TestMain(m *testing.M) { mounttest.Main(m) }
 
-// TestRunSmall runs the benchmark at CI size, in rounds of uneven sizes:
-// every phase reports both sides and every block loaded back through the
-// mount equals what was stored.
+// TestRunSmall runs the benchmark at CI size, in rounds of uneven sizes,
+// with every row passed through and with every row through the daemon:
+// every phase reports both sides, every block loaded back through the
+// mount equals what was stored, and only the passthrough stores' renames
+// read probe pages.
 func TestRunSmall(t *testing.T) {
-	cfg := diskbench.Config{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 48,
-		Threads: 4, LookupKeys: 96, Rounds: 5, Progress: os.Stderr}
-	res, err := diskbench.Run(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.VerifiedLoads != cfg.Blocks {
-		t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
-	}
-	// Five store and load phases, the store's open and rename at p50 and
-	// p99, then each lookup class first and repeated, and the FUSE round trip
-	// alone beside the bare directory's absent keys; besides them, the
-	// daemon's own phases of the stores, which the bare directory has not.
-	compared, daemon := 0, map[string]bool{}
-	for _, m := range res.Measurements {
-		if name, ok := strings.CutPrefix(m.Phase, "daemon "); ok {
-			if !(m.Mount > 0) || m.Direct != 0 {
-				t.Fatalf("daemon phase %q: %+v, want a duration of the mount's alone", m.Phase, m)
+	for _, path := range []struct {
+		minRow string
+		probes bool
+	}{{"0", true}, {"1TiB", false}} {
+		cfg := diskbench.Config{Binary: mounttest.Binary(), Dir: t.TempDir(), RowBytes: 64 << 10, Blocks: 48,
+			Threads: 4, LookupKeys: 96, Rounds: 5, PassthroughMinRow: path.minRow, Progress: os.Stderr}
+		res, err := diskbench.Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.VerifiedLoads != cfg.Blocks {
+			t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
+		}
+		// Five store and load phases, the store's open and rename at p50 and
+		// p99, then each lookup class first and repeated, and the FUSE round trip
+		// alone beside the bare directory's absent keys; besides them, the
+		// daemon's own phases of the stores, which the bare directory has not.
+		compared, daemon := 0, map[string]bool{}
+		for _, m := range res.Measurements {
+			if name, ok := strings.CutPrefix(m.Phase, "daemon "); ok {
+				if !(m.Mount > 0) || m.Direct != 0 {
+					t.Fatalf("daemon phase %q: %+v, want a duration of the mount's alone", m.Phase, m)
+				}
+				daemon[name] = true
+				continue
 			}
-			daemon[name] = true
-			continue
+			compared++
+			if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {
+				t.Fatalf("phase %q has an empty side: %+v", m.Phase, m)
+			}
 		}
-		compared++
-		if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {
-			t.Fatalf("phase %q has an empty side: %+v", m.Phase, m)
+		if compared != 16 {
+			t.Fatalf("%d measurements of both sides, want 16: %+v", compared, res.Measurements)
 		}
-	}
-	if compared != 16 {
-		t.Fatalf("%d measurements of both sides, want 16: %+v", compared, res.Measurements)
-	}
-	for _, name := range []string{"create p50", "create p99", "rename p50", "rename_probe_read p50", "rename_record p99"} {
-		if !daemon[name] {
-			t.Errorf("no daemon phase %q among %v", name, daemon)
+		for _, name := range []string{"create p50", "create p99", "rename p50", "rename_record p99"} {
+			if !daemon[name] {
+				t.Errorf("no daemon phase %q among %v", name, daemon)
+			}
 		}
-	}
-	left, _ := os.ReadDir(cfg.Dir)
-	if len(left) != 0 {
-		t.Fatalf("the benchmark left %d entries in its work directory", len(left))
+		if daemon["rename_probe_read p50"] != path.probes {
+			t.Errorf("--passthrough-min-row %s: probe reads timed %v, want %v", path.minRow, daemon["rename_probe_read p50"], path.probes)
+		}
+		left, _ := os.ReadDir(cfg.Dir)
+		if len(left) != 0 {
+			t.Fatalf("the benchmark left %d entries in its work directory", len(left))
+		}
 	}
 }
 

@@ -25,7 +25,8 @@ import (
 
 // passthroughMount is a mount with a region of rows the engine stores from,
 // whose tier already holds block 0 (stored through the daemon, which tells
-// the store the tier's row size).
+// the store the tier's row size). Every later row is passed through
+// (--passthrough-min-row 0), whatever its size.
 type passthroughMount struct {
 	d      *mounttest.Daemon
 	tier   *engineio.Tier
@@ -36,6 +37,7 @@ type passthroughMount struct {
 func newPassthroughMount(t *testing.T, rows int, args ...string) *passthroughMount {
 	t.Helper()
 	m := &passthroughMount{region: newRegion(t, rows), store: t.TempDir()}
+	args = append([]string{"--passthrough-min-row", "0"}, args...)
 	m.d = mounttest.Start(t, mounttest.Options{Store: m.store, ShmGlob: m.region.Path, Args: args})
 	m.tier = openTier(t, m.d)
 	storeBlock(t, m.tier, m.region.Row(0), 0)

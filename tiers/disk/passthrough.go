@@ -53,10 +53,19 @@ const verifyRuns = 3
 // tmp's passthrough descriptor after the writer closed it.
 const releaseWait = 2 * time.Second
 
+// DefaultPassthroughMinRow is the mount's --passthrough-min-row: rows below
+// it are written through the daemon, whose rename reads nothing, rather than
+// passed through, whose rename reads the file to find the row it came from.
+// 4 MiB keeps 8 MiB and field rows (8,601,600 B) passed through, where the
+// daemon's copy doubles its CPU per GB; BENCHMARKS.md "Small rows through
+// the daemon" has the figures.
+const DefaultPassthroughMinRow = 4 << 20
+
 // Passthrough reserves the tier's row size against the capacity and returns
 // the tmp's descriptor for the kernel to write to directly. ok is false
-// (the writes then reach WriteAt) when the tier's row size is not known yet,
-// no region has rows of that size, or the capacity cannot take the row.
+// (the writes then reach WriteAt) when the tier's row size is not known yet
+// or below Config.PassthroughMinRow, no region has rows of that size, or
+// the capacity cannot take the row.
 func (w *Writer) Passthrough() (fd int, ok bool) {
 	w.tmp.mu.Lock()
 	defer w.tmp.mu.Unlock()
@@ -64,7 +73,7 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()
-	if w.file == nil || t.expect == 0 || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
+	if w.file == nil || t.expect == 0 || t.expect < s.cfg.PassthroughMinRow || t.size != 0 || rows == nil || !rows.Fits(t.expect) {
 		return 0, false
 	}
 	reserving := time.Now()

@@ -402,3 +402,54 @@ func TestPendingMarkCopiedToAnotherRankIsUnproven(t *testing.T) {
 		t.Fatalf("copy indexed %v, unproven %d; want the copy under another rank's name unproven", s.Contains(copied), s.Counters().UnprovenBlocks.Load())
 	}
 }
+
+// A row below Config.PassthroughMinRow is not passed through: its writes
+// reach the daemon, which sums them as they arrive, so its rename neither
+// reads the file nor scans the region. A row of at least that size is.
+func TestPassthroughMinRow(t *testing.T) {
+	const pages = 16
+	rowBytes := int64(pages) * page64
+	for _, tc := range []struct {
+		minRow int64
+		want   bool
+	}{{0, true}, {rowBytes, true}, {rowBytes + page64, false}} {
+		s := openStore(t, Config{Capacity: 1 << 30, PassthroughMinRow: tc.minRow})
+		data := pageData(2, pages)
+		s.UseRows(rowsIn(t, [][]byte{pageData(1, pages), data}))
+		putBlock(t, s, blockRel(testTier, 0, hashHex(1, 64)), pageData(1, pages)) // the tier's row size
+		rel := blockRel(testTier, 0, hashHex(2, 64))
+		mkdirFor(t, s, rel)
+		tmp := tmpRelFor(rel, int(tmpSeq.Add(1)))
+		w, err := s.CreateTmp(tmp, engineCreateFlags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd, ok := w.Passthrough()
+		if ok != tc.want {
+			t.Fatalf("rows of %d bytes, passthrough from %d: passed through %v, want %v", rowBytes, tc.minRow, ok, tc.want)
+		}
+		if ok {
+			_, err = unix.Pwrite(fd, data, 0)
+		} else {
+			_, err = w.WriteAt(data, 0)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Publish(tmp, rel); err != nil {
+			t.Fatal(err)
+		}
+		probes := s.PhaseStats()[PhaseProbe.String()].Count
+		if fromRow := s.Counters().StoresFromRow.Load(); ok != (probes == 1 && fromRow == 1) {
+			t.Errorf("passed through %v: %d probes, %d stores from a row", ok, probes, fromRow)
+		}
+		checkRecord(t, s.Path(rel), data)
+		if got := readBlock(t, s, rel); !bytes.Equal(got, data) {
+			t.Errorf("passed through %v: the block loads other bytes", ok)
+		}
+		checkAccounting(t, s)
+	}
+}

@@ -76,6 +76,11 @@ type Config struct {
 	// MaxOtherFiles bounds the files outside the block layout that hold
 	// bytes; 0 means DefaultMaxOtherFiles.
 	MaxOtherFiles int
+	// PassthroughMinRow is the smallest row whose tmp the kernel writes
+	// without the daemon (Writer.Passthrough); smaller rows are written
+	// through the daemon, whose rename then reads nothing back. 0 lets
+	// every row pass through; the mount's default is DefaultPassthroughMinRow.
+	PassthroughMinRow int64
 }
 
 // entry is one published block in the index.

@@ -28,14 +28,15 @@ type Writer struct {
 	tmp  *tmpFile
 	file *os.File
 	// direct is set for O_DIRECT writes, which go through bounce, a
-	// page-aligned buffer mapped at the first write (FUSE hands the daemon
-	// unaligned request payloads).
+	// page-aligned buffer of the store's recycled ones taken at the first
+	// write (FUSE hands the daemon unaligned request payloads).
 	direct bool
 	bounce []byte
 }
 
-// bounceBytes is the size of an O_DIRECT writer's bounce buffer: one FUSE request.
-const bounceBytes = 1 << 20
+// bounceBytes is the size of an O_DIRECT writer's bounce buffer: one FUSE
+// request of the mount's default --max-request.
+const bounceBytes = 4 << 20
 
 // tmpOpenFlags are the caller's open flags CreateTmp honours.
 const tmpOpenFlags = syscall.O_EXCL | syscall.O_DIRECT | syscall.O_SYNC | syscall.O_DSYNC
@@ -229,11 +230,7 @@ func pwriteFull(fd int, data []byte, off int64) (int, error) {
 func (w *Writer) pwrite(data []byte, off int64) (int, error) {
 	fd := int(w.file.Fd())
 	if w.direct && w.bounce == nil {
-		bounce, err := unix.Mmap(-1, 0, bounceBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-		if err != nil {
-			return 0, err
-		}
-		w.bounce = bounce
+		w.bounce = w.s.buffers.get(bounceBytes)
 	}
 	if !w.direct || off%int64(block.PageSize) != 0 || len(data)%block.PageSize != 0 {
 		if w.direct {
@@ -337,7 +334,7 @@ func (w *Writer) Close() error {
 		err = setDirect(int(w.file.Fd()), false)
 	}
 	if w.bounce != nil {
-		unix.Munmap(w.bounce)
+		w.s.buffers.put(w.bounce)
 		w.bounce = nil
 	}
 	w.file = nil
