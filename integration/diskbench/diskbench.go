@@ -577,6 +577,11 @@ func (r *run) lookups(res *Result) error {
 	}
 	passes := []string{"first", "repeat"}
 	var took [2][2]map[string]time.Duration // by pass, then side
+	readers, err := daemon.FuseReaders(r.daemonPid)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(r.cfg.Progress, "lookups: the daemon has %d idle FUSE readers\n", readers)
 	for side, tier := range []*engineio.Tier{r.mount, r.store} {
 		if err := r.dropCaches(); err != nil {
 			return err
