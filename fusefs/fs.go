@@ -102,9 +102,18 @@ const maxBackground = 256
 // place starts another).
 const idleReaders = 2
 
-// newServer is fuse.NewServer with at most idleReaders+1 idle readers.
+// newServer is fuse.NewServer with at most idleReaders+1 idle readers. It
+// gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or the
+// runtime's default, which keeps following the CPU limit.
 func newServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(idleReaders))
+	prev := runtime.GOMAXPROCS(idleReaders)
+	defer func() {
+		if os.Getenv("GOMAXPROCS") != "" {
+			runtime.GOMAXPROCS(prev)
+		} else {
+			runtime.SetDefaultGOMAXPROCS()
+		}
+	}()
 	return fuse.NewServer(fsys, mountpoint, opts)
 }
 
