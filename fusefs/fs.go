@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,6 +90,32 @@ const DefaultMaxRequest = 4 << 20
 // maxBackground is how many background requests (the READs of O_DIRECT
 // loads) the kernel may have in flight to the daemon.
 const maxBackground = 256
+
+// idleReaders bounds the goroutines go-fuse keeps blocked in read(2) on
+// /dev/fuse between bursts (DESIGN "What the kernel cannot do"). The kernel
+// hands a request to the reader that has waited longest (fuse_dev_do_read
+// sleeps in an exclusive wait, queued at the tail), so after 16 loaders left
+// 17 idle readers, each LOOKUP of a lone lookup batch woke the thread that
+// had slept longest, on a CPU long idle. go-fuse takes the bound from
+// GOMAXPROCS at NewServer (its least is 2) and has no option for it; requests
+// in flight are not bounded by it (a reader that takes the last waiting
+// place starts another).
+const idleReaders = 2
+
+// newServer is fuse.NewServer with at most idleReaders+1 idle readers. It
+// gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or the
+// runtime's default, which keeps following the CPU limit.
+func newServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
+	prev := runtime.GOMAXPROCS(idleReaders)
+	defer func() {
+		if os.Getenv("GOMAXPROCS") != "" {
+			runtime.GOMAXPROCS(prev)
+		} else {
+			runtime.SetDefaultGOMAXPROCS()
+		}
+	}()
+	return fuse.NewServer(fsys, mountpoint, opts)
+}
 
 // pageLimitFile caps the pages of a FUSE request (256 by default: 1 MiB).
 const pageLimitFile = "/proc/sys/fs/fuse/max_pages_limit"
@@ -293,7 +320,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	server, err := fuse.NewServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions)
+	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}

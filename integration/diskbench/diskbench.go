@@ -583,6 +583,17 @@ func (r *run) lookups(res *Result) error {
 	}
 	passes := []string{"first", "repeat"}
 	var took [2][2]map[string]time.Duration // by pass, then side
+	// The most of a few looks: a reader between two requests is not in read(2).
+	readers := 0
+	for range 10 {
+		n, err := daemon.FuseReaders(r.daemonPid)
+		if err != nil {
+			return err
+		}
+		readers = max(readers, n)
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprintf(r.cfg.Progress, "lookups: the daemon has %d idle FUSE readers\n", readers)
 	for side, tier := range []*engineio.Tier{r.mount, r.store} {
 		if err := r.dropCaches(); err != nil {
 			return err

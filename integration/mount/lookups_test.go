@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
+	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
@@ -432,5 +435,48 @@ func TestLeafDirectoriesStayInTheKernel(t *testing.T) {
 	}
 	if requests["LOOKUP"] != leaves || len(requests) != 1 {
 		t.Fatalf("new absent keys in %d known leaves sent %v, want %d LOOKUPs and nothing else", leaves, requests, leaves)
+	}
+}
+
+// A burst of concurrent requests leaves few of the daemon's threads waiting
+// on /dev/fuse: the kernel hands each request to the reader that has waited
+// longest, so every reader left over would make each lookup of the engine's
+// next batch (one thread, one key after the other) wake a thread that slept
+// through the others' turns. The daemon runs with GOMAXPROCS 16, which
+// go-fuse's own bound on its idle readers follows (16 + 1 of them).
+func TestBurstsLeaveFewReaders(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{Wrapper: []string{"env", "GOMAXPROCS=16"}})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	const threads, keys = 32, 64
+	for i := range threads {
+		storeBlock(t, tier, region.Row(0), i)
+	}
+	before := d.Stats().Counters.Lookups
+	var burst errgroup.Group
+	for th := range threads {
+		burst.Go(func() error {
+			for k := range keys {
+				// Block th's leaf, another name: one LOOKUP each.
+				if p := tier.BlockPath(tierDir, 0, hashOf(th)[:5]+hashOf(-1 - th - threads*k)[5:]); tier.Exists(p) {
+					return fmt.Errorf("%s present, never stored", p)
+				}
+			}
+			return nil
+		})
+	}
+	if err := burst.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Stats().Counters.Lookups - before; got != threads*keys {
+		t.Fatalf("%d absent keys reached the daemon %d times, want once each", threads*keys, got)
+	}
+	readers, err := daemon.FuseReaders(d.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// go-fuse's least bound is 2 idle readers, and one more may be reading.
+	if readers < 1 || readers > 3 {
+		t.Fatalf("after a burst of %d threads %d daemon threads wait on /dev/fuse, want 1 to 3", threads, readers)
 	}
 }
