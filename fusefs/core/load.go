@@ -581,7 +581,10 @@ func (l *Load) findLastLocked(last int64) error {
 
 // Flush is the engine's close. It repeats a failed read's error, for engines
 // that honour close errors, and checks as a second line that every mirrored
-// row still holds the block. A load whose reads were answered for the whole
+// row still agrees with the block's samples: the row's bytes were proven
+// before the last read returned (each reply carried proven bytes, every peer
+// acknowledged the block's CRC32C), so a second pass over the row would
+// delay the engine's next load for a check the engine ignores. A load whose reads were answered for the whole
 // block without error counts as completed, once (the kernel may pass the
 // reader's close before go-fuse reports the last reply delivered).
 func (l *Load) Flush() error {
@@ -595,7 +598,7 @@ func (l *Load) Flush() error {
 		return l.err
 	}
 	for _, ref := range l.rows {
-		if !l.loads.cfg.Regions.Holds(ref, l.digest) {
+		if !l.loads.cfg.Regions.SamplesHeld(ref, l.digest) {
 			l.loads.cfg.Logger.Error("mirrored row changed before the load's close", "path", l.Path(), "row", ref.Row, "region", ref.Region)
 			l.err = fmt.Errorf("load %s: row %d changed before close: %w", l.Path(), ref.Row, syscall.EIO)
 			return l.err

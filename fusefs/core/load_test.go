@@ -776,3 +776,24 @@ func TestReadsBeforeTheEndCarryOnlyProvenChunks(t *testing.T) {
 		})
 	}
 }
+
+// TestFlushFailsWhenTheMirroredRowChanged changes the head's row at one of
+// the block's samples between the last read and the close: the close fails
+// with EIO and the load is not counted as completed.
+func TestFlushFailsWhenTheMirroredRowChanged(t *testing.T) {
+	f := newFixture(t)
+	rel, _ := f.put(t, 1)
+	loads, l := f.open(t, Config{Mirror: f.mirror(nil)}, rel)
+	row := f.region.Row(2)
+	if err := engineRead(context.Background(), l, row, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	s := l.digest.Samples[len(l.digest.Samples)-1]
+	row[s.Off] ^= 0xff
+	if err := l.Flush(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("close after the row changed: %v, want EIO", err)
+	}
+	if got := loads.Counters.Completed.Load(); got != 0 {
+		t.Fatalf("%d loads completed, want 0", got)
+	}
+}
