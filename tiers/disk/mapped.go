@@ -70,6 +70,7 @@ func (r *Reader) Map() (m *Mapped, ok bool) {
 		return nil, false
 	}
 	f := os.NewFile(uintptr(dup), r.file.Name())
+	s.watchLeaseBreaks()
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
 		f.Close()
 		return nil, false
@@ -88,7 +89,6 @@ func (r *Reader) Map() (m *Mapped, ok bool) {
 		f.Close()
 		return nil, false
 	}
-	s.watchLeaseBreaks()
 	return &Mapped{s: s, b: r.b, file: f, data: data, refs: 1}, true
 }
 
