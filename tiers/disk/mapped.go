@@ -177,7 +177,9 @@ func (r *Reader) VerifyMapped(m *Mapped, proven func(prefix int)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m.proven = true
-	if b := m.b; b.present && s.blocks[b.rel] == b && b.mapped == nil {
+	// Asked under the lock: a break that begins after this signals the
+	// watcher, which then finds the mapping kept.
+	if b := m.b; b.present && s.blocks[b.rel] == b && b.mapped == nil && m.Held() {
 		b.mapped = m
 		m.cached = s.mapped.PushFront(m)
 		s.trimMappedLocked()
@@ -207,6 +209,11 @@ func (m *Mapped) Release() {
 	m.refs--
 	unused := m.refs == 0 && m.cached == nil
 	if m.refs == 0 && m.cached != nil {
+		// One whose lease broke while it was served (uncacheLocked
+		// closes it) and any past the bound.
+		if !m.Held() {
+			s.uncacheLocked(m)
+		}
 		s.trimMappedLocked()
 	}
 	s.mu.Unlock()
