@@ -250,3 +250,24 @@ func TestSparseBlockInMemoryIsCopied(t *testing.T) {
 		t.Fatalf("the load changed the file's allocation from %d to %d bytes", before, after)
 	}
 }
+
+// TestMirroredLoadFromAStoreInMemoryIsCopied loads a block of a tmpfs store
+// on a multi-node group twice: the mirror and the row's search read the
+// block's bytes in the daemon, which a mapping cut short under them would
+// crash, so neither serves it in place and both reach the peers.
+func TestMirroredLoadFromAStoreInMemoryIsCopied(t *testing.T) {
+	f := newMemoryFixture(t)
+	rel, data := f.put(t, 1)
+	m := f.mirror(nil)
+	for i := range 2 {
+		loads, l := f.open(t, Config{Mirror: m}, rel)
+		if err := engineRead(context.Background(), l, f.region.Row(1), 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		err := l.Flush()
+		if err != nil || !bytes.Equal(f.region.Row(1), data) || loads.Counters.InPlace.Load() != 0 || len(m.rows) != i+1 {
+			t.Fatalf("mirrored load %d: %v, bytes equal %v, in place %d, rows mirrored %d; want nil, true, 0, %d",
+				i, err, bytes.Equal(f.region.Row(1), data), loads.Counters.InPlace.Load(), len(m.rows), i+1)
+		}
+	}
+}

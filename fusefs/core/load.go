@@ -261,7 +261,10 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		c.cfg.Store.RecycleBlock(fetched)
 		fetched = nil
 	}
-	if fetched == nil {
+	// A mirrored load reads its bytes itself (the mirror, the row's
+	// search), which a mapping cut short under it would crash: it copies.
+	inPlace := !c.mirrors()
+	if fetched == nil && inPlace {
 		// A block a load mapped and proved before, under a lease held
 		// since: no copy and no check.
 		if m, ok := r.Mapped(); ok {
@@ -307,15 +310,15 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		l.landed, l.proven = d.Size, true
 		return
 	}
-	l.Source = FromStore
-	if m, ok := r.Map(); ok {
-		// A store in memory: its pages are served under the lease, with no
-		// copy into a buffer of ours.
-		c.cfg.Store.RecycleBlock(buf)
-		l.buf, l.mapped = m.Bytes(), m
-		c.Counters.InPlace.Add(1)
-	} else {
-		l.buf = buf
+	l.buf, l.Source = buf, FromStore
+	if inPlace {
+		if m, ok := r.Map(); ok {
+			// A store in memory: its pages are served under the lease,
+			// with no copy into a buffer of ours.
+			c.cfg.Store.RecycleBlock(buf)
+			l.buf, l.mapped = m.Bytes(), m
+			c.Counters.InPlace.Add(1)
+		}
 	}
 	if c.mirrors() {
 		l.scanned = make(chan struct{})
