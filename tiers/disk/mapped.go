@@ -84,7 +84,7 @@ func (r *Reader) Map() (m *Mapped, ok bool) {
 		f.Close()
 		return nil, false
 	}
-	data, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	data, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
 		return nil, false
