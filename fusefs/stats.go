@@ -35,6 +35,8 @@ func (f *FS) Stats() ctlabi.Stats {
 			LoadsFromStore:   f.loads.Counters.FromStore.Load(),
 			LoadsFromStaging: f.loads.Counters.FromStaging.Load(),
 			LoadsFromRow:     f.loads.Counters.FromRow.Load(),
+			LoadsInPlace:     f.loads.Counters.InPlace.Load(),
+			LoadsRemapped:    f.loads.Counters.Remapped.Load(),
 			LoadsRefused:     f.loads.Counters.Refused.Load(),
 			LoadsUnmirrored:  f.loads.Counters.MirrorFailures.Load(),
 			UnprovenBlocks:   c.UnprovenBlocks.Load(),

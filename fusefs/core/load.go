@@ -105,6 +105,10 @@ type Counters struct {
 	// Refused counts loads refused: opens that failed (vanished block, no
 	// room) and blocks whose bytes failed verification (corrupt).
 	Refused atomic.Int64
+	// InPlace counts loads served from the block file's pages in a store in
+	// memory (disk.Mapped), with no copy; Remapped those of them that found
+	// the block mapped and proven by an earlier load.
+	InPlace, Remapped atomic.Int64
 }
 
 // Loads opens and serves block loads. The read that completes a load returns
@@ -146,6 +150,9 @@ type Load struct {
 	r      *disk.Reader
 	digest block.Digest
 	buf    []byte
+	// mapped is the mapped store file buf is, for a block served in place;
+	// nil when buf is a copy.
+	mapped *disk.Mapped
 	// Source is where the bytes came from.
 	Source Source
 	// before lists the rows that held the block when it was opened, which a
@@ -251,6 +258,21 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		c.cfg.Store.RecycleBlock(fetched)
 		fetched = nil
 	}
+	// A mirrored load reads its bytes itself (the mirror, the row's
+	// search), which a mapping cut short under it would crash: it copies.
+	inPlace := !c.mirrors()
+	if fetched == nil && inPlace {
+		// A block a load mapped and proved before, under a lease held
+		// since: no copy and no check.
+		if m, ok := r.Mapped(); ok {
+			l.buf, l.mapped, l.Source = m.Bytes(), m, FromStore
+			l.landed, l.proven = d.Size, true
+			c.Counters.InPlace.Add(1)
+			c.Counters.Remapped.Add(1)
+			c.Counters.FromStore.Add(1)
+			return
+		}
+	}
 	buf := fetched
 	if fetched == nil {
 		// A row that still holds the block comes first, once the file was
@@ -286,6 +308,15 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 		return
 	}
 	l.buf, l.Source = buf, FromStore
+	if inPlace {
+		if m, ok := r.Map(); ok {
+			// A store in memory: its pages are served under the lease,
+			// with no copy into a buffer of ours.
+			c.cfg.Store.RecycleBlock(buf)
+			l.buf, l.mapped = m.Bytes(), m
+			c.Counters.InPlace.Add(1)
+		}
+	}
 	if c.mirrors() {
 		l.scanned = make(chan struct{})
 		l.background.Go(l.scanLanded)
@@ -332,13 +363,19 @@ func (l *Load) readStore() {
 	if c.cfg.Stager != nil {
 		defer c.cfg.Stager.StoreLoadDone()
 	}
-	err := c.readInto(l.r, l.buf, func(prefix int) {
+	landed := func(prefix int) {
 		// The first prefix bytes matched their chunk CRCs.
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.landed = int64(prefix)
 		l.changedLocked()
-	})
+	}
+	var err error
+	if l.mapped != nil {
+		err = l.r.VerifyMapped(l.mapped, landed)
+	} else {
+		err = c.readInto(l.r, l.buf, landed)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -404,8 +441,26 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
+	if err := l.stillInPlaceLocked(); err != nil {
+		return nil, err
+	}
 	l.served.add(off, end)
 	return l.buf[off:end], nil
+}
+
+// stillInPlaceLocked fails a load served in place once someone opened its
+// store file for writing (or truncated it): its bytes may no longer be those
+// proven. Asked before a reply leaves and again once it was written, it
+// tells every reply whose bytes could have changed (the writer waits in the
+// kernel for the lease, lease-break-time after the break began).
+func (l *Load) stillInPlaceLocked() error {
+	if l.mapped == nil || l.err != nil || l.mapped.Held() {
+		return l.err
+	}
+	l.loads.Counters.Refused.Add(1)
+	l.loads.cfg.Logger.Error("load failed: its store file was opened for writing while it was served", "path", l.Path())
+	l.failLocked(fmt.Errorf("load %s: the store file was opened for writing while it was served: %w", l.Path(), syscall.EIO))
+	return l.err
 }
 
 // waitLanded waits until the block's first end bytes are in buf and proven
@@ -443,6 +498,10 @@ func (l *Load) Delivered(off, end int64) {
 	defer l.mu.Unlock()
 	l.delivered.add(off, end)
 	l.changedLocked()
+	if !l.flushed {
+		// Past the close the engine has its answer; the check is for it.
+		l.stillInPlaceLocked()
+	}
 	if l.found == nil && l.err == nil && l.loads.mirrors() {
 		l.findRowLocked(l.delivered.prefix(), false)
 	}
@@ -594,8 +653,8 @@ func (l *Load) Flush() error {
 		return l.err
 	}
 	l.flushed = true
-	if l.err != nil {
-		return l.err
+	if err := l.stillInPlaceLocked(); err != nil {
+		return err
 	}
 	for _, ref := range l.rows {
 		if !l.loads.cfg.Regions.SamplesHeld(ref, l.digest) {
@@ -617,7 +676,16 @@ func (l *Load) Flush() error {
 // answered).
 func (l *Load) Release() error {
 	l.background.Wait()
-	l.loads.cfg.Store.RecycleBlock(l.buf)
+	if l.mapped != nil {
+		// go-fuse may report a reply delivered after the kernel's RELEASE:
+		// nothing asks the lease once the mapping is released.
+		l.mu.Lock()
+		l.mapped.Release()
+		l.mapped = nil
+		l.mu.Unlock()
+	} else {
+		l.loads.cfg.Store.RecycleBlock(l.buf)
+	}
 	l.loads.budget.Release(int64(len(l.buf)))
 	l.buf = nil
 	return l.r.Close()

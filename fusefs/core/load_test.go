@@ -31,7 +31,13 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	store, err := disk.Open(disk.Config{Dir: t.TempDir()})
+	return newFixtureIn(t, t.TempDir())
+}
+
+// newFixtureIn is a fixture whose store is the directory dir.
+func newFixtureIn(t *testing.T, dir string) *fixture {
+	t.Helper()
+	store, err := disk.Open(disk.Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

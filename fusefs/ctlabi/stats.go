@@ -139,8 +139,14 @@ type Counters struct {
 	LoadsFromStore   int64 `json:"loads_from_store"`
 	LoadsFromStaging int64 `json:"loads_from_staging"`
 	LoadsFromRow     int64 `json:"loads_from_row"`
-	LoadsRefused     int64 `json:"loads_refused"`
-	LoadsUnmirrored  int64 `json:"loads_unmirrored"`
+	// LoadsInPlace counts the loads from the store served from its mapped
+	// file under a read lease (a store in memory), with no copy;
+	// LoadsRemapped those of them that found the block mapped and proven by
+	// an earlier load, so neither mapped nor checked it again.
+	LoadsInPlace    int64 `json:"loads_in_place"`
+	LoadsRemapped   int64 `json:"loads_remapped"`
+	LoadsRefused    int64 `json:"loads_refused"`
+	LoadsUnmirrored int64 `json:"loads_unmirrored"`
 	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`

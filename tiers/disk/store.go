@@ -107,6 +107,8 @@ type entry struct {
 	// proof is set for a block published through the mount: loads wait for
 	// it (publish.go). Set at creation, never changed.
 	proof *proof
+	// mapped is the block's proven mapping kept between loads (mapped.go).
+	mapped *Mapped
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
@@ -201,6 +203,11 @@ type Store struct {
 	othersUntracked int
 
 	buffers blockBuffers
+	// mapped are the proven mappings of blocks kept between loads, most
+	// recently used first (mapped.go), under mu; at most maxMapped.
+	mapped     *list.List
+	maxMapped  int
+	leaseWatch sync.Once
 	// lastSweep is when CreateTmp last looked for expired tmp files (store clock).
 	lastSweep atomic.Int64
 
@@ -276,6 +283,8 @@ func Open(cfg Config) (*Store, error) {
 		rootFD:      int(lock.Fd()),
 		blocks:      make(map[string]*entry),
 		lru:         list.New(),
+		mapped:      list.New(),
+		maxMapped:   maxMappedBlocks,
 		tmps:        make(map[string]*tmpFile),
 		creating:    make(map[string]bool),
 		others:      make(map[fileID]int64),
@@ -326,6 +335,7 @@ func (s *Store) Path(rel string) string { return filepath.Join(s.root, rel) }
 func (s *Store) Close() error {
 	close(s.stopRemoval)
 	<-s.removalDone
+	s.closeMapped()
 	return s.lockFile.Close()
 }
 
@@ -621,6 +631,9 @@ func (s *Store) dropLocked(b *entry) {
 		return
 	}
 	b.present = false
+	if b.mapped != nil {
+		s.uncacheLocked(b.mapped)
+	}
 	s.lru.Remove(b.lru)
 	delete(s.blocks, b.rel)
 	s.used -= b.physical

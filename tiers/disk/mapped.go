@@ -1,0 +1,311 @@
+package disk
+
+import (
+	"container/list"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// Mapped is a block of a store kept in memory (tmpfs, ramfs) mapped
+// read-only under a read lease, so that loads serve the store's own pages
+// with no copy into a daemon buffer. The engine's uid owns the store tree and
+// could write the file after it was checked; the lease is granted only while
+// nobody has the file open for writing, and any later open for writing or
+// truncate(2) of it then waits in the kernel until the lease is given back
+// or lease-break-time (45 s by default) passed. Held tells whether that wait
+// has begun, so a load asks it around every reply.
+//
+// A proven mapping is kept after its load (up to maxMappedBlocks, least
+// recently used dropped first), so later loads of the block neither map it
+// again nor check it again: its bytes cannot have changed since they matched
+// the digest while the lease has been held. It is dropped when the block
+// leaves the index (evicted, replaced, removed) and when its lease breaks:
+// the kernel signals the break (SIGIO) and the store gives the lease back at
+// once unless a load still serves the mapping, which then fails its next
+// read (DESIGN.md "Passes over a loaded byte").
+type Mapped struct {
+	s *Store
+	b *entry
+	// file is the daemon's own descriptor of the block file (a duplicate
+	// of the pinning Reader's): the lease belongs to it.
+	file *os.File
+	data []byte
+
+	// Under s.mu: refs counts the loads serving the mapping; proven is set
+	// once it matched the digest; cached is its element of s.mapped while
+	// it is kept between loads.
+	refs   int
+	proven bool
+	cached *list.Element
+}
+
+// maxMappedBlocks bounds the mappings kept between loads: each holds a
+// descriptor and a lease (the pages are the store's own, counted there).
+const maxMappedBlocks = 4096
+
+// Map returns the block mapped for a load to serve in place: the kept
+// mapping, already proven, or a new one to check with VerifyMapped. ok is
+// false where the load copies the block instead (ReadInto): a store on a
+// disk, a writer holding the file open, a file of another size or with holes.
+// Release the mapping before closing the Reader.
+func (r *Reader) Map() (m *Mapped, ok bool) {
+	if m, ok := r.Mapped(); ok {
+		return m, true
+	}
+	s := r.s
+	size := int(r.b.size)
+	if !s.inMemory || size == 0 {
+		return nil, false
+	}
+	dup, err := unix.FcntlInt(r.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, false
+	}
+	f := os.NewFile(uintptr(dup), r.file.Name())
+	s.watchLeaseBreaks()
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		f.Close()
+		return nil, false
+	}
+	// Sized under the lease: a file of another size goes to ReadInto,
+	// which drops it as corrupt. A sparse file (the zero pages of a row
+	// left as holes) is copied too: a fault of a shared mapping on tmpfs
+	// allocates its holes, which would grow the store past its accounting.
+	n, physical, err := fileSize(f)
+	if err != nil || n != int64(size) || physical < int64(roundUpToPage(size)) {
+		f.Close()
+		return nil, false
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, false
+	}
+	return &Mapped{s: s, b: r.b, file: f, data: data, refs: 1}, true
+}
+
+// Mapped returns the block's kept mapping, proven, if it has one whose lease
+// still holds.
+func (r *Reader) Mapped() (*Mapped, bool) {
+	s := r.s
+	s.mu.Lock()
+	m := r.b.mapped
+	if m != nil {
+		m.refs++
+		s.mapped.MoveToFront(m.cached)
+	}
+	s.mu.Unlock()
+	if m == nil {
+		return nil, false
+	}
+	if !m.Held() {
+		s.mu.Lock()
+		s.uncacheLocked(m)
+		s.mu.Unlock()
+		m.Release()
+		return nil, false
+	}
+	return m, true
+}
+
+// Bytes are the mapped block: serve a range only while Held.
+func (m *Mapped) Bytes() []byte { return m.data }
+
+// Proven reports whether the mapping matched the block's digest under its
+// lease (a kept mapping, or one VerifyMapped passed).
+func (m *Mapped) Proven() bool {
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	return m.proven
+}
+
+// Held reports whether the read lease is still held with no break begun: no
+// one has since opened the file for writing or truncated it, so the mapped
+// bytes are still those that were proven, and stay so for at least
+// lease-break-time after the first false.
+func (m *Mapped) Held() bool {
+	lease, err := unix.FcntlInt(m.file.Fd(), unix.F_GETLEASE, 0)
+	return err == nil && lease == unix.F_RDLCK
+}
+
+// VerifyMapped checks a new mapping of the pinned block against its digest,
+// chunk by chunk (up to maxChunksInFlight at once), calling proven as
+// ReadInto does, and keeps it for later loads once it matched. A mismatch
+// removes the block and returns EIO.
+func (r *Reader) VerifyMapped(m *Mapped, proven func(prefix int)) error {
+	s, d := r.s, r.Digest()
+	size := len(m.data)
+	n := block.ChunkCount(int64(size))
+	in := &inFlight{size: size, crcs: make([]uint32, n), done: make([]bool, n)}
+	if len(d.Chunks) == n {
+		in.want, in.proven = d.Chunks, proven
+	}
+	workers := min(n, maxChunksInFlight)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for c := w; c < n && errs[w] == nil; c += workers {
+				var crc uint32
+				if crc, errs[w] = sumMapped(m.data[c*ReadChunk : min((c+1)*ReadChunk, size)]); errs[w] == nil {
+					errs[w] = in.land(c, crc)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return s.corrupt(r.b, "%v", err)
+		}
+	}
+	if in.crc != d.CRC {
+		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
+	}
+	r.checked()
+	if in.want == nil && n <= block.MaxChunks {
+		r.addChunks(d, in.crcs)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m.proven = true
+	// Asked under the lock: a break that begins after this signals the
+	// watcher, which then finds the mapping kept.
+	if b := m.b; b.present && s.blocks[b.rel] == b && b.mapped == nil && m.Held() {
+		b.mapped = m
+		m.cached = s.mapped.PushFront(m)
+		s.trimMappedLocked()
+	}
+	return nil
+}
+
+// sumMapped is the CRC32C of part of a mapped file; a file cut short under
+// the mapping (possible only once a lease break outlasted lease-break-time)
+// is an error, not a crash.
+func sumMapped(b []byte) (crc uint32, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("file cut short while being checked: %v: %w", r, syscall.EIO)
+		}
+	}()
+	return block.CRC32C(b), nil
+}
+
+// Release ends a load's use of the mapping. One no longer kept (never
+// proven, its block gone, its lease broken, or past the bound) is unmapped
+// and its lease given back once no load serves it.
+func (m *Mapped) Release() {
+	s := m.s
+	s.mu.Lock()
+	m.refs--
+	unused := m.refs == 0 && m.cached == nil
+	if m.refs == 0 && m.cached != nil {
+		// One whose lease broke while it was served (uncacheLocked
+		// closes it) and any past the bound.
+		if !m.Held() {
+			s.uncacheLocked(m)
+		}
+		s.trimMappedLocked()
+	}
+	s.mu.Unlock()
+	if unused {
+		m.close()
+	}
+}
+
+// uncacheLocked stops keeping m between loads; it is closed by the last
+// Release, or now in the background if no load serves it.
+func (s *Store) uncacheLocked(m *Mapped) {
+	if m.cached == nil {
+		return
+	}
+	s.mapped.Remove(m.cached)
+	m.cached = nil
+	m.b.mapped = nil
+	if m.refs == 0 {
+		go m.close()
+	}
+}
+
+// trimMappedLocked drops the least recently used unserved mappings beyond
+// maxMappedBlocks.
+func (s *Store) trimMappedLocked() {
+	for e := s.mapped.Back(); e != nil && s.mapped.Len() > s.maxMapped; {
+		m, prev := e.Value.(*Mapped), e.Prev()
+		if m.refs == 0 {
+			s.uncacheLocked(m)
+		}
+		e = prev
+	}
+}
+
+// close unmaps the block and gives the lease back, letting a writer waiting
+// for it go on.
+func (m *Mapped) close() {
+	unix.Munmap(m.data)
+	m.data = nil
+	unix.FcntlInt(m.file.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+	m.file.Close()
+}
+
+// watchLeaseBreaks starts, once, the goroutine that drops kept mappings
+// whose lease the kernel is breaking: it signals the lease's owner (SIGIO)
+// when someone opens a leased file for writing.
+func (s *Store) watchLeaseBreaks() {
+	s.leaseWatch.Do(func() {
+		breaks := make(chan os.Signal, 1)
+		signal.Notify(breaks, unix.SIGIO)
+		go func() {
+			defer signal.Stop(breaks)
+			for {
+				select {
+				case <-s.stopRemoval:
+					return
+				case <-breaks:
+				}
+				s.dropBrokenLeases()
+			}
+		}()
+	})
+}
+
+// dropBrokenLeases stops keeping the mappings whose lease is being broken.
+func (s *Store) dropBrokenLeases() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for e := s.mapped.Front(); e != nil; {
+		m, next := e.Value.(*Mapped), e.Next()
+		if !m.Held() {
+			s.uncacheLocked(m)
+		}
+		e = next
+	}
+}
+
+// closeMapped unmaps every kept mapping no load serves, at Close.
+func (s *Store) closeMapped() {
+	s.mu.Lock()
+	var unused []*Mapped
+	for e := s.mapped.Front(); e != nil; e = e.Next() {
+		if m := e.Value.(*Mapped); m.refs == 0 {
+			unused = append(unused, m)
+		}
+	}
+	for _, m := range unused {
+		s.mapped.Remove(m.cached)
+		m.cached, m.b.mapped = nil, nil
+	}
+	s.mu.Unlock()
+	for _, m := range unused {
+		m.close()
+	}
+}
