@@ -367,7 +367,7 @@ func (d slowDir) ReadBlock(rel string, size int64, chunk func([]byte)) ([]byte, 
 // --shared-timeout in all and succeeds; one that stalls for the bound fails
 // as a miss and counts a timeout.
 func TestFetchBoundIsProgress(t *testing.T) {
-	root := t.TempDir()
+	root := tempDirOutlivingAbandonedCalls(t)
 	size := 5*fetchChunk + block.PageSize
 	// The writer's calls get time to spare: under qemu-user writing 20 MiB
 	// behind takes longer than the helpers' 200 ms bound.
@@ -401,4 +401,26 @@ func TestFetchBoundIsProgress(t *testing.T) {
 	if _, ok := stuckLocal.get(blockRel(1)); ok || stuck.Stats().Timeouts == 0 {
 		t.Fatal("a stalled fetch was imported or counted no timeout")
 	}
+}
+
+// tempDirOutlivingAbandonedCalls is a t.TempDir for a test whose levels
+// abandon calls at their bound: Close does not wait for such a call (it may
+// never return), so one that returns after the test may still write or
+// remove a file while the directory is removed. Its removal is retried
+// until it holds, for up to 10 s.
+func tempDirOutlivingAbandonedCalls(t *testing.T) string {
+	root, err := os.MkdirTemp("", "kvtierfs-shared-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 1000 {
+			if err = os.RemoveAll(root); err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Errorf("removing %s: %v", root, err)
+	})
+	return root
 }
