@@ -319,8 +319,11 @@ const maxRaces = 8
 // within the mount: the engine's uid owns the store tree and can swap a tier
 // for a link, and the helper, root like the daemon, would otherwise look up
 // every prefix name beneath the link's target, anywhere. It reports whether
-// the name was looked up, found or absent. Without openat2 (ENOSYS) nothing
-// is: the engine's lookups then reach the daemon, as without priming.
+// the name was looked up, found or absent. Without openat2 (ENOSYS: kernels
+// before 5.6, qemu-user) the name is walked one component at a time, each
+// opened O_PATH|O_NOFOLLOW from the last (directories O_DIRECTORY), so no
+// link is followed either; only the check against crossing a mount is lost,
+// and only root can mount beneath the mount.
 func lookUpName(dir int, name string) bool {
 	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV}
@@ -328,10 +331,45 @@ func lookUpName(dir int, name string) bool {
 	for races := 0; (err == unix.EINTR || err == unix.EAGAIN) && races < maxRaces; races++ {
 		fd, err = unix.Openat2(dir, name, &how) // a signal, or a rename elsewhere in the tree
 	}
+	if err == unix.ENOSYS {
+		return walkName(dir, name)
+	}
 	if err == nil {
 		unix.Close(fd)
 	}
 	return err == nil || err == unix.ENOENT || err == unix.ENOTDIR
+}
+
+// walkName is lookUpName where openat2 is missing.
+func walkName(dir int, name string) bool {
+	parts := strings.Split(name, "/")
+	at := dir
+	defer func() {
+		if at != dir {
+			unix.Close(at)
+		}
+	}()
+	for i, part := range parts {
+		if part == "" || part == "." || part == ".." {
+			return false
+		}
+		flags := unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		if i < len(parts)-1 {
+			flags |= unix.O_DIRECTORY
+		}
+		fd, err := unix.Openat(at, part, flags, 0)
+		for races := 0; err == unix.EINTR && races < maxRaces; races++ {
+			fd, err = unix.Openat(at, part, flags, 0)
+		}
+		if err != nil {
+			return err == unix.ENOENT || (err == unix.ENOTDIR && i == len(parts)-1)
+		}
+		if at != dir {
+			unix.Close(at)
+		}
+		at = fd
+	}
+	return true
 }
 
 // lookUp hands a batch to the workers and counts the names they looked up

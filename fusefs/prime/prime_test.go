@@ -181,5 +181,8 @@ func TestLookUpGoesThroughNoLink(t *testing.T) {
 		if got := lookUpName(root, name); got != want {
 			t.Errorf("lookUpName(%q) = %v, want %v", name, got, want)
 		}
+		if got := walkName(root, name); got != want { // the walk where openat2 is missing
+			t.Errorf("walkName(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
