@@ -167,12 +167,8 @@ func (r *Reader) VerifyMapped(m *Mapped, proven func(prefix int)) error {
 			return s.corrupt(r.b, "%v", err)
 		}
 	}
-	if in.crc != d.CRC {
-		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
-	}
-	r.checked()
-	if in.want == nil && n <= block.MaxChunks {
-		r.addChunks(d, in.crcs)
+	if err := s.wholeChecked(r, d, in, n); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -285,6 +285,13 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 			return s.corrupt(r.b, "%v", err)
 		}
 	}
+	return s.wholeChecked(r, d, in, n)
+}
+
+// wholeChecked ends a check that summed every chunk of the block: the
+// chunks' CRC32C must combine to the digest's, the block then counts as
+// checked, and an older record without chunk CRCs gets them.
+func (s *Store) wholeChecked(r *Reader, d block.Digest, in *inFlight, n int) error {
 	if in.crc != d.CRC {
 		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
 	}
