@@ -218,15 +218,14 @@ func (f *FS) match(request []byte, thread uint32) []byte {
 	if err != nil {
 		return ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, err)
 	}
-	serving := f.sync == nil || f.sync.ServeLoads()
+	serving := f.tier.ServesLoads()
 	if f.budget != nil {
 		// An engine that matches here loads its hit in waves.
 		f.budget.Exempt(req.Tier)
 	}
 	res, err := match.Hit(req, func(group int, key string) bool {
 		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
-		present, inShared, _ := f.lookupBlock(ref, thread, false)
-		return (present || inShared) && serving
+		return f.tier.Probe(ref, thread) && serving
 	})
 	f.matches.Add(1)
 	return append(ctlabi.EncodeMatchResult(res, err), '\n')

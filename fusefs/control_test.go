@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // TestControlFilesAnswerOnlyTheEngine opens and writes the control files as
@@ -26,7 +27,7 @@ func TestControlFilesAnswerOnlyTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	f := &FS{store: store, logger: slog.New(slog.DiscardHandler)}
+	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), logger: slog.New(slog.DiscardHandler)}
 	engine := store.Owner().UID
 	as := func(uid int) context.Context {
 		return fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uint32(uid)}})
@@ -67,7 +68,7 @@ func TestMatchBufferedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	f := &FS{store: store, logger: slog.New(slog.DiscardHandler)}
+	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), logger: slog.New(slog.DiscardHandler)}
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uint32(store.Owner().UID)}})
 	request := make([]byte, ctlabi.MaxRequestBytes)
 	var handles []*matchHandle

@@ -36,6 +36,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // Default kernel cache lifetimes: files other than blocks are answered by
@@ -216,10 +217,10 @@ type FS struct {
 	tiersPrimed atomic.Int64
 	primings    atomic.Int32
 
+	// tier tells a block's events and answers its lookups.
+	tier *tier.Tier
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
-	// lookupsWithheld counts present blocks answered absent while a peer was unhealthy.
-	lookupsWithheld atomic.Int64
 	// matches counts batched match requests; matchThreads numbers them:
 	// a match's lookups are one thread's, whose id has bit 31 set, apart
 	// from the kernel's thread ids (callerThread).
@@ -289,6 +290,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	loopRoot.RootNode = f.root
 	f.index = newLookupIndex(opts.Store, loopRoot)
 	f.index.scan("")
+	f.tier = tier.New(f.tierConfig(opts))
+	f.tier.Listen(f.indexEvent)
+	f.tier.Listen(f.kernelEvent)
 
 	if opts.MaxRequest == 0 {
 		opts.MaxRequest = DefaultMaxRequest
@@ -337,7 +341,6 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if f.connection, err = connectionOf(mountpoint); err != nil {
 		f.logger.Warn("the mount's FUSE connection cannot be aborted at shutdown", "err", err)
 	}
-	opts.Store.Listen(f.storeEvent)
 	if f.regions != nil {
 		f.refreshBudget()
 		go f.watchRegions()
@@ -345,9 +348,29 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	return f, nil
 }
 
-// budgetKey is a block's name as the lookup budget knows it.
-func budgetKey(n block.Name) lookupbudget.Key {
-	return lookupbudget.Key{Tier: n.Tier, Group: n.Group, Hash: n.Hash}
+// tierConfig is the mount's tier: its store and everyone who follows the
+// store's blocks (tiers/tier.New).
+func (f *FS) tierConfig(opts Options) tier.Config {
+	cfg := tier.Config{Store: opts.Store, Diagnostics: f.diagnostics}
+	if opts.Shared != nil {
+		cfg.Shared = opts.Shared
+	}
+	if opts.Stager != nil {
+		cfg.Stager = opts.Stager
+	}
+	if opts.LookupBudget != nil {
+		cfg.Budget = opts.LookupBudget
+		if opts.Regions != nil {
+			cfg.SizeBudget = f.refreshBudget
+		}
+	}
+	if opts.KVEvents != nil {
+		cfg.KVEvents = opts.KVEvents
+	}
+	if opts.Sync != nil {
+		cfg.Gate = opts.Sync
+	}
+	return cfg
 }
 
 // refreshBudget tells the lookup budget the primary region's rows and the
@@ -442,14 +465,6 @@ func (f *FS) addControl(ctx context.Context) {
 	f.control = dir
 }
 
-// noteLookup tells staging and the diagnostics about a block lookup.
-func (f *FS) noteLookup(ref block.Ref, thread uint32, present bool) {
-	if f.stager != nil {
-		f.stager.NoteLookup(ref, thread, present)
-	}
-	f.diagnostics.LookedUp(ref, present)
-}
-
 // absentTimeout is how long the kernel may answer the layout name rel absent
 // without asking the daemon. Such names appear only through the mount, whose
 // MKDIR and RENAME replies update the kernel's cache itself, unless a shared
@@ -460,14 +475,6 @@ func (f *FS) absentTimeout(rel string) time.Duration {
 		return f.negativeTimeout
 	}
 	return f.layoutNegativeTimeout
-}
-
-// imported keeps the lookup index right after the store imported a block
-// from the shared level, whose directories it made without the mount.
-func (f *FS) imported(rel string) {
-	group := path.Dir(rel)
-	f.index.changed(path.Dir(group))
-	f.index.changed(group)
 }
 
 // namespaceChanged keeps the lookup index right after the mount created or
@@ -496,50 +503,31 @@ func (f *FS) noteMissedDir(ctx context.Context, rel string) {
 	}
 }
 
-// noteStore tells staging and the diagnostics about a published block.
-func (f *FS) noteStore(ref block.Ref) {
-	if f.stager != nil {
-		f.stager.NoteStore(ref)
-	}
-	if f.budget != nil {
-		f.budget.NoteStore(budgetKey(ref.Name))
-		if f.budget.Rows() == 0 && f.regions != nil {
-			// The first block gives the rows their size.
-			f.refreshBudget()
-		}
-	}
-	if size, ok := f.store.Size(ref.Rel); ok {
-		f.diagnostics.Stored(ref, size)
-	}
-}
-
-// invalidate drops any staged copy of a block that is replaced or removed.
-func (f *FS) invalidate(ref block.Ref) {
-	if f.stager != nil {
-		f.stager.Invalidate(ref)
-	}
-}
-
-// storeEvent follows the store's block events (disk.Store.Listen): a block
-// the store removed by itself is forgotten, an imported one indexed.
-func (f *FS) storeEvent(e disk.Event) {
+// indexEvent keeps the lookup index right as blocks come and go (a
+// tier.Listener): a block leaving or evicted is forgotten, a published one
+// indexed, and the directories of an imported one, which the store made
+// without the mount, looked at again.
+func (f *FS) indexEvent(e tier.Event) {
 	switch e.Kind {
-	case disk.Removed:
-		f.forget(e.Rel)
-	case disk.Imported:
-		f.imported(e.Rel)
+	case tier.Leaving, tier.Evicted:
+		f.index.forgetBlock(e.Ref.Rel)
+	case tier.Published:
+		f.index.refreshBlock(e.Ref.Rel)
+	case tier.Imported:
+		group := path.Dir(e.Ref.Rel)
+		f.index.changed(path.Dir(group))
+		f.index.changed(group)
 	}
 }
 
-// forget drops a block the store removed by itself from staging, the lookup
-// index and the kernel's caches; the store reports only block files
-// (block.ParseRef).
-func (f *FS) forget(rel string) {
-	if ref, ok := block.ParseRef(rel); ok {
-		f.invalidate(ref)
+// kernelEvent drops the kernel's entry of a block the store removed by
+// itself (a tier.Listener); the mount's own unlinks and renames the kernel
+// applies from their replies.
+func (f *FS) kernelEvent(e tier.Event) {
+	if e.Kind != tier.Evicted {
+		return
 	}
-	f.index.forgetBlock(rel)
-	dir, name := path.Split(rel)
+	dir, name := path.Split(e.Ref.Rel)
 	parent := f.root.EmbeddedInode()
 	for _, comp := range strings.Split(strings.Trim(dir, "/"), "/") {
 		if comp == "" {
@@ -550,7 +538,7 @@ func (f *FS) forget(rel string) {
 		}
 	}
 	if errno := parent.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
-		f.logger.Debug("invalidating kernel entry", "path", rel, "errno", errno)
+		f.logger.Debug("invalidating kernel entry", "path", e.Ref.Rel, "errno", errno)
 	}
 }
 

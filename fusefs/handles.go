@@ -102,11 +102,7 @@ func (f *FS) openBlock(ctx context.Context, ref block.Ref, oDirect bool) (*block
 	if err != nil {
 		return nil, err
 	}
-	if f.budget != nil {
-		f.budget.Loaded(budgetKey(ref.Name))
-		f.budget.NoteIOThread(callerThread(ctx))
-	}
-	f.diagnostics.Read(ref, l.Size())
+	f.tier.Loaded(ref, callerThread(ctx), l.Size())
 	return &blockHandle{load: l, fsys: f, direct: !oDirect, start: time.Now()}, nil
 }
 

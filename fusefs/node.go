@@ -12,6 +12,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // node is a file or directory of the store. It is go-fuse's loopback node with
@@ -121,31 +122,23 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	return child, errno
 }
 
-// blockEntry answers a block's lookup from the store's index, or the shared
-// store's, and records it (protection, chains, diagnostics). An absent block
-// is cached by the kernel as long as the layout's other absent names.
+// blockEntry answers a block's lookup as the tier decides (tier.Tier.Lookup).
+// An absent block is cached by the kernel as long as the layout's other
+// absent names; a withheld one not at all.
 func (n *node) blockEntry(ctx context.Context, name string, ref block.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	start := time.Now()
-	present, inShared, withheld := n.fsys.lookupBlock(ref, callerThread(ctx), true)
+	verdict := n.fsys.tier.Lookup(ref, callerThread(ctx))
 	n.fsys.metrics.lookupSeconds.Observe(time.Since(start).Seconds())
-	if withheld {
+	switch verdict.Answer {
+	case tier.Withheld:
 		// Not cached: the next request's lookup asks again.
 		return nil, syscall.ENOENT
-	}
-	if !present && !inShared {
+	case tier.Absent:
 		out.SetEntryTimeout(n.fsys.absentTimeout(ref.Rel))
 		return nil, syscall.ENOENT
 	}
-	if s := n.fsys.sync; s != nil && !s.ServeLoads() {
-		// A load now could not reach every rank: the engine must not even
-		// try. Not cached: the next lookup asks again.
-		n.fsys.lookupsWithheld.Add(1)
-		return nil, syscall.ENOENT
-	}
-	child, errno := n.presentBlockEntry(ctx, name, ref, inShared, out)
-	if errno == 0 && n.fsys.budget != nil && n.fsys.budget.MustAsk(ref.Name.Tier) {
-		// Every lookup of a present block must reach the lookup budget:
-		// the kernel may not answer a later request's lookup from its cache.
+	child, errno := n.presentBlockEntry(ctx, name, ref, verdict.Answer == tier.InShared, out)
+	if errno == 0 && verdict.AskEachTime {
 		out.SetEntryTimeout(0)
 	}
 	return child, errno
@@ -313,14 +306,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			return syscall.EINVAL
 		}
 		defer n.fsys.store.TimePhase(disk.PhaseRename, time.Now())
-		n.fsys.invalidate(dstRef)
-		n.fsys.index.forgetBlock(dstRel)
-		if err := n.fsys.store.Publish(srcRel, dstRel); err != nil {
+		if err := n.fsys.tier.Publish(srcRel, dstRef); err != nil {
 			return n.errno(err)
 		}
-		defer n.fsys.store.TimePhase(disk.PhaseIndex, time.Now())
-		n.fsys.index.refreshBlock(dstRel)
-		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
 	case srcKind == block.TmpFile && n.fsys.store.TmpOpen(srcRel):
@@ -354,9 +342,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	rel := n.rel(name)
 	switch kind, blockName := block.Parse(rel); {
 	case kind == block.File:
-		n.fsys.invalidate(block.Ref{Rel: rel, Name: blockName})
-		n.fsys.index.forgetBlock(rel)
-		return n.errno(n.fsys.store.Remove(rel))
+		return n.errno(n.fsys.tier.Unlink(block.Ref{Rel: rel, Name: blockName}))
 	case kind == block.TmpFile && n.fsys.store.IsTracked(rel):
 		return n.errno(n.fsys.store.RemoveTmp(rel))
 	}

@@ -12,44 +12,21 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // SharedLevel is the shared second level as the mount uses it
 // (tiers/shared.Level; DESIGN.md "The shared level").
 type SharedLevel interface {
-	// Lookup answers whether the shared store holds a block or a directory of the layout.
-	Lookup(rel string) bool
+	// tier.Shared's Lookup also answers whether the shared store holds a
+	// directory of the layout.
+	tier.Shared
 	// Size is the size of a block the shared store was found holding.
 	Size(rel string) (int64, bool)
-	// LookedUp tells the level a local block answered a lookup.
-	LookedUp(rel string, size int64)
 	// Fetch copies a block from the shared store into the local store,
 	// verified, and returns its bytes (core.Fetcher).
 	Fetch(rel string) ([]byte, error)
 	Stats() shared.Stats
-}
-
-// lookupBlock looks a block up in the store and, missing there, in the
-// shared store (DESIGN.md "The shared level"), and tells staging, the
-// diagnostics and the shared level's admission about it. The engine's own
-// lookups (not a match's probes) also go through the lookup budget, which
-// may withhold a present block: it then answers absent (DESIGN.md "The
-// lookup budget").
-func (f *FS) lookupBlock(ref block.Ref, thread uint32, engine bool) (present, inShared, withheld bool) {
-	present = f.store.Lookup(ref.Rel, thread)
-	inShared = !present && f.shared != nil && f.shared.Lookup(ref.Rel)
-	if engine && f.budget != nil {
-		if found := present || inShared; !f.budget.Answer(budgetKey(ref.Name), thread, found) && found {
-			present, inShared, withheld = false, false, true
-		}
-	}
-	f.noteLookup(ref, thread, present || inShared)
-	if present && f.shared != nil {
-		if size, ok := f.store.Size(ref.Rel); ok {
-			f.shared.LookedUp(ref.Rel, size)
-		}
-	}
-	return present, inShared, withheld
 }
 
 // sharedBlockEntry answers the lookup of a block only the shared store holds:

@@ -16,6 +16,7 @@ type fakeShared struct{ st shared.Stats }
 func (f fakeShared) Lookup(string) bool           { return false }
 func (f fakeShared) Size(string) (int64, bool)    { return 0, false }
 func (f fakeShared) LookedUp(string, int64)       {}
+func (f fakeShared) Published(string, int64)      {}
 func (f fakeShared) Fetch(string) ([]byte, error) { return nil, nil }
 func (f fakeShared) Stats() shared.Stats          { return f.st }
 

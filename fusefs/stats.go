@@ -53,7 +53,7 @@ func (f *FS) Stats() ctlabi.Stats {
 		st.Groups[group] = ctlabi.Group(g)
 	}
 	st.Counters.OtherFilesRefused = c.OtherFilesRefused.Load()
-	st.Counters.LookupsWithheld = f.lookupsWithheld.Load()
+	st.Counters.LookupsWithheld = f.tier.LookupsWithheld()
 	st.Counters.TiersPrimed = f.tiersPrimed.Load()
 	if f.primer != nil {
 		st.Counters.NamesPrimed = f.primer.Looked()

@@ -22,6 +22,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // newStatsFS returns an FS over an empty store, enough for Stats.
@@ -31,7 +32,7 @@ func newStatsFS(t *testing.T) *FS {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return &FS{store: store, logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}), recent: diagnose.NewRecent(0, nil),
+	return &FS{store: store, tier: tier.New(tier.Config{Store: store}), logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}), recent: diagnose.NewRecent(0, nil),
 		loads: core.NewLoads(core.Config{Store: store})}
 }
 
@@ -130,7 +131,7 @@ func TestStatsFileBytesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	f := &FS{store: store, mountpoint: "/mnt/kv", logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
+	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), mountpoint: "/mnt/kv", logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
 		recent: diagnose.NewRecent(0, nil), loads: core.NewLoads(core.Config{Store: store}),
 		shared: fakeShared{shared.Stats{Dir: "/shared", QueueBlocks: 1, QueueBytes: 2, BytesBehind: 3, WrittenBlocks: 4, WrittenBytes: 5,
 			DroppedBlocks: 6, FetchedBlocks: 7, FetchedBytes: 8, FetchSecondsAvg: 0.5, Lookups: 9, LookupHits: 10, NegativeHits: 11,

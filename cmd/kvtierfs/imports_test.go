@@ -151,6 +151,27 @@ func TestImportsFollowTheDrawing(t *testing.T) {
 	}
 }
 
+// fuseFree are the packages that must link nothing of go-fuse: the mount's
+// FUSE-free parts (the drawing's row of fusefs/core and tiers/tier).
+var fuseFree = []string{"fusefs/core", "fusefs/kvevents", "fusefs/prime", "tiers/tier"}
+
+// TestFUSEFreePartsLinkNoFUSE: only fusefs and what imports it link go-fuse;
+// the rules of a block's life (tiers/tier) and of a load (fusefs/core) are
+// tested without a mount.
+func TestFUSEFreePartsLinkNoFUSE(t *testing.T) {
+	for _, pkg := range fuseFree {
+		raw, err := exec.Command("go", "list", "-deps", module+pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		for _, dep := range strings.Fields(string(raw)) {
+			if strings.HasPrefix(dep, "github.com/hanwen/go-fuse/") {
+				t.Errorf("%s links %s", pkg, dep)
+			}
+		}
+	}
+}
+
 // listDeps is `go list -deps` of the pattern: the module's packages only.
 func listDeps(t *testing.T, pattern string) []string {
 	t.Helper()

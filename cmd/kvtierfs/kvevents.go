@@ -6,12 +6,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
-// startKVEvents publishes the blocks that leave the store as vLLM KV events
-// when --kv-events-endpoint is set; nil when it is not.
-func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, logger *slog.Logger) (*kvevents.Publisher, error) {
+// startKVEvents starts the publisher of the blocks that leave the store as
+// vLLM KV events (the mount's tier tells it them, tiers/tier) when
+// --kv-events-endpoint is set; nil when it is not.
+func startKVEvents(c mountConfig, reg prometheus.Registerer, logger *slog.Logger) (*kvevents.Publisher, error) {
 	if c.kvEventsEndpoint == "" {
 		return nil, nil
 	}
@@ -24,11 +24,6 @@ func startKVEvents(c mountConfig, store *disk.Store, reg prometheus.Registerer, 
 		events.Close()
 		return nil, err
 	}
-	store.Listen(func(e disk.Event) {
-		if e.Kind == disk.Removed || e.Kind == disk.Unlinked {
-			events.BlockGone(e.Rel)
-		}
-	})
 	listening := "no (connects)"
 	if addr := events.Addr(); addr != nil {
 		listening = addr.String()

@@ -275,7 +275,7 @@ func runMount(args []string) error {
 	// descriptors (go_* and process_* metrics).
 	build := thisBuild()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric(build))
-	events, err := startKVEvents(c, store, reg, logger)
+	events, err := startKVEvents(c, reg, logger)
 	if err != nil {
 		return fmt.Errorf("--kv-events-endpoint %w", err)
 	}

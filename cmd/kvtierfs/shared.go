@@ -81,7 +81,8 @@ func (s *sharedFlags) config() (cfg shared.Config, kernelNegative time.Duration,
 	return cfg, kernelNegative, nil
 }
 
-// startShared starts the shared level over the store; nil without --shared.
+// startShared starts the shared level over the store (the mount's tier tells
+// it the blocks to write behind, tiers/tier); nil without --shared.
 func startShared(cfg shared.Config, store *disk.Store, logger *slog.Logger) (*shared.Level, error) {
 	if cfg.Dir == "" {
 		return nil, nil
@@ -91,11 +92,6 @@ func startShared(cfg shared.Config, store *disk.Store, logger *slog.Logger) (*sh
 	if err != nil {
 		return nil, err
 	}
-	store.Listen(func(e disk.Event) {
-		if e.Kind == disk.Published {
-			level.Published(e.Rel, e.Size)
-		}
-	})
 	logger.Info("shared level", "dir", cfg.Dir, "capacity", formatBytes(cfg.Capacity), "rate", formatBytes(cfg.Rate),
 		"negative_ttl", cfg.NegativeTTL, "timeout", cfg.Timeout)
 	return level, nil

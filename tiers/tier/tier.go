@@ -1,0 +1,272 @@
+// Package tier is a mount's block tier without FUSE: it owns the events of a
+// block's life and the answer to a block's lookup (DESIGN.md "Packages and
+// their imports"). The store (tiers/disk) keeps the blocks; the Tier tells
+// everyone who follows them (staging, the lookup budget, the diagnostics,
+// KV events, write-behind to the shared level, and the mount's lookup index
+// and kernel caches) through one ordered listener list, and decides what a
+// lookup answers: the local store, then the shared level, then whether the
+// lookup budget or mirroring withholds it. fusefs translates its verdicts
+// into FUSE replies.
+package tier
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// Kind is what happened to a block (Event).
+type Kind int
+
+// The events of a block's life, each told as the delivery rule says (Tier.Listen).
+const (
+	// Leaving: the mount is about to publish over the block's name or
+	// unlink it. Told before the store acts, so that nothing serves the
+	// old bytes or attributes once it has.
+	Leaving Kind = iota
+	// Published: the engine published the block through the mount; Size
+	// is its size.
+	Published
+	// Imported: the store published the block from bytes fetched
+	// elsewhere (the shared level), making its directories itself.
+	Imported
+	// Unlinked: the engine unlinked the block through the mount.
+	Unlinked
+	// Evicted: the store removed the block by itself (eviction, a failed
+	// check or proof, its file gone from the store directory).
+	Evicted
+)
+
+// Event is a change to a block of the tier.
+type Event struct {
+	Kind Kind
+	Ref  block.Ref
+	// Size is a Published block's size.
+	Size int64
+}
+
+// Listener follows the tier's block events.
+type Listener func(Event)
+
+// Store is the block store as the tier uses it (*disk.Store).
+type Store interface {
+	// Lookup answers whether the store holds the block at rel, and
+	// protects it as looked up by thread.
+	Lookup(rel string, thread uint32) bool
+	// Size is the size of a block the store holds.
+	Size(rel string) (int64, bool)
+	Publish(tmpRel, destRel string) error
+	Remove(rel string) error
+	// Listen adds a listener of the store's own events (disk.Store.Listen).
+	Listen(fn func(disk.Event))
+	TimePhase(p disk.Phase, start time.Time)
+}
+
+// Shared is the shared second level as the tier uses it (*shared.Level).
+type Shared interface {
+	// Lookup answers whether the shared store holds the block at rel.
+	Lookup(rel string) bool
+	// LookedUp tells the level's admission a local block answered a lookup.
+	LookedUp(rel string, size int64)
+	// Published queues a block published locally for write-behind.
+	Published(rel string, size int64)
+}
+
+// Stager is staging as the tier tells it (*staging.Stager).
+type Stager interface {
+	NoteLookup(ref block.Ref, thread uint32, present bool)
+	NoteStore(ref block.Ref)
+	Invalidate(ref block.Ref)
+}
+
+// Budget is the lookup budget as the tier asks and tells it
+// (*lookupbudget.Budget; DESIGN.md "The lookup budget").
+type Budget interface {
+	// Answer decides whether a block found (or not) is answered present.
+	Answer(key lookupbudget.Key, thread uint32, found bool) bool
+	// MustAsk reports whether every lookup of the tier's present blocks
+	// must reach the budget (the kernel may not cache them).
+	MustAsk(tier string) bool
+	NoteStore(key lookupbudget.Key)
+	// Loaded and NoteIOThread tell it a block opened for a load by a thread.
+	Loaded(key lookupbudget.Key)
+	NoteIOThread(thread uint32)
+	// Rows is the rows the budget knows; 0 before the regions are sized.
+	Rows() int
+}
+
+// Diagnostics is the field diagnostics as the tier tells them
+// (*diagnose.Diagnostics).
+type Diagnostics interface {
+	Stored(ref block.Ref, bytes int64)
+	Read(ref block.Ref, bytes int64)
+	LookedUp(ref block.Ref, present bool)
+}
+
+// KVEvents publishes the blocks that leave the tier to routers
+// (*kvevents.Publisher).
+type KVEvents interface {
+	BlockGone(rel string)
+}
+
+// Gate says whether a load could be served now (*rowsync.Node: every peer
+// can take a mirrored row).
+type Gate interface {
+	ServeLoads() bool
+}
+
+// Config is what a Tier is made of; every field but Store may be nil.
+type Config struct {
+	Store       Store
+	Shared      Shared
+	Stager      Stager
+	Budget      Budget
+	Diagnostics Diagnostics
+	KVEvents    KVEvents
+	Gate        Gate
+	// SizeBudget is called at a publish while Budget knows no rows: the
+	// first block gives the rows their size.
+	SizeBudget func()
+}
+
+// Tier owns a mount's block events and lookups.
+type Tier struct {
+	cfg Config
+
+	listenMu  sync.Mutex
+	listeners []Listener
+
+	// withheld counts present blocks answered absent while Gate was closed.
+	withheld atomic.Int64
+}
+
+// New makes the tier the store's one listener and adds the listeners of
+// cfg in this order: staging, the lookup budget, the diagnostics, KV events,
+// write-behind to the shared level. The mount adds its own after them
+// (Listen): its lookup index, then the kernel's caches, so that the kernel
+// asks again only once everything else has the news.
+func New(cfg Config) *Tier {
+	t := &Tier{cfg: cfg}
+	if s := cfg.Stager; s != nil {
+		t.Listen(func(e Event) {
+			switch e.Kind {
+			case Leaving, Evicted:
+				s.Invalidate(e.Ref)
+			case Published:
+				s.NoteStore(e.Ref)
+			}
+		})
+	}
+	if b := cfg.Budget; b != nil {
+		t.Listen(func(e Event) {
+			if e.Kind != Published {
+				return
+			}
+			b.NoteStore(budgetKey(e.Ref.Name))
+			if b.Rows() == 0 && cfg.SizeBudget != nil {
+				cfg.SizeBudget()
+			}
+		})
+	}
+	if d := cfg.Diagnostics; d != nil {
+		t.Listen(func(e Event) {
+			if e.Kind == Published {
+				d.Stored(e.Ref, e.Size)
+			}
+		})
+	}
+	if k := cfg.KVEvents; k != nil {
+		t.Listen(func(e Event) {
+			if e.Kind == Unlinked || e.Kind == Evicted {
+				k.BlockGone(e.Ref.Rel)
+			}
+		})
+	}
+	if sh := cfg.Shared; sh != nil {
+		t.Listen(func(e Event) {
+			if e.Kind == Published {
+				sh.Published(e.Ref.Rel, e.Size)
+			}
+		})
+	}
+	cfg.Store.Listen(t.storeEvent)
+	return t
+}
+
+// Listen adds a listener of the tier's block events. The delivery rule:
+// every listener hears every event, one call at a time, in the order the
+// listeners were added (New). Leaving is told on the goroutine of the
+// mount's request, before the store acts (Publish, Unlink); Published and
+// Imported on the goroutine that published, after the rename and before the
+// store's Publish or Import returns; Unlinked and Evicted later, on the
+// store's one notifier goroutine, in the order the blocks left
+// (disk.Store.Listen). A listener must not block, and ignores the kinds it
+// does not need.
+func (t *Tier) Listen(fn Listener) {
+	t.listenMu.Lock()
+	defer t.listenMu.Unlock()
+	t.listeners = append(t.listeners[:len(t.listeners):len(t.listeners)], fn)
+}
+
+// tell delivers an event to every listener, in order.
+func (t *Tier) tell(e Event) {
+	t.listenMu.Lock()
+	listeners := t.listeners
+	t.listenMu.Unlock()
+	for _, fn := range listeners {
+		fn(e)
+	}
+}
+
+// storeEvents are the tier's kinds of the store's events.
+var storeEvents = map[disk.EventKind]Kind{disk.Published: Published, disk.Imported: Imported,
+	disk.Unlinked: Unlinked, disk.Removed: Evicted}
+
+// storeEvent tells the listeners a store event about a block file; the
+// telling of a publish is timed as the rename's index phase.
+func (t *Tier) storeEvent(e disk.Event) {
+	kind, known := storeEvents[e.Kind]
+	ref, isBlock := block.ParseRef(e.Rel)
+	if !known || !isBlock {
+		return
+	}
+	if kind == Published {
+		defer t.cfg.Store.TimePhase(disk.PhaseIndex, time.Now())
+	}
+	t.tell(Event{Kind: kind, Ref: ref, Size: e.Size})
+}
+
+// Publish publishes the tmp file at tmpRel as the block ref (disk.Store.Publish),
+// telling Leaving first.
+func (t *Tier) Publish(tmpRel string, ref block.Ref) error {
+	t.tell(Event{Kind: Leaving, Ref: ref})
+	return t.cfg.Store.Publish(tmpRel, ref.Rel)
+}
+
+// Unlink removes the block ref for the engine (disk.Store.Remove), telling
+// Leaving first.
+func (t *Tier) Unlink(ref block.Ref) error {
+	t.tell(Event{Kind: Leaving, Ref: ref})
+	return t.cfg.Store.Remove(ref.Rel)
+}
+
+// Loaded tells the lookup budget and the diagnostics that thread opened the
+// block ref, of size bytes, for a load.
+func (t *Tier) Loaded(ref block.Ref, thread uint32, size int64) {
+	if b := t.cfg.Budget; b != nil {
+		b.Loaded(budgetKey(ref.Name))
+		b.NoteIOThread(thread)
+	}
+	if d := t.cfg.Diagnostics; d != nil {
+		d.Read(ref, size)
+	}
+}
+
+// budgetKey is a block's name as the lookup budget knows it.
+func budgetKey(n block.Name) lookupbudget.Key {
+	return lookupbudget.Key{Tier: n.Tier, Group: n.Group, Hash: n.Hash}
+}

@@ -1,0 +1,384 @@
+package tier
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"github.com/kvtierfs/kvtierfs/tiers/disk"
+)
+
+// journal records, in order, what the fakes were told.
+type journal struct{ lines []string }
+
+func (j *journal) add(format string, args ...any) {
+	j.lines = append(j.lines, fmt.Sprintf(format, args...))
+}
+
+// take returns the lines so far and starts again.
+func (j *journal) take() []string {
+	lines := j.lines
+	j.lines = nil
+	return lines
+}
+
+// fakeStore holds the blocks of present and tells its one listener as a
+// disk.Store does: Published inside Publish.
+type fakeStore struct {
+	j          *journal
+	present    map[string]int64
+	listen     func(disk.Event)
+	publishErr error
+	phases     []disk.Phase
+}
+
+func (s *fakeStore) Lookup(rel string, thread uint32) bool {
+	_, ok := s.present[rel]
+	s.j.add("store lookup %s by %d", rel, thread)
+	return ok
+}
+
+func (s *fakeStore) Size(rel string) (int64, bool) {
+	size, ok := s.present[rel]
+	return size, ok
+}
+
+func (s *fakeStore) Publish(tmpRel, destRel string) error {
+	s.j.add("store publish %s as %s", tmpRel, destRel)
+	if s.publishErr != nil {
+		return s.publishErr
+	}
+	s.present[destRel] = 4096
+	s.listen(disk.Event{Kind: disk.Published, Rel: destRel, Size: 4096})
+	return nil
+}
+
+func (s *fakeStore) Remove(rel string) error {
+	s.j.add("store remove %s", rel)
+	delete(s.present, rel)
+	return nil
+}
+
+func (s *fakeStore) Listen(fn func(disk.Event)) {
+	if s.listen != nil {
+		panic("the tier listens to the store twice")
+	}
+	s.listen = fn
+}
+
+func (s *fakeStore) TimePhase(p disk.Phase, start time.Time) { s.phases = append(s.phases, p) }
+
+type fakeShared struct {
+	j    *journal
+	hold map[string]bool
+}
+
+func (s *fakeShared) Lookup(rel string) bool           { return s.hold[rel] }
+func (s *fakeShared) LookedUp(rel string, size int64)  { s.j.add("shared looked up %s %d", rel, size) }
+func (s *fakeShared) Published(rel string, size int64) { s.j.add("write-behind %s %d", rel, size) }
+
+type fakeStager struct{ j *journal }
+
+func (s fakeStager) NoteLookup(ref block.Ref, thread uint32, present bool) {
+	s.j.add("staging lookup %s by %d present=%v", ref.Rel, thread, present)
+}
+func (s fakeStager) NoteStore(ref block.Ref)  { s.j.add("staging store %s", ref.Rel) }
+func (s fakeStager) Invalidate(ref block.Ref) { s.j.add("staging invalidate %s", ref.Rel) }
+
+// fakeBudget answers present only for keys in allow, and asks each lookup
+// of mustAsk's tiers.
+type fakeBudget struct {
+	j       *journal
+	allow   map[string]bool
+	mustAsk bool
+	rows    int
+}
+
+func (b *fakeBudget) Answer(key lookupbudget.Key, thread uint32, found bool) bool {
+	b.j.add("budget answer %s found=%v", key.Hash, found)
+	return found && b.allow[key.Hash]
+}
+func (b *fakeBudget) MustAsk(tier string) bool       { return b.mustAsk }
+func (b *fakeBudget) NoteStore(key lookupbudget.Key) { b.j.add("budget store %s", key.Hash) }
+func (b *fakeBudget) Loaded(key lookupbudget.Key)    { b.j.add("budget loaded %s", key.Hash) }
+func (b *fakeBudget) NoteIOThread(thread uint32)     { b.j.add("budget io thread %d", thread) }
+func (b *fakeBudget) Rows() int                      { return b.rows }
+
+type fakeDiagnostics struct{ j *journal }
+
+func (d fakeDiagnostics) Stored(ref block.Ref, bytes int64) {
+	d.j.add("diagnostics stored %s %d", ref.Rel, bytes)
+}
+func (d fakeDiagnostics) Read(ref block.Ref, bytes int64) {
+	d.j.add("diagnostics read %s %d", ref.Rel, bytes)
+}
+func (d fakeDiagnostics) LookedUp(ref block.Ref, present bool) {
+	d.j.add("diagnostics lookup %s present=%v", ref.Rel, present)
+}
+
+type fakeKVEvents struct{ j *journal }
+
+func (k fakeKVEvents) BlockGone(rel string) { k.j.add("kv gone %s", rel) }
+
+type fakeGate struct{ open bool }
+
+func (g *fakeGate) ServeLoads() bool { return g.open }
+
+// world is a tier over fakes of everything it tells and asks.
+type world struct {
+	j      *journal
+	store  *fakeStore
+	shared *fakeShared
+	budget *fakeBudget
+	gate   *fakeGate
+	tier   *Tier
+}
+
+func newWorld(t *testing.T, withGate bool) *world {
+	t.Helper()
+	j := &journal{}
+	w := &world{j: j, store: &fakeStore{j: j, present: map[string]int64{}}, shared: &fakeShared{j: j, hold: map[string]bool{}},
+		budget: &fakeBudget{j: j, allow: map[string]bool{}, rows: 1}}
+	cfg := Config{Store: w.store, Shared: w.shared, Stager: fakeStager{j}, Budget: w.budget, Diagnostics: fakeDiagnostics{j},
+		KVEvents: fakeKVEvents{j}, SizeBudget: func() { j.add("size budget") }}
+	if withGate {
+		w.gate = &fakeGate{open: true}
+		cfg.Gate = w.gate
+	}
+	w.tier = New(cfg)
+	return w
+}
+
+// ref is the block of hash in tier "t", group 0.
+func ref(hash string) block.Ref { return block.Name{Tier: "t", Group: 0, Hash: hash}.Ref() }
+
+const (
+	hashA = "0123456789abcdef0123456789abcdef"
+	hashB = "fedcba9876543210fedcba9876543210"
+)
+
+// TestEventsReachListenersInOrder: each event of a block's life reaches
+// every listener in the documented order (staging, budget, diagnostics, KV
+// events, write-behind, then the mount's), each as its kind concerns it;
+// Leaving comes before the store acts, Published from inside its Publish.
+func TestEventsReachListenersInOrder(t *testing.T) {
+	w := newWorld(t, false)
+	var heard []Kind
+	w.tier.Listen(func(e Event) {
+		w.j.add("mount %d %s size=%d", e.Kind, e.Ref.Rel, e.Size)
+		heard = append(heard, e.Kind)
+	})
+	a := ref(hashA)
+	steps := []struct {
+		what string
+		do   func()
+		want []string
+	}{
+		{"publish", func() {
+			if err := w.tier.Publish(a.Rel+".tmp", a); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{
+			"staging invalidate " + a.Rel,
+			fmt.Sprintf("mount %d %s size=0", Leaving, a.Rel),
+			"store publish " + a.Rel + ".tmp as " + a.Rel,
+			"staging store " + a.Rel,
+			"budget store " + hashA,
+			"diagnostics stored " + a.Rel + " 4096",
+			"write-behind " + a.Rel + " 4096",
+			fmt.Sprintf("mount %d %s size=4096", Published, a.Rel),
+		}},
+		{"unlink", func() {
+			if err := w.tier.Unlink(a); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{
+			"staging invalidate " + a.Rel,
+			fmt.Sprintf("mount %d %s size=0", Leaving, a.Rel),
+			"store remove " + a.Rel,
+		}},
+		{"the store's unlink", func() { w.store.listen(disk.Event{Kind: disk.Unlinked, Rel: a.Rel}) }, []string{
+			"kv gone " + a.Rel,
+			fmt.Sprintf("mount %d %s size=0", Unlinked, a.Rel),
+		}},
+		{"the store's removal", func() { w.store.listen(disk.Event{Kind: disk.Removed, Rel: a.Rel}) }, []string{
+			"staging invalidate " + a.Rel,
+			"kv gone " + a.Rel,
+			fmt.Sprintf("mount %d %s size=0", Evicted, a.Rel),
+		}},
+		{"the store's import", func() { w.store.listen(disk.Event{Kind: disk.Imported, Rel: a.Rel}) }, []string{
+			fmt.Sprintf("mount %d %s size=0", Imported, a.Rel),
+		}},
+		{"an event of no block", func() { w.store.listen(disk.Event{Kind: disk.Removed, Rel: "t/notablock"}) }, nil},
+	}
+	for _, step := range steps {
+		step.do()
+		if got := w.j.take(); !slices.Equal(got, step.want) {
+			t.Errorf("%s told\n%q\nwant\n%q", step.what, got, step.want)
+		}
+	}
+	if want := []Kind{Leaving, Published, Leaving, Unlinked, Evicted, Imported}; !slices.Equal(heard, want) {
+		t.Errorf("the mount heard %v, want %v", heard, want)
+	}
+	if !slices.Equal(w.store.phases, []disk.Phase{disk.PhaseIndex}) {
+		t.Errorf("phases timed %v, want the one publish's index phase", w.store.phases)
+	}
+}
+
+// TestFailedPublishTellsOnlyLeaving: a publish the store refuses was told
+// as leaving (the old bytes may be gone) and never as published.
+func TestFailedPublishTellsOnlyLeaving(t *testing.T) {
+	w := newWorld(t, false)
+	w.store.publishErr = syscall.EIO
+	a := ref(hashA)
+	if err := w.tier.Publish(a.Rel+".tmp", a); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("publish: %v, want the store's EIO", err)
+	}
+	want := []string{"staging invalidate " + a.Rel, "store publish " + a.Rel + ".tmp as " + a.Rel}
+	if got := w.j.take(); !slices.Equal(got, want) {
+		t.Errorf("told %q, want %q", got, want)
+	}
+}
+
+// TestFirstPublishSizesTheBudget: a publish while the budget knows no rows
+// has the mount size it; once it knows them, publishes do not.
+func TestFirstPublishSizesTheBudget(t *testing.T) {
+	w := newWorld(t, false)
+	w.budget.rows = 0
+	a, b := ref(hashA), ref(hashB)
+	if err := w.tier.Publish(a.Rel+".tmp", a); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.j.take(); !slices.Contains(got, "size budget") {
+		t.Errorf("the first publish did not size the budget: %q", got)
+	}
+	w.budget.rows = 8
+	if err := w.tier.Publish(b.Rel+".tmp", b); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.j.take(); slices.Contains(got, "size budget") {
+		t.Errorf("a publish sized a budget that knows its rows: %q", got)
+	}
+}
+
+// TestLookupVerdicts: the engine's lookup answers local, then shared, and
+// the lookup budget and mirroring may withhold what a level holds; staging,
+// the diagnostics and the shared level's admission hear the answer as the
+// budget gave it.
+func TestLookupVerdicts(t *testing.T) {
+	cases := []struct {
+		name     string
+		local    bool
+		shared   bool
+		allow    bool // the budget answers present
+		mustAsk  bool
+		gateDown bool
+		want     Verdict
+		withheld int64
+		// told are the lines past the store's lookup and the budget's answer.
+		told []string
+	}{
+		{name: "present", local: true, allow: true, want: Verdict{Answer: Local},
+			told: []string{"staging lookup %s by 7 present=true", "diagnostics lookup %s present=true", "shared looked up %s 4096"}},
+		{name: "present, asked each time", local: true, allow: true, mustAsk: true, want: Verdict{Answer: Local, AskEachTime: true},
+			told: []string{"staging lookup %s by 7 present=true", "diagnostics lookup %s present=true", "shared looked up %s 4096"}},
+		{name: "absent", want: Verdict{Answer: Absent},
+			told: []string{"staging lookup %s by 7 present=false", "diagnostics lookup %s present=false"}},
+		{name: "withheld by the budget", local: true, want: Verdict{Answer: Withheld},
+			told: []string{"staging lookup %s by 7 present=false", "diagnostics lookup %s present=false"}},
+		{name: "shared only", shared: true, allow: true, want: Verdict{Answer: InShared},
+			told: []string{"staging lookup %s by 7 present=true", "diagnostics lookup %s present=true"}},
+		{name: "shared only, withheld by the budget", shared: true, want: Verdict{Answer: Withheld},
+			told: []string{"staging lookup %s by 7 present=false", "diagnostics lookup %s present=false"}},
+		{name: "mirroring down", local: true, allow: true, gateDown: true, want: Verdict{Answer: Withheld}, withheld: 1,
+			told: []string{"staging lookup %s by 7 present=true", "diagnostics lookup %s present=true", "shared looked up %s 4096"}},
+		{name: "absent, mirroring down", gateDown: true, want: Verdict{Answer: Absent},
+			told: []string{"staging lookup %s by 7 present=false", "diagnostics lookup %s present=false"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, true)
+			a := ref(hashA)
+			if c.local {
+				w.store.present[a.Rel] = 4096
+			}
+			w.shared.hold[a.Rel] = c.shared
+			w.budget.allow[hashA] = c.allow
+			w.budget.mustAsk = c.mustAsk
+			w.gate.open = !c.gateDown
+			if got := w.tier.Lookup(a, 7); got != c.want {
+				t.Errorf("verdict %+v, want %+v", got, c.want)
+			}
+			want := []string{"store lookup " + a.Rel + " by 7", fmt.Sprintf("budget answer %s found=%v", hashA, c.local || c.shared)}
+			for _, line := range c.told {
+				want = append(want, fmt.Sprintf(line, a.Rel))
+			}
+			if got := w.j.take(); !slices.Equal(got, want) {
+				t.Errorf("told\n%q\nwant\n%q", got, want)
+			}
+			if got := w.tier.LookupsWithheld(); got != c.withheld {
+				t.Errorf("%d lookups withheld by mirroring, want %d", got, c.withheld)
+			}
+		})
+	}
+}
+
+// TestLookupWithoutBudgetOrGate: a tier with neither answers as the levels
+// hold the block.
+func TestLookupWithoutBudgetOrGate(t *testing.T) {
+	store := &fakeStore{j: &journal{}, present: map[string]int64{ref(hashA).Rel: 1}}
+	tr := New(Config{Store: store})
+	if got := tr.Lookup(ref(hashA), 1); got != (Verdict{Answer: Local}) {
+		t.Errorf("a stored block: %+v", got)
+	}
+	if got := tr.Lookup(ref(hashB), 1); got != (Verdict{Answer: Absent}) {
+		t.Errorf("an absent block: %+v", got)
+	}
+	if !tr.ServesLoads() || !tr.Probe(ref(hashA), 1) || tr.Probe(ref(hashB), 1) {
+		t.Error("without a gate every load is served and a probe answers as the store holds")
+	}
+}
+
+// TestProbePassesBudgetAndGate: a match's probe answers what a level holds
+// whatever the budget or mirroring say (the match asks ServesLoads once),
+// and is told as a lookup.
+func TestProbePassesBudgetAndGate(t *testing.T) {
+	w := newWorld(t, true)
+	a, b := ref(hashA), ref(hashB)
+	w.store.present[a.Rel] = 4096
+	w.shared.hold[b.Rel] = true
+	w.gate.open = false
+	if !w.tier.Probe(a, 3) || !w.tier.Probe(b, 3) || w.tier.Probe(ref("00"+hashA[2:]), 3) {
+		t.Error("probes do not answer as the levels hold the blocks")
+	}
+	if w.tier.ServesLoads() {
+		t.Error("ServesLoads with the gate closed")
+	}
+	got := w.j.take()
+	if slices.ContainsFunc(got, func(line string) bool { return len(line) > 6 && line[:6] == "budget" }) {
+		t.Errorf("a probe asked the budget: %q", got)
+	}
+	if !slices.Contains(got, "staging lookup "+a.Rel+" by 3 present=true") || !slices.Contains(got, "shared looked up "+a.Rel+" 4096") {
+		t.Errorf("a probe was not told as a lookup: %q", got)
+	}
+	if w.tier.LookupsWithheld() != 0 {
+		t.Error("a probe counted as a withheld lookup")
+	}
+}
+
+// TestLoaded: a block opened for a load is told to the budget (its row and
+// the engine's I/O thread) and the diagnostics.
+func TestLoaded(t *testing.T) {
+	w := newWorld(t, false)
+	a := ref(hashA)
+	w.tier.Loaded(a, 9, 4096)
+	want := []string{"budget loaded " + hashA, "budget io thread 9", "diagnostics read " + a.Rel + " 4096"}
+	if got := w.j.take(); !slices.Equal(got, want) {
+		t.Errorf("told %q, want %q", got, want)
+	}
+}
