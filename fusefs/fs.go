@@ -55,7 +55,7 @@ const (
 // lookups itself when nothing needs to see each of them (BlockEntryTimeout).
 // A block leaves only through the mount (UNLINK, RENAME over it: the kernel
 // applies its own replies) or through the store (eviction, a corrupt or
-// vanished file), which tells the kernel (FS.forget); the store's lookup
+// vanished file), which tells the kernel (FS.kernelEvent); the store's lookup
 // protection is extended by as much (disk.Config.LookupCacheTTL), so a block
 // the kernel answered present is still protected when its load comes.
 const DefaultBlockEntryTimeout = 5 * time.Minute

@@ -94,7 +94,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	if dir.Level != block.NotLayoutDir {
 		// The index sees every directory the store gains: through the
-		// mount, from the shared level's lookups and its fetches (FS.imported).
+		// mount, from the shared level's lookups and its fetches (FS.indexEvent).
 		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
 		case exists:
 			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
