@@ -11,8 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/staging/match"
-	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
 // The control directory and its files belong to the engine's uid (the
@@ -138,7 +136,7 @@ func (m *matchFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if !m.fsys.mayControl(ctx) {
 		return nil, 0, m.fsys.refuseCaller(ctx, ctlabi.MatchFile)
 	}
-	return &matchHandle{fsys: m.fsys, thread: m.fsys.matchThreads.Add(1) | 1<<31}, fuse.FOPEN_DIRECT_IO, 0
+	return &matchHandle{fsys: m.fsys, thread: m.fsys.tier.MatchThread()}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // matchHandle collects one request and serves its answer. mu guards both.
@@ -204,31 +202,10 @@ func (h *matchHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.answer == nil {
-		h.answer = h.fsys.match(h.request, h.thread)
+		h.answer = h.fsys.tier.Match(h.request, h.thread)
 		h.dropRequestLocked()
 	}
 	return readFrom(h.answer, off, len(dest)), 0
-}
-
-// match answers one encoded request: a key is present when the index holds
-// its block and a load of it could be served now. Each probe counts as a
-// lookup (protection, chains, diagnostics), as the engine's lookups do.
-func (f *FS) match(request []byte, thread uint32) []byte {
-	req, err := ctlabi.DecodeMatchRequest(request)
-	if err != nil {
-		return ctlabi.EncodeMatchResult(ctlabi.MatchResult{}, err)
-	}
-	serving := f.tier.ServesLoads()
-	if f.budget != nil {
-		// An engine that matches here loads its hit in waves.
-		f.budget.Exempt(req.Tier)
-	}
-	res, err := match.Hit(req, func(group int, key string) bool {
-		ref := block.Name{Tier: req.Tier, Group: group, Hash: key}.Ref()
-		return f.tier.Probe(ref, thread) && serving
-	})
-	f.matches.Add(1)
-	return append(ctlabi.EncodeMatchResult(res, err), '\n')
 }
 
 // The control files are the daemon's, not the store's: nothing in

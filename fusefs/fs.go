@@ -221,11 +221,6 @@ type FS struct {
 	tier *tier.Tier
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
-	// matches counts batched match requests; matchThreads numbers them:
-	// a match's lookups are one thread's, whose id has bit 31 set, apart
-	// from the kernel's thread ids (callerThread).
-	matches      atomic.Int64
-	matchThreads atomic.Uint32
 	// matchBuffered is the match request bytes buffered on open descriptors.
 	matchBuffered atomic.Int64
 }

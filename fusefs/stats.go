@@ -58,7 +58,7 @@ func (f *FS) Stats() ctlabi.Stats {
 	if f.primer != nil {
 		st.Counters.NamesPrimed = f.primer.Looked()
 	}
-	st.Counters.Matches = f.matches.Load()
+	st.Counters.Matches = f.tier.Matches()
 	if f.budget != nil {
 		b := f.budget.Stats()
 		st.Counters.BudgetChainsCapped, st.Counters.BudgetKeysWithheld = b.ChainsCapped, b.KeysWithheld

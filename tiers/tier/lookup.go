@@ -47,15 +47,6 @@ func (t *Tier) Lookup(ref block.Ref, thread uint32) Verdict {
 	return Verdict{Answer: where, AskEachTime: t.cfg.Budget != nil && t.cfg.Budget.MustAsk(ref.Name.Tier)}
 }
 
-// Probe answers a match's probe of a block by thread: whether a level holds
-// it, told to staging, the diagnostics and the shared level's admission as
-// a lookup is, but past the lookup budget and the mirroring check (the
-// match asks ServesLoads once for its whole request).
-func (t *Tier) Probe(ref block.Ref, thread uint32) bool {
-	found, _ := t.find(ref, thread, false)
-	return found
-}
-
 // ServesLoads reports whether a load could be served now: always without
 // a Gate.
 func (t *Tier) ServesLoads() bool { return t.cfg.Gate == nil || t.cfg.Gate.ServeLoads() }
@@ -68,7 +59,7 @@ func (t *Tier) LookupsWithheld() int64 { return t.withheld.Load() }
 // level, lets the lookup budget withhold it for the engine's own lookups
 // (budgeted), and tells staging, the diagnostics and the shared level's
 // admission. found is the answer as the budget gave it; where is Local,
-// InShared, Withheld or Absent.
+// InShared, Withheld or Absent. A match's probes are not budgeted (Match).
 func (t *Tier) find(ref block.Ref, thread uint32, budgeted bool) (found bool, where Answer) {
 	where = Absent
 	switch {

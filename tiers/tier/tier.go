@@ -97,6 +97,8 @@ type Budget interface {
 	NoteIOThread(thread uint32)
 	// Rows is the rows the budget knows; 0 before the regions are sized.
 	Rows() int
+	// Exempt stops deciding the tier's lookups (its engine matches).
+	Exempt(tier string)
 }
 
 // Diagnostics is the field diagnostics as the tier tells them
@@ -142,6 +144,9 @@ type Tier struct {
 
 	// withheld counts present blocks answered absent while Gate was closed.
 	withheld atomic.Int64
+	// matches counts match requests; matchThreads numbers their descriptors.
+	matches      atomic.Int64
+	matchThreads atomic.Uint32
 }
 
 // New makes the tier the store's one listener and adds the listeners of

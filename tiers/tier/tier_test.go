@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -108,6 +110,7 @@ func (b *fakeBudget) NoteStore(key lookupbudget.Key) { b.j.add("budget store %s"
 func (b *fakeBudget) Loaded(key lookupbudget.Key)    { b.j.add("budget loaded %s", key.Hash) }
 func (b *fakeBudget) NoteIOThread(thread uint32)     { b.j.add("budget io thread %d", thread) }
 func (b *fakeBudget) Rows() int                      { return b.rows }
+func (b *fakeBudget) Exempt(tier string)             { b.j.add("budget exempts %s", tier) }
 
 type fakeDiagnostics struct{ j *journal }
 
@@ -339,35 +342,54 @@ func TestLookupWithoutBudgetOrGate(t *testing.T) {
 	if got := tr.Lookup(ref(hashB), 1); got != (Verdict{Answer: Absent}) {
 		t.Errorf("an absent block: %+v", got)
 	}
-	if !tr.ServesLoads() || !tr.Probe(ref(hashA), 1) || tr.Probe(ref(hashB), 1) {
-		t.Error("without a gate every load is served and a probe answers as the store holds")
+	if !tr.ServesLoads() {
+		t.Error("without a gate a load is not served")
 	}
 }
 
-// TestProbePassesBudgetAndGate: a match's probe answers what a level holds
-// whatever the budget or mirroring say (the match asks ServesLoads once),
-// and is told as a lookup.
-func TestProbePassesBudgetAndGate(t *testing.T) {
+// TestMatchProbesPastBudget: a match's probes answer what a level holds
+// past the lookup budget (which exempts the tier) and are told as lookups;
+// with mirroring down nothing is a hit, and nothing counts as withheld.
+func TestMatchProbesPastBudget(t *testing.T) {
 	w := newWorld(t, true)
-	a, b := ref(hashA), ref(hashB)
+	a, b, c := ref(hashA), ref(hashB), ref("00"+hashA[2:])
 	w.store.present[a.Rel] = 4096
 	w.shared.hold[b.Rel] = true
-	w.gate.open = false
-	if !w.tier.Probe(a, 3) || !w.tier.Probe(b, 3) || w.tier.Probe(ref("00"+hashA[2:]), 3) {
-		t.Error("probes do not answer as the levels hold the blocks")
+	request, err := ctlabi.EncodeMatchRequest(ctlabi.MatchRequest{Tier: "t",
+		Groups: []ctlabi.GroupSpec{{Group: 0, Kind: ctlabi.KindFull, Keys: []string{hashA, hashB, c.Name.Hash}}}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if w.tier.ServesLoads() {
-		t.Error("ServesLoads with the gate closed")
+	thread := w.tier.MatchThread()
+	if thread&matchThreadBit == 0 || w.tier.MatchThread() == thread {
+		t.Errorf("match threads %#x then the same again, want fresh ids with bit 31", thread)
 	}
-	got := w.j.take()
-	if slices.ContainsFunc(got, func(line string) bool { return len(line) > 6 && line[:6] == "budget" }) {
-		t.Errorf("a probe asked the budget: %q", got)
+	for _, gateOpen := range []bool{true, false} {
+		w.gate.open = gateOpen
+		res, err := ctlabi.DecodeMatchResult(w.tier.Match(request, thread))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if gateOpen {
+			want = 2 // a, then b from the shared level; c is absent
+		}
+		if res.HitChunks != want {
+			t.Errorf("serving %v: %d chunks hit, want %d", gateOpen, res.HitChunks, want)
+		}
+		got := w.j.take()
+		if len(got) == 0 || got[0] != "budget exempts t" || slices.ContainsFunc(got, func(line string) bool { return strings.HasPrefix(line, "budget answer") }) {
+			t.Errorf("serving %v: the budget was told %q, want only the exemption", gateOpen, got)
+		}
+		if !slices.Contains(got, fmt.Sprintf("staging lookup %s by %d present=true", a.Rel, thread)) || !slices.Contains(got, "shared looked up "+a.Rel+" 4096") {
+			t.Errorf("serving %v: a probe was not told as a lookup: %q", gateOpen, got)
+		}
 	}
-	if !slices.Contains(got, "staging lookup "+a.Rel+" by 3 present=true") || !slices.Contains(got, "shared looked up "+a.Rel+" 4096") {
-		t.Errorf("a probe was not told as a lookup: %q", got)
+	if w.tier.Matches() != 2 || w.tier.LookupsWithheld() != 0 {
+		t.Errorf("%d matches, %d lookups withheld; want 2 and 0", w.tier.Matches(), w.tier.LookupsWithheld())
 	}
-	if w.tier.LookupsWithheld() != 0 {
-		t.Error("a probe counted as a withheld lookup")
+	if _, err := ctlabi.DecodeMatchResult(w.tier.Match([]byte("not json"), thread)); err == nil {
+		t.Error("a malformed request was answered without an error")
 	}
 }
 
