@@ -231,13 +231,9 @@ const regionRefresh = time.Second
 // Diagnoser is what the mount tells the field diagnostics and asks of them
 // (staging/diagnose.Diagnostics; DESIGN.md "Staging, matching and diagnostics").
 type Diagnoser interface {
-	// Stored, Read and LookedUp count a published block, a completed load
-	// and a block lookup's answer; MissedLookup a lookup whose directory
-	// was absent (group -1: the group directory itself).
-	Stored(key block.Ref, bytes int64)
-	Read(key block.Ref, bytes int64)
-	LookedUp(key block.Ref, present bool)
-	MissedLookup(tier string, group int)
+	// tier.Diagnostics counts what the tier tells: published blocks,
+	// loads, lookups' answers and lookups that ended at a missing directory.
+	tier.Diagnostics
 	// Warnings are the known failures the counts show now.
 	Warnings(st diagnose.StoreState) []ctlabi.Warning
 }
@@ -346,7 +342,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 // tierConfig is the mount's tier: its store and everyone who follows the
 // store's blocks (tiers/tier.New).
 func (f *FS) tierConfig(opts Options) tier.Config {
-	cfg := tier.Config{Store: opts.Store, Diagnostics: f.diagnostics}
+	cfg := tier.Config{Store: opts.Store, Diagnostics: f.diagnostics, Logger: opts.Logger}
 	if opts.Shared != nil {
 		cfg.Shared = opts.Shared
 	}
@@ -364,6 +360,9 @@ func (f *FS) tierConfig(opts Options) tier.Config {
 	}
 	if opts.Sync != nil {
 		cfg.Gate = opts.Sync
+	}
+	if f.primer != nil {
+		cfg.Primer = f.primer
 	}
 	return cfg
 }
@@ -482,19 +481,6 @@ func (f *FS) namespaceChanged(rel string) { f.index.changed(rel) }
 func (f *FS) namespaceMoved(rel string) {
 	if block.ParseDir(rel).Level != block.NotLayoutDir || !strings.Contains(rel, "/") {
 		f.index.moved(rel)
-	}
-}
-
-// noteMissedDir counts a lookup that failed at a missing directory of the
-// tier layout (`<tier>/<h[0:3]>` or `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most
-// absent keys end there, never reaching their block's name.
-func (f *FS) noteMissedDir(ctx context.Context, rel string) {
-	if f.primer != nil && f.primer.Owns(callerThread(ctx)) {
-		return // the daemon's own lookup, ahead of the engine
-	}
-	if dir := block.ParseDir(rel); dir.Level != block.NotLayoutDir {
-		f.store.CountMissedLookup()
-		f.diagnostics.MissedLookup(dir.Tier, dir.Group)
 	}
 }
 

@@ -98,8 +98,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		switch e, exists, known := n.fsys.index.layoutAnswer(rel); {
 		case exists:
 			return n.cached(out)(n.indexedChild(ctx, e, out), 0)
-		case known && !n.fsys.lookupSharedDir(rel):
-			n.fsys.noteMissedDir(ctx, rel)
+		case known && !n.fsys.tier.SharedDir(rel):
+			n.fsys.tier.MissedDir(rel, callerThread(ctx))
 			out.SetEntryTimeout(n.fsys.absentTimeout(rel))
 			return nil, syscall.ENOENT
 		case known:
@@ -108,12 +108,12 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		}
 	}
 	child, errno := n.cached(out)(n.lookupStore(ctx, name, out))
-	if errno == syscall.ENOENT && n.fsys.lookupSharedDir(rel) {
+	if errno == syscall.ENOENT && n.fsys.tier.SharedDir(rel) {
 		n.fsys.namespaceChanged(rel)
 		child, errno = n.cached(out)(n.lookupStore(ctx, name, out))
 	}
 	if errno == syscall.ENOENT {
-		n.fsys.noteMissedDir(ctx, rel)
+		n.fsys.tier.MissedDir(rel, callerThread(ctx))
 		out.SetEntryTimeout(n.fsys.negativeTimeout)
 	}
 	if errno == 0 && n.isRoot() && out.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR {
@@ -237,9 +237,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.errno(err)
 	}
-	if n.fsys.budget != nil {
-		n.fsys.budget.NoteIOThread(callerThread(ctx))
-	}
+	n.fsys.tier.NoteIOThread(callerThread(ctx))
 	e, err := n.fsys.index.entryAt(w.Fd(), "")
 	if err != nil {
 		w.Close()

@@ -3,7 +3,6 @@ package fusefs
 import (
 	"context"
 	"hash/fnv"
-	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -60,24 +59,6 @@ func sharedIno(rel string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(rel))
 	return 1<<61 | h.Sum64()&(1<<61-1)
-}
-
-// lookupSharedDir creates a directory of the layout that the shared store
-// holds and the local store lacks, so that a key's lookup walks on to its
-// block; true if it now exists locally.
-func (f *FS) lookupSharedDir(rel string) bool {
-	depth := strings.Count(rel, "/") + 1
-	if f.shared == nil || depth > 3 || strings.HasPrefix(rel, ".") {
-		return false
-	}
-	if !f.shared.Lookup(rel) {
-		return false
-	}
-	if err := f.store.MakeDirs(rel); err != nil {
-		f.logger.Warn("creating a directory the shared store holds", "path", rel, "err", err)
-		return false
-	}
-	return true
 }
 
 var _ = (fs.NodeGetattrer)((*node)(nil))

@@ -1,6 +1,10 @@
 package tier
 
-import "github.com/kvtierfs/kvtierfs/tiers/block"
+import (
+	"strings"
+
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
 
 // Answer is where a looked-up block is, as its lookup is answered.
 type Answer int
@@ -84,4 +88,38 @@ func (t *Tier) find(ref block.Ref, thread uint32, budgeted bool) (found bool, wh
 		}
 	}
 	return found, where
+}
+
+// MissedDir counts the engine's lookup of rel, by thread, that failed at a
+// missing directory of the tier layout (`<tier>/<h[0:3]>` or
+// `<tier>/<h[0:3]>/<h[3:5]>_g<N>`): most absent keys end there, never
+// reaching their block's name. The primer's lookups, ahead of the engine,
+// and names outside the layout are not counted.
+func (t *Tier) MissedDir(rel string, thread uint32) {
+	if t.cfg.Primer != nil && t.cfg.Primer.Owns(thread) {
+		return
+	}
+	if dir := block.ParseDir(rel); dir.Level != block.NotLayoutDir {
+		t.cfg.Store.CountMissedLookup()
+		if t.cfg.Diagnostics != nil {
+			t.cfg.Diagnostics.MissedLookup(dir.Tier, dir.Group)
+		}
+	}
+}
+
+// SharedDir makes the directory rel of the tier layout in the store when
+// the shared level holds it and the store lacks it, so that a key's lookup
+// walks on to its block; true if it now exists in the store. Only the
+// layout's levels (tier, prefix, group: three components at most) are
+// asked, never a hidden name.
+func (t *Tier) SharedDir(rel string) bool {
+	depth := strings.Count(rel, "/") + 1
+	if t.cfg.Shared == nil || depth > 3 || strings.HasPrefix(rel, ".") || !t.cfg.Shared.Lookup(rel) {
+		return false
+	}
+	if err := t.cfg.Store.MakeDirs(rel); err != nil {
+		t.cfg.Logger.Warn("creating a directory the shared store holds", "path", rel, "err", err)
+		return false
+	}
+	return true
 }

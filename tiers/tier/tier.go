@@ -10,6 +10,7 @@
 package tier
 
 import (
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,10 @@ type Store interface {
 	// Listen adds a listener of the store's own events (disk.Store.Listen).
 	Listen(fn func(disk.Event))
 	TimePhase(p disk.Phase, start time.Time)
+	// CountMissedLookup counts a lookup that ended at a missing directory.
+	CountMissedLookup()
+	// MakeDirs makes the missing directories of relDir.
+	MakeDirs(relDir string) error
 }
 
 // Shared is the shared second level as the tier uses it (*shared.Level).
@@ -107,6 +112,9 @@ type Diagnostics interface {
 	Stored(ref block.Ref, bytes int64)
 	Read(ref block.Ref, bytes int64)
 	LookedUp(ref block.Ref, present bool)
+	// MissedLookup counts a lookup whose directory was absent (group -1:
+	// the group directory itself).
+	MissedLookup(tier string, group int)
 }
 
 // KVEvents publishes the blocks that leave the tier to routers
@@ -121,6 +129,12 @@ type Gate interface {
 	ServeLoads() bool
 }
 
+// Primer looks the layout's names up ahead of the engine (*prime.Helper).
+type Primer interface {
+	// Owns reports whether a request's caller thread is the primer's.
+	Owns(thread uint32) bool
+}
+
 // Config is what a Tier is made of; every field but Store may be nil.
 type Config struct {
 	Store       Store
@@ -130,6 +144,9 @@ type Config struct {
 	Diagnostics Diagnostics
 	KVEvents    KVEvents
 	Gate        Gate
+	Primer      Primer
+	// Logger receives the tier's warnings; nil discards them.
+	Logger *slog.Logger
 	// SizeBudget is called at a publish while Budget knows no rows: the
 	// first block gives the rows their size.
 	SizeBudget func()
@@ -155,6 +172,9 @@ type Tier struct {
 // (Listen): its lookup index, then the kernel's caches, so that the kernel
 // asks again only once everything else has the news.
 func New(cfg Config) *Tier {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	t := &Tier{cfg: cfg}
 	if s := cfg.Stager; s != nil {
 		t.Listen(func(e Event) {
@@ -264,10 +284,18 @@ func (t *Tier) Unlink(ref block.Ref) error {
 func (t *Tier) Loaded(ref block.Ref, thread uint32, size int64) {
 	if b := t.cfg.Budget; b != nil {
 		b.Loaded(budgetKey(ref.Name))
-		b.NoteIOThread(thread)
 	}
+	t.NoteIOThread(thread)
 	if d := t.cfg.Diagnostics; d != nil {
 		d.Read(ref, size)
+	}
+}
+
+// NoteIOThread tells the lookup budget that thread is one of the engine's
+// I/O threads (it created a block's tmp file or opened a block).
+func (t *Tier) NoteIOThread(thread uint32) {
+	if b := t.cfg.Budget; b != nil {
+		b.NoteIOThread(thread)
 	}
 }
 

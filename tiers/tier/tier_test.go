@@ -32,11 +32,12 @@ func (j *journal) take() []string {
 // fakeStore holds the blocks of present and tells its one listener as a
 // disk.Store does: Published inside Publish.
 type fakeStore struct {
-	j          *journal
-	present    map[string]int64
-	listen     func(disk.Event)
-	publishErr error
-	phases     []disk.Phase
+	j           *journal
+	present     map[string]int64
+	listen      func(disk.Event)
+	publishErr  error
+	makeDirsErr error
+	phases      []disk.Phase
 }
 
 func (s *fakeStore) Lookup(rel string, thread uint32) bool {
@@ -74,6 +75,16 @@ func (s *fakeStore) Listen(fn func(disk.Event)) {
 }
 
 func (s *fakeStore) TimePhase(p disk.Phase, start time.Time) { s.phases = append(s.phases, p) }
+
+func (s *fakeStore) CountMissedLookup() { s.j.add("store missed lookup") }
+
+func (s *fakeStore) MakeDirs(relDir string) error {
+	s.j.add("store makes %s", relDir)
+	if s.makeDirsErr != nil {
+		return s.makeDirsErr
+	}
+	return nil
+}
 
 type fakeShared struct {
 	j    *journal
@@ -120,6 +131,9 @@ func (d fakeDiagnostics) Stored(ref block.Ref, bytes int64) {
 func (d fakeDiagnostics) Read(ref block.Ref, bytes int64) {
 	d.j.add("diagnostics read %s %d", ref.Rel, bytes)
 }
+func (d fakeDiagnostics) MissedLookup(tier string, group int) {
+	d.j.add("diagnostics missed %s group %d", tier, group)
+}
 func (d fakeDiagnostics) LookedUp(ref block.Ref, present bool) {
 	d.j.add("diagnostics lookup %s present=%v", ref.Rel, present)
 }
@@ -129,6 +143,11 @@ type fakeKVEvents struct{ j *journal }
 func (k fakeKVEvents) BlockGone(rel string) { k.j.add("kv gone %s", rel) }
 
 type fakeGate struct{ open bool }
+
+// fakePrimer owns one thread.
+type fakePrimer struct{ thread uint32 }
+
+func (p fakePrimer) Owns(thread uint32) bool { return thread == p.thread }
 
 func (g *fakeGate) ServeLoads() bool { return g.open }
 
@@ -148,7 +167,7 @@ func newWorld(t *testing.T, withGate bool) *world {
 	w := &world{j: j, store: &fakeStore{j: j, present: map[string]int64{}}, shared: &fakeShared{j: j, hold: map[string]bool{}},
 		budget: &fakeBudget{j: j, allow: map[string]bool{}, rows: 1}}
 	cfg := Config{Store: w.store, Shared: w.shared, Stager: fakeStager{j}, Budget: w.budget, Diagnostics: fakeDiagnostics{j},
-		KVEvents: fakeKVEvents{j}, SizeBudget: func() { j.add("size budget") }}
+		KVEvents: fakeKVEvents{j}, Primer: fakePrimer{thread: 99}, SizeBudget: func() { j.add("size budget") }}
 	if withGate {
 		w.gate = &fakeGate{open: true}
 		cfg.Gate = w.gate
@@ -399,8 +418,65 @@ func TestLoaded(t *testing.T) {
 	w := newWorld(t, false)
 	a := ref(hashA)
 	w.tier.Loaded(a, 9, 4096)
-	want := []string{"budget loaded " + hashA, "budget io thread 9", "diagnostics read " + a.Rel + " 4096"}
+	w.tier.NoteIOThread(10)
+	want := []string{"budget loaded " + hashA, "budget io thread 9", "diagnostics read " + a.Rel + " 4096", "budget io thread 10"}
 	if got := w.j.take(); !slices.Equal(got, want) {
 		t.Errorf("told %q, want %q", got, want)
+	}
+}
+
+// TestMissedDirCountsTheEnginesLayoutMisses: a lookup ending at a missing
+// directory of the layout is counted by the store and the diagnostics; the
+// primer's own lookups and names outside the layout are not.
+func TestMissedDirCountsTheEnginesLayoutMisses(t *testing.T) {
+	w := newWorld(t, false)
+	prefix := "t/" + hashA[:3]
+	group := prefix + "/" + hashA[3:5] + "_g2"
+	cases := []struct {
+		rel    string
+		thread uint32
+		want   []string
+	}{
+		{prefix, 1, []string{"store missed lookup", "diagnostics missed t group -1"}},
+		{group, 1, []string{"store missed lookup", "diagnostics missed t group 2"}},
+		{group, 99, nil},
+		{"t/notlayout", 1, nil},
+		{"t", 1, nil},
+	}
+	for _, c := range cases {
+		w.tier.MissedDir(c.rel, c.thread)
+		if got := w.j.take(); !slices.Equal(got, c.want) {
+			t.Errorf("missed %s by %d: told %q, want %q", c.rel, c.thread, got, c.want)
+		}
+	}
+}
+
+// TestSharedDirMakesWhatTheSharedLevelHolds: a layout directory the shared
+// level holds is made in the store; deeper, hidden or unheld names are not,
+// and a store that cannot make it answers false.
+func TestSharedDirMakesWhatTheSharedLevelHolds(t *testing.T) {
+	w := newWorld(t, false)
+	for _, rel := range []string{"t", "t/abc", "t/abc/de_g0", "t/abc/de_g0/x", ".hidden"} {
+		w.shared.hold[rel] = true
+	}
+	cases := []struct {
+		rel  string
+		want bool
+	}{{"t", true}, {"t/abc", true}, {"t/abc/de_g0", true}, {"t/abc/de_g0/x", false}, {".hidden", false}, {"u", false}}
+	for _, c := range cases {
+		if got := w.tier.SharedDir(c.rel); got != c.want {
+			t.Errorf("SharedDir(%s) = %v, want %v", c.rel, got, c.want)
+		}
+		made := slices.Contains(w.j.take(), "store makes "+c.rel)
+		if made != c.want {
+			t.Errorf("SharedDir(%s): made in the store %v, want %v", c.rel, made, c.want)
+		}
+	}
+	w.store.makeDirsErr = syscall.EACCES
+	if w.tier.SharedDir("t/abc") {
+		t.Error("a directory the store could not make answered present")
+	}
+	if New(Config{Store: &fakeStore{j: w.j}}).SharedDir("t") {
+		t.Error("a tier without a shared level made a directory")
 	}
 }
