@@ -281,9 +281,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	loopRoot.RootNode = f.root
 	f.index = newLookupIndex(opts.Store, loopRoot)
 	f.index.scan("")
-	f.tier = tier.New(f.tierConfig(opts))
-	f.tier.Listen(f.indexEvent)
-	f.tier.Listen(f.kernelEvent)
+	f.tier = tier.New(f.tierConfig(opts), f.indexEvent, f.kernelEvent)
 
 	if opts.MaxRequest == 0 {
 		opts.MaxRequest = DefaultMaxRequest

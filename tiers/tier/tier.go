@@ -11,7 +11,6 @@ package tier
 
 import (
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +22,7 @@ import (
 // Kind is what happened to a block (Event).
 type Kind int
 
-// The events of a block's life, each told as the delivery rule says (Tier.Listen).
+// The events of a block's life, each told as the delivery rule says (Listener).
 const (
 	// Leaving: the mount is about to publish over the block's name or
 	// unlink it. Told before the store acts, so that nothing serves the
@@ -50,7 +49,14 @@ type Event struct {
 	Size int64
 }
 
-// Listener follows the tier's block events.
+// Listener follows the tier's block events. The delivery rule: every
+// listener hears every event, one call at a time, in the order New lists
+// them. Leaving is told on the goroutine of the mount's request, before the
+// store acts (Publish, Unlink); Published and Imported on the goroutine that
+// published, after the rename and before the store's Publish or Import
+// returns; Unlinked and Evicted later, on the store's one notifier
+// goroutine, in the order the blocks left (disk.Store.Listen). A listener
+// must not block, and ignores the kinds it does not need.
 type Listener func(Event)
 
 // Store is the block store as the tier uses it (*disk.Store).
@@ -155,8 +161,7 @@ type Config struct {
 // Tier owns a mount's block events and lookups.
 type Tier struct {
 	cfg Config
-
-	listenMu  sync.Mutex
+	// listeners are fixed at New, before the store's first event.
 	listeners []Listener
 
 	// withheld counts present blocks answered absent while Gate was closed.
@@ -166,18 +171,18 @@ type Tier struct {
 	matchThreads atomic.Uint32
 }
 
-// New makes the tier the store's one listener and adds the listeners of
-// cfg in this order: staging, the lookup budget, the diagnostics, KV events,
-// write-behind to the shared level. The mount adds its own after them
-// (Listen): its lookup index, then the kernel's caches, so that the kernel
-// asks again only once everything else has the news.
-func New(cfg Config) *Tier {
+// New makes the tier the store's one listener. Its listeners, in order:
+// those of cfg (staging, the lookup budget, the diagnostics, KV events,
+// write-behind to the shared level), then the mount's (fusefs: its lookup
+// index, then the kernel's caches, so that the kernel asks again only once
+// everything else has the news).
+func New(cfg Config, mount ...Listener) *Tier {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := &Tier{cfg: cfg}
 	if s := cfg.Stager; s != nil {
-		t.Listen(func(e Event) {
+		t.listen(func(e Event) {
 			switch e.Kind {
 			case Leaving, Evicted:
 				s.Invalidate(e.Ref)
@@ -187,7 +192,7 @@ func New(cfg Config) *Tier {
 		})
 	}
 	if b := cfg.Budget; b != nil {
-		t.Listen(func(e Event) {
+		t.listen(func(e Event) {
 			if e.Kind != Published {
 				return
 			}
@@ -198,51 +203,39 @@ func New(cfg Config) *Tier {
 		})
 	}
 	if d := cfg.Diagnostics; d != nil {
-		t.Listen(func(e Event) {
+		t.listen(func(e Event) {
 			if e.Kind == Published {
 				d.Stored(e.Ref, e.Size)
 			}
 		})
 	}
 	if k := cfg.KVEvents; k != nil {
-		t.Listen(func(e Event) {
+		t.listen(func(e Event) {
 			if e.Kind == Unlinked || e.Kind == Evicted {
 				k.BlockGone(e.Ref.Rel)
 			}
 		})
 	}
 	if sh := cfg.Shared; sh != nil {
-		t.Listen(func(e Event) {
+		t.listen(func(e Event) {
 			if e.Kind == Published {
 				sh.Published(e.Ref.Rel, e.Size)
 			}
 		})
 	}
+	for _, fn := range mount {
+		t.listen(fn)
+	}
 	cfg.Store.Listen(t.storeEvent)
 	return t
 }
 
-// Listen adds a listener of the tier's block events. The delivery rule:
-// every listener hears every event, one call at a time, in the order the
-// listeners were added (New). Leaving is told on the goroutine of the
-// mount's request, before the store acts (Publish, Unlink); Published and
-// Imported on the goroutine that published, after the rename and before the
-// store's Publish or Import returns; Unlinked and Evicted later, on the
-// store's one notifier goroutine, in the order the blocks left
-// (disk.Store.Listen). A listener must not block, and ignores the kinds it
-// does not need.
-func (t *Tier) Listen(fn Listener) {
-	t.listenMu.Lock()
-	defer t.listenMu.Unlock()
-	t.listeners = append(t.listeners[:len(t.listeners):len(t.listeners)], fn)
-}
+// listen adds a listener, in New only.
+func (t *Tier) listen(fn Listener) { t.listeners = append(t.listeners, fn) }
 
 // tell delivers an event to every listener, in order.
 func (t *Tier) tell(e Event) {
-	t.listenMu.Lock()
-	listeners := t.listeners
-	t.listenMu.Unlock()
-	for _, fn := range listeners {
+	for _, fn := range t.listeners {
 		fn(e)
 	}
 }

@@ -161,7 +161,7 @@ type world struct {
 	tier   *Tier
 }
 
-func newWorld(t *testing.T, withGate bool) *world {
+func newWorld(t *testing.T, withGate bool, mount ...Listener) *world {
 	t.Helper()
 	j := &journal{}
 	w := &world{j: j, store: &fakeStore{j: j, present: map[string]int64{}}, shared: &fakeShared{j: j, hold: map[string]bool{}},
@@ -172,7 +172,7 @@ func newWorld(t *testing.T, withGate bool) *world {
 		w.gate = &fakeGate{open: true}
 		cfg.Gate = w.gate
 	}
-	w.tier = New(cfg)
+	w.tier = New(cfg, mount...)
 	return w
 }
 
@@ -189,12 +189,12 @@ const (
 // events, write-behind, then the mount's), each as its kind concerns it;
 // Leaving comes before the store acts, Published from inside its Publish.
 func TestEventsReachListenersInOrder(t *testing.T) {
-	w := newWorld(t, false)
+	var w *world
 	var heard []Kind
-	w.tier.Listen(func(e Event) {
+	w = newWorld(t, false, func(e Event) {
 		w.j.add("mount %d %s size=%d", e.Kind, e.Ref.Rel, e.Size)
 		heard = append(heard, e.Kind)
-	})
+	}, func(e Event) { w.j.add("mount's second %d", e.Kind) })
 	a := ref(hashA)
 	steps := []struct {
 		what string
@@ -208,12 +208,14 @@ func TestEventsReachListenersInOrder(t *testing.T) {
 		}, []string{
 			"staging invalidate " + a.Rel,
 			fmt.Sprintf("mount %d %s size=0", Leaving, a.Rel),
+			fmt.Sprintf("mount's second %d", Leaving),
 			"store publish " + a.Rel + ".tmp as " + a.Rel,
 			"staging store " + a.Rel,
 			"budget store " + hashA,
 			"diagnostics stored " + a.Rel + " 4096",
 			"write-behind " + a.Rel + " 4096",
 			fmt.Sprintf("mount %d %s size=4096", Published, a.Rel),
+			fmt.Sprintf("mount's second %d", Published),
 		}},
 		{"unlink", func() {
 			if err := w.tier.Unlink(a); err != nil {
@@ -222,19 +224,23 @@ func TestEventsReachListenersInOrder(t *testing.T) {
 		}, []string{
 			"staging invalidate " + a.Rel,
 			fmt.Sprintf("mount %d %s size=0", Leaving, a.Rel),
+			fmt.Sprintf("mount's second %d", Leaving),
 			"store remove " + a.Rel,
 		}},
 		{"the store's unlink", func() { w.store.listen(disk.Event{Kind: disk.Unlinked, Rel: a.Rel}) }, []string{
 			"kv gone " + a.Rel,
 			fmt.Sprintf("mount %d %s size=0", Unlinked, a.Rel),
+			fmt.Sprintf("mount's second %d", Unlinked),
 		}},
 		{"the store's removal", func() { w.store.listen(disk.Event{Kind: disk.Removed, Rel: a.Rel}) }, []string{
 			"staging invalidate " + a.Rel,
 			"kv gone " + a.Rel,
 			fmt.Sprintf("mount %d %s size=0", Evicted, a.Rel),
+			fmt.Sprintf("mount's second %d", Evicted),
 		}},
 		{"the store's import", func() { w.store.listen(disk.Event{Kind: disk.Imported, Rel: a.Rel}) }, []string{
 			fmt.Sprintf("mount %d %s size=0", Imported, a.Rel),
+			fmt.Sprintf("mount's second %d", Imported),
 		}},
 		{"an event of no block", func() { w.store.listen(disk.Event{Kind: disk.Removed, Rel: "t/notablock"}) }, nil},
 	}
