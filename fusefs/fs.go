@@ -331,7 +331,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		f.logger.Warn("the mount's FUSE connection cannot be aborted at shutdown", "err", err)
 	}
 	if f.regions != nil {
-		f.refreshBudget()
+		f.tier.SizeBudget()
 		go f.watchRegions()
 	}
 	return f, nil
@@ -349,9 +349,9 @@ func (f *FS) tierConfig(opts Options) tier.Config {
 	}
 	if opts.LookupBudget != nil {
 		cfg.Budget = opts.LookupBudget
-		if opts.Regions != nil {
-			cfg.SizeBudget = f.refreshBudget
-		}
+	}
+	if opts.Regions != nil {
+		cfg.Regions = opts.Regions
 	}
 	if opts.KVEvents != nil {
 		cfg.KVEvents = opts.KVEvents
@@ -363,27 +363,6 @@ func (f *FS) tierConfig(opts Options) tier.Config {
 		cfg.Primer = f.primer
 	}
 	return cfg
-}
-
-// refreshBudget tells the lookup budget the primary region's rows and the
-// groups of each tier the store holds.
-func (f *FS) refreshBudget() {
-	if f.budget == nil {
-		return
-	}
-	d := f.store.Stats()
-	rows := 0
-	for _, r := range f.regions.Infos(rowSizes(d.RowBytes)) {
-		rows = max(rows, int(r.Rows))
-	}
-	f.budget.SetRows(rows)
-	for tier := range d.RowBytes {
-		for g := range d.Groups {
-			if n, err := strconv.Atoi(g); err == nil {
-				f.budget.NoteGroup(tier, n)
-			}
-		}
-	}
 }
 
 // ProbePoll makes the kernel learn that the mount answers no POLL, by
@@ -413,7 +392,7 @@ func (f *FS) watchRegions() {
 			if err := f.regions.Refresh(); err != nil {
 				f.logger.Debug("shm regions", "err", err)
 			}
-			f.refreshBudget()
+			f.tier.SizeBudget()
 			if f.syncRegions != nil {
 				f.syncRegions.Sweep()
 			}

@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"fmt"
-	"sort"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
@@ -10,6 +9,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/shared"
+	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
 // Stats takes a snapshot of the mount's state: the one place that fills
@@ -91,7 +91,7 @@ func (f *FS) Stats() ctlabi.Stats {
 		if err := f.regions.Refresh(); err != nil {
 			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmUnmappable, Message: err.Error()})
 		}
-		for _, r := range f.regions.Infos(rowSizes(d.RowBytes)) {
+		for _, r := range f.regions.Infos(tier.RowSizes(d.RowBytes)) {
 			st.Primary.Regions = append(st.Primary.Regions, ctlabi.Region(r))
 		}
 		for _, ig := range f.regions.Ignored() {
@@ -221,20 +221,6 @@ func sharedWarnings(st shared.Stats) []ctlabi.Warning {
 			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
 			st.BytesBehind, st.DroppedBlocks)})
 	}
-	return out
-}
-
-// rowSizes lists the distinct block sizes of the store's tiers.
-func rowSizes(byTier map[string]int64) []int64 {
-	seen := map[int64]bool{}
-	var out []int64
-	for _, v := range byTier {
-		if !seen[v] {
-			seen[v] = true
-			out = append(out, v)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
 

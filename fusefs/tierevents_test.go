@@ -48,13 +48,13 @@ func TestIndexFollowsTheTiersEvents(t *testing.T) {
 }
 
 // TestTierConfigLeavesAbsentPartsNil: a mount without staging, budget, KV
-// events, mirroring, shared level or primer gives the tier none (no typed
+// events, regions, mirroring, shared level or primer gives the tier none (no typed
 // nil pointer the tier would call), and its lookups answer from the store.
 func TestTierConfigLeavesAbsentPartsNil(t *testing.T) {
 	store := openStoreAt(t, t.TempDir())
 	f := &FS{}
 	cfg := f.tierConfig(Options{Store: store})
-	if cfg.Shared != nil || cfg.Stager != nil || cfg.Budget != nil || cfg.SizeBudget != nil || cfg.KVEvents != nil ||
+	if cfg.Shared != nil || cfg.Stager != nil || cfg.Budget != nil || cfg.Regions != nil || cfg.KVEvents != nil ||
 		cfg.Gate != nil || cfg.Primer != nil || cfg.Diagnostics != nil {
 		t.Fatalf("a mount without them configured the tier with %+v", cfg)
 	}

@@ -73,6 +73,8 @@ type Store interface {
 	TimePhase(p disk.Phase, start time.Time)
 	// CountMissedLookup counts a lookup that ended at a missing directory.
 	CountMissedLookup()
+	// Stats is the store's occupancy: its tiers' row sizes and its groups.
+	Stats() disk.Stats
 	// MakeDirs makes the missing directories of relDir.
 	MakeDirs(relDir string) error
 }
@@ -108,6 +110,10 @@ type Budget interface {
 	NoteIOThread(thread uint32)
 	// Rows is the rows the budget knows; 0 before the regions are sized.
 	Rows() int
+	// SetRows and NoteGroup size it: the primary region's rows, a group
+	// of a tier.
+	SetRows(rows int)
+	NoteGroup(tier string, group int)
 	// Exempt stops deciding the tier's lookups (its engine matches).
 	Exempt(tier string)
 }
@@ -151,11 +157,10 @@ type Config struct {
 	KVEvents    KVEvents
 	Gate        Gate
 	Primer      Primer
+	// Regions size the lookup budget (SizeBudget).
+	Regions Regions
 	// Logger receives the tier's warnings; nil discards them.
 	Logger *slog.Logger
-	// SizeBudget is called at a publish while Budget knows no rows: the
-	// first block gives the rows their size.
-	SizeBudget func()
 }
 
 // Tier owns a mount's block events and lookups.
@@ -197,8 +202,8 @@ func New(cfg Config, mount ...Listener) *Tier {
 				return
 			}
 			b.NoteStore(budgetKey(e.Ref.Name))
-			if b.Rows() == 0 && cfg.SizeBudget != nil {
-				cfg.SizeBudget()
+			if b.Rows() == 0 {
+				t.SizeBudget()
 			}
 		})
 	}
@@ -290,9 +295,4 @@ func (t *Tier) NoteIOThread(thread uint32) {
 	if b := t.cfg.Budget; b != nil {
 		b.NoteIOThread(thread)
 	}
-}
-
-// budgetKey is a block's name as the lookup budget knows it.
-func budgetKey(n block.Name) lookupbudget.Key {
-	return lookupbudget.Key{Tier: n.Tier, Group: n.Group, Hash: n.Hash}
 }

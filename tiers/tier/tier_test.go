@@ -13,6 +13,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // journal records, in order, what the fakes were told.
@@ -38,6 +39,7 @@ type fakeStore struct {
 	publishErr  error
 	makeDirsErr error
 	phases      []disk.Phase
+	stats       disk.Stats
 }
 
 func (s *fakeStore) Lookup(rel string, thread uint32) bool {
@@ -77,6 +79,8 @@ func (s *fakeStore) Listen(fn func(disk.Event)) {
 func (s *fakeStore) TimePhase(p disk.Phase, start time.Time) { s.phases = append(s.phases, p) }
 
 func (s *fakeStore) CountMissedLookup() { s.j.add("store missed lookup") }
+
+func (s *fakeStore) Stats() disk.Stats { return s.stats }
 
 func (s *fakeStore) MakeDirs(relDir string) error {
 	s.j.add("store makes %s", relDir)
@@ -122,6 +126,11 @@ func (b *fakeBudget) Loaded(key lookupbudget.Key)    { b.j.add("budget loaded %s
 func (b *fakeBudget) NoteIOThread(thread uint32)     { b.j.add("budget io thread %d", thread) }
 func (b *fakeBudget) Rows() int                      { return b.rows }
 func (b *fakeBudget) Exempt(tier string)             { b.j.add("budget exempts %s", tier) }
+func (b *fakeBudget) SetRows(rows int) {
+	b.rows = rows
+	b.j.add("budget rows %d", rows)
+}
+func (b *fakeBudget) NoteGroup(tier string, group int) { b.j.add("budget group %s %d", tier, group) }
 
 type fakeDiagnostics struct{ j *journal }
 
@@ -142,6 +151,22 @@ type fakeKVEvents struct{ j *journal }
 
 func (k fakeKVEvents) BlockGone(rel string) { k.j.add("kv gone %s", rel) }
 
+// fakeRegions has regions of the rows given, and journals the row sizes
+// it was asked about.
+type fakeRegions struct {
+	j    *journal
+	rows []int64
+}
+
+func (r *fakeRegions) Infos(rowSizes []int64) []shm.Info {
+	r.j.add("regions for row sizes %v", rowSizes)
+	var out []shm.Info
+	for _, rows := range r.rows {
+		out = append(out, shm.Info{Rows: rows})
+	}
+	return out
+}
+
 type fakeGate struct{ open bool }
 
 // fakePrimer owns one thread.
@@ -153,21 +178,22 @@ func (g *fakeGate) ServeLoads() bool { return g.open }
 
 // world is a tier over fakes of everything it tells and asks.
 type world struct {
-	j      *journal
-	store  *fakeStore
-	shared *fakeShared
-	budget *fakeBudget
-	gate   *fakeGate
-	tier   *Tier
+	j       *journal
+	store   *fakeStore
+	shared  *fakeShared
+	budget  *fakeBudget
+	regions *fakeRegions
+	gate    *fakeGate
+	tier    *Tier
 }
 
 func newWorld(t *testing.T, withGate bool, mount ...Listener) *world {
 	t.Helper()
 	j := &journal{}
 	w := &world{j: j, store: &fakeStore{j: j, present: map[string]int64{}}, shared: &fakeShared{j: j, hold: map[string]bool{}},
-		budget: &fakeBudget{j: j, allow: map[string]bool{}, rows: 1}}
+		budget: &fakeBudget{j: j, allow: map[string]bool{}, rows: 1}, regions: &fakeRegions{j: j}}
 	cfg := Config{Store: w.store, Shared: w.shared, Stager: fakeStager{j}, Budget: w.budget, Diagnostics: fakeDiagnostics{j},
-		KVEvents: fakeKVEvents{j}, Primer: fakePrimer{thread: 99}, SizeBudget: func() { j.add("size budget") }}
+		KVEvents: fakeKVEvents{j}, Primer: fakePrimer{thread: 99}, Regions: w.regions}
 	if withGate {
 		w.gate = &fakeGate{open: true}
 		cfg.Gate = w.gate
@@ -274,23 +300,51 @@ func TestFailedPublishTellsOnlyLeaving(t *testing.T) {
 }
 
 // TestFirstPublishSizesTheBudget: a publish while the budget knows no rows
-// has the mount size it; once it knows them, publishes do not.
+// sizes it from the regions; once it knows them, publishes do not.
 func TestFirstPublishSizesTheBudget(t *testing.T) {
 	w := newWorld(t, false)
 	w.budget.rows = 0
+	w.regions.rows = []int64{4}
 	a, b := ref(hashA), ref(hashB)
 	if err := w.tier.Publish(a.Rel+".tmp", a); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.j.take(); !slices.Contains(got, "size budget") {
+	if got := w.j.take(); !slices.Contains(got, "budget rows 4") {
 		t.Errorf("the first publish did not size the budget: %q", got)
 	}
-	w.budget.rows = 8
 	if err := w.tier.Publish(b.Rel+".tmp", b); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.j.take(); slices.Contains(got, "size budget") {
+	if got := w.j.take(); slices.ContainsFunc(got, func(line string) bool { return strings.HasPrefix(line, "budget rows") }) {
 		t.Errorf("a publish sized a budget that knows its rows: %q", got)
+	}
+}
+
+// TestSizeBudget: the budget learns the rows of the largest region, asked
+// with the store's distinct row sizes, and every numbered group of every
+// tier; without regions or a budget nothing is sized.
+func TestSizeBudget(t *testing.T) {
+	w := newWorld(t, false)
+	w.regions.rows = []int64{5, 9, 7}
+	w.store.stats = disk.Stats{RowBytes: map[string]int64{"a": 8192, "b": 4096, "c": 8192},
+		Groups: map[string]disk.GroupStats{"0": {}, "3": {}, "x": {}}}
+	w.tier.SizeBudget()
+	got := w.j.take()
+	want := []string{"regions for row sizes [4096 8192]", "budget rows 9"}
+	if len(got) < 2 || !slices.Equal(got[:2], want) {
+		t.Fatalf("told %q, want %q first", got, want)
+	}
+	groups := got[2:]
+	slices.Sort(groups)
+	wantGroups := []string{"budget group a 0", "budget group a 3", "budget group b 0", "budget group b 3", "budget group c 0", "budget group c 3"}
+	if !slices.Equal(groups, wantGroups) {
+		t.Errorf("groups noted %q, want %q", groups, wantGroups)
+	}
+	for _, cfg := range []Config{{Store: &fakeStore{j: w.j}, Regions: w.regions}, {Store: &fakeStore{j: w.j}, Budget: w.budget}} {
+		New(cfg).SizeBudget()
+		if got := w.j.take(); len(got) != 0 {
+			t.Errorf("a tier without a budget or regions told %q", got)
+		}
 	}
 }
 
