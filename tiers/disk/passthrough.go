@@ -82,6 +82,9 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	}
 	s.TimePhase(PhaseCreateReserve, reserving)
 	s.mu.Lock()
+	// The kernel opens a backing file of its own, which would break the
+	// lease (and wait for it).
+	t.giveBackLeaseLocked()
 	t.allocated += t.expect
 	t.passthrough = true
 	t.released = make(chan struct{})

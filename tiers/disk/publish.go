@@ -333,6 +333,12 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	if err == nil {
 		err = unix.Fstat(int(f.Fd()), &st)
 	}
+	// Written through the daemon under a write lease held since the tmp's
+	// creation: the file's bytes are those the digest summed.
+	var stored []byte
+	if err == nil && t.lease != nil {
+		stored = mapStored(t.lease, b.size)
+	}
 	s.mu.Lock()
 	t.closeIfRetired()
 	if err == nil {
@@ -344,6 +350,10 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 			b.times = timesOf(&st)
 		}
 	}
+	if !s.keepStoredLocked(t, b, stored) && stored != nil {
+		unix.Munmap(stored)
+	}
+	t.giveBackLeaseLocked()
 	s.mu.Unlock()
 	t.mu.Unlock()
 	if err != nil {

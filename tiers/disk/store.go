@@ -159,6 +159,12 @@ type tmpFile struct {
 	// attempted is the end of the furthest write asked for.
 	written   [][2]int64
 	attempted int64
+	// lease, under Store.mu, is a duplicate of file's descriptor holding a
+	// write lease since the tmp's creation (a store in memory, written
+	// through the daemon): while it reads F_WRLCK no one else has opened or
+	// truncated the file, so a block published from it is kept mapped as
+	// proven (storedMapping). nil once refused, broken or given up.
+	lease *os.File
 }
 
 // Store is the block store. All methods are safe for concurrent use.
