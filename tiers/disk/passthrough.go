@@ -3,8 +3,10 @@ package disk
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -202,9 +204,40 @@ type written struct {
 // page size (tmpFile.wholeRow). The caller holds t.mu; the writer has
 // released the file.
 func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
-	size := t.size
 	var w written
-	var err error
+	row, found, err := s.writtenRow(t, f)
+	if err != nil {
+		return w, err
+	}
+	for _, r := range row.ZeroRuns {
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return w, err
+		}
+	}
+	offsets := block.ProbeOffsets(t.size)
+	w.sum, w.fromRow = &row.Sum, found
+	w.probe = func(off int64) (uint64, error) {
+		for i, o := range offsets {
+			if o == off {
+				return row.Probes[i], nil
+			}
+		}
+		return 0, syscall.EINVAL
+	}
+	return w, nil
+}
+
+// writtenRow is a released passthrough tmp's checksum, probe windows and
+// all-zero pages: in a store in memory from its file (sealInMemory), else
+// from the engine's row that holds a run of pages read from the file
+// (found), else from the file read back.
+func (s *Store) writtenRow(t *tmpFile, f *os.File) (row shm.WrittenRow, found bool, err error) {
+	size := t.size
+	if s.inMemory {
+		if row, ok, err := s.sealInMemory(t, f); ok || err != nil {
+			return row, false, err
+		}
+	}
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()
@@ -213,15 +246,13 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	fd := int(f.Fd())
 	direct := setDirect(fd, true) == nil
 	defer setDirect(fd, false)
-	var row shm.WrittenRow
-	found := false
 	reading := time.Now()
 	run := s.buffers.get(verifyPages * block.PageSize)
 	for i := 0; rows != nil && i < verifyRuns; i++ {
 		pages, telling, err := readRun(f, size, i, run, &direct)
 		if err != nil {
 			s.buffers.put(run)
-			return w, err
+			return row, false, err
 		}
 		if telling {
 			s.TimePhase(PhaseProbeRead, reading)
@@ -237,30 +268,64 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		// zero in the row is punched only where the file holds zeros too, or
 		// the hole would turn the file into the row and hide the change.
 		if row.ZeroRuns, err = s.zeroRunsOfFile(f, row.ZeroRuns, &direct); err != nil {
-			return w, err
+			return row, true, err
 		}
-	} else {
-		s.counters.StoresReadBack.Add(1)
-		if row, err = s.readBack(f, size, &direct); err != nil {
-			return w, err
-		}
+		return row, true, nil
 	}
-	for _, r := range row.ZeroRuns {
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			return w, err
-		}
+	s.counters.StoresReadBack.Add(1)
+	row, err = s.readBack(f, size, &direct)
+	return row, false, err
+}
+
+// sealInMemory learns a released passthrough tmp's digest, in a store in
+// memory, from its file mapped under a write lease taken now (granted only
+// while no other description of the file is open, the kernel's backing file
+// closed): one pass over the bytes, as the row's scan is, and no probe
+// read. A file without zero pages stays mapped under the lease for the
+// block's loads (tmpFile.leaseMap, keepStoredLocked), its pages faulted in
+// by the scan; one with zero pages is unmapped before they are punched. ok
+// is false where the lease or the mapping is refused or the file is sparse
+// (a fault of a shared mapping allocates its holes): the row is then found
+// as on a disk. The caller holds t.mu.
+func (s *Store) sealInMemory(t *tmpFile, f *os.File) (row shm.WrittenRow, ok bool, err error) {
+	lease := s.leaseTmp(f)
+	if lease == nil {
+		return row, false, nil
 	}
-	offsets := block.ProbeOffsets(size)
-	w.sum, w.fromRow = &row.Sum, found
-	w.probe = func(off int64) (uint64, error) {
-		for i, o := range offsets {
-			if o == off {
-				return row.Probes[i], nil
-			}
-		}
-		return 0, syscall.EINVAL
+	data := mapStored(lease, t.size)
+	if data == nil {
+		s.mu.Lock()
+		t.lease = lease
+		t.giveBackLeaseLocked()
+		s.mu.Unlock()
+		return row, false, nil
 	}
-	return w, nil
+	row, err = scanMapped(data)
+	s.counters.WriteBytes.Add(t.size)
+	s.counters.StoresReadBack.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.lease = lease
+	if err != nil || len(row.ZeroRuns) > 0 {
+		unix.Munmap(data)
+		t.giveBackLeaseLocked()
+		return row, true, err
+	}
+	t.leaseMap = data
+	return row, true, nil
+}
+
+// scanMapped is shm.ScanRow of a mapped file; a file cut short under the
+// mapping (possible only once a lease break outlasted lease-break-time) is
+// an error, not a crash.
+func scanMapped(data []byte) (row shm.WrittenRow, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("file cut short while being checked: %v: %w", r, syscall.EIO)
+		}
+	}()
+	return shm.ScanRow(data), nil
 }
 
 // readRun reads a run of up to verifyPages whole pages at a random place in

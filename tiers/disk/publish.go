@@ -334,9 +334,11 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 		err = unix.Fstat(int(f.Fd()), &st)
 	}
 	// Written through the daemon under a write lease held since the tmp's
-	// creation: the file's bytes are those the digest summed.
-	var stored []byte
-	if err == nil && t.lease != nil {
+	// creation, or summed from its file under a lease taken after its
+	// passthrough writer released it: the file's bytes are the digest's.
+	stored := t.leaseMap
+	t.leaseMap = nil
+	if err == nil && t.lease != nil && stored == nil {
 		stored = mapStored(t.lease, b.size)
 	}
 	s.mu.Lock()
@@ -350,7 +352,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 			b.times = timesOf(&st)
 		}
 	}
-	if !s.keepStoredLocked(t, b, stored) && stored != nil {
+	if (err != nil || !s.keepStoredLocked(t, b, stored)) && stored != nil {
 		unix.Munmap(stored)
 	}
 	t.giveBackLeaseLocked()

@@ -163,8 +163,11 @@ type tmpFile struct {
 	// write lease since the tmp's creation (a store in memory, written
 	// through the daemon): while it reads F_WRLCK no one else has opened or
 	// truncated the file, so a block published from it is kept mapped as
-	// proven (storedMapping). nil once refused, broken or given up.
-	lease *os.File
+	// proven (keepStoredLocked). nil once refused, broken or given up.
+	// leaseMap is the file mapped under it by a passthrough tmp's proof in
+	// memory (sealInMemory), which the block's loads are served from.
+	lease    *os.File
+	leaseMap []byte
 }
 
 // Store is the block store. All methods are safe for concurrent use.
