@@ -80,10 +80,11 @@ func TestBlockStoredIntoMemoryIsProvenAtStoreThroughTheMount(t *testing.T) {
 }
 
 // TestPassthroughIntoMemoryIsProvenAtStore passes rows through to a store on
-// a tmpfs of its own: each rename sums the file itself, mapped under a write
+// a tmpfs of its own: each rename sums the file itself, mapped under a read
 // lease taken once the kernel released it (counted as read back), so the
 // first load of a row without zero pages is served from that mapping,
-// unchecked; a row half zero has its zero pages punched and is checked at
+// unchecked, even after another process read the block's store file (as the
+// bare side of bench disk does: a read breaks no read lease); a row half zero has its zero pages punched and is checked at
 // its load; a byte another process changes in a store file between its store
 // and its load (no row holding the block any more) fails that load with EIO
 // and drops the block.
@@ -101,6 +102,9 @@ func TestPassthroughIntoMemoryIsProvenAtStore(t *testing.T) {
 	}
 	if c := m.d.Stats().Counters; c.StoresReadBack != 3 || c.StoresFromRow != 0 {
 		t.Fatalf("%d stores read back, %d from a row; want 3, 0", c.StoresReadBack, c.StoresFromRow)
+	}
+	if got, err := os.ReadFile(m.storeFile(1)); err != nil || !bytes.Equal(got, expectedRow(1)) {
+		t.Fatalf("reading block 1's store file: %v", err)
 	}
 	scratch := m.region.Row(4)
 	m.loadsBack(t, 1, scratch, expectedRow(1))

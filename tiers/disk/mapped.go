@@ -43,10 +43,13 @@ type Mapped struct {
 	// of the pinning Reader's): the lease belongs to it.
 	file *os.File
 	data []byte
-	// lease is the lease file holds: unix.F_RDLCK (a load's, on a read-only
-	// descriptor) or unix.F_WRLCK (the store's, on the descriptor the block
-	// was written through, which any other open of the file breaks).
+	// lease is the lease file holds: unix.F_RDLCK (on a read-only
+	// descriptor: a load's, or a passthrough store's in memory) or
+	// unix.F_WRLCK (the store's, on the descriptor the daemon wrote the
+	// block through, which any other open of the file breaks: Store.openPinned).
 	lease int
+	// atStore is set for a mapping kept from the block's store.
+	atStore bool
 	// id is the file's identity, which a block kept from its store must
 	// still have behind its name to be served so (Store.openPinned).
 	id fileID
@@ -140,8 +143,8 @@ func (m *Mapped) Proven() bool {
 }
 
 // ProvenAtStore reports whether the mapping is kept from the block's store,
-// proven by its write lease rather than by a load's check.
-func (m *Mapped) ProvenAtStore() bool { return m.lease == unix.F_WRLCK }
+// proven there rather than by a load's check.
+func (m *Mapped) ProvenAtStore() bool { return m.atStore }
 
 // Held reports whether the lease is still held with no break begun: no one
 // has since opened the file for writing (a write lease: at all) or truncated
@@ -206,16 +209,22 @@ func mapStored(lease *os.File, size int64) []byte {
 	return data
 }
 
-// keepStoredLocked keeps a proven block mapped from its store (data, from
-// mapStored) under the write lease its tmp held since its creation, if that
-// lease still holds: the bytes mapped are those the daemon wrote and summed
-// into the block's digest. It reports whether it kept it, taking the lease
-// from the tmp. The caller holds s.mu.
+// keepStoredLocked keeps a proven block mapped from its store (data) under
+// its tmp's lease, if that lease still holds: the write lease held since the
+// tmp's creation (written through the daemon: the bytes mapped are those
+// the daemon wrote and summed into the block's digest, from mapStored), or
+// the read lease a passthrough tmp's proof summed the file under
+// (sealInMemory). It reports whether it kept it, taking the lease from the
+// tmp. The caller holds s.mu.
 func (s *Store) keepStoredLocked(t *tmpFile, b *entry, data []byte) bool {
 	if data == nil || t.lease == nil || b.mapped != nil || !b.present || s.blocks[b.rel] != b {
 		return false
 	}
-	m := &Mapped{s: s, b: b, file: t.lease, data: data, lease: unix.F_WRLCK, id: t.id, proven: true}
+	kind := unix.F_WRLCK
+	if t.passthrough {
+		kind = unix.F_RDLCK // a passthrough tmp gave its write lease up (Writer.Passthrough)
+	}
+	m := &Mapped{s: s, b: b, file: t.lease, data: data, lease: kind, atStore: true, id: t.id, proven: true}
 	// Asked under the lock, as VerifyMapped does.
 	if !m.Held() {
 		return false

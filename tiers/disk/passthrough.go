@@ -209,10 +209,8 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	if err != nil {
 		return w, err
 	}
-	for _, r := range row.ZeroRuns {
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			return w, err
-		}
+	if err := punchZeroRuns(f, row.ZeroRuns); err != nil {
+		return w, err
 	}
 	offsets := block.ProbeOffsets(t.size)
 	w.sum, w.fromRow = &row.Sum, found
@@ -277,19 +275,78 @@ func (s *Store) writtenRow(t *tmpFile, f *os.File) (row shm.WrittenRow, found bo
 	return row, false, err
 }
 
+// punchZeroRuns leaves a tmp's all-zero page runs as holes, through a
+// writable descriptor of f's file where f is read-only (readOnlyInMemory).
+func punchZeroRuns(f *os.File, runs [][2]int64) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	fd := int(f.Fd())
+	if flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil && flags&unix.O_ACCMODE == unix.O_RDONLY {
+		w, err := reopen(f, unix.O_WRONLY)
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		fd = int(w.Fd())
+	}
+	for _, r := range runs {
+		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return err
+		}
+	}
+	return nil
+}
+
+// reopen opens f's file again through the descriptor (never a name), with
+// flags.
+func reopen(f *os.File, flags int) (*os.File, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// readOnlyInMemory replaces a released passthrough tmp's descriptor, in a
+// store in memory, by a read-only one of the same file, so that its proof
+// can take a read lease (granted only while no one has the file open for
+// writing, the daemon included). Where that fails the tmp keeps its own.
+// The caller holds t.mu.
+func (s *Store) readOnlyInMemory(t *tmpFile) {
+	if !t.passthrough || !s.inMemory || t.file == nil {
+		return
+	}
+	ro, err := reopen(t.file, unix.O_RDONLY)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	t.file.Close()
+	t.file = ro
+	s.mu.Unlock()
+}
+
 // sealInMemory learns a released passthrough tmp's digest, in a store in
-// memory, from its file mapped under a write lease taken now (granted only
-// while no other description of the file is open, the kernel's backing file
-// closed): one pass over the bytes, as the row's scan is, and no probe
-// read. A file without zero pages stays mapped under the lease for the
-// block's loads (tmpFile.leaseMap, keepStoredLocked), its pages faulted in
-// by the scan; one with zero pages is unmapped before they are punched. ok
-// is false where the lease or the mapping is refused or the file is sparse
-// (a fault of a shared mapping allocates its holes): the row is then found
-// as on a disk. The caller holds t.mu.
+// memory, from its file mapped under a read lease taken now on its
+// read-only descriptor f (readOnlyInMemory; granted only while no one has
+// the file open for writing, the kernel's backing file closed), as a load
+// would check it: one pass over the bytes, as the row's scan is, and no
+// probe read. A file without zero pages stays mapped under the lease for
+// the block's loads (tmpFile.leaseMap, keepStoredLocked), its pages faulted
+// in by the scan; one with zero pages is unmapped before they are punched.
+// ok is false where the lease or the mapping is refused or the file is
+// sparse (a fault of a shared mapping allocates its holes): the row is then
+// found as on a disk. The caller holds t.mu.
 func (s *Store) sealInMemory(t *tmpFile, f *os.File) (row shm.WrittenRow, ok bool, err error) {
-	lease := s.leaseTmp(f)
-	if lease == nil {
+	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return row, false, nil
+	}
+	lease := os.NewFile(uintptr(dup), f.Name())
+	s.watchLeaseBreaks()
+	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		lease.Close()
 		return row, false, nil
 	}
 	data := mapStored(lease, t.size)

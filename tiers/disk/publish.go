@@ -320,6 +320,7 @@ func (s *Store) renameLocked(t *tmpFile, dirfd int, tmpRel, destRel string) erro
 // releases t.mu, taken by Publish, and the tmp's descriptor.
 func (s *Store) prove(t *tmpFile, b *entry) {
 	started := time.Now()
+	s.readOnlyInMemory(t)
 	f := t.file
 	d, fromRow, err := s.digestOf(t, f)
 	if err == nil {
@@ -334,7 +335,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 		err = unix.Fstat(int(f.Fd()), &st)
 	}
 	// Written through the daemon under a write lease held since the tmp's
-	// creation, or summed from its file under a lease taken after its
+	// creation, or summed from its file under a read lease taken after its
 	// passthrough writer released it: the file's bytes are the digest's.
 	stored := t.leaseMap
 	t.leaseMap = nil

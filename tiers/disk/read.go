@@ -145,15 +145,15 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 }
 
 // openPinned opens a block's file for PinBlock: a duplicate of the
-// descriptor of its mapping kept from its store, whose write lease any open
-// of the file (the daemon's too) would break, else the file by its name.
+// descriptor of its mapping kept under its store's write lease, which any
+// open of the file (the daemon's too) would break, else the file by its name.
 // A name that holds another file by now (the engine's uid replaced it in
 // the store) drops the kept mapping, so the load opens and checks that file.
 func (s *Store) openPinned(b *entry) (*os.File, error) {
 	s.mu.Lock()
 	m := b.mapped
 	s.mu.Unlock()
-	if m != nil && m.ProvenAtStore() {
+	if m != nil && m.lease == unix.F_WRLCK {
 		// An O_PATH open, which leaves leases alone.
 		st, err := s.Lstat(b.rel)
 		s.mu.Lock()

@@ -160,12 +160,12 @@ type tmpFile struct {
 	written   [][2]int64
 	attempted int64
 	// lease, under Store.mu, is a duplicate of file's descriptor holding a
-	// write lease since the tmp's creation (a store in memory, written
-	// through the daemon): while it reads F_WRLCK no one else has opened or
-	// truncated the file, so a block published from it is kept mapped as
-	// proven (keepStoredLocked). nil once refused, broken or given up.
-	// leaseMap is the file mapped under it by a passthrough tmp's proof in
-	// memory (sealInMemory), which the block's loads are served from.
+	// lease, in a store in memory: written through the daemon, a write lease
+	// held since the tmp's creation (while it reads F_WRLCK no one else has
+	// opened or truncated the file); passed through, the read lease its
+	// proof summed the file under (sealInMemory), with leaseMap the file
+	// mapped under it. A block published from it is kept mapped as proven
+	// (keepStoredLocked). nil once refused, broken or given up.
 	lease    *os.File
 	leaseMap []byte
 }
