@@ -344,12 +344,12 @@ func (s *Store) trimMappedLocked() {
 	}
 }
 
-// close unmaps the block and gives the lease back, letting a writer waiting
-// for it go on.
+// close gives the lease back, letting an open waiting for it go on at once
+// (no load serves the mapping any more), and unmaps the block.
 func (m *Mapped) close() {
+	unix.FcntlInt(m.file.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
 	unix.Munmap(m.data)
 	m.data = nil
-	unix.FcntlInt(m.file.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
 	m.file.Close()
 }
 
