@@ -32,10 +32,11 @@ import (
 // once unless a load still serves the mapping, which then fails its next
 // read (DESIGN.md "Passes over a loaded byte").
 //
-// A block written through the daemon to a store in memory is kept mapped
-// from its store on, under the write lease its tmp held since it was created
-// (ProvenAtStore): every byte of the file is one the daemon wrote and summed,
-// so not even its first load checks it.
+// A block stored into a store in memory is kept mapped from its store on
+// (ProvenAtStore), so not even its first load checks it: written through the
+// daemon, under the write lease its tmp held since it was created (every
+// byte of the file is one the daemon wrote and summed); passed through,
+// under the read lease its proof summed the file under.
 type Mapped struct {
 	s *Store
 	b *entry
@@ -182,8 +183,8 @@ func (s *Store) leaseTmp(f *os.File) *os.File {
 	return lease
 }
 
-// giveBackLeaseLocked ends a tmp's write lease, so that an open that broke
-// it goes on at once. The caller holds Store.mu.
+// giveBackLeaseLocked ends a tmp's lease, so that an open that broke it goes
+// on at once. The caller holds Store.mu.
 func (t *tmpFile) giveBackLeaseLocked() {
 	if t.lease == nil {
 		return
@@ -194,9 +195,10 @@ func (t *tmpFile) giveBackLeaseLocked() {
 }
 
 // mapStored maps the file of a block about to be proven from a tmp that
-// holds its write lease, for keepStoredLocked; nil where the file is not the
-// block's size or is sparse (a fault of a shared mapping on tmpfs allocates
-// its holes), which loads then map or copy and check as any other.
+// holds a lease on it (tmpFile.lease), for keepStoredLocked; nil where the
+// file is not the block's size or is sparse (a fault of a shared mapping on
+// tmpfs allocates its holes), which loads then map or copy and check as any
+// other.
 func mapStored(lease *os.File, size int64) []byte {
 	n, physical, err := fileSize(lease)
 	if err != nil || n != size || size == 0 || physical < int64(roundUpToPage(int(size))) {
