@@ -136,7 +136,7 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	fmt.Fprintf(t, "loads verified\t%d read from the store, %d staged, %d from a row that still held the block; %d refused, %d failed mirroring\n",
 		c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, c.LoadsUnmirrored)
 	if c.LoadsInPlace > 0 {
-		fmt.Fprintf(t, "  in place\t%d served from the store's mapped pages, %d of them kept mapped by an earlier load\n", c.LoadsInPlace, c.LoadsRemapped)
+		fmt.Fprintf(t, "  in place\t%d served from the store's mapped pages, %d of them kept mapped by an earlier load or their store, %d proven by their store\n", c.LoadsInPlace, c.LoadsRemapped, c.LoadsProvenAtStore)
 	}
 	if sg := st.Staging; sg != nil {
 		fmt.Fprintf(t, "staging\t%s staged of %s, %s streaming, %s, %d loads served from memory, %d not staged, %s wasted\n",

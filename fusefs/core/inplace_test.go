@@ -9,19 +9,52 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
-// newMemoryFixture is a fixture whose store lies on tmpfs (/dev/shm), where
-// loads serve the store's pages in place.
+// newMemoryFixture is a fixture whose store lies on a tmpfs of its own,
+// unmounted after the test, where loads serve the store's pages in place.
 func newMemoryFixture(t *testing.T) *fixture {
 	t.Helper()
-	dir, err := os.MkdirTemp("/dev/shm", "kvtier-inplace-")
-	if err != nil {
-		t.Fatalf("a store on tmpfs: %v", err)
+	dir := t.TempDir()
+	if err := unix.Mount("kvtier-test", dir, "tmpfs", 0, "size=256m"); err != nil {
+		t.Fatalf("mounting a tmpfs for the store: %v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmounting the store's tmpfs: %v", err)
+		}
+	})
 	return newFixtureIn(t, dir)
+}
+
+// putCheckedAtLoad stores block i, then reads its file as anyone may: the
+// read's open breaks the write lease of its store, so its first load maps
+// and checks it. It returns once the store closed the descriptor it wrote
+// the block through (a read lease is granted again).
+func (f *fixture) putCheckedAtLoad(t *testing.T, i int) (string, []byte) {
+	t.Helper()
+	rel, data := f.put(t, i)
+	p := f.store.Path(rel)
+	if _, err := os.ReadFile(p); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		r, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = unix.FcntlInt(r.Fd(), unix.F_SETLEASE, unix.F_RDLCK)
+		r.Close()
+		if err == nil {
+			return rel, data
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still open for writing: %v", p, err)
+		}
+	}
 }
 
 // loadWhole opens block rel, reads it as the engine does, closes it and
@@ -48,7 +81,7 @@ func loadWhole(t *testing.T, loads *Loads, rel string, want []byte) {
 // finds the mapping the first proved, with the block's bytes each time.
 func TestLoadFromAStoreInMemoryIsServedInPlace(t *testing.T) {
 	f := newMemoryFixture(t)
-	rel, data := f.put(t, 1)
+	rel, data := f.putCheckedAtLoad(t, 1)
 	loads := NewLoads(Config{Store: f.store})
 	loadWhole(t, loads, rel, data)
 	loadWhole(t, loads, rel, data)
@@ -56,33 +89,62 @@ func TestLoadFromAStoreInMemoryIsServedInPlace(t *testing.T) {
 	if c.InPlace.Load() != 2 || c.Remapped.Load() != 1 || c.FromStore.Load() != 2 || c.Completed.Load() != 2 {
 		t.Fatalf("in place %d, remapped %d, from the store %d, completed %d; want 2, 1, 2, 2", c.InPlace.Load(), c.Remapped.Load(), c.FromStore.Load(), c.Completed.Load())
 	}
+	if c.ProvenAtStore.Load() != 0 {
+		t.Fatalf("%d loads proven at store, of a block whose store's lease broke; want 0", c.ProvenAtStore.Load())
+	}
 }
 
-// TestWriterUnderAKeptMappingFailsTheLoad opens the store file of a block
-// for writing while a load serves it from the mapping an earlier load
-// proved: the load's next read and its close fail with EIO, the writer goes
-// on once the load is released, and the next load, which must check the
-// file again, finds it changed and drops the block.
-func TestWriterUnderAKeptMappingFailsTheLoad(t *testing.T) {
+// TestBlockStoredThroughTheDaemonIsServedWithoutACheck loads a block that a
+// tmpfs store wrote through the daemon twice: both loads, the first too, are
+// served from the mapping kept from its store, proven by its write lease.
+func TestBlockStoredThroughTheDaemonIsServedWithoutACheck(t *testing.T) {
 	f := newMemoryFixture(t)
 	rel, data := f.put(t, 1)
 	loads := NewLoads(Config{Store: f.store})
 	loadWhole(t, loads, rel, data)
-	l, err := loads.Open(context.Background(), refOf(rel))
-	if err != nil {
-		t.Fatal(err)
+	loadWhole(t, loads, rel, data)
+	c := &loads.Counters
+	if c.InPlace.Load() != 2 || c.Remapped.Load() != 2 || c.ProvenAtStore.Load() != 2 || c.Completed.Load() != 2 {
+		t.Fatalf("in place %d, remapped %d, proven at store %d, completed %d; want 2, 2, 2, 2", c.InPlace.Load(), c.Remapped.Load(), c.ProvenAtStore.Load(), c.Completed.Load())
 	}
-	if loads.Counters.Remapped.Load() != 1 {
-		t.Fatal("the second load did not find the block mapped")
-	}
-	breakLeaseDuringLoad(t, f, l, rel, data)
-	if l, err = loads.Open(context.Background(), refOf(rel)); err != nil {
-		t.Fatal(err)
-	}
-	_, err = l.Read(context.Background(), 0, 1<<20)
-	l.Release()
-	if disk.Errno(err) != syscall.EIO || loads.Counters.Remapped.Load() != 1 || f.store.Lookup(rel, 0) {
-		t.Fatalf("load of the changed block: %v, remapped %d, still indexed %v; want EIO, 1, false", err, loads.Counters.Remapped.Load(), f.store.Lookup(rel, 0))
+}
+
+// TestWriterUnderAKeptMappingFailsTheLoad opens the store file of a block
+// for writing while a load serves it from the mapping an earlier load
+// proved, or its store: the load's next read and its close fail with EIO,
+// the writer goes on once the load is released, and the next load, which
+// must check the file again, finds it changed and drops the block.
+func TestWriterUnderAKeptMappingFailsTheLoad(t *testing.T) {
+	for _, keptBy := range []string{"load", "store"} {
+		t.Run(keptBy, func(t *testing.T) {
+			f := newMemoryFixture(t)
+			loads := NewLoads(Config{Store: f.store})
+			var rel string
+			var data []byte
+			if keptBy == "load" {
+				rel, data = f.putCheckedAtLoad(t, 1)
+				loadWhole(t, loads, rel, data)
+			} else {
+				rel, data = f.put(t, 1)
+			}
+			l, err := loads.Open(context.Background(), refOf(rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			remapped := loads.Counters.Remapped.Load()
+			if remapped != 1 || loads.Counters.ProvenAtStore.Load() != map[string]int64{"load": 0, "store": 1}[keptBy] {
+				t.Fatalf("remapped %d, proven at store %d: the load did not find the block mapped by its %s", remapped, loads.Counters.ProvenAtStore.Load(), keptBy)
+			}
+			breakLeaseDuringLoad(t, f, l, rel, data)
+			if l, err = loads.Open(context.Background(), refOf(rel)); err != nil {
+				t.Fatal(err)
+			}
+			_, err = l.Read(context.Background(), 0, 1<<20)
+			l.Release()
+			if disk.Errno(err) != syscall.EIO || loads.Counters.Remapped.Load() != remapped || f.store.Lookup(rel, 0) {
+				t.Fatalf("load of the changed block: %v, remapped %d, still indexed %v; want EIO, %d, false", err, loads.Counters.Remapped.Load(), f.store.Lookup(rel, 0), remapped)
+			}
+		})
 	}
 }
 

@@ -107,8 +107,11 @@ type Counters struct {
 	Refused atomic.Int64
 	// InPlace counts loads served from the block file's pages in a store in
 	// memory (disk.Mapped), with no copy; Remapped those of them that found
-	// the block mapped and proven by an earlier load.
-	InPlace, Remapped atomic.Int64
+	// the block mapped and proven by an earlier load or by its store, and
+	// ProvenAtStore those of them proven by its store: written through the
+	// daemon under a write lease held since, so not even its first load
+	// checked it.
+	InPlace, Remapped, ProvenAtStore atomic.Int64
 }
 
 // Loads opens and serves block loads. The read that completes a load returns
@@ -262,13 +265,16 @@ func (l *Load) fill(ref block.Ref, fetched []byte) {
 	// search), which a mapping cut short under it would crash: it copies.
 	inPlace := !c.mirrors()
 	if fetched == nil && inPlace {
-		// A block a load mapped and proved before, under a lease held
-		// since: no copy and no check.
+		// A block a load mapped and proved before, or its store wrote,
+		// under a lease held since: no copy and no check.
 		if m, ok := r.Mapped(); ok {
 			l.buf, l.mapped, l.Source = m.Bytes(), m, FromStore
 			l.landed, l.proven = d.Size, true
 			c.Counters.InPlace.Add(1)
 			c.Counters.Remapped.Add(1)
+			if m.ProvenAtStore() {
+				c.Counters.ProvenAtStore.Add(1)
+			}
 			c.Counters.FromStore.Add(1)
 			return
 		}

@@ -142,11 +142,15 @@ type Counters struct {
 	// LoadsInPlace counts the loads from the store served from its mapped
 	// file under a read lease (a store in memory), with no copy;
 	// LoadsRemapped those of them that found the block mapped and proven by
-	// an earlier load, so neither mapped nor checked it again.
-	LoadsInPlace    int64 `json:"loads_in_place"`
-	LoadsRemapped   int64 `json:"loads_remapped"`
-	LoadsRefused    int64 `json:"loads_refused"`
-	LoadsUnmirrored int64 `json:"loads_unmirrored"`
+	// an earlier load or by its store, so neither mapped nor checked it
+	// again; LoadsProvenAtStore those of them proven by its store (written
+	// through the daemon under a write lease held since), so that not even
+	// the block's first load checked it.
+	LoadsInPlace       int64 `json:"loads_in_place"`
+	LoadsRemapped      int64 `json:"loads_remapped"`
+	LoadsProvenAtStore int64 `json:"loads_proven_at_store"`
+	LoadsRefused       int64 `json:"loads_refused"`
+	LoadsUnmirrored    int64 `json:"loads_unmirrored"`
 	// RowsMirrored counts loaded rows every peer acknowledged; LookupsWithheld
 	// present blocks answered absent while mirroring was impossible.
 	RowsMirrored    int64 `json:"rows_mirrored"`

@@ -36,7 +36,13 @@ type passthroughMount struct {
 
 func newPassthroughMount(t *testing.T, rows int, args ...string) *passthroughMount {
 	t.Helper()
-	m := &passthroughMount{region: newRegion(t, rows), store: t.TempDir()}
+	return newPassthroughMountAt(t, t.TempDir(), rows, args...)
+}
+
+// newPassthroughMountAt is newPassthroughMount with its store at store.
+func newPassthroughMountAt(t *testing.T, store string, rows int, args ...string) *passthroughMount {
+	t.Helper()
+	m := &passthroughMount{region: newRegion(t, rows), store: store}
 	args = append([]string{"--passthrough-min-row", "0"}, args...)
 	m.d = mounttest.Start(t, mounttest.Options{Store: m.store, ShmGlob: m.region.Path, Args: args})
 	m.tier = openTier(t, m.d)

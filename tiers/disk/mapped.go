@@ -31,6 +31,12 @@ import (
 // the kernel signals the break (SIGIO) and the store gives the lease back at
 // once unless a load still serves the mapping, which then fails its next
 // read (DESIGN.md "Passes over a loaded byte").
+//
+// A block stored into a store in memory is kept mapped from its store on
+// (ProvenAtStore), so not even its first load checks it: written through the
+// daemon, under the write lease its tmp held since it was created (every
+// byte of the file is one the daemon wrote and summed); passed through,
+// under the read lease its proof summed the file under.
 type Mapped struct {
 	s *Store
 	b *entry
@@ -38,6 +44,16 @@ type Mapped struct {
 	// of the pinning Reader's): the lease belongs to it.
 	file *os.File
 	data []byte
+	// lease is the lease file holds: unix.F_RDLCK (on a read-only
+	// descriptor: a load's, or a passthrough store's in memory) or
+	// unix.F_WRLCK (the store's, on the descriptor the daemon wrote the
+	// block through, which any other open of the file breaks: Store.openPinned).
+	lease int
+	// atStore is set for a mapping kept from the block's store.
+	atStore bool
+	// id is the file's identity, which a block kept from its store must
+	// still have behind its name to be served so (Store.openPinned).
+	id fileID
 
 	// Under s.mu: refs counts the loads serving the mapping; proven is set
 	// once it matched the digest; cached is its element of s.mapped while
@@ -89,7 +105,7 @@ func (r *Reader) Map() (m *Mapped, ok bool) {
 		f.Close()
 		return nil, false
 	}
-	return &Mapped{s: s, b: r.b, file: f, data: data, refs: 1}, true
+	return &Mapped{s: s, b: r.b, file: f, data: data, lease: unix.F_RDLCK, refs: 1}, true
 }
 
 // Mapped returns the block's kept mapping, proven, if it has one whose lease
@@ -127,13 +143,99 @@ func (m *Mapped) Proven() bool {
 	return m.proven
 }
 
-// Held reports whether the read lease is still held with no break begun: no
-// one has since opened the file for writing or truncated it, so the mapped
-// bytes are still those that were proven, and stay so for at least
-// lease-break-time after the first false.
-func (m *Mapped) Held() bool {
-	lease, err := unix.FcntlInt(m.file.Fd(), unix.F_GETLEASE, 0)
-	return err == nil && lease == unix.F_RDLCK
+// ProvenAtStore reports whether the mapping is kept from the block's store,
+// proven there rather than by a load's check.
+func (m *Mapped) ProvenAtStore() bool { return m.atStore }
+
+// Held reports whether the lease is still held with no break begun: no one
+// has since opened the file for writing (a write lease: at all) or truncated
+// it, so the mapped bytes are still those that were proven, and stay so for
+// at least lease-break-time after the first false.
+func (m *Mapped) Held() bool { return leaseHeld(m.file, m.lease) }
+
+// leaseHeld reports whether f holds a lease of that kind with no break begun
+// (F_GETLEASE reads the kind a break would leave).
+func leaseHeld(f *os.File, kind int) bool {
+	lease, err := unix.FcntlInt(f.Fd(), unix.F_GETLEASE, 0)
+	return err == nil && lease == kind
+}
+
+// leaseTmp takes a write lease for a new tmp of a store in memory, on a
+// duplicate of its descriptor f: the kernel grants it only while f's is the
+// file's only open description, and breaks it at any other open or
+// truncate(2) of the file (the daemon's own writes, truncates and xattrs
+// leave it), so while it holds every byte of the file is one the daemon
+// wrote. nil on a disk or where it is refused.
+func (s *Store) leaseTmp(f *os.File) *os.File {
+	if !s.inMemory {
+		return nil
+	}
+	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	lease := os.NewFile(uintptr(dup), f.Name())
+	s.watchLeaseBreaks()
+	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_WRLCK); err != nil {
+		lease.Close()
+		return nil
+	}
+	return lease
+}
+
+// giveBackLeaseLocked ends a tmp's lease, so that an open that broke it goes
+// on at once. The caller holds Store.mu.
+func (t *tmpFile) giveBackLeaseLocked() {
+	if t.lease == nil {
+		return
+	}
+	unix.FcntlInt(t.lease.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+	t.lease.Close()
+	t.lease = nil
+}
+
+// mapStored maps the file of a block about to be proven from a tmp that
+// holds a lease on it (tmpFile.lease), for keepStoredLocked; nil where the
+// file is not the block's size or is sparse (a fault of a shared mapping on
+// tmpfs allocates its holes), which loads then map or copy and check as any
+// other.
+func mapStored(lease *os.File, size int64) []byte {
+	n, physical, err := fileSize(lease)
+	if err != nil || n != size || size == 0 || physical < int64(roundUpToPage(int(size))) {
+		return nil
+	}
+	data, err := unix.Mmap(int(lease.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil
+	}
+	return data
+}
+
+// keepStoredLocked keeps a proven block mapped from its store (data) under
+// its tmp's lease, if that lease still holds: the write lease held since the
+// tmp's creation (written through the daemon: the bytes mapped are those
+// the daemon wrote and summed into the block's digest, from mapStored), or
+// the read lease a passthrough tmp's proof summed the file under
+// (sealInMemory). It reports whether it kept it, taking the lease from the
+// tmp. The caller holds s.mu.
+func (s *Store) keepStoredLocked(t *tmpFile, b *entry, data []byte) bool {
+	if data == nil || t.lease == nil || b.mapped != nil || !b.present || s.blocks[b.rel] != b {
+		return false
+	}
+	kind := unix.F_WRLCK
+	if t.passthrough {
+		kind = unix.F_RDLCK // a passthrough tmp gave its write lease up (Writer.Passthrough)
+	}
+	m := &Mapped{s: s, b: b, file: t.lease, data: data, lease: kind, atStore: true, id: t.id, proven: true}
+	// Asked under the lock, as VerifyMapped does.
+	if !m.Held() {
+		return false
+	}
+	t.lease = nil
+	b.mapped = m
+	m.cached = s.mapped.PushFront(m)
+	s.trimMappedLocked()
+	return true
 }
 
 // VerifyMapped checks a new mapping of the pinned block against its digest,
@@ -244,12 +346,12 @@ func (s *Store) trimMappedLocked() {
 	}
 }
 
-// close unmaps the block and gives the lease back, letting a writer waiting
-// for it go on.
+// close gives the lease back, letting an open waiting for it go on at once
+// (no load serves the mapping any more), and unmaps the block.
 func (m *Mapped) close() {
+	unix.FcntlInt(m.file.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
 	unix.Munmap(m.data)
 	m.data = nil
-	unix.FcntlInt(m.file.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
 	m.file.Close()
 }
 
@@ -274,10 +376,16 @@ func (s *Store) watchLeaseBreaks() {
 	})
 }
 
-// dropBrokenLeases stops keeping the mappings whose lease is being broken.
+// dropBrokenLeases stops keeping the mappings whose lease is being broken
+// and gives back the broken write leases of tmps.
 func (s *Store) dropBrokenLeases() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, t := range s.tmps {
+		if t.lease != nil && !leaseHeld(t.lease, unix.F_WRLCK) {
+			t.giveBackLeaseLocked()
+		}
+	}
 	for e := s.mapped.Front(); e != nil; {
 		m, next := e.Value.(*Mapped), e.Next()
 		if !m.Held() {

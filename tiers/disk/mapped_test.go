@@ -5,17 +5,58 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// openMemoryStore opens a store on tmpfs (/dev/shm), whose blocks loads map.
+// openMemoryStore opens a store on a tmpfs of its own, mounted in a temp
+// directory and unmounted after the test: loads map its blocks.
 func openMemoryStore(t *testing.T) *Store {
 	t.Helper()
-	dir, err := os.MkdirTemp("/dev/shm", "kvtier-mapped-")
-	if err != nil {
-		t.Fatalf("a store on tmpfs: %v", err)
+	dir := t.TempDir()
+	if err := unix.Mount("kvtier-test", dir, "tmpfs", 0, "size=256m"); err != nil {
+		t.Fatalf("mounting a tmpfs for the store: %v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmounting the store's tmpfs: %v", err)
+		}
+	})
 	return openStore(t, Config{Dir: dir})
+}
+
+// putBlockCheckedAtLoad stores a block, then reads its file as anyone may:
+// the read's open breaks the write lease of its store, so its first load
+// maps and checks it.
+func putBlockCheckedAtLoad(t *testing.T, s *Store, rel string, data []byte) {
+	t.Helper()
+	putBlock(t, s, rel, data)
+	if _, err := os.ReadFile(s.Path(rel)); err != nil {
+		t.Fatal(err)
+	}
+	awaitNoWriter(t, s.Path(rel))
+}
+
+// awaitNoWriter waits until nothing holds the file at p open for writing
+// (a read lease is granted then): the store closes the descriptor of a
+// mapping it stopped keeping in the background.
+func awaitNoWriter(t *testing.T, p string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK)
+		f.Close()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still open for writing: %v", p, err)
+		}
+	}
 }
 
 // mapAndProve maps block rel as a load does, checks it and releases it,
@@ -56,7 +97,7 @@ func keptMappings(s *Store) int {
 func TestProvenMappingIsKeptForTheNextLoad(t *testing.T) {
 	s := openMemoryStore(t)
 	rel, data := blockRel("t", 0, hashHex(1, 64)), pageData(1, 64)
-	putBlock(t, s, rel, data)
+	putBlockCheckedAtLoad(t, s, rel, data)
 	if mapAndProve(t, s, rel, data) {
 		t.Fatal("the first load found the block already mapped")
 	}
@@ -81,7 +122,7 @@ func TestProvenMappingIsKeptForTheNextLoad(t *testing.T) {
 func TestIdleKeptMappingGivesItsLeaseBack(t *testing.T) {
 	s := openMemoryStore(t)
 	rel, data := blockRel("t", 0, hashHex(1, 64)), pageData(1, 64)
-	putBlock(t, s, rel, data)
+	putBlockCheckedAtLoad(t, s, rel, data)
 	mapAndProve(t, s, rel, data)
 	w, err := os.OpenFile(s.Path(rel), os.O_WRONLY, 0)
 	if err != nil {
@@ -117,9 +158,9 @@ func TestBlockThatLeavesDropsItsMapping(t *testing.T) {
 	s := openMemoryStore(t)
 	rel := blockRel("t", 0, hashHex(1, 64))
 	old, replacement := pageData(1, 64), pageData(2, 64)
-	putBlock(t, s, rel, old)
+	putBlockCheckedAtLoad(t, s, rel, old)
 	mapAndProve(t, s, rel, old)
-	putBlock(t, s, rel, replacement)
+	putBlockCheckedAtLoad(t, s, rel, replacement)
 	if n := keptMappings(s); n != 0 {
 		t.Fatalf("%d mappings kept after the block was replaced, want 0", n)
 	}
@@ -143,7 +184,7 @@ func TestKeptMappingsAreBounded(t *testing.T) {
 	var blocks [][]byte
 	for i := range 3 {
 		rel, data := blockRel("t", 0, hashHex(i+1, 64)), pageData(i+1, 64)
-		putBlock(t, s, rel, data)
+		putBlockCheckedAtLoad(t, s, rel, data)
 		rels, blocks = append(rels, rel), append(blocks, data)
 	}
 	mapAndProve(t, s, rels[0], blocks[0])

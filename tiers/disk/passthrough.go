@@ -3,8 +3,10 @@ package disk
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -82,6 +84,9 @@ func (w *Writer) Passthrough() (fd int, ok bool) {
 	}
 	s.TimePhase(PhaseCreateReserve, reserving)
 	s.mu.Lock()
+	// The kernel opens a backing file of its own, which would break the
+	// lease (and wait for it).
+	t.giveBackLeaseLocked()
 	t.allocated += t.expect
 	t.passthrough = true
 	t.released = make(chan struct{})
@@ -199,9 +204,38 @@ type written struct {
 // page size (tmpFile.wholeRow). The caller holds t.mu; the writer has
 // released the file.
 func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
-	size := t.size
 	var w written
-	var err error
+	row, found, err := s.writtenRow(t, f)
+	if err != nil {
+		return w, err
+	}
+	if err := punchZeroRuns(f, row.ZeroRuns); err != nil {
+		return w, err
+	}
+	offsets := block.ProbeOffsets(t.size)
+	w.sum, w.fromRow = &row.Sum, found
+	w.probe = func(off int64) (uint64, error) {
+		for i, o := range offsets {
+			if o == off {
+				return row.Probes[i], nil
+			}
+		}
+		return 0, syscall.EINVAL
+	}
+	return w, nil
+}
+
+// writtenRow is a released passthrough tmp's checksum, probe windows and
+// all-zero pages: in a store in memory from its file (sealInMemory), else
+// from the engine's row that holds a run of pages read from the file
+// (found), else from the file read back.
+func (s *Store) writtenRow(t *tmpFile, f *os.File) (row shm.WrittenRow, found bool, err error) {
+	size := t.size
+	if s.inMemory {
+		if row, ok, err := s.sealInMemory(t, f); ok || err != nil {
+			return row, false, err
+		}
+	}
 	s.mu.Lock()
 	rows := s.rows
 	s.mu.Unlock()
@@ -210,15 +244,13 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 	fd := int(f.Fd())
 	direct := setDirect(fd, true) == nil
 	defer setDirect(fd, false)
-	var row shm.WrittenRow
-	found := false
 	reading := time.Now()
 	run := s.buffers.get(verifyPages * block.PageSize)
 	for i := 0; rows != nil && i < verifyRuns; i++ {
 		pages, telling, err := readRun(f, size, i, run, &direct)
 		if err != nil {
 			s.buffers.put(run)
-			return w, err
+			return row, false, err
 		}
 		if telling {
 			s.TimePhase(PhaseProbeRead, reading)
@@ -234,30 +266,123 @@ func (s *Store) sealPassthrough(t *tmpFile, f *os.File) (written, error) {
 		// zero in the row is punched only where the file holds zeros too, or
 		// the hole would turn the file into the row and hide the change.
 		if row.ZeroRuns, err = s.zeroRunsOfFile(f, row.ZeroRuns, &direct); err != nil {
-			return w, err
+			return row, true, err
 		}
-	} else {
-		s.counters.StoresReadBack.Add(1)
-		if row, err = s.readBack(f, size, &direct); err != nil {
-			return w, err
+		return row, true, nil
+	}
+	s.counters.StoresReadBack.Add(1)
+	row, err = s.readBack(f, size, &direct)
+	return row, false, err
+}
+
+// punchZeroRuns leaves a tmp's all-zero page runs as holes, through a
+// writable descriptor of f's file where f is read-only (readOnlyInMemory).
+func punchZeroRuns(f *os.File, runs [][2]int64) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	fd := int(f.Fd())
+	if flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil && flags&unix.O_ACCMODE == unix.O_RDONLY {
+		w, err := reopen(f, unix.O_WRONLY)
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		fd = int(w.Fd())
+	}
+	for _, r := range runs {
+		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return err
 		}
 	}
-	for _, r := range row.ZeroRuns {
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0], r[1]-r[0]); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			return w, err
-		}
+	return nil
+}
+
+// reopen opens f's file again through the descriptor (never a name), with
+// flags.
+func reopen(f *os.File, flags int) (*os.File, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
 	}
-	offsets := block.ProbeOffsets(size)
-	w.sum, w.fromRow = &row.Sum, found
-	w.probe = func(off int64) (uint64, error) {
-		for i, o := range offsets {
-			if o == off {
-				return row.Probes[i], nil
-			}
-		}
-		return 0, syscall.EINVAL
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// readOnlyInMemory replaces a released passthrough tmp's descriptor, in a
+// store in memory, by a read-only one of the same file, so that its proof
+// can take a read lease (granted only while no one has the file open for
+// writing, the daemon included). Where that fails the tmp keeps its own.
+// The caller holds t.mu.
+func (s *Store) readOnlyInMemory(t *tmpFile) {
+	if !t.passthrough || !s.inMemory || t.file == nil {
+		return
 	}
-	return w, nil
+	ro, err := reopen(t.file, unix.O_RDONLY)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	t.file.Close()
+	t.file = ro
+	s.mu.Unlock()
+}
+
+// sealInMemory learns a released passthrough tmp's digest, in a store in
+// memory, from its file mapped under a read lease taken now on its
+// read-only descriptor f (readOnlyInMemory; granted only while no one has
+// the file open for writing, the kernel's backing file closed), as a load
+// would check it: one pass over the bytes, as the row's scan is, and no
+// probe read. A file without zero pages stays mapped under the lease for
+// the block's loads (tmpFile.leaseMap, keepStoredLocked), its pages faulted
+// in by the scan; one with zero pages is unmapped before they are punched.
+// ok is false where the lease or the mapping is refused or the file is
+// sparse (a fault of a shared mapping allocates its holes): the row is then
+// found as on a disk. The caller holds t.mu.
+func (s *Store) sealInMemory(t *tmpFile, f *os.File) (row shm.WrittenRow, ok bool, err error) {
+	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return row, false, nil
+	}
+	lease := os.NewFile(uintptr(dup), f.Name())
+	s.watchLeaseBreaks()
+	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		lease.Close()
+		return row, false, nil
+	}
+	data := mapStored(lease, t.size)
+	if data == nil {
+		s.mu.Lock()
+		t.lease = lease
+		t.giveBackLeaseLocked()
+		s.mu.Unlock()
+		return row, false, nil
+	}
+	row, err = scanMapped(data)
+	s.counters.WriteBytes.Add(t.size)
+	s.counters.StoresReadBack.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.lease = lease
+	if err != nil || len(row.ZeroRuns) > 0 {
+		unix.Munmap(data)
+		t.giveBackLeaseLocked()
+		return row, true, err
+	}
+	t.leaseMap = data
+	return row, true, nil
+}
+
+// scanMapped is shm.ScanRow of a mapped file; a file cut short under the
+// mapping (possible only once a lease break outlasted lease-break-time) is
+// an error, not a crash.
+func scanMapped(data []byte) (row shm.WrittenRow, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("file cut short while being checked: %v: %w", r, syscall.EIO)
+		}
+	}()
+	return shm.ScanRow(data), nil
 }
 
 // readRun reads a run of up to verifyPages whole pages at a random place in

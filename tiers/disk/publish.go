@@ -320,6 +320,7 @@ func (s *Store) renameLocked(t *tmpFile, dirfd int, tmpRel, destRel string) erro
 // releases t.mu, taken by Publish, and the tmp's descriptor.
 func (s *Store) prove(t *tmpFile, b *entry) {
 	started := time.Now()
+	s.readOnlyInMemory(t)
 	f := t.file
 	d, fromRow, err := s.digestOf(t, f)
 	if err == nil {
@@ -333,6 +334,14 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	if err == nil {
 		err = unix.Fstat(int(f.Fd()), &st)
 	}
+	// Written through the daemon under a write lease held since the tmp's
+	// creation, or summed from its file under a read lease taken after its
+	// passthrough writer released it: the file's bytes are the digest's.
+	stored := t.leaseMap
+	t.leaseMap = nil
+	if err == nil && t.lease != nil && stored == nil {
+		stored = mapStored(t.lease, b.size)
+	}
 	s.mu.Lock()
 	t.closeIfRetired()
 	if err == nil {
@@ -344,6 +353,10 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 			b.times = timesOf(&st)
 		}
 	}
+	if (err != nil || !s.keepStoredLocked(t, b, stored)) && stored != nil {
+		unix.Munmap(stored)
+	}
+	t.giveBackLeaseLocked()
 	s.mu.Unlock()
 	t.mu.Unlock()
 	if err != nil {

@@ -107,7 +107,7 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		if b == nil {
 			return nil, newError("open", rel, syscall.ENOENT, "no such block")
 		}
-		f, err := s.openForReading(rel)
+		f, err := s.openPinned(b)
 		s.mu.Lock()
 		if s.blocks[rel] != b {
 			// Published again, removed or evicted while opening: look again.
@@ -142,6 +142,35 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 		return r, nil
 	}
 	return nil, newError("open", rel, syscall.EAGAIN, "the block was replaced %d times while being opened", pinAttempts)
+}
+
+// openPinned opens a block's file for PinBlock: a duplicate of the
+// descriptor of its mapping kept under its store's write lease, which any
+// open of the file (the daemon's too) would break, else the file by its name.
+// A name that holds another file by now (the engine's uid replaced it in
+// the store) drops the kept mapping, so the load opens and checks that file.
+func (s *Store) openPinned(b *entry) (*os.File, error) {
+	s.mu.Lock()
+	m := b.mapped
+	s.mu.Unlock()
+	if m != nil && m.lease == unix.F_WRLCK {
+		// An O_PATH open, which leaves leases alone.
+		st, err := s.Lstat(b.rel)
+		s.mu.Lock()
+		if b.mapped == m && err == nil && (fileID{st.Dev, st.Ino}) == m.id {
+			dup, err := unix.FcntlInt(m.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			s.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			return os.NewFile(uintptr(dup), s.Path(b.rel)), nil
+		}
+		if b.mapped == m {
+			s.uncacheLocked(m)
+		}
+		s.mu.Unlock()
+	}
+	return s.openForReading(b.rel)
 }
 
 // pinAttempts bounds how often PinBlock looks again at a block replaced while

@@ -159,6 +159,15 @@ type tmpFile struct {
 	// attempted is the end of the furthest write asked for.
 	written   [][2]int64
 	attempted int64
+	// lease, under Store.mu, is a duplicate of file's descriptor holding a
+	// lease, in a store in memory: written through the daemon, a write lease
+	// held since the tmp's creation (while it reads F_WRLCK no one else has
+	// opened or truncated the file); passed through, the read lease its
+	// proof summed the file under (sealInMemory), with leaseMap the file
+	// mapped under it. A block published from it is kept mapped as proven
+	// (keepStoredLocked). nil once refused, broken or given up.
+	lease    *os.File
+	leaseMap []byte
 }
 
 // Store is the block store. All methods are safe for concurrent use.

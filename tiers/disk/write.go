@@ -74,6 +74,10 @@ func (s *Store) CreateTmp(rel string, flags int) (*Writer, error) {
 	s.mu.Unlock()
 	opened := time.Now()
 	f, direct, id, size, err := s.openTmp(rel, flags, truncate)
+	var lease *os.File
+	if err == nil {
+		lease = s.leaseTmp(f)
+	}
 	s.TimePhase(PhaseCreateFile, opened)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -88,7 +92,7 @@ func (s *Store) CreateTmp(rel string, flags int) (*Writer, error) {
 			old.mu.Unlock()
 		}
 	}
-	t := &tmpFile{file: f, id: id, size: size, allocated: size, sequential: size == 0, open: true}
+	t := &tmpFile{file: f, id: id, size: size, allocated: size, sequential: size == 0, open: true, lease: lease}
 	t.cover(0, size) // what the file held before is the tmp's
 	if rowBytes, ok := s.rowBytes[name.Tier]; ok && size == 0 {
 		t.expect = rowBytes
@@ -363,6 +367,7 @@ func (s *Store) untrackLocked(rel string, t *tmpFile) {
 		delete(s.tmps, rel)
 	}
 	t.untracked = true
+	t.giveBackLeaseLocked()
 	if t.open {
 		t.orphaned = true
 	} else {

@@ -73,7 +73,7 @@ func (s *Set) ScanWritten(size int64, pages map[int64][]byte) (WrittenRow, bool)
 			ambiguous = true
 			return false
 		}
-		w := scanRow(row)
+		w := ScanRow(row)
 		if found && w.Sum.CRC() != out.Sum.CRC() {
 			ambiguous = true
 			return false
@@ -103,10 +103,12 @@ func keyWord(off int64, p []byte) (at int64, word uint64) {
 // own core where there are some.
 const maxScanWorkers = 8
 
-// scanRow computes a row's CRC32C, probe windows and all-zero page runs, its
-// chunks (block.ChunkSize) in parallel. The caller runs it under Guard; a
-// fault in a worker is raised again in the caller, for Guard to take.
-func scanRow(row []byte) WrittenRow {
+// ScanRow computes a row's CRC32C, probe windows and all-zero page runs, its
+// chunks (block.ChunkSize) in parallel; the store also scans a file of a
+// store in memory so, mapped. The caller runs it under Guard (or the
+// runtime's panic-on-fault); a fault in a worker is raised again in the
+// caller, for it to take.
+func ScanRow(row []byte) WrittenRow {
 	size := int64(len(row))
 	chunks := block.ChunkCount(size)
 	crcs := make([]uint32, chunks)
