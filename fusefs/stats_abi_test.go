@@ -177,3 +177,20 @@ func TestPeerStatesAreTheABIs(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsConfigLeavesAbsentPartsNil: a part the mount does not have is a
+// nil interface in the stats' config (not a nil pointer in one, which the
+// snapshot would call), and the snapshot of a store alone has its sections
+// absent.
+func TestStatsConfigLeavesAbsentPartsNil(t *testing.T) {
+	store := openStoreAt(t, t.TempDir())
+	f := &FS{tier: tier.New(tier.Config{Store: store})}
+	cfg := f.statsConfig(Options{Store: store})
+	if cfg.Budget != nil || cfg.Stager != nil || cfg.Shared != nil || cfg.Sync != nil || cfg.Regions != nil ||
+		cfg.Primer != nil || cfg.KVEvents != nil || cfg.Diagnostics != nil {
+		t.Fatalf("a mount without them configured the stats with %+v", cfg)
+	}
+	if st := tier.NewStats(cfg).Snapshot(ctlabi.Counters{}); st.Staging != nil || st.Shared != nil || st.Replication != nil {
+		t.Errorf("sections of parts the mount lacks: %+v", st)
+	}
+}
