@@ -204,13 +204,9 @@ type FS struct {
 	sync        *rowsync.Node
 	syncRegions *SyncRegions
 	stager      *staging.Stager
-	budget      *lookupbudget.Budget
 	diagnostics Diagnoser
-	// recent clears the counters' warnings once they stop growing.
-	recent   *diagnose.Recent
-	kvEvents *kvevents.Publisher
-	shared   SharedLevel
-	primer   Primer
+	shared      SharedLevel
+	primer      Primer
 	// primed is when each tier was last primed (priming.go).
 	primedMu    sync.Mutex
 	primed      map[string]time.Time
@@ -219,6 +215,8 @@ type FS struct {
 
 	// tier tells a block's events and answers its lookups.
 	tier *tier.Tier
+	// stats assembles stats.json and its warnings.
+	stats *tier.Stats
 	// loads opens, verifies, serves and mirrors block loads.
 	loads *core.Loads
 	// matchBuffered is the match request bytes buffered on open descriptors.
@@ -234,8 +232,8 @@ type Diagnoser interface {
 	// tier.Diagnostics counts what the tier tells: published blocks,
 	// loads, lookups' answers and lookups that ended at a missing directory.
 	tier.Diagnostics
-	// Warnings are the known failures the counts show now.
-	Warnings(st diagnose.StoreState) []ctlabi.Warning
+	// tier.Warner names the known failures the counts show now.
+	tier.Warner
 }
 
 // Mount mounts the store at mountpoint and starts serving it.
@@ -255,8 +253,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, blockEntryTimeout: opts.Store.LookupCacheTTL(), negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, budget: opts.LookupBudget, diagnostics: opts.Diagnostics, kvEvents: opts.KVEvents, shared: opts.Shared,
-		primed: make(map[string]time.Time), recent: diagnose.NewRecent(opts.WarningWindow, nil)}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared, primed: make(map[string]time.Time)}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
 	}
@@ -282,6 +279,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f.index = newLookupIndex(opts.Store, loopRoot)
 	f.index.scan("")
 	f.tier = tier.New(f.tierConfig(opts), f.indexEvent, f.kernelEvent)
+	f.stats = tier.NewStats(f.statsConfig(opts))
 
 	if opts.MaxRequest == 0 {
 		opts.MaxRequest = DefaultMaxRequest

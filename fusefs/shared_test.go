@@ -24,8 +24,7 @@ func (f fakeShared) Stats() shared.Stats          { return f.st }
 // kvtierfs_shared_<field> gauge of its value, lease_held labelled with the
 // holder, and an unreachable shared store raises its warning.
 func TestSharedMetricsAndWarnings(t *testing.T) {
-	f := newStatsFS(t)
-	f.shared = fakeShared{shared.Stats{Dir: "/shared", Reachable: false, QueueBlocks: 3, BytesBehind: 7, LeaseHolder: "node-b", LeaseHeld: true, Timeouts: 2}}
+	f := newStatsFS(t, Options{Shared: fakeShared{shared.Stats{Dir: "/shared", Reachable: false, QueueBlocks: 3, BytesBehind: 7, LeaseHolder: "node-b", LeaseHeld: true, Timeouts: 2}}})
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(newStatsCollector(f.Stats)); err != nil {
 		t.Fatal(err)

@@ -1,249 +1,51 @@
 package fusefs
 
 import (
-	"fmt"
-
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
-	"github.com/kvtierfs/kvtierfs/staging/diagnose"
-	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
-	"github.com/kvtierfs/kvtierfs/sync/rowsync"
-	"github.com/kvtierfs/kvtierfs/tiers/disk"
-	"github.com/kvtierfs/kvtierfs/tiers/shared"
 	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
-// Stats takes a snapshot of the mount's state: the one place that fills
-// stats.json, copying each part's plain stats into its ctlabi section, and
-// that raises every warning (those of staging/diagnose included).
+// Stats takes a snapshot of the mount's state for stats.json: tier.Stats
+// assembles it and raises every warning; the mount hands it the counters it
+// keeps itself (its loads and the tiers it primed).
 func (f *FS) Stats() ctlabi.Stats {
-	d := f.store.Stats()
-	c := f.store.Counters()
-	st := ctlabi.Stats{
-		Mountpoint: f.mountpoint,
-		Disk:       abiDisk(d),
-		Groups:     make(map[string]ctlabi.Group, len(d.Groups)),
-		Counters: ctlabi.Counters{
-			Lookups:            c.Lookups.Load(),
-			LookupHits:         c.LookupHits.Load(),
-			Reads:              c.Reads.Load(),
-			ReadBytes:          c.ReadBytes.Load(),
-			Writes:             c.Writes.Load(),
-			WriteBytes:         c.WriteBytes.Load(),
-			ChecksumFailures:   c.ChecksumFailures.Load(),
-			NoSpace:            c.NoSpace.Load(),
-			RejectedWrites:     c.RejectedWrites.Load(),
-			LoadsFromStore:     f.loads.Counters.FromStore.Load(),
-			LoadsFromStaging:   f.loads.Counters.FromStaging.Load(),
-			LoadsFromRow:       f.loads.Counters.FromRow.Load(),
-			LoadsInPlace:       f.loads.Counters.InPlace.Load(),
-			LoadsRemapped:      f.loads.Counters.Remapped.Load(),
-			LoadsProvenAtStore: f.loads.Counters.ProvenAtStore.Load(),
-			LoadsRefused:       f.loads.Counters.Refused.Load(),
-			LoadsUnmirrored:    f.loads.Counters.MirrorFailures.Load(),
-			UnprovenBlocks:     c.UnprovenBlocks.Load(),
-			TmpsExpired:        c.TmpsExpired.Load(),
-			PublishRefused:     c.PublishRefused.Load(),
-			StoreIOErrors:      c.IOErrors.Load(),
-			StoresFromRow:      c.StoresFromRow.Load(),
-			StoresReadBack:     c.StoresReadBack.Load(),
-		},
-		Peers:    []ctlabi.Peer{},
-		Warnings: []ctlabi.Warning{},
+	return f.stats.Snapshot(ctlabi.Counters{
+		LoadsFromStore:     f.loads.Counters.FromStore.Load(),
+		LoadsFromStaging:   f.loads.Counters.FromStaging.Load(),
+		LoadsFromRow:       f.loads.Counters.FromRow.Load(),
+		LoadsInPlace:       f.loads.Counters.InPlace.Load(),
+		LoadsRemapped:      f.loads.Counters.Remapped.Load(),
+		LoadsProvenAtStore: f.loads.Counters.ProvenAtStore.Load(),
+		LoadsRefused:       f.loads.Counters.Refused.Load(),
+		LoadsUnmirrored:    f.loads.Counters.MirrorFailures.Load(),
+		TiersPrimed:        f.tiersPrimed.Load(),
+	})
+}
+
+// statsConfig is what the mount's stats.json is assembled from (tier.NewStats).
+func (f *FS) statsConfig(opts Options) tier.StatsConfig {
+	cfg := tier.StatsConfig{Mountpoint: f.mountpoint, Store: opts.Store, Tier: f.tier, Diagnostics: f.diagnostics,
+		WarningWindow: opts.WarningWindow}
+	if opts.LookupBudget != nil {
+		cfg.Budget = opts.LookupBudget
 	}
-	for group, g := range d.Groups {
-		st.Groups[group] = ctlabi.Group(g)
+	if opts.Stager != nil {
+		cfg.Stager = opts.Stager
 	}
-	st.Counters.OtherFilesRefused = c.OtherFilesRefused.Load()
-	st.Counters.LookupsWithheld = f.tier.LookupsWithheld()
-	st.Counters.TiersPrimed = f.tiersPrimed.Load()
+	if opts.Shared != nil {
+		cfg.Shared = opts.Shared
+	}
+	if opts.Sync != nil {
+		cfg.Sync = opts.Sync
+	}
+	if opts.Regions != nil {
+		cfg.Regions = opts.Regions
+	}
 	if f.primer != nil {
-		st.Counters.NamesPrimed = f.primer.Looked()
+		cfg.Primer = f.primer
 	}
-	st.Counters.Matches = f.tier.Matches()
-	if f.budget != nil {
-		b := f.budget.Stats()
-		st.Counters.BudgetChainsCapped, st.Counters.BudgetKeysWithheld = b.ChainsCapped, b.KeysWithheld
-		if b.ChainsCapped > 0 {
-			st.Warnings = append(st.Warnings, budgetWarning(b))
-		}
+	if opts.KVEvents != nil {
+		cfg.KVEvents = opts.KVEvents
 	}
-	st.Counters.KVEventsPublished, st.Counters.KVEventsDropped = f.kvEvents.Counts()
-	if f.stager != nil {
-		ss := ctlabi.Staging(f.stager.Stats())
-		st.Staging = &ss
-	}
-	if f.shared != nil {
-		ss := f.shared.Stats()
-		st.Shared = abiShared(ss)
-		st.Warnings = append(st.Warnings, sharedWarnings(ss)...)
-	}
-	if f.sync != nil {
-		snap := f.sync.Snapshot()
-		for _, p := range snap.Peers {
-			st.Peers = append(st.Peers, ctlabi.Peer(p))
-		}
-		replication := ctlabi.Replication(snap.Replication)
-		st.Replication = &replication
-		st.Counters.RowsMirrored = int64(snap.RowsMirrored)
-		st.Counters.AuthFailures = int64(snap.AuthFailures)
-		st.Warnings = append(st.Warnings, syncWarnings(snap)...)
-	}
-	if f.regions != nil {
-		if err := f.regions.Refresh(); err != nil {
-			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmUnmappable, Message: err.Error()})
-		}
-		for _, r := range f.regions.Infos(tier.RowSizes(d.RowBytes)) {
-			st.Primary.Regions = append(st.Primary.Regions, ctlabi.Region(r))
-		}
-		for _, ig := range f.regions.Ignored() {
-			st.Primary.Ignored = append(st.Primary.Ignored, ctlabi.IgnoredFile(ig))
-		}
-		st.Primary.IgnoredCount = f.regions.IgnoredNow()
-		st.Counters.ShmIgnored = f.regions.IgnoredTotal()
-		st.Counters.ShmFaults = f.regions.Faults()
-	}
-	if st.Primary.Regions == nil {
-		st.Primary.Regions = []ctlabi.Region{}
-	}
-	if st.Primary.Ignored == nil {
-		st.Primary.Ignored = []ctlabi.IgnoredFile{}
-	}
-	if ig := st.Primary.Ignored; len(ig) == 1 && st.Primary.IgnoredCount == 1 {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
-			"%s matches --shm-glob but is not mapped (%s): the engine's regions are regular files owned by root or the engine's uid",
-			ctlabi.Printable(ig[0].Path), ig[0].Reason)})
-	} else if len(ig) > 0 {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmIgnored, Message: fmt.Sprintf(
-			"%d files match --shm-glob but are not mapped, %s among them (%s): the engine's regions are regular files owned by root or the engine's uid",
-			st.Primary.IgnoredCount, ctlabi.Printable(ig[0].Path), ig[0].Reason)})
-	}
-	if st.Counters.UnprovenBlocks > 0 {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnUnprovenBlocks, Message: fmt.Sprintf(
-			"%s found at mount had no digest record bound to their name and were not indexed (copied or restored without xattrs, or another block's record): they answer absent; remove them or restore them with their xattrs",
-			plural(st.Counters.UnprovenBlocks, "block file"))})
-	}
-	for _, r := range st.Primary.Regions {
-		if r.RowBytes == 0 && len(d.RowBytes) > 0 {
-			st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnShmGeometry, Message: fmt.Sprintf("%s: %s", ctlabi.Printable(r.Path), r.Warning)})
-		}
-	}
-	primaryRows := 0
-	for _, r := range st.Primary.Regions {
-		primaryRows = max(primaryRows, int(r.Rows))
-	}
-	st.Warnings = append(st.Warnings, f.diagnostics.Warnings(diagnose.StoreState{Blocks: d.Blocks, NeverLookedUp: d.NeverLookedUp, PrimaryRows: primaryRows})...)
-	quiet := f.recent.Window()
-	if n, recent := f.recent.Grew(ctlabi.WarnChecksumFailures, st.Counters.ChecksumFailures); recent {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
-			"%s failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl); clears after %s without one",
-			plural(n, "block"), quiet)})
-	}
-	if n, recent := f.recent.Grew(ctlabi.WarnNoSpace, st.Counters.NoSpace); recent {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnNoSpace, Message: noSpaceMessage(n, d) + fmt.Sprintf("; clears after %s without one", quiet)})
-	}
-	if n, recent := f.recent.Grew(ctlabi.WarnOtherFilesFull, st.Counters.OtherFilesRefused); recent {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnOtherFilesFull, Message: fmt.Sprintf(
-			"%s outside the block layout failed with EDQUOT: the store tracks %d such files, its bound (%d untracked found at mount); remove files the engine does not need from the mount; clears after %s without one",
-			plural(n, "write"), d.OtherFilesMax, d.OtherFilesUntracked, quiet)})
-	}
-	if n, recent := f.recent.Grew(ctlabi.WarnStoreIOErrors, st.Counters.StoreIOErrors); recent {
-		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(
-			"%s failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl; clears after %s without one",
-			plural(n, "read or write", "reads or writes"), quiet)})
-	}
-	return st
-}
-
-// abiDisk is the "disk" section of the store's stats.
-func abiDisk(d disk.Stats) ctlabi.Disk {
-	out := ctlabi.Disk{Store: d.Store, Blocks: d.Blocks, LogicalBytes: d.LogicalBytes, PhysicalBytes: d.PhysicalBytes,
-		CapacityBytes: d.CapacityBytes, FreeBytes: d.FreeBytes, Evictions: d.Evictions, InFlightTmp: d.InFlightTmp,
-		TmpBytes: d.TmpBytes, NeverLookedUp: d.NeverLookedUp, RowBytes: d.RowBytes, StorePhases: make(map[string]ctlabi.Phase, len(d.StorePhases)),
-		OtherFiles: d.OtherFiles, OtherFilesMax: d.OtherFilesMax, OtherFilesUntracked: d.OtherFilesUntracked}
-	for name, ph := range d.StorePhases {
-		out.StorePhases[name] = ctlabi.Phase(ph)
-	}
-	return out
-}
-
-// abiShared is the "shared" section of the shared level's stats.
-func abiShared(s shared.Stats) *ctlabi.Shared {
-	return &ctlabi.Shared{Dir: s.Dir, Reachable: s.Reachable, QueueBlocks: s.QueueBlocks, QueueBytes: s.QueueBytes,
-		BytesBehind: s.BytesBehind, WrittenBlocks: s.WrittenBlocks, WrittenBytes: s.WrittenBytes, DroppedBlocks: s.DroppedBlocks,
-		FetchedBlocks: s.FetchedBlocks, FetchedBytes: s.FetchedBytes, FetchSecondsAvg: s.FetchSecondsAvg, Lookups: s.Lookups,
-		LookupHits: s.LookupHits, NegativeHits: s.NegativeHits, CorruptDropped: s.CorruptDropped, Timeouts: s.Timeouts,
-		LeaseHolder: s.LeaseHolder, LeaseHeld: s.LeaseHeld, CapacityBytes: s.CapacityBytes, UsedBytes: s.UsedBytes,
-		EvictedBlocks: s.EvictedBlocks, JournalNames: s.JournalNames, JournalFallbacks: s.JournalFallbacks}
-}
-
-// noSpaceMessage explains ENOSPC refusals: by tmp files not yet renamed
-// (killed writers leave them until they expire) or by protected blocks.
-func noSpaceMessage(refused int64, d disk.Stats) string {
-	if d.InFlightTmp > 0 {
-		return fmt.Sprintf("%s failed with ENOSPC; %d bytes are held by %d tmp files not yet renamed (a writer killed before its rename leaves one, removed %s after its close), the rest by protected blocks: raise --capacity or lower --lookup-protect",
-			plural(refused, "write"), d.TmpBytes, d.InFlightTmp, disk.DefaultTmpMaxAge)
-	}
-	return fmt.Sprintf("%s failed with ENOSPC because the store filesystem is full or every block was protected: free space there (df), raise --capacity or lower --lookup-protect", plural(refused, "write"))
-}
-
-// syncWarnings names what keeps rows from being mirrored.
-func syncWarnings(snap rowsync.Snapshot) []ctlabi.Warning {
-	var out []ctlabi.Warning
-	others := 0
-	for _, p := range snap.Peers {
-		if p.State != rowsync.StateSelf {
-			others++
-		}
-		if !p.Serving() {
-			out = append(out, ctlabi.Warning{Code: ctlabi.WarnPeerDown, Message: fmt.Sprintf(
-				"peer %s is %s (%s): lookups answer absent and loads fail until it is back; check the peer daemon and the network",
-				p.Addr, p.State, p.LastError)})
-		}
-	}
-	// A fresh pair has no store samples yet: undecided, not off.
-	if r := snap.Replication; others > 0 && !r.Allowed && (r.Mismatches > 0 || r.Mode == rowsync.ModeOff.String()) {
-		out = append(out, ctlabi.Warning{Code: ctlabi.WarnMirroringOff, Message: fmt.Sprintf(
-			"row mirroring is off (--replicated-kv %s: %s; %d samples, %d mismatches): only this node's rank can load from the tier",
-			r.Mode, r.DecidedBy, r.Samples, r.Mismatches)})
-	}
-	return out
-}
-
-// sharedWarnings names what keeps the shared level from working.
-func sharedWarnings(st shared.Stats) []ctlabi.Warning {
-	var out []ctlabi.Warning
-	if !st.Reachable {
-		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedUnreachable, Message: fmt.Sprintf(
-			"the shared store %s does not answer within --shared-timeout (%d calls timed out): lookups answer absent from local blocks only and %d bytes wait to be written behind; check its filesystem's client and servers",
-			st.Dir, st.Timeouts, st.BytesBehind)})
-	}
-	if st.BehindGrowing() {
-		out = append(out, ctlabi.Warning{Code: ctlabi.WarnSharedBehind, Message: fmt.Sprintf(
-			"write-behind to the shared store does not keep up: %d bytes behind and growing (%d blocks dropped from the queue): raise --shared-rate or --shared-queue, or use --shared-admit looked-up",
-			st.BytesBehind, st.DroppedBlocks)})
-	}
-	return out
-}
-
-// plural is n and the noun, singular for 1: plural(1, "block") is "1
-// block", plural(2, "block") "2 blocks"; an irregular plural comes third.
-func plural(n int64, singular string, pluralForm ...string) string {
-	if n == 1 {
-		return fmt.Sprintf("1 %s", singular)
-	}
-	if len(pluralForm) > 0 {
-		return fmt.Sprintf("%d %s", n, pluralForm[0])
-	}
-	return fmt.Sprintf("%d %ss", n, singular)
-}
-
-// budgetWarning names the lookup budget's cap and what lifts it.
-func budgetWarning(b lookupbudget.Stats) ctlabi.Warning {
-	return ctlabi.Warning{Code: ctlabi.WarnLookupBudgetCapped, Message: fmt.Sprintf(
-		"%d lookups found prefixes longer than the engine's primary tier can promote at once (%d rows): the lookup budget "+
-			"answered present only the first chunks that fit (%d at the latest cap, %d rows kept for each window group) and withheld "+
-			"%d present blocks, so an engine whose lookup promotes every key it confirms gets that hit instead of none. To serve "+
-			"longer prefixes from this tier, give the primary tier more rows (cpu_bytes_to_use), or match through "+
-			"MOUNTPOINT/.kvtier/match and load the hit in waves",
-		b.ChainsCapped, b.Rows, b.LastCap, b.WindowRows, b.KeysWithheld)}
+	return cfg
 }

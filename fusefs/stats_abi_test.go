@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -25,22 +24,32 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/tier"
 )
 
-// newStatsFS returns an FS over an empty store, enough for Stats.
-func newStatsFS(t *testing.T) *FS {
+// newStatsFS returns an FS over an empty store with the parts of opts that
+// stats.json reads, enough for Stats.
+func newStatsFS(t *testing.T, opts Options) *FS {
 	store, err := disk.Open(disk.Config{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return &FS{store: store, tier: tier.New(tier.Config{Store: store}), logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}), recent: diagnose.NewRecent(0, nil),
-		loads: core.NewLoads(core.Config{Store: store})}
+	opts.Store = store
+	return statsFS(store, "", opts)
+}
+
+// statsFS returns an FS at mountpoint over the store of opts, with the
+// parts of opts that stats.json reads.
+func statsFS(store *disk.Store, mountpoint string, opts Options) *FS {
+	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), mountpoint: mountpoint, logger: slog.New(slog.DiscardHandler),
+		diagnostics: diagnose.New(diagnose.Options{}), shared: opts.Shared, loads: core.NewLoads(core.Config{Store: store})}
+	f.stats = tier.NewStats(f.statsConfig(opts))
+	return f
 }
 
 // TestStatsFileDecodesWithTheABI reads stats.json as the daemon serves it and
 // decodes it with ctlabi's types, unknown fields refused; its top-level
 // fields are those of the golden stats.json the ABI keeps.
 func TestStatsFileDecodesWithTheABI(t *testing.T) {
-	f := newStatsFS(t)
+	f := newStatsFS(t, Options{})
 	h, _, errno := (&statsFile{fsys: f}).Open(fuse.NewContext(t.Context(), &fuse.Caller{Owner: fuse.Owner{Uid: 0}}), syscall.O_RDONLY)
 	if errno != 0 {
 		t.Fatalf("open stats.json: %v", errno)
@@ -90,7 +99,7 @@ func isSubset(some, all []string) bool {
 // ctlabi.Metrics outside staging and the shared level (both off here) is
 // exported, and one series per warning code.
 func TestMetricsExportEveryListedStat(t *testing.T) {
-	f := newStatsFS(t)
+	f := newStatsFS(t, Options{})
 	reg := prometheus.NewPedanticRegistry()
 	if _, err := newMetrics(reg, f); err != nil {
 		t.Fatal(err)
@@ -131,12 +140,11 @@ func TestStatsFileBytesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), mountpoint: "/mnt/kv", logger: slog.New(slog.DiscardHandler), diagnostics: diagnose.New(diagnose.Options{}),
-		recent: diagnose.NewRecent(0, nil), loads: core.NewLoads(core.Config{Store: store}),
-		shared: fakeShared{shared.Stats{Dir: "/shared", QueueBlocks: 1, QueueBytes: 2, BytesBehind: 3, WrittenBlocks: 4, WrittenBytes: 5,
+	f := statsFS(store, "/mnt/kv", Options{Store: store,
+		Shared: fakeShared{shared.Stats{Dir: "/shared", QueueBlocks: 1, QueueBytes: 2, BytesBehind: 3, WrittenBlocks: 4, WrittenBytes: 5,
 			DroppedBlocks: 6, FetchedBlocks: 7, FetchedBytes: 8, FetchSecondsAvg: 0.5, Lookups: 9, LookupHits: 10, NegativeHits: 11,
 			CorruptDropped: 12, Timeouts: 13, LeaseHolder: "node-a", LeaseHeld: true, CapacityBytes: 14, UsedBytes: 15, EvictedBlocks: 16,
-			JournalNames: 17, JournalFallbacks: 18}}}
+			JournalNames: 17, JournalFallbacks: 18}}})
 	h, _, errno := (&statsFile{fsys: f}).Open(fuse.NewContext(t.Context(), &fuse.Caller{Owner: fuse.Owner{Uid: 0}}), syscall.O_RDONLY)
 	if errno != 0 {
 		t.Fatalf("open stats.json: %v", errno)
@@ -156,52 +164,6 @@ func TestStatsFileBytesGolden(t *testing.T) {
 	}
 }
 
-// setEveryField sets every exported number, string and boolean of the
-// struct v points to, so that a copy that leaves a field out shows as zero.
-func setEveryField(v any) {
-	s := reflect.ValueOf(v).Elem()
-	for i := range s.NumField() {
-		switch f := s.Field(i); {
-		case !f.CanSet():
-		case f.CanInt():
-			f.SetInt(int64(i + 1))
-		case f.CanFloat():
-			f.SetFloat(float64(i) + 0.5)
-		case f.Kind() == reflect.String:
-			f.SetString("s")
-		case f.Kind() == reflect.Bool:
-			f.SetBool(true)
-		}
-	}
-}
-
-// zeroFields names the fields of the struct v that hold their zero value.
-func zeroFields(v any) []string {
-	s := reflect.ValueOf(v)
-	var out []string
-	for i := range s.NumField() {
-		if s.Field(i).IsZero() {
-			out = append(out, s.Type().Field(i).Name)
-		}
-	}
-	return out
-}
-
-// TestABISectionsCopyEveryField: the shared level's and the store's stats,
-// every field set, leave no field of their ABI section unset.
-func TestABISectionsCopyEveryField(t *testing.T) {
-	var sh shared.Stats
-	setEveryField(&sh)
-	if zero := zeroFields(*abiShared(sh)); len(zero) > 0 {
-		t.Errorf("abiShared leaves %v unset", zero)
-	}
-	d := disk.Stats{RowBytes: map[string]int64{"t": 1}, StorePhases: map[string]disk.PhaseStats{"rename": {Count: 1}}}
-	setEveryField(&d)
-	if zero := zeroFields(abiDisk(d)); len(zero) > 0 {
-		t.Errorf("abiDisk leaves %v unset", zero)
-	}
-}
-
 // TestPeerStatesAreTheABIs: the peer states rowsync reports are copied into
 // stats.json as they are, so they must be the ABI's (ctlabi.Peer.Serving).
 func TestPeerStatesAreTheABIs(t *testing.T) {
@@ -213,5 +175,22 @@ func TestPeerStatesAreTheABIs(t *testing.T) {
 		if got, want := (ctlabi.Peer{State: abiState}).Serving(), (rowsync.PeerStats{State: rowsyncState}).Serving(); got != want {
 			t.Errorf("state %q: ABI serving %v, rowsync %v", abiState, got, want)
 		}
+	}
+}
+
+// TestStatsConfigLeavesAbsentPartsNil: a part the mount does not have is a
+// nil interface in the stats' config (not a nil pointer in one, which the
+// snapshot would call), and the snapshot of a store alone has its sections
+// absent.
+func TestStatsConfigLeavesAbsentPartsNil(t *testing.T) {
+	store := openStoreAt(t, t.TempDir())
+	f := &FS{tier: tier.New(tier.Config{Store: store})}
+	cfg := f.statsConfig(Options{Store: store})
+	if cfg.Budget != nil || cfg.Stager != nil || cfg.Shared != nil || cfg.Sync != nil || cfg.Regions != nil ||
+		cfg.Primer != nil || cfg.KVEvents != nil || cfg.Diagnostics != nil {
+		t.Fatalf("a mount without them configured the stats with %+v", cfg)
+	}
+	if st := tier.NewStats(cfg).Snapshot(ctlabi.Counters{}); st.Staging != nil || st.Shared != nil || st.Replication != nil {
+		t.Errorf("sections of parts the mount lacks: %+v", st)
 	}
 }

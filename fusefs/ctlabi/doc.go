@@ -43,12 +43,14 @@
 //
 // Every section of stats.json is a type of this package; the packages that
 // count (tiers/disk, tiers/shm, tiers/shared, sync/rowsync, staging) return
-// plain stats of their own, without JSON tags, and one function, the
-// daemon's fusefs.FS.Stats, copies them in and raises every warning. To add
-// a number: add its field, with its JSON name, to the section here and its
-// line to Metrics (TestEveryStatHasAMetric fails until it has one), and to
-// the golden testdata/stats.json; then fill it where its part's stats are
-// copied in (fusefs/stats.go), and rewrite the bytes a mount serves, with
+// plain stats of their own, without JSON tags, and one function,
+// tiers/tier's Stats.Snapshot, copies them in and raises every warning (the
+// mount, fusefs.FS.Stats, hands it only the counters it keeps itself). To
+// add a number: add its field, with its JSON name, to the section here and
+// its line to Metrics (TestEveryStatHasAMetric fails until it has one), and
+// to the golden testdata/stats.json; then fill it where its part's stats
+// are copied in (tiers/tier/stats.go; a counter of fusefs or fusefs/core,
+// in fusefs/stats.go), and rewrite the bytes a mount serves, with
 // go test ./fusefs -run TestStatsFileBytesGolden -update. The sections
 // copied by conversion (Group, Phase, Region, IgnoredFile, Peer,
 // Replication, Staging) have their part's fields one for one, so a field

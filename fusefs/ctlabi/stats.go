@@ -26,7 +26,7 @@ const (
 
 // Stats is the content of stats.json, what `kvtierfs stat` shows. Every
 // section's type is defined here: the implementation packages return plain
-// stats of their own, and the daemon (fusefs.FS.Stats) copies them in.
+// stats of their own, and tiers/tier's Stats.Snapshot copies them in.
 type Stats struct {
 	Mountpoint string           `json:"mountpoint"`
 	Disk       Disk             `json:"disk"`

@@ -156,13 +156,11 @@ type Stats struct {
 	// lookups it could not answer, which went to the listings.
 	JournalNames     int64
 	JournalFallbacks int64
-	// behindGrowing is set when bytes_behind rose over the last samples.
-	behindGrowing bool
+	// BehindGrowing is set when the bytes waiting to be written behind
+	// kept growing over the last half minute: the shared store does not
+	// keep up.
+	BehindGrowing bool
 }
-
-// BehindGrowing reports whether the bytes waiting to be written behind kept
-// growing over the last half minute: the shared store does not keep up.
-func (s Stats) BehindGrowing() bool { return s.behindGrowing }
 
 // counters are the level's event counts.
 type counters struct {
@@ -336,7 +334,7 @@ func (l *Level) Stats() Stats {
 		UsedBytes:        l.c.usedBytes.Load(),
 		EvictedBlocks:    l.c.evicted.Load(),
 		JournalFallbacks: l.c.journalFallbacks.Load(),
-		behindGrowing:    growing,
+		BehindGrowing:    growing,
 	}
 	if fetched > 0 {
 		st.FetchSecondsAvg = float64(l.c.fetchNanos.Load()) / float64(fetched) / 1e9

@@ -6,7 +6,8 @@
 // and kernel caches) through one ordered listener list, and decides what a
 // lookup answers: the local store, then the shared level, then whether the
 // lookup budget or mirroring withholds it. fusefs translates its verdicts
-// into FUSE replies.
+// into FUSE replies. Stats assembles the mount's stats.json from every
+// part's plain stats and raises its warnings.
 package tier
 
 import (
