@@ -41,21 +41,11 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 	if err := clearStaleMount(mnt); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-		return nil, fmt.Errorf("mountpoint %s is not a directory", mnt)
-	}
+	dir, err := openMountpoint(mnt)
 	if err != nil {
-		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	m := &mountpoint{dir: os.NewFile(uintptr(fd), mnt), path: mnt}
-	if err := m.reachedByTrustedLinks(); err != nil {
-		m.close()
 		return nil, err
 	}
+	m := &mountpoint{dir: dir, path: mnt}
 	names, err := m.dir.Readdirnames(4)
 	if err != nil && err != io.EOF {
 		m.close()
@@ -67,6 +57,110 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 			"move them away, or add --nonempty to mount over them", mnt, strings.Join(names, ", "))
 	}
 	return m, nil
+}
+
+// openMountpoint opens the mountpoint directory, creating what is missing
+// of its path one directory at a time beneath the directory opened before
+// (mkdirat, then openat O_NOFOLLOW). os.MkdirAll resolved the whole path
+// anew for each directory, following links, so a user owning an ancestor
+// made a root daemon create directories wherever its link led. A link on
+// the way is followed only when root or the daemon's user made it
+// (followTrustedLink); the mountpoint itself must be a directory, no link.
+func openMountpoint(mnt string) (*os.File, error) {
+	abs, err := filepath.Abs(mnt)
+	if err != nil {
+		return nil, err
+	}
+	if abs == "/" {
+		return nil, fmt.Errorf("mountpoint %s: the root directory", mnt)
+	}
+	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	names := strings.Split(abs[1:], "/")
+	at := ""
+	for i, name := range names {
+		at += "/" + name
+		last := i == len(names)-1
+		next, err := openOrMakeDir(dir, name, last)
+		if err == nil {
+			unix.Close(dir)
+			dir = next
+			continue
+		}
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			if last {
+				err = fmt.Errorf("mountpoint %s is not a directory", mnt)
+			} else {
+				next, err = followTrustedLink(dir, name, at, mnt)
+			}
+		} else {
+			err = fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+		}
+		unix.Close(dir)
+		if err != nil {
+			return nil, err
+		}
+		dir = next
+	}
+	return os.NewFile(uintptr(dir), mnt), nil
+}
+
+// openOrMakeDir opens the directory name beneath dir without following a
+// link, making it first (mode 0755) when it is missing: O_PATH on the way,
+// readable for the mountpoint itself (last).
+func openOrMakeDir(dir int, name string, last bool) (int, error) {
+	flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if last {
+		flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	}
+	fd, err := unix.Openat(dir, name, flags, 0)
+	if !errors.Is(err, unix.ENOENT) {
+		return fd, err
+	}
+	if err := unix.Mkdirat(dir, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, err
+	}
+	return unix.Openat(dir, name, flags, 0)
+}
+
+// followTrustedLink opens the directory that the link name beneath dir
+// (reached as at) leads to, when root or the daemon's user made the link;
+// a link of another user is refused, since its owner chooses where the
+// path leads and the daemon would create, guard and mount over whatever
+// directory of the mountpoint's name it finds there (a link to / makes
+// .../mnt root's /mnt). The link's owner and target are read from one
+// descriptor of it, so it cannot be swapped between the two; links inside
+// its target are the kernel's to follow.
+func followTrustedLink(dir int, name, at, mnt string) (int, error) {
+	link, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	defer unix.Close(link)
+	var st unix.Stat_t
+	if err := unix.Fstat(link, &st); err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return -1, fmt.Errorf("mountpoint %s: %s is not a directory", mnt, at)
+	}
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(link, "", buf)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	target := string(buf[:n])
+	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return -1, fmt.Errorf("mountpoint %s is reached through %s, a link of uid %d (to %s), which chooses where the mount lands: "+
+			"give the mountpoint's own path, and keep it out of directories that others than root may write", mnt, at, st.Uid, target)
+	}
+	fd, err := unix.Openat(dir, target, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s, a link to %s: %w", mnt, at, target, err)
+	}
+	return fd, nil
 }
 
 // guard makes the bare mountpoint one the engine cannot write into while no
@@ -148,33 +242,6 @@ func (m *mountpoint) stillHere() error {
 	if now.Dev != opened.Dev || now.Ino != opened.Ino {
 		return fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
 			"keep the mountpoint out of directories that others than root may write", m.path)
-	}
-	return nil
-}
-
-// reachedByTrustedLinks refuses a mountpoint whose path passes through a
-// link that another user than root or the daemon's made: its owner chose
-// where the path leads, and the daemon guards and mounts over whatever
-// directory of that name it finds there (a link to / makes .../mnt root's
-// /mnt). A path without links, or with only root's, is taken.
-func (m *mountpoint) reachedByTrustedLinks() error {
-	abs, err := filepath.Abs(m.path)
-	if err != nil {
-		return err
-	}
-	reached, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
-	if err != nil || reached == abs {
-		return err
-	}
-	for at := abs; at != filepath.Dir(at); at = filepath.Dir(at) {
-		var st unix.Stat_t
-		if err := unix.Lstat(at, &st); err != nil {
-			return fmt.Errorf("mountpoint %s: %w", m.path, err)
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-			return fmt.Errorf("mountpoint %s is reached through %s, a link of uid %d, which chooses where the mount lands: "+
-				"give the mountpoint's own path (%s now), and keep it out of directories that others than root may write", m.path, at, st.Uid, reached)
-		}
 	}
 	return nil
 }
