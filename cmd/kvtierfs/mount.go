@@ -19,12 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
-	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
@@ -328,18 +326,8 @@ func runMount(args []string) error {
 	if err := mnt.guard(logger); err != nil {
 		return err
 	}
-	if err := mnt.stillHere(); err != nil {
-		return err
-	}
-	mountsBefore, err := mountinfo.Read("self")
+	fsys, err := mnt.mount(opts, "kvtierfs:"+store.Root())
 	if err != nil {
-		return err
-	}
-	fsys, err := fusefs.Mount(c.mountpoint, opts)
-	if err != nil {
-		return explainMountError(err, c.allowOther)
-	}
-	if err := mnt.landed(mountsBefore, "kvtierfs:"+store.Root()); err != nil {
 		return err
 	}
 	var serving atomic.Bool
@@ -379,7 +367,7 @@ func runMount(args []string) error {
 			helper.Close() // its lookups would keep the mount busy
 		}
 		go abortAfterGrace(fsys, logger)
-		unmountOnSignal(fsys, c.mountpoint, logger)
+		unmountOnSignal(fsys, logger)
 	}()
 	fsys.Wait()
 	logger.Info("unmounted", "mountpoint", c.mountpoint)
@@ -387,15 +375,15 @@ func runMount(args []string) error {
 }
 
 // unmountOnSignal unmounts, retrying while files are open, then detaches lazily.
-func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
+func unmountOnSignal(fsys *fusefs.FS, logger *slog.Logger) {
 	for range 10 {
 		if err := fsys.Unmount(); err == nil {
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", mountpoint)
-	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
+	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", fsys.Mountpoint())
+	if err := fsys.Detach(); err != nil {
 		logger.Error("lazy unmount failed", "err", err)
 	}
 }

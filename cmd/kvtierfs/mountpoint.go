@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
@@ -201,10 +202,10 @@ func (m *mountpoint) guard(logger *slog.Logger) error {
 	return nil
 }
 
-// seal closes the mountpoint, after the mount; as another user than root it
-// first takes the owner's write permission back.
+// seal, after the mount, takes the owner's write permission back from a
+// mountpoint of another user than root. The mountpoint stays open: a root
+// daemon unmounts through it.
 func (m *mountpoint) seal() error {
-	defer m.close()
 	if os.Geteuid() != 0 {
 		if err := unix.Fchmod(int(m.dir.Fd()), guardedMode); err != nil {
 			return fmt.Errorf("mountpoint %s: %w", m.path, err)
@@ -215,48 +216,75 @@ func (m *mountpoint) seal() error {
 
 func (m *mountpoint) close() { m.dir.Close() }
 
-// The mount itself takes a path (mount(2), go-fuse), which the kernel
-// resolves anew, following links: whoever may write into the mountpoint's
-// parent or an ancestor (the engine's uid, when the operator put the
-// mountpoint in one of its directories) can swap the path for a link
-// between the open and the mount (the store's indexing, minutes long, lies
-// between them), and a root daemon then mounted the engine's store over
-// the link's target, /etc for one. stillHere is checked before the mount,
-// landed after it.
+// mountpointChecked, when set (by tests), runs between the last check of
+// the mountpoint's path and the mount.
+var mountpointChecked func()
+
+// mount mounts the store (opts, mount source source) over the mountpoint.
+// Whoever may write into the mountpoint's parent or an ancestor (the
+// engine's uid, when the operator put the mountpoint in one of its
+// directories) can swap the path for a link after the daemon opened it
+// (the store's indexing, minutes long, lies between them); mount(2) by
+// path then landed on the link's target, and a root daemon mounted the
+// engine's store over /etc. So the path must still lead to the directory
+// opened and guarded (stillHere); a root daemon then mounts onto that
+// directory itself (fusefs.Options.MountpointDir), never resolving the
+// path again, and the mount must be where the path led at that check
+// (landed): a directory moved meanwhile has the mount detached.
+func (m *mountpoint) mount(opts fusefs.Options, source string) (*fusefs.FS, error) {
+	checkedAt, err := m.stillHere()
+	if err != nil {
+		return nil, err
+	}
+	if mountpointChecked != nil {
+		mountpointChecked()
+	}
+	before, err := mountinfo.Read("self")
+	if err != nil {
+		return nil, err
+	}
+	opts.MountpointDir = m.dir
+	fsys, err := fusefs.Mount(m.path, opts)
+	if err != nil {
+		return nil, explainMountError(err, opts.AllowOther)
+	}
+	if err := m.landed(fsys, before, source, checkedAt); err != nil {
+		return nil, err
+	}
+	return fsys, nil
+}
 
 // stillHere checks that the mountpoint's path still leads to the directory
-// opened and guarded.
-func (m *mountpoint) stillHere() error {
+// opened and guarded, and returns where that directory is.
+func (m *mountpoint) stillHere() (string, error) {
 	fd, err := unix.Open(m.path, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("mountpoint %s was replaced while the daemon started (%w): not mounted", m.path, err)
+		return "", fmt.Errorf("mountpoint %s was replaced while the daemon started (%w): not mounted", m.path, err)
 	}
 	defer unix.Close(fd)
 	var now, opened unix.Stat_t
 	if err := unix.Fstat(fd, &now); err != nil {
-		return err
+		return "", err
 	}
 	if err := unix.Fstat(int(m.dir.Fd()), &opened); err != nil {
-		return err
+		return "", err
 	}
 	if now.Dev != opened.Dev || now.Ino != opened.Ino {
-		return fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
+		return "", fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
 			"keep the mountpoint out of directories that others than root may write", m.path)
 	}
-	return nil
+	return os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
-// landed checks, after the mount, that the mount of source made since
-// before covers the directory opened and guarded; one that landed
-// elsewhere (the path was swapped after stillHere) is detached, and landed
-// fails.
-func (m *mountpoint) landed(before []mountinfo.Mount, source string) error {
-	dir, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
-	if err != nil {
-		return err
-	}
+// landed checks, after the mount, that the mounts of source made since
+// before are one, at checkedAt; else the mount is detached and landed
+// fails. A root daemon's mount covers the opened directory wherever it is
+// (moved after stillHere, it is elsewhere); another user's mount is made by
+// path (fusermount3) and lands wherever the path leads.
+func (m *mountpoint) landed(fsys *fusefs.FS, before []mountinfo.Mount, source, checkedAt string) error {
 	mounts, err := mountinfo.Read("self")
 	if err != nil {
+		fsys.Detach()
 		return err
 	}
 	var elsewhere []string
@@ -264,18 +292,18 @@ func (m *mountpoint) landed(before []mountinfo.Mount, source string) error {
 	for _, mount := range mounts {
 		switch {
 		case mount.FSType != ctlabi.FSType || mount.Source != source || slices.Contains(before, mount):
-		case mount.Mountpoint == dir:
+		case mount.Mountpoint == checkedAt:
 			here = true
 		default:
 			elsewhere = append(elsewhere, mount.Mountpoint)
-			unix.Unmount(mount.Mountpoint, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		}
 	}
 	if here && len(elsewhere) == 0 {
 		return nil
 	}
+	fsys.Detach()
 	return fmt.Errorf("mountpoint %s was replaced while the daemon started: the mount landed at %q, not at %s, and was detached; "+
-		"keep the mountpoint out of directories that others than root may write", m.path, elsewhere, dir)
+		"keep the mountpoint out of directories that others than root may write", m.path, elsewhere, checkedAt)
 }
 
 // explainMountError adds to a failed FUSE mount the cause a user other than
