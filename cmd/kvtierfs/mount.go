@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -236,6 +237,13 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
+	if c.listen != "" {
+		// Tried before the store is indexed too: a port someone holds
+		// fails the start at once. Row mirroring binds it after.
+		if err := probeListen(c.listen); err != nil {
+			return err
+		}
+	}
 	mnt, err := prepareMountpoint(c.mountpoint, c.nonempty)
 	if err != nil {
 		return err
@@ -425,11 +433,29 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, 
 	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
 		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes, RowBytes: int(c.rowBytes),
 		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, explainListen("--listen", c.listen, err, listenHarm, listenRemedy)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("starting row mirroring: %w", err)
 	}
 	logger.Info("row mirroring", "listen", node.Addr(), "peers", c.peers, "replicated_kv", c.replicated.String())
 	return node, nil
+}
+
+// What a --listen port another user holds does, and what to do instead.
+const (
+	listenHarm   = "it keeps this node from receiving its peers' rows (their connections to that address would reach that process instead)"
+	listenRemedy = "choose another --listen port (and give it to the peers' --peer)"
+)
+
+// probeListen binds --listen and lets it go.
+func probeListen(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return explainListen("--listen", addr, err, listenHarm, listenRemedy)
+	}
+	return l.Close()
 }
 
 // checkDisjoint refuses a mountpoint inside the store or a store inside the
