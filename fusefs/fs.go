@@ -325,9 +325,13 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			MaxWrite:          opts.MaxRequest,
 			// The kernel checks permissions from cached attributes instead of
 			// sending an ACCESS request for every faccessat lookup.
-			Options:           []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
-			DisableSplice:     true,
-			EnableLocks:       true,
+			Options:       []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
+			DisableSplice: true,
+			// No EnableLocks: locks are the kernel's, local to the mount
+			// (POSIX and flock semantics alike). Passed to the store file,
+			// each waiter held a daemon thread in a blocking lock call,
+			// unkillable meanwhile, until the daemon hit Go's thread limit
+			// (DESIGN "Threat model").
 			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
 			// The READs of an O_DIRECT load are background requests: 16
 			// loaders' rows in requests of up to 4 MiB (128 KiB on a
