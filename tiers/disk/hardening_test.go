@@ -662,3 +662,24 @@ func TestRecordForgedInTheStoreTree(t *testing.T) {
 			err, err == nil && bytes.Equal(data, stored))
 	}
 }
+
+// TestBlockSwappedForAFIFOIsDropped: a FIFO the engine's uid put at a
+// published block's name in the store tree fails the block's load at once,
+// and the block is dropped; main's open waited for a writer to the FIFO.
+func TestBlockSwappedForAFIFOIsDropped(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 2))
+	if err := os.Remove(s.Path(rel)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(s.Path(rel), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadBlock(rel); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("load of a block that is a FIFO in the store: %v, want ENOENT", err)
+	}
+	if s.Contains(rel) {
+		t.Error("the block swapped for a FIFO is still indexed")
+	}
+}
