@@ -42,11 +42,14 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 	if err := clearStaleMount(mnt); err != nil {
 		return nil, err
 	}
-	dir, err := openMountpoint(mnt)
+	dir, abs, err := openMountpoint(mnt)
 	if err != nil {
 		return nil, err
 	}
-	m := &mountpoint{dir: dir, path: mnt}
+	// The path walked, so that every later use of it means the same
+	// directory (Abs cleans "..", which the kernel would take through a
+	// link).
+	m := &mountpoint{dir: dir, path: abs}
 	names, err := m.dir.Readdirnames(4)
 	if err != nil && err != io.EOF {
 		m.close()
@@ -67,17 +70,18 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 // made a root daemon create directories wherever its link led. A link on
 // the way is followed only when root or the daemon's user made it
 // (followTrustedLink); the mountpoint itself must be a directory, no link.
-func openMountpoint(mnt string) (*os.File, error) {
+// It returns the directory and the absolute path walked.
+func openMountpoint(mnt string) (*os.File, string, error) {
 	abs, err := filepath.Abs(mnt)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if abs == "/" {
-		return nil, fmt.Errorf("mountpoint %s: the root directory", mnt)
+		return nil, "", fmt.Errorf("mountpoint %s: the root directory", mnt)
 	}
 	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	names := strings.Split(abs[1:], "/")
 	at := ""
@@ -101,11 +105,11 @@ func openMountpoint(mnt string) (*os.File, error) {
 		}
 		unix.Close(dir)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		dir = next
 	}
-	return os.NewFile(uintptr(dir), mnt), nil
+	return os.NewFile(uintptr(dir), abs), abs, nil
 }
 
 // openOrMakeDir opens the directory name beneath dir without following a

@@ -29,7 +29,7 @@ func TestMissingMountpointMadeThroughTrustedLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, link := range []string{"abs", "rel"} {
-		f, err := openMountpoint(filepath.Join(dir, link, link+"-a", "mnt"))
+		f, _, err := openMountpoint(filepath.Join(dir, link, link+"-a", "mnt"))
 		if err != nil {
 			t.Fatalf("through the daemon's link %s: %v", link, err)
 		}
@@ -47,7 +47,7 @@ func TestMissingMountpointMadeThroughTrustedLinks(t *testing.T) {
 	if err := os.Lchown(other, 4242, 4242); err != nil {
 		t.Fatal(err)
 	}
-	if f, err := openMountpoint(filepath.Join(other, "b", "mnt")); err == nil || !strings.Contains(err.Error(), "a link of uid 4242") {
+	if f, _, err := openMountpoint(filepath.Join(other, "b", "mnt")); err == nil || !strings.Contains(err.Error(), "a link of uid 4242") {
 		if f != nil {
 			f.Close()
 		}
@@ -56,7 +56,7 @@ func TestMissingMountpointMadeThroughTrustedLinks(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(real, "b")); !os.IsNotExist(err) {
 		t.Errorf("behind uid 4242's link: %v; want nothing made there", err)
 	}
-	if f, err := openMountpoint(filepath.Join(dir, "abs")); err == nil {
+	if f, _, err := openMountpoint(filepath.Join(dir, "abs")); err == nil {
 		f.Close()
 		t.Error("a mountpoint that is a link was opened")
 	}
