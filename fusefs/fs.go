@@ -25,6 +25,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
@@ -166,6 +167,13 @@ type Options struct {
 	// user than the daemon needs. Access is still limited to the store
 	// owner's uid and root (DESIGN "Threat model").
 	AllowOther bool
+	// MountpointDir is the mountpoint directory, opened by the caller, which
+	// keeps it open until Wait returns. A root daemon mounts onto that
+	// directory and unmounts through it (its /proc/self/fd path) instead
+	// of resolving the mountpoint's path again, which whoever may write an
+	// ancestor could have swapped for a link (DESIGN "Threat model"); nil,
+	// or another user than root (fusermount3 takes a path), mounts by path.
+	MountpointDir *os.File
 	// KVEvents publishes removed blocks to routers; nil when it is off.
 	KVEvents *kvevents.Publisher
 	// Shared is the shared second level; nil without --shared.
@@ -182,6 +190,9 @@ type FS struct {
 	logger     *slog.Logger
 	metrics    *metrics
 	mountpoint string
+	// target is what mount(2) and umount(2) were given: the mountpoint's
+	// path, or the /proc/self/fd path of Options.MountpointDir.
+	target string
 	// entryTimeout is how long the kernel caches entries the daemon hands out;
 	// each node operation sets it explicitly (zero for block tmp files).
 	entryTimeout time.Duration
@@ -285,6 +296,11 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		opts.MaxRequest = DefaultMaxRequest
 	}
 	raisePageLimit(opts.MaxRequest, opts.Logger)
+	f.target = mountpoint
+	onto := os.Geteuid() == 0 && opts.MountpointDir != nil
+	if onto {
+		f.target = fmt.Sprintf("/proc/self/fd/%d", opts.MountpointDir.Fd())
+	}
 	entry := opts.EntryTimeout
 	fsOpts := &fs.Options{
 		AttrTimeout: &entry,
@@ -293,13 +309,20 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			FsName:      "kvtierfs:" + opts.Store.Root(),
 			Name:        ctlabi.FSName,
 			DirectMount: os.Geteuid() == 0,
-			AllowOther:  opts.AllowOther,
-			MaxWrite:    opts.MaxRequest,
+			// No fusermount3 after a failed mount onto the directory: it
+			// would resolve /proc/self/fd in its own process.
+			DirectMountStrict: onto,
+			AllowOther:        opts.AllowOther,
+			MaxWrite:          opts.MaxRequest,
 			// The kernel checks permissions from cached attributes instead of
 			// sending an ACCESS request for every faccessat lookup.
-			Options:           []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
-			DisableSplice:     true,
-			EnableLocks:       true,
+			Options:       []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
+			DisableSplice: true,
+			// No EnableLocks: locks are the kernel's, local to the mount
+			// (POSIX and flock semantics alike). Passed to the store file,
+			// each waiter held a daemon thread in a blocking lock call,
+			// unkillable meanwhile, until the daemon hit Go's thread limit
+			// (DESIGN "Threat model").
 			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
 			// The READs of an O_DIRECT load are background requests: 16
 			// loaders' rows in requests of up to 4 MiB (128 KiB on a
@@ -311,7 +334,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions)
+	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, f.target, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
@@ -325,7 +348,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	// calls FS.ProbePoll first.
 	go server.Serve()
 	f.server = server
-	if f.connection, err = connectionOf(mountpoint); err != nil {
+	if f.connection, err = connectionOf(f.mountedAt()); err != nil {
 		f.logger.Warn("the mount's FUSE connection cannot be aborted at shutdown", "err", err)
 	}
 	if f.regions != nil {
@@ -400,6 +423,22 @@ func (f *FS) watchRegions() {
 
 // Unmount unmounts the filesystem; it fails with EBUSY while files are open.
 func (f *FS) Unmount() error { return f.server.Unmount() }
+
+// mountedAt is the mountpoint's path: the opened directory's where the
+// mount was made onto it.
+func (f *FS) mountedAt() string {
+	if f.target == f.mountpoint {
+		return f.mountpoint
+	}
+	if at, err := os.Readlink(f.target); err == nil {
+		return at
+	}
+	return f.mountpoint
+}
+
+// Detach unmounts the filesystem lazily (MNT_DETACH): it leaves the
+// namespace now and ends when the last open file closes.
+func (f *FS) Detach() error { return unix.Unmount(f.target, unix.MNT_DETACH) }
 
 // Mountpoint is where the filesystem is mounted.
 func (f *FS) Mountpoint() string { return f.mountpoint }

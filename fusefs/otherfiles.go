@@ -24,10 +24,10 @@ import (
 // in the store by now (made beside the mount) is opened as it is.
 func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.rel(name)
-	fd, err := n.fsys.store.OpenAt(rel, storeOpenFlags(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
+	fd, err := n.fsys.store.OpenFile(rel, storeOpenFlags(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
 	created := err == nil
 	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
-		fd, err = n.fsys.store.OpenAt(rel, storeOpenFlags(flags), 0)
+		fd, err = n.fsys.store.OpenFile(rel, storeOpenFlags(flags), 0)
 	}
 	if err != nil {
 		return nil, nil, 0, disk.Errno(err)
@@ -57,7 +57,7 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 
 // openOther opens a file outside the block layout through the daemon.
 func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	fd, err := n.fsys.store.OpenAt(n.self(), storeOpenFlags(flags), 0)
+	fd, err := n.fsys.store.OpenFile(n.self(), storeOpenFlags(flags), 0)
 	if err != nil {
 		return nil, 0, disk.Errno(err)
 	}

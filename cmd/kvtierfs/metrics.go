@@ -24,21 +24,28 @@ import (
 // daemon then fails before it opens the store, naming who holds the port.
 func listenMetrics(addr string) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
-	if err == nil {
-		return l, nil
+	if err != nil {
+		return nil, explainListen("--metrics-addr", addr, err, "it keeps the daemon from serving there and would answer its scrapes",
+			"choose another address, or --metrics-addr '' to disable metrics")
 	}
-	const remedy = "choose another address, or --metrics-addr '' to disable metrics"
-	plain := fmt.Errorf("--metrics-addr %s: %w (%s)", addr, err, remedy)
+	return l, nil
+}
+
+// explainListen describes a failed bind of flag's addr: for a port someone
+// holds, the uid holding it (internal/sockdiag), and what that does (harm)
+// when it is another user's; remedy says what the operator may do instead.
+func explainListen(flag, addr string, err error, harm, remedy string) error {
+	plain := fmt.Errorf("%s %s: %w (%s)", flag, addr, err, remedy)
 	if !errors.Is(err, syscall.EADDRINUSE) {
-		return nil, plain
+		return plain
 	}
 	at, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
-		return nil, plain
+		return plain
 	}
 	uid, err := sockdiag.ListenerOwner(at)
 	if err != nil {
-		return nil, plain
+		return plain
 	}
 	id := strconv.FormatUint(uint64(uid), 10)
 	holder := "uid " + id
@@ -46,10 +53,10 @@ func listenMetrics(addr string) (net.Listener, error) {
 		holder += " (" + u.Username + ")"
 	}
 	if int(uid) != os.Getuid() && uid != 0 {
-		return nil, fmt.Errorf("--metrics-addr %s: the port is held by %s, another user: it keeps the daemon from serving there "+
-			"and would answer its scrapes; end that process (ss -ltnp 'sport = :%d'), or %s", addr, holder, at.Port, remedy)
+		return fmt.Errorf("%s %s: the port is held by %s, another user: %s; end that process (ss -ltnp 'sport = :%d'), or %s",
+			flag, addr, holder, harm, at.Port, remedy)
 	}
-	return nil, fmt.Errorf("--metrics-addr %s: the port is held by %s, perhaps another kvtierfs (ss -ltnp 'sport = :%d'); %s", addr, holder, at.Port, remedy)
+	return fmt.Errorf("%s %s: the port is held by %s, perhaps another kvtierfs (ss -ltnp 'sport = :%d'); %s", flag, addr, holder, at.Port, remedy)
 }
 
 // The metrics endpoint's bounds: whoever reaches the port (every local user

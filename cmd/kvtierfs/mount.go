@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,12 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
-	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
@@ -238,6 +237,13 @@ func runMount(args []string) error {
 		}
 		defer metricsListener.Close()
 	}
+	if c.listen != "" {
+		// Tried before the store is indexed too: a port someone holds
+		// fails the start at once. Row mirroring binds it after.
+		if err := probeListen(c.listen); err != nil {
+			return err
+		}
+	}
 	mnt, err := prepareMountpoint(c.mountpoint, c.nonempty)
 	if err != nil {
 		return err
@@ -328,18 +334,8 @@ func runMount(args []string) error {
 	if err := mnt.guard(logger); err != nil {
 		return err
 	}
-	if err := mnt.stillHere(); err != nil {
-		return err
-	}
-	mountsBefore, err := mountinfo.Read("self")
+	fsys, err := mnt.mount(opts, "kvtierfs:"+store.Root())
 	if err != nil {
-		return err
-	}
-	fsys, err := fusefs.Mount(c.mountpoint, opts)
-	if err != nil {
-		return explainMountError(err, c.allowOther)
-	}
-	if err := mnt.landed(mountsBefore, "kvtierfs:"+store.Root()); err != nil {
 		return err
 	}
 	var serving atomic.Bool
@@ -379,7 +375,7 @@ func runMount(args []string) error {
 			helper.Close() // its lookups would keep the mount busy
 		}
 		go abortAfterGrace(fsys, logger)
-		unmountOnSignal(fsys, c.mountpoint, logger)
+		unmountOnSignal(fsys, logger)
 	}()
 	fsys.Wait()
 	logger.Info("unmounted", "mountpoint", c.mountpoint)
@@ -387,15 +383,15 @@ func runMount(args []string) error {
 }
 
 // unmountOnSignal unmounts, retrying while files are open, then detaches lazily.
-func unmountOnSignal(fsys *fusefs.FS, mountpoint string, logger *slog.Logger) {
+func unmountOnSignal(fsys *fusefs.FS, logger *slog.Logger) {
 	for range 10 {
 		if err := fsys.Unmount(); err == nil {
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", mountpoint)
-	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
+	logger.Warn("mount busy: detaching lazily; it disappears when the last open file closes", "mountpoint", fsys.Mountpoint())
+	if err := fsys.Detach(); err != nil {
 		logger.Error("lazy unmount failed", "err", err)
 	}
 }
@@ -437,11 +433,29 @@ func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, 
 	node, err := rowsync.Start(rowsync.Config{Listen: c.listen, Peers: c.peers, Secret: secret,
 		Replicated: c.replicated, Deadline: c.syncDeadline, Region: regions.Local, Notes: notes, RowBytes: int(c.rowBytes),
 		Logf: func(format string, args ...any) { logger.Info(fmt.Sprintf(format, args...), "source", "sync") }})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, explainListen("--listen", c.listen, err, listenHarm, listenRemedy)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("starting row mirroring: %w", err)
 	}
 	logger.Info("row mirroring", "listen", node.Addr(), "peers", c.peers, "replicated_kv", c.replicated.String())
 	return node, nil
+}
+
+// What a --listen port another user holds does, and what to do instead.
+const (
+	listenHarm   = "it keeps this node from receiving its peers' rows (their connections to that address would reach that process instead)"
+	listenRemedy = "choose another --listen port (and give it to the peers' --peer)"
+)
+
+// probeListen binds --listen and lets it go.
+func probeListen(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return explainListen("--listen", addr, err, listenHarm, listenRemedy)
+	}
+	return l.Close()
 }
 
 // checkDisjoint refuses a mountpoint inside the store or a store inside the

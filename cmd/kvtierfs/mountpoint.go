@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
@@ -41,21 +42,14 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 	if err := clearStaleMount(mnt); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-		return nil, fmt.Errorf("mountpoint %s is not a directory", mnt)
-	}
+	dir, abs, err := openMountpoint(mnt)
 	if err != nil {
-		return nil, fmt.Errorf("mountpoint %s: %w", mnt, err)
-	}
-	m := &mountpoint{dir: os.NewFile(uintptr(fd), mnt), path: mnt}
-	if err := m.reachedByTrustedLinks(); err != nil {
-		m.close()
 		return nil, err
 	}
+	// The path walked, so that every later use of it means the same
+	// directory (Abs cleans "..", which the kernel would take through a
+	// link).
+	m := &mountpoint{dir: dir, path: abs}
 	names, err := m.dir.Readdirnames(4)
 	if err != nil && err != io.EOF {
 		m.close()
@@ -67,6 +61,111 @@ func prepareMountpoint(mnt string, nonempty bool) (*mountpoint, error) {
 			"move them away, or add --nonempty to mount over them", mnt, strings.Join(names, ", "))
 	}
 	return m, nil
+}
+
+// openMountpoint opens the mountpoint directory, creating what is missing
+// of its path one directory at a time beneath the directory opened before
+// (mkdirat, then openat O_NOFOLLOW). os.MkdirAll resolved the whole path
+// anew for each directory, following links, so a user owning an ancestor
+// made a root daemon create directories wherever its link led. A link on
+// the way is followed only when root or the daemon's user made it
+// (followTrustedLink); the mountpoint itself must be a directory, no link.
+// It returns the directory and the absolute path walked.
+func openMountpoint(mnt string) (*os.File, string, error) {
+	abs, err := filepath.Abs(mnt)
+	if err != nil {
+		return nil, "", err
+	}
+	if abs == "/" {
+		return nil, "", fmt.Errorf("mountpoint %s: the root directory", mnt)
+	}
+	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, "", err
+	}
+	names := strings.Split(abs[1:], "/")
+	at := ""
+	for i, name := range names {
+		at += "/" + name
+		last := i == len(names)-1
+		next, err := openOrMakeDir(dir, name, last)
+		if err == nil {
+			unix.Close(dir)
+			dir = next
+			continue
+		}
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			if last {
+				err = fmt.Errorf("mountpoint %s is not a directory", mnt)
+			} else {
+				next, err = followTrustedLink(dir, name, at, mnt)
+			}
+		} else {
+			err = fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+		}
+		unix.Close(dir)
+		if err != nil {
+			return nil, "", err
+		}
+		dir = next
+	}
+	return os.NewFile(uintptr(dir), abs), abs, nil
+}
+
+// openOrMakeDir opens the directory name beneath dir without following a
+// link, making it first (mode 0755) when it is missing: O_PATH on the way,
+// readable for the mountpoint itself (last).
+func openOrMakeDir(dir int, name string, last bool) (int, error) {
+	flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if last {
+		flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	}
+	fd, err := unix.Openat(dir, name, flags, 0)
+	if !errors.Is(err, unix.ENOENT) {
+		return fd, err
+	}
+	if err := unix.Mkdirat(dir, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, err
+	}
+	return unix.Openat(dir, name, flags, 0)
+}
+
+// followTrustedLink opens the directory that the link name beneath dir
+// (reached as at) leads to, when root or the daemon's user made the link;
+// a link of another user is refused, since its owner chooses where the
+// path leads and the daemon would create, guard and mount over whatever
+// directory of the mountpoint's name it finds there (a link to / makes
+// .../mnt root's /mnt). The link's owner and target are read from one
+// descriptor of it, so it cannot be swapped between the two; links inside
+// its target are the kernel's to follow.
+func followTrustedLink(dir int, name, at, mnt string) (int, error) {
+	link, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	defer unix.Close(link)
+	var st unix.Stat_t
+	if err := unix.Fstat(link, &st); err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return -1, fmt.Errorf("mountpoint %s: %s is not a directory", mnt, at)
+	}
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(link, "", buf)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s: %w", mnt, at, err)
+	}
+	target := string(buf[:n])
+	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return -1, fmt.Errorf("mountpoint %s is reached through %s, a link of uid %d (to %s), which chooses where the mount lands: "+
+			"give the mountpoint's own path, and keep it out of directories that others than root may write", mnt, at, st.Uid, target)
+	}
+	fd, err := unix.Openat(dir, target, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("mountpoint %s: %s, a link to %s: %w", mnt, at, target, err)
+	}
+	return fd, nil
 }
 
 // guard makes the bare mountpoint one the engine cannot write into while no
@@ -107,10 +206,10 @@ func (m *mountpoint) guard(logger *slog.Logger) error {
 	return nil
 }
 
-// seal closes the mountpoint, after the mount; as another user than root it
-// first takes the owner's write permission back.
+// seal, after the mount, takes the owner's write permission back from a
+// mountpoint of another user than root. The mountpoint stays open: a root
+// daemon unmounts through it.
 func (m *mountpoint) seal() error {
-	defer m.close()
 	if os.Geteuid() != 0 {
 		if err := unix.Fchmod(int(m.dir.Fd()), guardedMode); err != nil {
 			return fmt.Errorf("mountpoint %s: %w", m.path, err)
@@ -121,75 +220,75 @@ func (m *mountpoint) seal() error {
 
 func (m *mountpoint) close() { m.dir.Close() }
 
-// The mount itself takes a path (mount(2), go-fuse), which the kernel
-// resolves anew, following links: whoever may write into the mountpoint's
-// parent or an ancestor (the engine's uid, when the operator put the
-// mountpoint in one of its directories) can swap the path for a link
-// between the open and the mount (the store's indexing, minutes long, lies
-// between them), and a root daemon then mounted the engine's store over
-// the link's target, /etc for one. stillHere is checked before the mount,
-// landed after it.
+// mountpointChecked, when set (by tests), runs between the last check of
+// the mountpoint's path and the mount.
+var mountpointChecked func()
+
+// mount mounts the store (opts, mount source source) over the mountpoint.
+// Whoever may write into the mountpoint's parent or an ancestor (the
+// engine's uid, when the operator put the mountpoint in one of its
+// directories) can swap the path for a link after the daemon opened it
+// (the store's indexing, minutes long, lies between them); mount(2) by
+// path then landed on the link's target, and a root daemon mounted the
+// engine's store over /etc. So the path must still lead to the directory
+// opened and guarded (stillHere); a root daemon then mounts onto that
+// directory itself (fusefs.Options.MountpointDir), never resolving the
+// path again, and the mount must be where the path led at that check
+// (landed): a directory moved meanwhile has the mount detached.
+func (m *mountpoint) mount(opts fusefs.Options, source string) (*fusefs.FS, error) {
+	checkedAt, err := m.stillHere()
+	if err != nil {
+		return nil, err
+	}
+	if mountpointChecked != nil {
+		mountpointChecked()
+	}
+	before, err := mountinfo.Read("self")
+	if err != nil {
+		return nil, err
+	}
+	opts.MountpointDir = m.dir
+	fsys, err := fusefs.Mount(m.path, opts)
+	if err != nil {
+		return nil, explainMountError(err, opts.AllowOther)
+	}
+	if err := m.landed(fsys, before, source, checkedAt); err != nil {
+		return nil, err
+	}
+	return fsys, nil
+}
 
 // stillHere checks that the mountpoint's path still leads to the directory
-// opened and guarded.
-func (m *mountpoint) stillHere() error {
+// opened and guarded, and returns where that directory is.
+func (m *mountpoint) stillHere() (string, error) {
 	fd, err := unix.Open(m.path, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("mountpoint %s was replaced while the daemon started (%w): not mounted", m.path, err)
+		return "", fmt.Errorf("mountpoint %s was replaced while the daemon started (%w): not mounted", m.path, err)
 	}
 	defer unix.Close(fd)
 	var now, opened unix.Stat_t
 	if err := unix.Fstat(fd, &now); err != nil {
-		return err
+		return "", err
 	}
 	if err := unix.Fstat(int(m.dir.Fd()), &opened); err != nil {
-		return err
+		return "", err
 	}
 	if now.Dev != opened.Dev || now.Ino != opened.Ino {
-		return fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
+		return "", fmt.Errorf("mountpoint %s was replaced while the daemon started (it leads to another directory now): not mounted; "+
 			"keep the mountpoint out of directories that others than root may write", m.path)
 	}
-	return nil
+	return os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
-// reachedByTrustedLinks refuses a mountpoint whose path passes through a
-// link that another user than root or the daemon's made: its owner chose
-// where the path leads, and the daemon guards and mounts over whatever
-// directory of that name it finds there (a link to / makes .../mnt root's
-// /mnt). A path without links, or with only root's, is taken.
-func (m *mountpoint) reachedByTrustedLinks() error {
-	abs, err := filepath.Abs(m.path)
-	if err != nil {
-		return err
-	}
-	reached, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
-	if err != nil || reached == abs {
-		return err
-	}
-	for at := abs; at != filepath.Dir(at); at = filepath.Dir(at) {
-		var st unix.Stat_t
-		if err := unix.Lstat(at, &st); err != nil {
-			return fmt.Errorf("mountpoint %s: %w", m.path, err)
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-			return fmt.Errorf("mountpoint %s is reached through %s, a link of uid %d, which chooses where the mount lands: "+
-				"give the mountpoint's own path (%s now), and keep it out of directories that others than root may write", m.path, at, st.Uid, reached)
-		}
-	}
-	return nil
-}
-
-// landed checks, after the mount, that the mount of source made since
-// before covers the directory opened and guarded; one that landed
-// elsewhere (the path was swapped after stillHere) is detached, and landed
-// fails.
-func (m *mountpoint) landed(before []mountinfo.Mount, source string) error {
-	dir, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", m.dir.Fd()))
-	if err != nil {
-		return err
-	}
+// landed checks, after the mount, that the mounts of source made since
+// before are one, at checkedAt; else the mount is detached and landed
+// fails. A root daemon's mount covers the opened directory wherever it is
+// (moved after stillHere, it is elsewhere); another user's mount is made by
+// path (fusermount3) and lands wherever the path leads.
+func (m *mountpoint) landed(fsys *fusefs.FS, before []mountinfo.Mount, source, checkedAt string) error {
 	mounts, err := mountinfo.Read("self")
 	if err != nil {
+		fsys.Detach()
 		return err
 	}
 	var elsewhere []string
@@ -197,18 +296,18 @@ func (m *mountpoint) landed(before []mountinfo.Mount, source string) error {
 	for _, mount := range mounts {
 		switch {
 		case mount.FSType != ctlabi.FSType || mount.Source != source || slices.Contains(before, mount):
-		case mount.Mountpoint == dir:
+		case mount.Mountpoint == checkedAt:
 			here = true
 		default:
 			elsewhere = append(elsewhere, mount.Mountpoint)
-			unix.Unmount(mount.Mountpoint, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		}
 	}
 	if here && len(elsewhere) == 0 {
 		return nil
 	}
+	fsys.Detach()
 	return fmt.Errorf("mountpoint %s was replaced while the daemon started: the mount landed at %q, not at %s, and was detached; "+
-		"keep the mountpoint out of directories that others than root may write", m.path, elsewhere, dir)
+		"keep the mountpoint out of directories that others than root may write", m.path, elsewhere, checkedAt)
 }
 
 // explainMountError adds to a failed FUSE mount the cause a user other than

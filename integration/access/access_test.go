@@ -3,6 +3,7 @@ package access_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -141,6 +142,37 @@ func TestMetricsPortHeldByAnotherUser(t *testing.T) {
 	if err == nil {
 		mounttest.Run("umount", mnt)
 		t.Fatalf("the daemon started on %s, which uid %d holds:\n%s", addr, squatter.uid, log)
+	}
+	if want := fmt.Sprintf("held by uid %d (%s), another user", squatter.uid, squatter.name); !strings.Contains(log, want) {
+		t.Errorf("the daemon's error does not say %q:\n%s", want, log)
+	}
+	if strings.Contains(log, "store indexed") {
+		t.Errorf("the daemon indexed the store before it tried the port:\n%s", log)
+	}
+}
+
+// TestListenPortHeldByAnotherUser: another local user binds the port of
+// --listen (where peers send mirrored rows) before the daemon starts, on
+// the loopback address while the daemon asks for the wildcard. The daemon
+// must fail before it indexes the store, naming the uid that holds the
+// port (main said only "address already in use", after indexing).
+func TestListenPortHeldByAnotherUser(t *testing.T) {
+	squatter := newUser(t, "sq")
+	helper, _ := binaries(t, sharedDir(t))
+	held := startHelperAs(t, squatter, helper, "listen", "127.0.0.1:0")
+	_, port, err := net.SplitHostPort(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	log, err := mounttest.Run("mount", mnt, "--store", t.TempDir(), "--metrics-addr", "", "--listen", "0.0.0.0:"+port, "--secret-file", secret)
+	if err == nil {
+		mounttest.Run("umount", mnt)
+		t.Fatalf("the daemon started with --listen on port %s, which uid %d holds:\n%s", port, squatter.uid, log)
 	}
 	if want := fmt.Sprintf("held by uid %d (%s), another user", squatter.uid, squatter.name); !strings.Contains(log, want) {
 		t.Errorf("the daemon's error does not say %q:\n%s", want, log)

@@ -145,6 +145,41 @@ func TestMountpointThroughAnotherUsersLinkIsRefused(t *testing.T) {
 	}
 }
 
+// TestMissingMountpointIsNotMadeThroughAnotherUsersLink: the mountpoint's
+// path does not exist yet below a link the engine's user made in its
+// directory, to a directory of root's. Main's daemon made the missing
+// directories (os.MkdirAll follows links) in root's directory before it
+// refused the link; it must refuse, naming the link, and make nothing.
+func TestMissingMountpointIsNotMadeThroughAnotherUsersLink(t *testing.T) {
+	engine := newUser(t, "eng")
+	dir := sharedDir(t)
+	parent, roots, store := filepath.Join(dir, "engine"), filepath.Join(dir, "roots"), filepath.Join(dir, "store")
+	for _, d := range []string{parent, roots, store} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{parent, store} {
+		if err := os.Chown(d, engine.uid, engine.gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(parent, "x")
+	if out, ok := as(engine, nil, "ln", "-s", roots, link); !ok {
+		t.Fatalf("the engine's link: %s", out)
+	}
+	made := filepath.Join(roots, "made")
+	t.Cleanup(func() { exec.Command("chattr", "-i", filepath.Join(made, "mnt")).Run() })
+	log := mountRefusedAway(t, filepath.Join(made, "mnt"), "mount", filepath.Join(link, "made", "mnt"), "--store", store, "--allow-other",
+		"--engine-uid", strconv.Itoa(engine.uid), "--metrics-addr", "")
+	if !strings.Contains(log, link+", a link of uid "+strconv.Itoa(engine.uid)) {
+		t.Errorf("the daemon's failure does not name the engine's link:\n%s", log)
+	}
+	if entries, err := os.ReadDir(roots); err != nil || len(entries) > 0 {
+		t.Errorf("root's directory behind the link holds %v (%v); want nothing made there", entries, err)
+	}
+}
+
 // mountRefusedAway runs kvtierfs with args, expecting it to fail without
 // mounting over victim; it returns the daemon's output. A daemon that
 // mounts there is stopped, the mount removed, and the test failed.

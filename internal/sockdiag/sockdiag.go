@@ -14,8 +14,31 @@ import (
 )
 
 // ListenerOwner is the uid of the socket listening on addr, or on the
-// wildcard address at its port; ENOENT where none listens there.
+// wildcard address at its port; ENOENT where none listens there. For the
+// wildcard itself (an unspecified addr), whose bind fails while any of the
+// host's addresses is held at the port, a listener on one of them (the
+// loopback's included) counts too.
 func ListenerOwner(addr *net.TCPAddr) (uint32, error) {
+	uid, err := listenerAt(addr)
+	if !errors.Is(err, unix.ENOENT) || (addr.IP != nil && !addr.IP.IsUnspecified()) {
+		return uid, err
+	}
+	hostAddrs, hostErr := net.InterfaceAddrs()
+	if hostErr != nil {
+		return uid, err
+	}
+	for _, a := range hostAddrs {
+		if ipNet, ok := a.(*net.IPNet); ok {
+			if held, heldErr := listenerAt(&net.TCPAddr{IP: ipNet.IP, Port: addr.Port}); heldErr == nil {
+				return held, nil
+			}
+		}
+	}
+	return uid, err
+}
+
+// listenerAt is ListenerOwner at addr only.
+func listenerAt(addr *net.TCPAddr) (uint32, error) {
 	var src [16]byte
 	family := uint8(unix.AF_INET)
 	if ip4 := addr.IP.To4(); ip4 != nil {

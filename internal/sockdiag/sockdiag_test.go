@@ -44,6 +44,22 @@ func TestListenerOwner(t *testing.T) {
 	}
 }
 
+// TestListenerOwnerBehindTheWildcard: a listener on the loopback address
+// holds the wildcard's port too (its bind fails), and is found asked at
+// the wildcard.
+func TestListenerOwnerBehindTheWildcard(t *testing.T) {
+	needSockDiag(t)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	at := &net.TCPAddr{IP: net.IPv4zero, Port: l.Addr().(*net.TCPAddr).Port}
+	if uid, err := ListenerOwner(at); err != nil || uid != uint32(os.Getuid()) {
+		t.Errorf("listener on %s, asked at %s: uid %d, %v; want %d", l.Addr(), at, uid, err, os.Getuid())
+	}
+}
+
 // TestListenerOwnerOfAnotherUser: a listener made by another uid is named
 // by that uid.
 func TestListenerOwnerOfAnotherUser(t *testing.T) {

@@ -25,6 +25,42 @@ func (s *Store) openFile(rel string, flags int, mode uint32) (*os.File, error) {
 	return os.NewFile(uintptr(fd), s.Path(rel)), nil
 }
 
+// errNotRegular is the error of OpenFile and openForReading where the name
+// holds something else than a regular file.
+var errNotRegular = unix.ESTALE
+
+// OpenFile opens the regular file at a store-relative path beneath the root
+// as OpenAt does, without waiting on what else the name may hold: the
+// engine's uid can swap a FIFO in beside the mount, whose open held a
+// daemon thread, and the request's caller, which the kernel then keeps
+// unkillable, until a writer came (DESIGN "Threat model"). O_NONBLOCK keeps
+// the open from waiting and is dropped once the descriptor is known to be
+// a regular file's; anything else is closed and fails with errNotRegular
+// (ESTALE: the kernel knows a regular file there).
+func (s *Store) OpenFile(rel string, flags int, mode uint32) (int, error) {
+	fd, err := beneath.Open(s.rootFD, rel, flags|unix.O_NONBLOCK, mode)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, errNotRegular
+	}
+	if flags&unix.O_NONBLOCK == 0 {
+		// F_SETFL takes the status flags as opened, less O_NONBLOCK.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+	}
+	return fd, nil
+}
+
 // OpenAt opens a store-relative path beneath the root (O_NOFOLLOW and
 // O_CLOEXEC added) without following a link in any component: the mount's
 // operations on names outside the block layout resolve them through it.

@@ -608,3 +608,78 @@ func TestMountResolutionRefusesLinks(t *testing.T) {
 		}
 	})
 }
+
+// TestRecordForgedInTheStoreTree: the engine's uid owns the store tree, so
+// it can write a published block's bytes and digest record there directly
+// (DESIGN "Threat model"). While the store is open that changes nothing it
+// serves: loads check the digest the store holds from the publish, so the
+// forged bytes fail (EIO) and the block is dropped. A record forged alone,
+// left for the next Open, is taken as the block's digest, and the block's
+// own bytes then fail its first load: bytes that disagree with the record
+// on the file are never served either way.
+func TestRecordForgedInTheStoreTree(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, forged := pageData(0, 2), pageData(7, 2)
+	forge := func(rel string, data []byte) {
+		t.Helper()
+		_, name := block.Parse(rel)
+		rec, err := block.DigestOf(forged).MarshalRecord(name.Binding())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, rel)
+		if data != nil {
+			if err := os.WriteFile(p, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := unix.Setxattr(p, block.RecordXattr, rec, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open, later := evName(0), evName(2)
+	putBlock(t, s, open, stored)
+	putBlock(t, s, later, stored)
+
+	forge(open, forged)
+	if data, err := s.ReadBlock(open); !errors.Is(err, syscall.EIO) {
+		t.Errorf("load of a block whose bytes and record were forged in the store tree: %v (forged bytes: %v); want EIO",
+			err, err == nil && bytes.Equal(data, forged))
+	}
+	if s.Contains(open) {
+		t.Error("the forged block is still indexed after its failed load")
+	}
+
+	forge(later, nil)
+	s.Close()
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	if data, err := s.ReadBlock(later); !errors.Is(err, syscall.EIO) {
+		t.Errorf("load of a block whose record alone was forged before Open: %v (its own bytes: %v); want EIO",
+			err, err == nil && bytes.Equal(data, stored))
+	}
+}
+
+// TestBlockSwappedForAFIFOIsDropped: a FIFO the engine's uid put at a
+// published block's name in the store tree fails the block's load at once,
+// and the block is dropped; main's open waited for a writer to the FIFO.
+func TestBlockSwappedForAFIFOIsDropped(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := evName(0)
+	putBlock(t, s, rel, pageData(0, 2))
+	if err := os.Remove(s.Path(rel)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(s.Path(rel), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadBlock(rel); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("load of a block that is a FIFO in the store: %v, want ENOENT", err)
+	}
+	if s.Contains(rel) {
+		t.Error("the block swapped for a FIFO is still indexed")
+	}
+}

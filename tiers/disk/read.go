@@ -117,8 +117,8 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 			}
 			continue
 		}
-		if errors.Is(err, fs.ErrNotExist) {
-			s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotRegular) {
+			s.cfg.Logger.Warn("block file vanished from the store behind its back", "path", s.Path(rel), "err", err)
 			s.dropLocked(b)
 			s.mu.Unlock()
 			s.queueRemoval(rel)

@@ -548,9 +548,6 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, &unprovenError{reason: "not a regular file"}
-	}
 	d, pending, err := s.pendingDigest(f, rel, st.Size)
 	if err != nil {
 		return nil, err

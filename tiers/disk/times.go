@@ -96,11 +96,15 @@ func (r *Reader) setTimes(atime, mtime unix.Timespec) (Times, error) {
 
 // openForReading opens a block file to read it without moving its access
 // time (O_NOATIME, where the daemon owns the file or may act as its owner):
-// only a load does, through Reader.Accessed.
+// only a load does, through Reader.Accessed. A name holding anything but a
+// regular file (a FIFO swapped in) fails without waiting (OpenFile).
 func (s *Store) openForReading(rel string) (*os.File, error) {
-	f, err := s.openFile(rel, unix.O_RDONLY|unix.O_NOATIME, 0)
+	fd, err := s.OpenFile(rel, unix.O_RDONLY|unix.O_NOATIME, 0)
 	if errors.Is(err, unix.EPERM) {
-		return s.openFile(rel, unix.O_RDONLY, 0)
+		fd, err = s.OpenFile(rel, unix.O_RDONLY, 0)
 	}
-	return f, err
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: s.Path(rel), Err: err}
+	}
+	return os.NewFile(uintptr(fd), s.Path(rel)), nil
 }

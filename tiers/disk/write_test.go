@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io/fs"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -700,5 +702,66 @@ func TestPublishChecksVLLMChecksum(t *testing.T) {
 	}
 	if got := s.Counters().ChecksumFailures.Load(); got != 2 {
 		t.Errorf("ChecksumFailures = %d, want 2 (a CRC32C of another format is no checksum failure)", got)
+	}
+}
+
+// TestScatteredTmpWritesAreBounded: writes that leave a tmp more disjoint
+// ranges than maxTmpRanges are refused (EDQUOT) before they land; a write
+// that joins ranges already written is taken. Main took every one, each
+// merged with all ranges before it: 50,000 one-byte writes every other
+// byte took 43 s of the daemon.
+func TestScatteredTmpWritesAreBounded(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(8, 64))
+	mkdirFor(t, s, rel)
+	w, err := s.CreateTmp(tmpRelFor(rel, 1), engineCreateFlags&^syscall.O_DIRECT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	one := []byte{1}
+	for i := range maxTmpRanges {
+		if _, err := w.WriteAt(one, int64(2*i)); err != nil {
+			t.Fatalf("write %d of one byte every other byte: %v", i, err)
+		}
+	}
+	if _, err := w.WriteAt(one, 2*maxTmpRanges); !errors.Is(err, syscall.EDQUOT) {
+		t.Errorf("a write leaving range %d: %v, want EDQUOT", maxTmpRanges+1, err)
+	}
+	if _, err := w.WriteAt(one, 1); err != nil {
+		t.Errorf("a write joining the first two ranges: %v", err)
+	}
+	if _, err := w.WriteAt(one, 2*maxTmpRanges); err != nil {
+		t.Errorf("a new range once two were joined: %v", err)
+	}
+}
+
+// TestCoverKeepsRangesLikeABitmap checks tmpFile.cover against a bitmap of
+// the bytes written: its ranges are sorted, apart and exactly those bytes.
+func TestCoverKeepsRangesLikeABitmap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 200 {
+		var tmp tmpFile
+		var bits [256]bool
+		for range 40 {
+			start := rng.Int64N(256)
+			end := min(256, start+rng.Int64N(24))
+			tmp.cover(start, end)
+			for b := start; b < end; b++ {
+				bits[b] = true
+			}
+			var want [][2]int64
+			for b := int64(0); b < 256; b++ {
+				if bits[b] && (b == 0 || !bits[b-1]) {
+					want = append(want, [2]int64{b, b})
+				}
+				if bits[b] {
+					want[len(want)-1][1] = b + 1
+				}
+			}
+			if !slices.Equal(tmp.written, want) {
+				t.Fatalf("round %d: ranges %v after cover(%d, %d), want %v", round, tmp.written, start, end, want)
+			}
+		}
 	}
 }

@@ -1,0 +1,98 @@
+package mount_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+)
+
+// TestFIFOSwappedIntoTheStoreHoldsNoOpen: the engine's uid owns the store
+// tree, so it can put a FIFO where the mount knows a regular file, a block
+// or another file, and open that name through the mount. Main's daemon
+// opened the FIFO and waited in open(2) for a writer, its thread held and
+// the opener unkillable (the kernel waits for the answer to a request the
+// daemon has read), one thread per open, up to Go's limit of 10,000. The
+// daemon's open must not wait: the block's fails (ENOENT, the block
+// dropped), the other file is found again as the FIFO it is, whose open
+// the kernel keeps (killable) without asking the daemon.
+func TestFIFOSwappedIntoTheStoreHoldsNoOpen(t *testing.T) {
+	region := newRegion(t, 1)
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: region.Path})
+	rel, err := filepath.Rel(d.Mountpoint, storeBlock(t, openTier(t, d), region.Row(0), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.Path("config.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{rel, "config.json"} {
+		// Known to the kernel as a regular file from here on.
+		if _, err := os.Stat(d.Path(name)); err != nil {
+			t.Fatal(err)
+		}
+		inStore := filepath.Join(d.Store, name)
+		if err := os.Remove(inStore); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mkfifo(inStore, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, exited := openInChild(t, d.Path(name), inStore)
+		if name == rel && (!exited || !strings.Contains(out, "No such file")) {
+			t.Errorf("load of a block that is a FIFO in the store: %q (ended by itself: %v), want ENOENT", out, exited)
+		}
+	}
+	if st := d.Stats(); st.Disk.Blocks != 0 {
+		t.Errorf("the store still indexes %d blocks, want the one swapped for a FIFO dropped", st.Disk.Blocks)
+	}
+}
+
+// openInChild opens path for reading in a child process (cat) and returns
+// what it printed and whether it ended by itself. A child that waits is
+// killed, and must then end within 30 s; else the test fails, and the
+// daemon, waiting in fifo's open, is let go by a writer's open of fifo.
+func openInChild(t *testing.T, path, fifo string) (string, bool) {
+	t.Helper()
+	var out bytes.Buffer
+	cat := exec.Command("cat", path)
+	cat.Stdout, cat.Stderr = &out, &out
+	if err := cat.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		cat.Wait()
+		close(ended)
+	}()
+	for {
+		select {
+		case <-ended:
+			return out.String(), true
+		case <-time.After(10 * time.Millisecond):
+		}
+		if wchan, err := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", cat.Process.Pid)); err == nil &&
+			(string(wchan) == "wait_for_partner" || string(wchan) == "request_wait_answer") {
+			break
+		}
+	}
+	cat.Process.Kill()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Errorf("opening %s through the mount survived SIGKILL for 30 s: the daemon waits in the FIFO's open", path)
+		if fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+		<-ended
+	}
+	return out.String(), false
+}
