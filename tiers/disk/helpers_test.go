@@ -73,7 +73,7 @@ func vllmXattr(crc uint32) []byte { return binary.BigEndian.AppendUint32(nil, cr
 
 // openStore opens a store in a fresh temporary directory (unless cfg.Dir is set)
 // and closes it when the test ends.
-func openStore(t *testing.T, cfg Config) *Store {
+func openStore(t testing.TB, cfg Config) *Store {
 	t.Helper()
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()

@@ -14,15 +14,18 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// This file is a block's publication (DESIGN.md "The store"), in two parts,
-// both within the engine's RENAME. It places the block: it checks the tmp
-// holds a whole row, marks the file pending, renames it in the store and
-// indexes it. Then it proves it: it learns the block's digest (from the
-// engine's row, which the engine leaves alone until its rename returns, or
-// from the file), checks vLLM's CRC32C xattr, records the digest and clears
-// the mark, and only then replies. A load that finds the block meanwhile
-// waits for the proof (PinBlock, Digest); a block whose proof fails is
-// dropped before any load reads it, and its rename fails.
+// This file is a block's publication (DESIGN.md "The store"), within the
+// engine's RENAME. A tmp written through the daemon is recorded, then
+// placed: its digest (summed as the daemon wrote it) checked against vLLM's
+// CRC32C xattr and recorded on the tmp, then the tmp renamed in the store
+// and indexed, proven from the start. A passthrough tmp is placed, then
+// proven: it checks the tmp holds a whole row, marks the file pending,
+// renames it in the store and indexes it; then it learns the block's digest
+// (from the engine's row, which the engine leaves alone until its rename
+// returns, or from the file), checks vLLM's CRC32C xattr, records the digest
+// and clears the mark, and only then replies. A load that finds the block
+// meanwhile waits for the proof (PinBlock, Digest); a block whose proof
+// fails is dropped before any load reads it, and its rename fails.
 
 // pendingXattr marks a block file renamed into place whose digest is not
 // recorded yet. It holds the kernel's boot id and the block's store-relative
@@ -71,6 +74,7 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
+	defer s.TimePhase(PhaseEvents, time.Now())
 	s.tell(Event{Kind: Published, Rel: destRel, Size: b.size})
 	return nil
 }
@@ -87,10 +91,23 @@ func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 	}
 	s.TimePhase(PhaseReleaseWait, phase)
 	t.mu.Lock()
-	b, err := s.place(t, tmpRel, destRel, name)
+	f, unmarked, err := t.wholeRow(tmpRel)
 	if err != nil {
 		t.mu.Unlock()
 		return nil, err
+	}
+	recorded := s.recordBeforeRename(t, f, name)
+	b, err := s.place(t, f, unmarked, tmpRel, destRel, name, recorded)
+	if err != nil {
+		t.mu.Unlock()
+		return nil, err
+	}
+	if recorded != nil {
+		s.mu.Lock()
+		t.closeIfRetired()
+		s.mu.Unlock()
+		t.mu.Unlock()
+		return b, nil
 	}
 	// The proof releases the tmp's mutex.
 	s.prove(t, b)
@@ -145,29 +162,40 @@ func (s *Store) publishedTmp(tmpRel, destRel string) (*tmpFile, block.Name, erro
 	return t, name, nil
 }
 
-// place renames a released tmp over its block and indexes the block as
-// pending its proof. The caller holds t.mu.
-func (s *Store) place(t *tmpFile, tmpRel, destRel string, name block.Name) (*entry, error) {
-	f, unmarked, err := t.wholeRow(tmpRel)
+// recordBeforeRename records the digest of a tmp written through the
+// daemon on the tmp itself, before its rename: the daemon summed the bytes
+// it wrote, so nothing is left to prove once the block has its name, and it
+// is placed proven (no pending mark, no proof after the rename). nil leaves
+// the block to be placed pending and proven after its rename: a passthrough
+// tmp, or a digest or record that failed here (the proof then fails alike
+// and drops the block, as a refusal at the rename does). The caller holds
+// t.mu.
+func (s *Store) recordBeforeRename(t *tmpFile, f *os.File, name block.Name) *block.Digest {
+	if t.passthrough {
+		return nil
+	}
+	d, _, err := s.digestOf(t, f)
+	if err != nil {
+		return nil
+	}
+	phase := time.Now()
+	defer s.TimePhase(PhaseRecord, phase)
+	if err := writeDigest(f, name, d); err != nil {
+		return nil
+	}
+	return &d
+}
+
+// place renames a released tmp (f, allocating unmarked, from wholeRow) over
+// its block and indexes the block: proven, when its digest was recorded
+// before (recordBeforeRename), else pending its proof. The caller holds
+// t.mu.
+func (s *Store) place(t *tmpFile, f *os.File, unmarked int64, tmpRel, destRel string, name block.Name, recorded *block.Digest) (*entry, error) {
+	physical, err := s.physicalAtRename(f, unmarked, destRel, recorded != nil)
 	if err != nil {
 		return nil, err
 	}
 	phase := time.Now()
-	if err := s.markPending(f, destRel); err != nil {
-		return nil, err
-	}
-	_, physical, err := fileSize(f)
-	if err != nil {
-		return nil, err
-	}
-	if physical == unmarked {
-		// The mark fit in the inode; the digest record the proof writes
-		// may not, and take a block of its own: it is counted now, so the
-		// rename is where a full store says ENOSPC.
-		physical += s.fsBlock
-	}
-	s.TimePhase(PhasePending, phase)
-	phase = time.Now()
 	defer s.TimePhase(PhaseRenameat, phase)
 	dirfd, err := s.openDir(destRel)
 	if err != nil {
@@ -193,8 +221,12 @@ func (s *Store) place(t *tmpFile, tmpRel, destRel string, name block.Name) (*ent
 	t.untracked = true
 	s.used -= t.allocated
 	b := &entry{rel: destRel, name: name, size: t.size, physical: physical, times: timesOf(&st),
-		digest: block.Digest{Size: t.size}, lastUse: s.nowNano(), present: true,
-		proof: &proof{done: make(chan struct{})}}
+		digest: block.Digest{Size: t.size}, lastUse: s.nowNano(), present: true}
+	if recorded != nil {
+		b.digest = *recorded
+	} else {
+		b.proof = &proof{done: make(chan struct{})}
+	}
 	if old := s.blocks[destRel]; old != nil {
 		b.lastLookup, b.prefix = old.lastLookup, old.prefix
 		s.replaceInPrefixLocked(old, b)
@@ -203,6 +235,25 @@ func (s *Store) place(t *tmpFile, tmpRel, destRel string, name block.Name) (*ent
 	s.insertLocked(b)
 	s.counters.Writes.Add(1)
 	return b, nil
+}
+
+// physicalAtRename is what a tmp's file allocates as it becomes a block.
+// A file whose digest is not recorded yet is marked pending first, and if
+// the mark fit in the inode, one filesystem block more is counted for the
+// record its proof writes: the rename is where a full store says ENOSPC.
+func (s *Store) physicalAtRename(f *os.File, unmarked int64, rel string, recorded bool) (int64, error) {
+	if !recorded {
+		phase := time.Now()
+		defer s.TimePhase(PhasePending, phase)
+		if err := s.markPending(f, rel); err != nil {
+			return 0, err
+		}
+	}
+	_, physical, err := fileSize(f)
+	if err == nil && !recorded && physical == unmarked {
+		physical += s.fsBlock
+	}
+	return physical, err
 }
 
 // wholeRow checks that a released tmp can become a block: not published or

@@ -13,10 +13,11 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
-// placeOnly runs a publication's first part (the rename and the index) and
-// returns the tmp and the block, their proof not started: the state a
-// daemon stopped right after the rename's reply leaves. The caller runs
-// s.prove(t, b) or leaves the tmp's mutex locked.
+// placeOnly places a tmp pending its proof, as a passthrough tmp is placed
+// (the mark, the rename and the index), and returns the tmp and the block,
+// their proof not started: the state a daemon stopped right after the
+// renameat leaves. The caller runs s.prove(t, b) or leaves the tmp's mutex
+// locked.
 func placeOnly(t *testing.T, s *Store, tmpRel, destRel string) (*tmpFile, *entry) {
 	t.Helper()
 	tmp, name, err := s.publishedTmp(tmpRel, destRel)
@@ -24,7 +25,12 @@ func placeOnly(t *testing.T, s *Store, tmpRel, destRel string) (*tmpFile, *entry
 		t.Fatal(err)
 	}
 	tmp.mu.Lock()
-	b, err := s.place(tmp, tmpRel, destRel, name)
+	f, unmarked, err := tmp.wholeRow(tmpRel)
+	if err != nil {
+		tmp.mu.Unlock()
+		t.Fatal(err)
+	}
+	b, err := s.place(tmp, f, unmarked, tmpRel, destRel, name, nil)
 	if err != nil {
 		tmp.mu.Unlock()
 		t.Fatal(err)
@@ -452,4 +458,91 @@ func TestPassthroughMinRow(t *testing.T) {
 		}
 		checkAccounting(t, s)
 	}
+}
+
+// A tmp written through the daemon is recorded before its rename and placed
+// proven: no pending mark, no proof after the renameat. A daemon stopped
+// right after the renameat leaves the block at its name with its record,
+// indexed at the next mount without reading it; one stopped between the
+// record and the renameat leaves a tmp, removed at the next mount.
+func TestDaemonWrittenBlockIsRecordedBeforeItsRename(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	data := pageData(1, 4)
+	putBlock(t, s, rel, data)
+	phases := s.PhaseStats()
+	for _, p := range []Phase{PhasePending, PhaseProof} {
+		if n := phases[p.String()].Count; n != 0 {
+			t.Errorf("%s timed %d times for a block written through the daemon: want it recorded before its rename", p, n)
+		}
+	}
+	if phases[PhaseEvents.String()].Count != 1 {
+		t.Errorf("%s timed %d times for one publication", PhaseEvents, phases[PhaseEvents.String()].Count)
+	}
+	checkRecord(t, s.Path(rel), data)
+	checkAccounting(t, s)
+
+	placed := blockRel(testTier, 0, hashHex(2, 64))
+	placedData := pageData(2, 4)
+	unrenamed := blockRel(testTier, 0, hashHex(3, 64))
+	for _, c := range []struct {
+		rel    string
+		data   []byte
+		rename bool
+	}{{placed, placedData, true}, {unrenamed, pageData(3, 4), false}} {
+		tmpRel := writeTmp(t, s, c.rel, c.data)
+		tmp, name, err := s.publishedTmp(tmpRel, c.rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmp.mu.Lock()
+		f, unmarked, err := tmp.wholeRow(tmpRel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recorded := s.recordBeforeRename(tmp, f, name)
+		if recorded == nil {
+			t.Fatal("a tmp written through the daemon was not recorded before its rename")
+		}
+		defer tmp.file.Close()
+		if !c.rename {
+			checkRecord(t, s.Path(tmpRel), c.data)
+			continue // the daemon stops here, before the renameat
+		}
+		b, err := s.place(tmp, f, unmarked, tmpRel, c.rel, name, recorded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.proof != nil {
+			t.Error("a block recorded before its rename has a proof to wait for")
+		}
+		// The daemon stops here, right after the renameat.
+		checkRecord(t, s.Path(c.rel), c.data)
+		if onDisk := physicalOf(t, s.Path(c.rel)); b.physical != onDisk {
+			t.Errorf("the placed block counts %d bytes, its file allocates %d: want exactly that, its record written", b.physical, onDisk)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openStore(t, Config{Dir: dir, Capacity: 1 << 30})
+	for rel, want := range map[string][]byte{rel: data, placed: placedData} {
+		if got := readBlock(t, s, rel); !bytes.Equal(got, want) {
+			t.Errorf("%s loads other bytes after the restart", rel)
+		}
+	}
+	if s.Contains(unrenamed) || s.Counters().UnprovenBlocks.Load() != 0 {
+		t.Errorf("block never renamed indexed %v, unproven %d; want neither", s.Contains(unrenamed), s.Counters().UnprovenBlocks.Load())
+	}
+	for name := range regularFilesOnDisk(t, dir) {
+		if kind, _ := block.Parse(name); kind == block.TmpFile {
+			t.Errorf("tmp %s left after the restart; want the recorded tmp removed", name)
+		}
+	}
+	checkAccounting(t, s)
 }
