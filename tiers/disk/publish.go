@@ -103,8 +103,9 @@ func (s *Store) publish(tmpRel, destRel string) (*entry, error) {
 		return nil, err
 	}
 	if recorded != nil {
+		stored := t.storedMapping(b.size)
 		s.mu.Lock()
-		t.closeIfRetired()
+		s.retireTmpLocked(t, b, stored, true)
 		s.mu.Unlock()
 		t.mu.Unlock()
 		return b, nil
@@ -385,16 +386,11 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	if err == nil {
 		err = unix.Fstat(int(f.Fd()), &st)
 	}
-	// Written through the daemon under a write lease held since the tmp's
-	// creation, or summed from its file under a read lease taken after its
-	// passthrough writer released it: the file's bytes are the digest's.
-	stored := t.leaseMap
-	t.leaseMap = nil
-	if err == nil && t.lease != nil && stored == nil {
-		stored = mapStored(t.lease, b.size)
+	var stored []byte
+	if err == nil {
+		stored = t.storedMapping(b.size)
 	}
 	s.mu.Lock()
-	t.closeIfRetired()
 	if err == nil {
 		// A load that pinned the block reads it against this digest, even
 		// once the block was replaced or evicted.
@@ -404,10 +400,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 			b.times = timesOf(&st)
 		}
 	}
-	if (err != nil || !s.keepStoredLocked(t, b, stored)) && stored != nil {
-		unix.Munmap(stored)
-	}
-	t.giveBackLeaseLocked()
+	s.retireTmpLocked(t, b, stored, err == nil)
 	s.mu.Unlock()
 	t.mu.Unlock()
 	if err != nil {
@@ -572,4 +565,34 @@ func (s *Store) pendingDigest(f *os.File, rel string, size int64) (d block.Diges
 		return d, true, &unprovenError{reason: err.Error()}
 	}
 	return d, true, nil
+}
+
+// storedMapping hands over the tmp's mapping of its file for keepStoredLocked:
+// the one made when a passthrough tmp in memory was summed under its read
+// lease, or, for a tmp written through the daemon under a write lease held
+// since its creation, a new one. Either way the file's bytes are the
+// digest's. Nil for a tmp that holds no lease.
+func (t *tmpFile) storedMapping(size int64) []byte {
+	stored := t.leaseMap
+	t.leaseMap = nil
+	if stored == nil && t.lease != nil {
+		stored = mapStored(t.lease, size)
+	}
+	return stored
+}
+
+// retireTmpLocked ends a published tmp under s.mu: its descriptor closes if
+// the tmp was retired, stored becomes the block's proven mapping when proven
+// and the store keeps it (else it is unmapped, and so is a mapping the tmp
+// still holds), and the tmp's lease is given back.
+func (s *Store) retireTmpLocked(t *tmpFile, b *entry, stored []byte, proven bool) {
+	t.closeIfRetired()
+	if t.leaseMap != nil {
+		unix.Munmap(t.leaseMap)
+		t.leaseMap = nil
+	}
+	if (!proven || !s.keepStoredLocked(t, b, stored)) && stored != nil {
+		unix.Munmap(stored)
+	}
+	t.giveBackLeaseLocked()
 }
