@@ -38,7 +38,9 @@ const (
 	PhaseRecord
 	// PhaseRenameat renames the tmp in the store and checks its identity, under the store's lock.
 	PhaseRenameat
-	// PhaseIndex updates the lookup index, staging and the diagnostics after the rename.
+	// PhaseIndex tells a published block's listeners (tiers/tier times it:
+	// the lookup index, staging, the budget, the diagnostics), the end of
+	// the rename.
 	PhaseIndex
 	// PhasePending marks the tmp pending its proof, before the rename.
 	PhasePending
@@ -46,16 +48,13 @@ const (
 	PhaseProof
 	// PhaseLoadProofWait is what a load of a block waited for its proof.
 	PhaseLoadProofWait
-	// PhaseEvents tells the store's listeners of a published block, the end
-	// of Publish.
-	PhaseEvents
 	phaseCount
 )
 
 // phaseNames name the phases in stats.json and the metrics.
 var phaseNames = [phaseCount]string{"tmp_lookup", "create", "create_file", "create_reserve",
 	"rename", "rename_release_wait", "rename_probe", "rename_probe_read", "rename_checksum", "rename_record", "rename_renameat", "rename_index",
-	"rename_pending", "rename_proof", "load_proof_wait", "rename_events"}
+	"rename_pending", "rename_proof", "load_proof_wait"}
 
 // String is the phase's name in stats.json.
 func (p Phase) String() string { return phaseNames[p] }

@@ -74,7 +74,6 @@ func (s *Store) Publish(tmpRel, destRel string) error {
 	if err != nil {
 		return err
 	}
-	defer s.TimePhase(PhaseEvents, time.Now())
 	s.tell(Event{Kind: Published, Rel: destRel, Size: b.size})
 	return nil
 }

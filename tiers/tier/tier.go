@@ -51,8 +51,9 @@ type Event struct {
 }
 
 // Listener follows the tier's block events. The delivery rule: every
-// listener hears every event, one call at a time, in the order New lists
-// them. Leaving is told on the goroutine of the mount's request, before the
+// listener hears every event, the listeners of one event one after another
+// in the order New lists them; events told on different goroutines reach a
+// listener concurrently, so a listener is safe for concurrent calls. Leaving is told on the goroutine of the mount's request, before the
 // store acts (Publish, Unlink); Published and Imported on the goroutine that
 // published, after the rename and before the store's Publish or Import
 // returns; Unlinked and Evicted later, on the store's one notifier
