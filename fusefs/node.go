@@ -369,6 +369,18 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	return errno
 }
 
+var _ = (fs.NodeIoctler)((*node)(nil))
+
+// Ioctl refuses every ioctl the kernel forwards (ENOTTY), on files and
+// directories alike: go-fuse's loopback handles run any of them on the
+// store's descriptor, with the daemon's capabilities (a directory
+// listing's handle did: the engine's uid could have had FITRIM or
+// EXT4_IOC_SHUTDOWN run as root on the store filesystem). go-fuse asks the
+// node before the handle.
+func (n *node) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
+}
+
 var _ = (fs.NodeTmpfiler)((*node)(nil))
 
 // Tmpfile refuses O_TMPFILE: such a file is written past the daemon (no
