@@ -323,6 +323,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.fsys.noteStore(dstRef)
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
+	case flags&unix.RENAME_EXCHANGE != 0 && (srcKind != block.OtherFile || dstKind != block.OtherFile || n.fsys.store.HasBlocksUnder(dstRel)):
+		// The other side moves too: a block tmp, or a directory holding
+		// blocks, exchanged away would leave the store's index behind.
+		n.fsys.logger.Warn("refused a rename exchange with a block tmp file or a directory holding blocks", "path", srcRel, "with", dstRel)
+		return syscall.EPERM
 	case srcKind == block.TmpFile && n.fsys.store.TmpOpen(srcRel):
 		n.fsys.logger.Warn("refused rename of a block tmp file still open for writing", "path", srcRel, "to", dstRel)
 		return syscall.EBUSY
