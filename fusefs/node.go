@@ -309,6 +309,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		}
 		n.fsys.sampleStore(context.WithoutCancel(ctx), dstRel)
 		return 0
+	case flags&unix.RENAME_EXCHANGE != 0 && (srcKind != block.OtherFile || dstKind != block.OtherFile || n.fsys.store.HasBlocksUnder(dstRel)):
+		// The other side moves too: a block tmp, or a directory holding
+		// blocks, exchanged away would leave the store's index behind.
+		n.fsys.logger.Warn("refused a rename exchange with a block tmp file or a directory holding blocks", "path", srcRel, "with", dstRel)
+		return syscall.EPERM
 	case srcKind == block.TmpFile && n.fsys.store.TmpOpen(srcRel):
 		n.fsys.logger.Warn("refused rename of a block tmp file still open for writing", "path", srcRel, "to", dstRel)
 		return syscall.EBUSY
@@ -351,6 +356,18 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		n.fsys.namespaceChanged(rel)
 	}
 	return errno
+}
+
+var _ = (fs.NodeIoctler)((*node)(nil))
+
+// Ioctl refuses every ioctl the kernel forwards (ENOTTY), on files and
+// directories alike: go-fuse's loopback handles run any of them on the
+// store's descriptor, with the daemon's capabilities (a directory
+// listing's handle did: the engine's uid could have had FITRIM or
+// EXT4_IOC_SHUTDOWN run as root on the store filesystem). go-fuse asks the
+// node before the handle.
+func (n *node) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
 }
 
 var _ = (fs.NodeTmpfiler)((*node)(nil))

@@ -166,11 +166,6 @@ func (o *otherFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.A
 	return o.LoopbackFile.Setattr(ctx, in, out)
 }
 
-// Ioctl is refused: the daemon would run it on the store file as root.
-func (o *otherFile) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
-	return 0, syscall.ENOTTY
-}
-
 // settlePath records what the file at rel outside the block layout
 // allocates, after a change made without an open handle.
 func (f *FS) settlePath(rel string) {

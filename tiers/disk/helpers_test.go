@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"iter"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -251,6 +254,17 @@ func checkAccounting(t *testing.T, s *Store) {
 	}
 	for _, tmp := range s.tmps {
 		want += tmp.size
+	}
+	under := make(map[string]int)
+	for _, names := range []iter.Seq[string]{maps.Keys(s.blocks), maps.Keys(s.tmps)} {
+		for rel := range names {
+			for dir := path.Dir(rel); dir != "."; dir = path.Dir(dir) {
+				under[dir]++
+			}
+		}
+	}
+	if !maps.Equal(under, s.underDirs) {
+		t.Errorf("blocks and tmps under each directory: %v counted, %v in the index", s.underDirs, under)
 	}
 	counted := make(map[fileID]bool)
 	for rel, f := range files {

@@ -217,6 +217,9 @@ func (s *Store) place(t *tmpFile, f *os.File, unmarked int64, tmpRel, destRel st
 	// Sealed, the tmp takes no more bytes: what it held is the block's now,
 	// even if its writer has not closed it yet.
 	t.sealed = true
+	if _, had := s.tmps[tmpRel]; had {
+		s.countUnderLocked(tmpRel, -1)
+	}
 	delete(s.tmps, tmpRel)
 	t.untracked = true
 	s.used -= t.allocated

@@ -99,6 +99,9 @@ func (s *Store) CreateTmp(rel string, flags int) (*Writer, error) {
 		t.probes = make(map[int64]uint64)
 	}
 	s.used += size
+	if _, had := s.tmps[rel]; !had {
+		s.countUnderLocked(rel, 1)
+	}
 	s.tmps[rel] = t
 	return &Writer{s: s, rel: rel, tmp: t, file: f, direct: direct}, nil
 }
@@ -390,6 +393,7 @@ func (w *Writer) Close() error {
 // or when its writer closes it if it is still open.
 func (s *Store) untrackLocked(rel string, t *tmpFile) {
 	if s.tmps[rel] == t {
+		s.countUnderLocked(rel, -1)
 		delete(s.tmps, rel)
 	}
 	t.untracked = true

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"syscall"
@@ -764,4 +765,43 @@ func TestCoverKeepsRangesLikeABitmap(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestHasBlocksUnderCountsEachDirectory: every directory above an indexed
+// block or a tracked tmp holds blocks, its siblings and the block's own
+// name do not, and nothing does once they are gone; the store keeps the
+// counts as blocks and tmps come and go (main scanned every block under the
+// lock for each directory rename: 84 ms at a million blocks).
+func TestHasBlocksUnderCountsEachDirectory(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(11, 64))
+	putBlock(t, s, rel, pageData(11, 1))
+	tmpRel := tmpRelFor(blockRel(testTier, 1, hashHex(12, 64)), 1)
+	mkdirFor(t, s, tmpRel)
+	w, err := s.CreateTmp(tmpRel, engineCreateFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{testTier, testTier + "/", path.Dir(rel), path.Dir(path.Dir(rel)), path.Dir(tmpRel)} {
+		if !s.HasBlocksUnder(dir) {
+			t.Errorf("HasBlocksUnder(%q) = false with %s and %s stored", dir, rel, tmpRel)
+		}
+	}
+	for _, dir := range []string{"other", testTier + "x", rel, path.Dir(rel) + "x"} {
+		if s.HasBlocksUnder(dir) {
+			t.Errorf("HasBlocksUnder(%q) = true", dir)
+		}
+	}
+	checkAccounting(t, s)
+	w.Close()
+	if err := s.Remove(rel); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveTmp(tmpRel); err != nil {
+		t.Fatal(err)
+	}
+	if s.HasBlocksUnder(testTier) {
+		t.Errorf("HasBlocksUnder(%q) = true once the block and the tmp are gone", testTier)
+	}
+	checkAccounting(t, s)
 }
