@@ -91,26 +91,22 @@ const DefaultMaxRequest = 4 << 20
 // loads) the kernel may have in flight to the daemon.
 const maxBackground = 256
 
-// DefaultIdleReaders bounds the goroutines go-fuse keeps blocked in read(2)
-// on /dev/fuse between bursts (DESIGN "Few idle readers"). The kernel
+// idleReaders bounds the goroutines go-fuse keeps blocked in read(2) on
+// /dev/fuse between bursts (DESIGN "What the kernel cannot do"). The kernel
 // hands a request to the reader that has waited longest (fuse_dev_do_read
 // sleeps in an exclusive wait, queued at the tail), so after 16 loaders left
 // 17 idle readers, each LOOKUP of a lone lookup batch woke the thread that
 // had slept longest, on a CPU long idle. go-fuse takes the bound from
 // GOMAXPROCS at NewServer (its least is 2) and has no option for it; requests
 // in flight are not bounded by it (a reader that takes the last waiting
-// place starts another). Many concurrent writers pay for few: each request
-// waits for a reader to be started (Options.IdleReaders).
-const DefaultIdleReaders = 2
+// place starts another).
+const idleReaders = 2
 
-// MaxIdleReaders is go-fuse's own upper bound on idle readers.
-const MaxIdleReaders = 16
-
-// newServer is fuse.NewServer with at most idle+1 idle readers. It gives
-// GOMAXPROCS back as it was: the operator's GOMAXPROCS, or the runtime's
-// default, which keeps following the CPU limit.
-func newServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions, idle int) (*fuse.Server, error) {
-	prev := runtime.GOMAXPROCS(idle)
+// newServer is fuse.NewServer with at most idleReaders+1 idle readers. It
+// gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or the
+// runtime's default, which keeps following the CPU limit.
+func newServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
+	prev := runtime.GOMAXPROCS(idleReaders)
 	defer func() {
 		if os.Getenv("GOMAXPROCS") != "" {
 			runtime.GOMAXPROCS(prev)
@@ -176,11 +172,6 @@ type Options struct {
 	// Primer looks each tier's prefix names up ahead of the engine; nil
 	// leaves them to the engine's own lookups. Not used with Shared.
 	Primer Primer
-	// IdleReaders bounds the /dev/fuse readers left waiting between bursts,
-	// DefaultIdleReaders (0) to MaxIdleReaders: few keep a lone lookup after
-	// a burst fast, more pick up the requests of many concurrent stores
-	// sooner (DESIGN "Few idle readers").
-	IdleReaders int
 }
 
 // FS is a mounted kvtierfs.
@@ -329,11 +320,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	idle := opts.IdleReaders
-	if idle == 0 {
-		idle = DefaultIdleReaders
-	}
-	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions, idle)
+	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}

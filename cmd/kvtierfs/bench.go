@@ -70,7 +70,6 @@ type benchFlags struct {
 	halfZero, netns          bool
 	stagingBytes             string
 	passthroughMinRow        string
-	idleReaders              string
 	rounds                   int
 	threads, blocks, lookups int
 	ints                     []intFlag
@@ -129,7 +128,6 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.dropCaches, "drop-caches", diskbench.DefaultConfig().DropCaches, "disk, chain: empty the whole machine's page cache before each cold phase, for cold loads that read the disk (root only; off by default, as it slows every other process of the machine)")
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.passthroughMinRow, "passthrough-min-row", "", "disk: the mount's --passthrough-min-row (default the mount's), e.g. 0 to pass every row through, 1TiB to write every row through the daemon")
-	fl.StringVar(&b.idleReaders, "idle-readers", "", "disk: the mount's --idle-readers (default the mount's), e.g. 16 to keep a reader waiting for each of 16 writers")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
 	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks)",
 		diskbench.DefaultChainConfig().Rounds, diskbench.DefaultConfig().Rounds))
@@ -139,7 +137,7 @@ func newBenchFlags() *benchFlags {
 
 // diskOnlyFlags and engineOnlyFlags are the flags that apply to one side only.
 var (
-	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds", "passthrough-min-row", "idle-readers"}
+	diskOnlyFlags   = []string{"blocks", "lookups", "drop-caches", "half-zero", "staging-bytes", "rounds", "passthrough-min-row"}
 	engineOnlyFlags = []string{"engine", "sync", "staging", "lookup-budget", "at-once", "step-gap", "kv", "groups", "hash-seed", "model", "gpu", "gpu-devices", "replicated-kv", "capacity", "netns", "profile"}
 )
 
@@ -410,7 +408,7 @@ func (b *benchFlags) runDisk(ctx context.Context, exe string) error {
 		cfg.Dir = os.TempDir()
 	}
 	cfg.Threads, cfg.Blocks, cfg.LookupKeys, cfg.DropCaches = b.threads, b.blocks, b.lookups, b.dropCaches
-	cfg.PassthroughMinRow, cfg.IdleReaders = b.passthroughMinRow, b.idleReaders
+	cfg.PassthroughMinRow = b.passthroughMinRow
 	cfg.Rounds = min(cfg.Rounds, cfg.Blocks)
 	if b.fl.Changed("rounds") {
 		cfg.Rounds = b.rounds

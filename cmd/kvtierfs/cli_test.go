@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -99,8 +98,6 @@ func TestFlagErrors(t *testing.T) {
 		{"mount", mount("--row-bytes", "1000"), []string{"--row-bytes 1000", "a multiple of the page size"}},
 		{"mount", mount("--row-bytes", "1GiB"), []string{"--row-bytes 1GiB", "up to 268435456 bytes"}},
 		{"mount", mount("--staging-depth", "0"), []string{"--staging-depth", "0", "want at least 1"}},
-		{"mount", mount("--idle-readers", "1"), []string{"--idle-readers 1", "want 2 to 16"}},
-		{"mount", mount("--idle-readers", "17"), []string{"--idle-readers 17", "want 2 to 16"}},
 		{"mount", mount("--lookup-budget", "on"), []string{"--lookup-budget", `"on"`, "want auto or off"}},
 		{"mount", mount("--lookup-protect", "-1s"), []string{"--lookup-protect", "-1s", "want a positive duration"}},
 		{"mount", mount("--log-format", "xml"), []string{"--log-format", `"xml"`, "one of text, json"}},
@@ -190,23 +187,6 @@ func TestWriteVersion(t *testing.T) {
 	writeVersion(&out, &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
 	if !strings.Contains(out.String(), "kvtierfs v0.4.0-3-gfeed42 commit feed42") {
 		t.Errorf("version stamped by -ldflags = %q, want it before the module's", out.String())
-	}
-}
-
-// TestIdleReadersFlag: the default is fusefs's, a count in range is taken
-// as given.
-func TestIdleReadersFlag(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want int
-	}{{nil, fusefs.DefaultIdleReaders}, {[]string{"--idle-readers", "16"}, 16}} {
-		got, err := parseMountFlags(append([]string{"/mnt/x", "--store", t.TempDir()}, c.args...))
-		if err != nil {
-			t.Fatalf("%q: %v", c.args, err)
-		}
-		if got.idleReaders != c.want {
-			t.Errorf("%q: %d, want %d", c.args, got.idleReaders, c.want)
-		}
 	}
 }
 

@@ -73,13 +73,11 @@ type mountConfig struct {
 	// passthroughMinRow is the smallest row the kernel writes to the store
 	// without the daemon.
 	passthroughMinRow int64
-	// idleReaders is fusefs.Options.IdleReaders.
-	idleReaders  int
-	allowOther   bool
-	nonempty     bool
-	primeLookups bool
-	lookupBudget bool
-	engineUID    int
+	allowOther        bool
+	nonempty          bool
+	primeLookups      bool
+	lookupBudget      bool
+	engineUID         int
 	// kvEventsEndpoint and kvEventsTopic publish removed blocks to routers.
 	kvEventsEndpoint string
 	kvEventsTopic    string
@@ -112,7 +110,6 @@ func parseMountFlags(args []string) (mountConfig, error) {
 	fl.DurationVar(&c.diagWindow, "diagnostics-window", diagnose.DefaultWindow, fmt.Sprintf("window over which stat's field diagnostics judge a workload (a present key unread for a quarter of it, at most %s, counts as waiting); a warning on checksum failures, refused stores or store I/O errors clears after a window without one", diagnose.MaxReadGrace))
 	diagMinBytes := fl.String("diagnostics-min-bytes", fmt.Sprintf("%dGiB", diagnose.DefaultMinStoredBytes>>30), "bytes a group or the tier must have stored in the window before stat calls it write-only")
 	passthroughMinRow := fl.String("passthrough-min-row", fmt.Sprintf("%dMiB", disk.DefaultPassthroughMinRow>>20), "smallest row (block) size whose stores the kernel writes straight to the store file (FUSE passthrough); smaller rows are written through the daemon, which checksums them as they arrive, so their rename reads nothing back from the disk; 0 passes every row through")
-	fl.IntVar(&c.idleReaders, "idle-readers", fusefs.DefaultIdleReaders, fmt.Sprintf("FUSE readers (threads waiting on /dev/fuse) the daemon keeps between bursts, %d to %d: few keep a lone lookup after a burst fast, more pick up the requests of many concurrent stores sooner", fusefs.DefaultIdleReaders, fusefs.MaxIdleReaders))
 	maxRequest := fl.String("max-request", "4MiB", "largest FUSE read/write request, at least 16KiB (as root the mount raises fs.fuse.max_pages_limit to allow it; a mount with --peer reads in requests of at most half of --row-bytes, or 128KiB without it, so that a mirrored row arrives in two or more)")
 	lookupBudget := fl.String("lookup-budget", "auto", "auto: answer present, within one request's lookup, for no more keys than the engine's primary tier (its shm region's rows) can promote at once, so an engine whose lookup promotes every key it confirms (stock vLLM) gets the longest hit it can load instead of none; off: answer every lookup as the store says")
 	fl.BoolVar(&c.primeLookups, "prime-lookups", true, "when the kernel looks a tier up afresh (first, or after dropping its caches), look its 4,096 prefix names up from a helper process so that an engine's first lookups of new keys stay in the kernel's cache (not with --shared)")
@@ -160,9 +157,6 @@ func parseMountFlags(args []string) (mountConfig, error) {
 		if c.passthroughMinRow, err = parseSize("passthrough-min-row", *passthroughMinRow); err != nil {
 			return c, usageError{fmt.Errorf("%w, or 0", err)}
 		}
-	}
-	if c.idleReaders < fusefs.DefaultIdleReaders || c.idleReaders > fusefs.MaxIdleReaders {
-		return c, usageError{fmt.Errorf("--idle-readers %d: want %d to %d", c.idleReaders, fusefs.DefaultIdleReaders, fusefs.MaxIdleReaders)}
 	}
 	if c.maxRequest, err = parseSize("max-request", *maxRequest); err != nil {
 		return c, usageError{err}
@@ -312,7 +306,7 @@ func runMount(args []string) error {
 	// is visible still unmounts); until then a signal ends the process.
 	opts := fusefs.Options{Store: store, Regions: regions, Logger: logger, Registerer: reg,
 		Debug: c.debugFUSE, Sync: node, SyncRegions: syncRegions, SyncDeadline: c.syncDeadline, Stager: stager, Diagnostics: diagnostics, WarningWindow: c.diagWindow,
-		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events, IdleReaders: c.idleReaders}
+		MaxRequest: int(c.maxRequest), AllowOther: c.allowOther, KVEvents: events}
 	if c.lookupBudget {
 		opts.LookupBudget = lookupbudget.New(lookupbudget.Options{})
 	}

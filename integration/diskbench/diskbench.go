@@ -58,9 +58,6 @@ type Config struct {
 	// PassthroughMinRow is the mount's --passthrough-min-row; empty leaves
 	// the mount's default.
 	PassthroughMinRow string
-	// IdleReaders is the mount's --idle-readers; empty leaves the mount's
-	// default.
-	IdleReaders string
 	// Rounds splits the blocks of the store phase into rounds that alternate
 	// the sides (mount, bare, mount, bare …), so that a drift of the disk's
 	// speed during the phase weighs on both sides alike. Load phases run in
@@ -91,9 +88,6 @@ func (c Config) mountArgs() []string {
 	}
 	if c.PassthroughMinRow != "" {
 		args = append(args, "--passthrough-min-row", c.PassthroughMinRow)
-	}
-	if c.IdleReaders != "" {
-		args = append(args, "--idle-readers", c.IdleReaders)
 	}
 	return args
 }
