@@ -146,7 +146,7 @@ type Options struct {
 	// Sync mirrors loaded rows to the peer ranks; nil on a single node.
 	Sync *rowsync.Node
 	// SyncRegions maps regions for Sync; required with Sync.
-	SyncRegions *SyncRegions
+	SyncRegions *rowsync.Regions
 	// SyncDeadline bounds how long a mirrored load waits for its own earlier
 	// READs to be delivered; 0 means core.DefaultDeadline.
 	SyncDeadline time.Duration
@@ -213,7 +213,7 @@ type FS struct {
 	control     *fs.Inode
 	done        chan struct{}
 	sync        *rowsync.Node
-	syncRegions *SyncRegions
+	syncRegions *rowsync.Regions
 	stager      *staging.Stager
 	diagnostics Diagnoser
 	shared      SharedLevel

@@ -1,4 +1,4 @@
-package fusefs
+package rowsync
 
 import (
 	"os"
@@ -29,7 +29,7 @@ func TestReplacedRegionIsUnmapped(t *testing.T) {
 	defer set.Close()
 	set.Refresh()
 	clock := time.Unix(1000, 0)
-	c := NewSyncRegions(set)
+	c := NewRegions(set)
 	c.now = func() time.Time { return clock }
 	defer c.Close()
 	if _, err := c.Local(rowBytes); err != nil {
