@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,6 +29,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
@@ -218,11 +218,9 @@ type FS struct {
 	diagnostics Diagnoser
 	shared      SharedLevel
 	primer      Primer
-	// primed is when each tier was last primed (priming.go).
-	primedMu    sync.Mutex
-	primed      map[string]time.Time
+	// priming decides when a tier is primed (priming.go).
+	priming     prime.Schedule
 	tiersPrimed atomic.Int64
-	primings    atomic.Int32
 
 	// tier tells a block's events and answers its lookups.
 	tier *tier.Tier
@@ -264,7 +262,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, blockEntryTimeout: opts.Store.LookupCacheTTL(), negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared, primed: make(map[string]time.Time)}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
 	}
