@@ -1,11 +1,14 @@
 package rowsync
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -54,5 +57,58 @@ func TestReplacedRegionIsUnmapped(t *testing.T) {
 	c.Sweep()
 	if len(c.retired) != 0 {
 		t.Fatalf("%d mappings still retired after %s", len(c.retired), retireAfter)
+	}
+}
+
+// A load's row reaches the same row of the peer's region through
+// LoadMirror, and a row found in a region file the engine has since
+// recreated is refused, the peer's row left as it was.
+func TestLoadMirrorWritesThePeersRow(t *testing.T) {
+	path := shmFile(t, testRows*testRowBytes)
+	set, err := shm.NewSet(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	set.Refresh()
+	regions := NewRegions(set)
+	defer regions.Close()
+	local, err := regions.Local(testRowBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerRegion := shmRegion(t, testRows, testRowBytes)
+	peer := startNode(t, peerRegion, ModeOn)
+	node := startNode(t, local, ModeOn, peer.Addr().String())
+	waitFor(t, "peer up", node.mirror.Healthy)
+	mirror := NewLoadMirror(node, regions)
+	if !mirror.Mirrors() {
+		t.Fatal("a node with a peer does not mirror its loads")
+	}
+	file, _ := set.FileOf(path)
+	load := func(row int) error {
+		fillHalf(local.Row(row), uint64(row))
+		data := bytes.Clone(local.Row(row))
+		ref := shm.RowRef{Region: path, File: file, Row: row}
+		return mirror.MirrorRow(context.Background(), ref, data, block.CRC32C(data), block.NonZeroRuns(data, 0))
+	}
+	if err := load(3); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(peerRegion.Row(3), local.Row(3)) {
+		t.Fatal("the peer's row differs from the loaded one")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, make([]byte, testRows*testRowBytes), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set.Refresh()
+	if err := load(5); err == nil {
+		t.Fatal("a row of the replaced region file was mirrored")
+	}
+	if !block.IsZero(peerRegion.Row(5)) {
+		t.Fatal("the peer's row was written for a row of the replaced region file")
 	}
 }
