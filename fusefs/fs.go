@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,6 +29,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
@@ -146,7 +146,7 @@ type Options struct {
 	// Sync mirrors loaded rows to the peer ranks; nil on a single node.
 	Sync *rowsync.Node
 	// SyncRegions maps regions for Sync; required with Sync.
-	SyncRegions *SyncRegions
+	SyncRegions *rowsync.Regions
 	// SyncDeadline bounds how long a mirrored load waits for its own earlier
 	// READs to be delivered; 0 means core.DefaultDeadline.
 	SyncDeadline time.Duration
@@ -213,16 +213,14 @@ type FS struct {
 	control     *fs.Inode
 	done        chan struct{}
 	sync        *rowsync.Node
-	syncRegions *SyncRegions
+	syncRegions *rowsync.Regions
 	stager      *staging.Stager
 	diagnostics Diagnoser
 	shared      SharedLevel
 	primer      Primer
-	// primed is when each tier was last primed (priming.go).
-	primedMu    sync.Mutex
-	primed      map[string]time.Time
+	// priming decides when a tier is primed (priming.go).
+	priming     prime.Schedule
 	tiersPrimed atomic.Int64
-	primings    atomic.Int32
 
 	// tier tells a block's events and answers its lookups.
 	tier *tier.Tier
@@ -264,7 +262,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, blockEntryTimeout: opts.Store.LookupCacheTTL(), negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared, primed: make(map[string]time.Time)}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
 	}

@@ -310,15 +310,6 @@ func statFromStatx(x *unix.Statx_t) syscall.Stat_t {
 // convertTo stores v in *dst, whatever integer width dst has on this architecture.
 func convertTo[D, S int | uint32 | uint64 | int32 | int64](dst *D, v S) { *dst = D(v) }
 
-// prefixNames is how many names the prefix level has in a tier: 16³.
-const prefixNames = 16 * 16 * 16
-
-// prefixName is the i-th name of the prefix level (i < prefixNames).
-func prefixName(i int) string {
-	const hex = "0123456789abcdef"
-	return string([]byte{hex[i>>8&15], hex[i>>4&15], hex[i&15]})
-}
-
 // isTier reports whether name is a directory at the store's root.
 func (x *lookupIndex) isTier(name string) bool {
 	x.mu.RLock()

@@ -3,6 +3,8 @@ package fusefs
 import (
 	"context"
 	"time"
+
+	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 )
 
 // Primer looks names of the mount up from another process, so that the
@@ -16,22 +18,6 @@ type Primer interface {
 	// Looked is how many names the primer looked up.
 	Looked() int64
 }
-
-// primeInterval is the least time between two primings of one tier. The
-// kernel looks a tier up again only after dropping its entry, so each lookup
-// is news; the interval only bounds the cost (4,096 lookups from sixteen
-// threads) when caches are dropped in a loop.
-const primeInterval = 100 * time.Millisecond
-
-// maxPrimedTiers bounds the tiers whose last priming is remembered.
-const maxPrimedTiers = 1 << 12
-
-// maxPrimings bounds the primings being prepared at once (each lists a
-// tier's names), whatever the lookups that ask for them.
-const maxPrimings = 2
-
-// maxPrimedGroupDirs bounds the group directories primed in one tier.
-const maxPrimedGroupDirs = 1 << 16
 
 // primeTier primes a directory at the mount's root after the kernel asked
 // the daemon for it or for one of its prefix names, which it does only when
@@ -49,33 +35,12 @@ func (f *FS) primeTier(ctx context.Context, tier string) {
 	if f.primer == nil || f.primer.Owns(callerThread(ctx)) || !f.index.isTier(tier) {
 		return
 	}
-	now := time.Now()
-	f.primedMu.Lock()
-	if last, ok := f.primed[tier]; ok && now.Sub(last) < primeInterval {
-		f.primedMu.Unlock()
-		return
-	}
-	f.primed[tier] = now
-	if len(f.primed) > maxPrimedTiers {
-		// Only the recent entries limit anything.
-		for t, at := range f.primed {
-			if now.Sub(at) >= primeInterval {
-				delete(f.primed, t)
-			}
-		}
-	}
-	f.primedMu.Unlock()
-	if f.primings.Add(1) > maxPrimings {
-		f.primings.Add(-1)
+	if !f.priming.Begin(tier, time.Now()) {
 		return
 	}
 	go func() {
-		defer f.primings.Add(-1)
-		names := make([]string, 0, prefixNames)
-		for i := range prefixNames {
-			names = append(names, tier+"/"+prefixName(i))
-		}
-		names = append(names, f.index.groupDirs(tier, maxPrimedGroupDirs)...)
+		defer f.priming.Done()
+		names := prime.TierNames(tier, f.index.groupDirs(tier, prime.MaxGroupDirs))
 		if !f.primer.Prime(names) {
 			f.logger.Debug("priming a tier's lookups skipped: the lookup helper is behind or gone", "tier", tier)
 			return

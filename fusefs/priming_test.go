@@ -64,9 +64,9 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 			}
 			if primed {
 				deadline := time.Now().Add(time.Minute)
-				for helper.Looked() < prefixNames+1 { // and the block's group directory
+				for helper.Looked() < prime.PrefixNames+1 { // and the block's group directory
 					if time.Now().After(deadline) {
-						t.Fatalf("the helper looked up %d names of the tier, want %d", helper.Looked(), prefixNames+1)
+						t.Fatalf("the helper looked up %d names of the tier, want %d", helper.Looked(), prime.PrefixNames+1)
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -103,15 +103,15 @@ func TestLookupsOfAPrimedTierStayInTheKernel(t *testing.T) {
 						t.Fatalf("invalidating a prefix name: %v", errno)
 					}
 				}
-				time.Sleep(primeInterval)
+				time.Sleep(prime.Interval)
 				k := strings.Repeat("0", 64)
 				if _, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("%s/%s/%s_g0/%s.bin", tier, k[:3], k[3:5], k))); !errors.Is(err, fs.ErrNotExist) {
 					t.Fatalf("lookup of an absent key: %v", err)
 				}
 				deadline := time.Now().Add(time.Minute)
-				for helper.Looked() < 2*(prefixNames+1) {
+				for helper.Looked() < 2*(prime.PrefixNames+1) {
 					if time.Now().After(deadline) {
-						t.Fatalf("the helper looked up %d names, want the tier primed again after a prefix name was dropped (%d)", helper.Looked(), 2*(prefixNames+1))
+						t.Fatalf("the helper looked up %d names, want the tier primed again after a prefix name was dropped (%d)", helper.Looked(), 2*(prime.PrefixNames+1))
 					}
 					time.Sleep(10 * time.Millisecond)
 				}

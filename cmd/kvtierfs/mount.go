@@ -266,7 +266,7 @@ func runMount(args []string) error {
 		logger.Warn("shm regions", "err", err)
 	}
 
-	syncRegions := fusefs.NewSyncRegions(regions)
+	syncRegions := rowsync.NewRegions(regions)
 	defer syncRegions.Close()
 	node, err := startSync(c, syncRegions, store, logger)
 	if err != nil {
@@ -422,7 +422,7 @@ func abortAfterGrace(fsys *fusefs.FS, logger *slog.Logger) {
 }
 
 // startSync starts row mirroring when peers are configured; nil on a single node.
-func startSync(c mountConfig, regions *fusefs.SyncRegions, notes rowsync.Notes, logger *slog.Logger) (*rowsync.Node, error) {
+func startSync(c mountConfig, regions *rowsync.Regions, notes rowsync.Notes, logger *slog.Logger) (*rowsync.Node, error) {
 	if c.listen == "" && len(c.peers) == 0 {
 		return nil, nil
 	}

@@ -21,6 +21,11 @@
 // daemon writes a batch of names relative to the mountpoint, one per line,
 // ended by an empty line; the helper looks each up (lookUpName: through no
 // link) and writes "done N" with the names of the batch it looked up.
+//
+// The priming policy lives here as well: Schedule says when a tier is
+// primed (at most every Interval, a bounded number at once) and TierNames
+// what; the mount asks them when the kernel looks a tier up and hands the
+// names to Helper.
 package prime
 
 import (
