@@ -214,6 +214,8 @@ type FS struct {
 	done        chan struct{}
 	sync        *rowsync.Node
 	syncRegions *rowsync.Regions
+	// sampler samples stores for the replication gate; nil on one node.
+	sampler     *rowsync.StoreSampler
 	stager      *staging.Stager
 	diagnostics Diagnoser
 	shared      SharedLevel
@@ -271,6 +273,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	if f.sync != nil && (f.regions == nil || f.syncRegions == nil) {
 		return nil, fmt.Errorf("row mirroring needs the shm regions")
+	}
+	if f.sync != nil {
+		f.sampler = rowsync.NewStoreSampler(f.sync, opts.Store, f.regions, f.syncRegions)
 	}
 	f.loads = core.NewLoads(core.Config{Store: opts.Store, Regions: opts.Regions, Deadline: opts.SyncDeadline,
 		Logger: opts.Logger, Mirror: f.rowMirror(), Stager: f.loadStager(), Shared: opts.Shared})

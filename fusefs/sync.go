@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
@@ -18,23 +19,10 @@ func (f *FS) rowMirror() core.Mirror {
 // sampleStore lets the replication gate compare a stored block's source row
 // with the same row on every peer, while the engine still holds the row.
 func (f *FS) sampleStore(ctx context.Context, rel string) {
-	if f.sync == nil || f.regions == nil || !f.sync.WantStoreSample() {
-		return
-	}
-	d, ok := f.store.Digest(rel)
-	if !ok {
-		return
-	}
-	ref, ok := f.regions.Confirm(d, nil)
-	if !ok {
+	switch err := f.sampler.Sample(ctx, rel); {
+	case errors.Is(err, rowsync.ErrSourceRowNotFound):
 		f.logger.Debug("store not sampled: its source row was not found", "path", rel)
-		return
-	}
-	region, err := f.syncRegions.Get(ref.Region, ref.File, int(d.Size))
-	if err == nil {
-		err = f.sync.SampleStoredRow(ctx, region, ref.Row, rel, d.CRC)
-	}
-	if err != nil {
+	case err != nil:
 		f.logger.Warn("store sample for the replication gate failed", "path", rel, "err", err)
 	}
 }

@@ -2,6 +2,7 @@ package rowsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -154,4 +155,52 @@ func (m *LoadMirror) MirrorRow(ctx context.Context, ref shm.RowRef, data []byte,
 		return err
 	}
 	return m.node.MirrorBlock(ctx, region, ref.Row, data, crc, nonZero)
+}
+
+// ErrSourceRowNotFound is StoreSampler.Sample's answer when no row of the
+// engine's regions holds the stored block: nothing is sampled.
+var ErrSourceRowNotFound = errors.New("the stored block's source row was not found")
+
+// Digests gives a stored block's digest by its store-relative path (the
+// block store).
+type Digests interface {
+	Digest(rel string) (block.Digest, bool)
+}
+
+// StoreSampler gives the replication gate its evidence: the source row of a
+// block just stored, found among the engine's regions while the engine still
+// holds it, compared with the same row on every peer (Node.SampleStoredRow).
+type StoreSampler struct {
+	node    *Node
+	digests Digests
+	rows    *shm.Set
+	regions *Regions
+}
+
+// NewStoreSampler returns the sampler of node's stores, whose digests come
+// from digests and whose source rows are found in rows and mapped by regions.
+func NewStoreSampler(node *Node, digests Digests, rows *shm.Set, regions *Regions) *StoreSampler {
+	return &StoreSampler{node: node, digests: digests, rows: rows, regions: regions}
+}
+
+// Sample compares the stored block at rel with the peers' copies of its
+// source row, when the gate still wants samples; a nil sampler (one node)
+// samples nothing.
+func (s *StoreSampler) Sample(ctx context.Context, rel string) error {
+	if s == nil || !s.node.WantStoreSample() {
+		return nil
+	}
+	d, ok := s.digests.Digest(rel)
+	if !ok {
+		return nil
+	}
+	ref, ok := s.rows.Confirm(d, nil)
+	if !ok {
+		return ErrSourceRowNotFound
+	}
+	region, err := s.regions.Get(ref.Region, ref.File, int(d.Size))
+	if err != nil {
+		return err
+	}
+	return s.node.SampleStoredRow(ctx, region, ref.Row, rel, d.CRC)
 }

@@ -3,6 +3,7 @@ package rowsync
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -110,5 +111,60 @@ func TestLoadMirrorWritesThePeersRow(t *testing.T) {
 	}
 	if !block.IsZero(peerRegion.Row(5)) {
 		t.Fatal("the peer's row was written for a row of the replaced region file")
+	}
+}
+
+// digestMap is Digests over a map.
+type digestMap map[string]block.Digest
+
+func (m digestMap) Digest(rel string) (block.Digest, bool) {
+	d, ok := m[rel]
+	return d, ok
+}
+
+// TestStoreSamplerSamplesTheSourceRow: the source row of a stored block,
+// found among the engine's regions, is compared with the peer's copy; a
+// block whose bytes no row holds and a block the store does not know are
+// not sampled, and a sampler of one node (nil) samples nothing.
+func TestStoreSamplerSamplesTheSourceRow(t *testing.T) {
+	var single *StoreSampler
+	if err := single.Sample(context.Background(), "a"); err != nil {
+		t.Fatalf("one node's sampler: %v", err)
+	}
+	path := shmFile(t, testRows*testRowBytes)
+	set, err := shm.NewSet(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	set.Refresh()
+	regions := NewRegions(set)
+	defer regions.Close()
+	local, err := regions.Local(testRowBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerRegion := shmRegion(t, testRows, testRowBytes)
+	peer := startNode(t, peerRegion, ModeAuto)
+	node := startNode(t, local, ModeAuto, peer.Addr().String())
+	waitFor(t, "peer up", node.mirror.Healthy)
+	fillHalf(local.Row(2), 2)
+	fillHalf(peerRegion.Row(2), 2)
+	elsewhere := bytes.Repeat([]byte{7}, testRowBytes)
+	s := NewStoreSampler(node, digestMap{"a": block.DigestOf(local.Row(2)), "elsewhere": block.DigestOf(elsewhere)}, set, regions)
+	if err := s.Sample(context.Background(), "unknown"); err != nil {
+		t.Fatalf("a block the store does not know: %v", err)
+	}
+	if err := s.Sample(context.Background(), "elsewhere"); !errors.Is(err, ErrSourceRowNotFound) {
+		t.Fatalf("a block no row holds: %v, want ErrSourceRowNotFound", err)
+	}
+	if got := node.gate.Snapshot().Samples; got != 0 {
+		t.Fatalf("%d samples before a source row was found", got)
+	}
+	if err := s.Sample(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if g := node.gate.Snapshot(); g.Samples != 1 || g.Mismatches != 0 {
+		t.Fatalf("after one identical row: %d samples, %d mismatches; want 1, 0", g.Samples, g.Mismatches)
 	}
 }
