@@ -306,9 +306,6 @@ func (m *Mapped) Release() {
 	s.mu.Lock()
 	m.refs--
 	unused := m.refs == 0 && m.cached == nil
-	if unused && m.b.draining == m {
-		m.b.draining = nil
-	}
 	if m.refs == 0 && m.cached != nil {
 		// One whose lease broke while it was served (uncacheLocked
 		// closes it) and any past the bound.
@@ -334,8 +331,6 @@ func (s *Store) uncacheLocked(m *Mapped) {
 	m.b.mapped = nil
 	if m.refs == 0 {
 		go m.close()
-	} else {
-		m.b.draining = m
 	}
 }
 

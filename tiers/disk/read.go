@@ -152,15 +152,12 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 func (s *Store) openPinned(b *entry) (*os.File, error) {
 	s.mu.Lock()
 	m := b.mapped
-	if m == nil {
-		m = b.draining
-	}
 	s.mu.Unlock()
 	if m != nil && m.lease == unix.F_WRLCK {
 		// An O_PATH open, which leaves leases alone.
 		st, err := s.Lstat(b.rel)
 		s.mu.Lock()
-		if (b.mapped == m || b.draining == m) && err == nil && (fileID{st.Dev, st.Ino}) == m.id {
+		if b.mapped == m && err == nil && (fileID{st.Dev, st.Ino}) == m.id {
 			dup, err := unix.FcntlInt(m.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 			s.mu.Unlock()
 			if err != nil {

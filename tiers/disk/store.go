@@ -108,11 +108,6 @@ type entry struct {
 	proof *proof
 	// mapped is the block's proven mapping kept between loads (mapped.go).
 	mapped *Mapped
-	// draining is a mapping no longer kept (its lease broke) while loads
-	// still serve it: its lease, the daemon's own, still holds the file, so
-	// a new load of the block takes a duplicate of its descriptor
-	// (openPinned) instead of an open that would wait on that lease.
-	draining *Mapped
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
