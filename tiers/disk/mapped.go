@@ -314,6 +314,9 @@ func (m *Mapped) Release() {
 		}
 		s.trimMappedLocked()
 	}
+	if unused && m.b.draining == m {
+		m.b.draining = nil
+	}
 	s.mu.Unlock()
 	if unused {
 		m.close()
@@ -329,8 +332,11 @@ func (s *Store) uncacheLocked(m *Mapped) {
 	s.mapped.Remove(m.cached)
 	m.cached = nil
 	m.b.mapped = nil
-	if m.refs == 0 {
+	switch {
+	case m.refs == 0:
 		go m.close()
+	case m.lease == unix.F_WRLCK:
+		m.b.draining = m
 	}
 }
 

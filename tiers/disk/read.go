@@ -146,18 +146,25 @@ func (s *Store) PinBlock(rel string) (*Reader, error) {
 
 // openPinned opens a block's file for PinBlock: a duplicate of the
 // descriptor of its mapping kept under its store's write lease, which any
-// open of the file (the daemon's too) would break, else the file by its name.
-// A name that holds another file by now (the engine's uid replaced it in
-// the store) drops the kept mapping, so the load opens and checks that file.
+// open of the file (the daemon's too) would break, or of such a mapping no
+// longer kept whose lease is being broken but which a load still serves
+// (entry.draining: an open would wait for that load's end; the load given
+// its descriptor cannot map it under a read lease and copies and checks
+// the file), else the file by its name. A name that holds another file by
+// now (the engine's uid replaced it in the store) drops the kept mapping,
+// so the load opens and checks that file.
 func (s *Store) openPinned(b *entry) (*os.File, error) {
 	s.mu.Lock()
 	m := b.mapped
+	if m == nil {
+		m = b.draining
+	}
 	s.mu.Unlock()
 	if m != nil && m.lease == unix.F_WRLCK {
 		// An O_PATH open, which leaves leases alone.
 		st, err := s.Lstat(b.rel)
 		s.mu.Lock()
-		if b.mapped == m && err == nil && (fileID{st.Dev, st.Ino}) == m.id {
+		if (b.mapped == m || b.draining == m) && err == nil && (fileID{st.Dev, st.Ino}) == m.id {
 			dup, err := unix.FcntlInt(m.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 			s.mu.Unlock()
 			if err != nil {

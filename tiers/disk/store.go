@@ -108,6 +108,11 @@ type entry struct {
 	proof *proof
 	// mapped is the block's proven mapping kept between loads (mapped.go).
 	mapped *Mapped
+	// draining is a mapping kept from the block's store under its write
+	// lease that is no longer kept but still served: until its last
+	// Release its descriptor is the only way to open the file that does
+	// not wait on that lease (Store.openPinned).
+	draining *Mapped
 }
 
 // prefix is a request's prefix as one engine thread looked it up, in order: eviction
