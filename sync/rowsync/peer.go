@@ -564,14 +564,17 @@ func (p *peer) setLink(ctx context.Context, l *link) {
 	p.changed()
 }
 
-// dropLink forgets the failed link l.
+// dropLink forgets the failed link l and marks the peer down.
 func (p *peer) dropLink(l *link) {
 	p.mu.Lock()
 	if p.link == l {
 		p.link = nil
 	}
+	// In the same critical section: a peer without a link and still
+	// marked up read as up (snapshot, Healthy) while current failed.
+	p.state, p.lastErr = StateDown, l.failure().Error()
 	p.mu.Unlock()
-	p.setDown(l.failure())
+	p.changed()
 }
 
 // setDown records a failure.
