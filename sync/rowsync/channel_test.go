@@ -218,11 +218,13 @@ func mitmCase(t *testing.T, toServer, toClient tamper) (s *Server, m *Mirror, be
 
 // The first bytes of each direction are the handshake; these offsets land
 // well inside the first row (the client's direction) and inside the first
-// acknowledgement's record (the server's: past its handshake message, an
-// ephemeral key and the sealed Welcome, and the record's length).
+// row's acknowledgement's record (the server's: past its handshake message,
+// an ephemeral key and the sealed Welcome, the record answering the
+// connection's fence (connect), and the record's length).
 var (
 	rowByteOffset int64 = 20000
-	ackByteOffset       = int64(2+32+len(Encode(&Welcome{}))+tagBytes) + 2 + 10
+	fenceAck            = Encode(&Ack{Err: fmt.Sprintf("geometry mismatch: sender has rows of 1 bytes, receiver rows of %d bytes", testRowBytes)})
+	ackByteOffset       = int64(2+32+len(Encode(&Welcome{}))+tagBytes) + int64(2+len(fenceAck)+tagBytes) + 2 + 10
 )
 
 func TestManInTheMiddleChangesRow(t *testing.T) {

@@ -205,7 +205,11 @@ func lyingPeer(t *testing.T) string {
 					if err != nil {
 						return
 					}
-					w := msg.(*RowWrite)
+					w, ok := msg.(*RowWrite)
+					if !ok { // the connection's fence (connect)
+						ch.writeMessage(&Ack{Seq: msg.(*StoreSample).Seq})
+						continue
+					}
 					crc := block.CRC32C(applyExtents(w.RowBytes, w.Extents))
 					ch.writeMessage(&Ack{Seq: w.Seq, Row: w.Row, CRC: crc ^ 1})
 				}
@@ -246,7 +250,8 @@ func TestMirrorGeometryMismatch(t *testing.T) {
 }
 
 func TestMirrorSlowPeer(t *testing.T) {
-	// A peer that authenticates and then never answers.
+	// A peer that authenticates, answers its connections' first request
+	// (their fence, connect) and then never answers.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +270,14 @@ func TestMirrorSlowPeer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if _, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()}); err == nil {
+			ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()})
+			if err == nil {
+				_, err = ch.readFrame(nil, maxRequestFrame)
+			}
+			if err == nil {
+				err = ch.writeMessage(&Ack{})
+			}
+			if err == nil {
 				conns <- conn
 			}
 		}

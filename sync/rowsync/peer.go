@@ -7,6 +7,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -502,6 +503,9 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	ch, welcome, err := clientHandshake(conn, p.psk, p.node, p.session)
+	if err == nil {
+		err = fence(conn, ch)
+	}
 	if !stop() {
 		return nil, ctx.Err()
 	}
@@ -510,6 +514,38 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		return nil, err
 	}
 	return &link{conn: conn, ch: ch, peerList: welcome.PeerList, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
+}
+
+// fence waits, after the handshake, until the peer's Server serves this
+// connection: it answers a request only once it has taken the lane's session
+// over, which waits for the last commit of the session's previous
+// connection (Server.takeSession). Such a commit may be of a row whose load
+// already failed at the deadline; were the lane up before it is over, the
+// engine's next use of that row, mirrored over another lane, could be
+// overwritten by it (DESIGN "Lanes"). The request is a store sample of a
+// region of one row of one byte, a geometry no node has: the Server answers
+// it with an error and notes it nowhere.
+func fence(conn net.Conn, ch *channel) error {
+	conn.SetDeadline(time.Now().Add(handshakeTimeout))
+	defer conn.SetDeadline(time.Time{})
+	if err := ch.writeMessage(&StoreSample{Rows: 1, RowBytes: 1}); err != nil {
+		return err
+	}
+	frame, err := ch.readFrame(nil, maxAckFrame)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("the peer did not start serving this connection within %s: a stopped or hung daemon, or one still writing a row of this lane's previous connection", handshakeTimeout)
+	}
+	if err != nil {
+		return err
+	}
+	msg, err := Decode(frame)
+	if err != nil {
+		return err
+	}
+	if ack, ok := msg.(*Ack); !ok || ack.Seq != 0 {
+		return fmt.Errorf("%w: the peer answered the connection's first request with message type %d", ErrBadFrame, msg.messageType())
+	}
+	return nil
 }
 
 // setLink makes l the peer's connection, unless the Mirror closed meanwhile.
@@ -528,14 +564,17 @@ func (p *peer) setLink(ctx context.Context, l *link) {
 	p.changed()
 }
 
-// dropLink forgets the failed link l.
+// dropLink forgets the failed link l and marks the peer down.
 func (p *peer) dropLink(l *link) {
 	p.mu.Lock()
 	if p.link == l {
 		p.link = nil
 	}
+	// In the same critical section: a peer without a link and still
+	// marked up read as up (snapshot, Healthy) while current failed.
+	p.state, p.lastErr = StateDown, l.failure().Error()
 	p.mu.Unlock()
-	p.setDown(l.failure())
+	p.changed()
 }
 
 // setDown records a failure.

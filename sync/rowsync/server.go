@@ -327,6 +327,10 @@ func (s *Server) serve(conn net.Conn) {
 	}
 }
 
+// commitRow writes a received row into the region (rowCommit.commit); tests
+// replace it to hold a commit.
+var commitRow = (*rowCommit).commit
+
 // receiveRow reads a RowWrite of bodyLen bytes from ch into *buf (grown to
 // the row size when too small) and, once the whole frame has arrived, writes
 // the row. The acknowledgement carries the CRC32C of the bytes written, summed
@@ -359,7 +363,7 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 		ack.Err = refused.Error()
 		return ack, nil
 	}
-	dest.commit(w.Extents)
+	commitRow(dest, w.Extents)
 	ack.CRC = crc ^ ackCRCFlip
 	return ack, nil
 }
