@@ -460,7 +460,7 @@ func (l *Load) Read(ctx context.Context, off int64, n int) ([]byte, error) {
 // tells every reply whose bytes could have changed (the writer waits in the
 // kernel for the lease, lease-break-time after the break began).
 func (l *Load) stillInPlaceLocked() error {
-	if l.mapped == nil || l.err != nil || l.mapped.Held() {
+	if l.mapped == nil || l.err != nil || l.mapped.KeepsWritersOut() {
 		return l.err
 	}
 	l.loads.Counters.Refused.Add(1)

@@ -153,6 +153,18 @@ func (m *Mapped) ProvenAtStore() bool { return m.atStore }
 // at least lease-break-time after the first false.
 func (m *Mapped) Held() bool { return leaseHeld(m.file, m.lease) }
 
+// KeepsWritersOut reports whether no one can change the mapped bytes yet: the
+// lease is held, or it is a write lease kept from the block's store that an
+// open for reading is breaking (F_GETLEASE reads F_RDLCK: a read lease, which
+// an open for writing or a truncate must break in turn, to F_UNLCK). So a
+// reader of the store file (a backup) waits for the loads that serve the
+// mapping instead of failing them; the mapping is no longer kept for later
+// loads once the break began (Held is false).
+func (m *Mapped) KeepsWritersOut() bool {
+	lease, err := unix.FcntlInt(m.file.Fd(), unix.F_GETLEASE, 0)
+	return err == nil && (lease == m.lease || m.lease == unix.F_WRLCK && lease == unix.F_RDLCK)
+}
+
 // leaseHeld reports whether f holds a lease of that kind with no break begun
 // (F_GETLEASE reads the kind a break would leave).
 func leaseHeld(f *os.File, kind int) bool {

@@ -74,3 +74,44 @@ func TestLoadWhileABrokenStoredLeaseIsServed(t *testing.T) {
 		t.Errorf("the second load: %v", loaded)
 	}
 }
+
+// TestReaderOfAStoreFileLeavesItsServedLoad: an open for reading of a block
+// file kept mapped from its store (a backup reading the store) breaks the
+// write lease only to a read lease: the load serving the mapping may go on,
+// for writers are still kept out, and the mapping is kept no longer. An
+// open for writing that follows turns the break into one to no lease, and
+// the load may serve no more.
+func TestReaderOfAStoreFileLeavesItsServedLoad(t *testing.T) {
+	s := openMemoryStore(t)
+	rel, data := blockRel("t", 0, hashHex(2, 64)), pageData(2, 64)
+	putBlock(t, s, rel, data)
+	r, err := s.PinBlock(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m, ok := r.Map()
+	if !ok || !m.ProvenAtStore() {
+		t.Fatalf("no mapping kept from the store (%v)", ok)
+	}
+	reader := exec.Command("cat", s.Path(rel))
+	if err := reader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reader's break", func() bool { return !m.Held() })
+	if !m.KeepsWritersOut() {
+		t.Fatal("a reader's open fails the load that serves the mapping")
+	}
+	writer := exec.Command("sh", "-c", `exec 3>>"$0"`, s.Path(rel))
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the writer's break", func() bool { return !m.KeepsWritersOut() })
+	m.Release()
+	if err := reader.Wait(); err != nil {
+		t.Errorf("the reader: %v", err)
+	}
+	if err := writer.Wait(); err != nil {
+		t.Errorf("the writer: %v", err)
+	}
+}
