@@ -26,19 +26,25 @@ const connectionsDir = "/sys/fs/fuse/connections"
 
 // connectionOf names the FUSE connection mounted at mountpoint: the kernel's
 // dev_t of the mount (major<<20 | minor), from this namespace's mount table,
-// so that the daemon never touches its own mount to learn it.
-func connectionOf(mountpoint string) (string, error) {
-	abs, err := filepath.Abs(mountpoint)
-	if err != nil {
-		return "", err
+// so that the daemon never touches its own mount to learn it. A path the
+// kernel named (resolved) is looked up as it is: resolving its
+// components again would follow a link an ancestor's owner swapped in since,
+// to another FUSE mount, whose connection the shutdown would then abort.
+func connectionOf(mountpoint string, resolved bool) (string, error) {
+	abs := mountpoint
+	if !resolved {
+		var err error
+		if abs, err = filepath.Abs(mountpoint); err != nil {
+			return "", err
+		}
+		// The mount table holds the real path; resolving the mountpoint
+		// itself would ask this daemon.
+		parent, err := filepath.EvalSymlinks(filepath.Dir(abs))
+		if err != nil {
+			return "", err
+		}
+		abs = filepath.Join(parent, filepath.Base(abs))
 	}
-	// The mount table holds the real path; resolving the mountpoint itself
-	// would ask this daemon.
-	parent, err := filepath.EvalSymlinks(filepath.Dir(abs))
-	if err != nil {
-		return "", err
-	}
-	abs = filepath.Join(parent, filepath.Base(abs))
 	mounts, err := mountinfo.Read("self")
 	if err != nil {
 		return "", err

@@ -427,16 +427,17 @@ func (f *FS) watchRegions() {
 // Unmount unmounts the filesystem; it fails with EBUSY while files are open.
 func (f *FS) Unmount() error { return f.server.Unmount() }
 
-// mountedAt is the mountpoint's path: the opened directory's where the
-// mount was made onto it.
-func (f *FS) mountedAt() string {
+// mountedAt is the mountpoint's path. Where the mount was made onto the
+// opened directory it is the kernel's name of that directory (resolved is
+// true: no component of it is resolved again), else the path as given.
+func (f *FS) mountedAt() (at string, resolved bool) {
 	if f.target == f.mountpoint {
-		return f.mountpoint
+		return f.mountpoint, false
 	}
 	if at, err := os.Readlink(f.target); err == nil {
-		return at
+		return at, true
 	}
-	return f.mountpoint
+	return f.mountpoint, false
 }
 
 // Detach unmounts the filesystem lazily (MNT_DETACH): it leaves the
