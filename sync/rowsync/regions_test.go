@@ -65,23 +65,7 @@ func TestReplacedRegionIsUnmapped(t *testing.T) {
 // LoadMirror, and a row found in a region file the engine has since
 // recreated is refused, the peer's row left as it was.
 func TestLoadMirrorWritesThePeersRow(t *testing.T) {
-	path := shmFile(t, testRows*testRowBytes)
-	set, err := shm.NewSet(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	set.Refresh()
-	regions := NewRegions(set)
-	defer regions.Close()
-	local, err := regions.Local(testRowBytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peerRegion := shmRegion(t, testRows, testRowBytes)
-	peer := startNode(t, peerRegion, ModeOn)
-	node := startNode(t, local, ModeOn, peer.Addr().String())
-	waitFor(t, "peer up", node.mirror.Healthy)
+	path, set, regions, local, peerRegion, node := twoNodes(t, ModeOn)
 	mirror := NewLoadMirror(node, regions)
 	if !mirror.Mirrors() {
 		t.Fatal("a node with a peer does not mirror its loads")
@@ -131,23 +115,7 @@ func TestStoreSamplerSamplesTheSourceRow(t *testing.T) {
 	if err := single.Sample(context.Background(), "a"); err != nil {
 		t.Fatalf("one node's sampler: %v", err)
 	}
-	path := shmFile(t, testRows*testRowBytes)
-	set, err := shm.NewSet(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	set.Refresh()
-	regions := NewRegions(set)
-	defer regions.Close()
-	local, err := regions.Local(testRowBytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peerRegion := shmRegion(t, testRows, testRowBytes)
-	peer := startNode(t, peerRegion, ModeAuto)
-	node := startNode(t, local, ModeAuto, peer.Addr().String())
-	waitFor(t, "peer up", node.mirror.Healthy)
+	_, set, regions, local, peerRegion, node := twoNodes(t, ModeAuto)
 	fillHalf(local.Row(2), 2)
 	fillHalf(peerRegion.Row(2), 2)
 	elsewhere := bytes.Repeat([]byte{7}, testRowBytes)
@@ -167,4 +135,28 @@ func TestStoreSamplerSamplesTheSourceRow(t *testing.T) {
 	if g := node.gate.Snapshot(); g.Samples != 1 || g.Mismatches != 0 {
 		t.Fatalf("after one identical row: %d samples, %d mismatches; want 1, 0", g.Samples, g.Mismatches)
 	}
+}
+
+// twoNodes starts a node over the region file at path (in the shm set,
+// mapped by regions, its rows local) with one peer over peerRegion, both in
+// mode, and waits for the peer to be up.
+func twoNodes(t *testing.T, mode Mode) (path string, set *shm.Set, regions *Regions, local, peerRegion *Region, node *Node) {
+	t.Helper()
+	path = shmFile(t, testRows*testRowBytes)
+	set, err := shm.NewSet(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	set.Refresh()
+	regions = NewRegions(set)
+	t.Cleanup(regions.Close)
+	if local, err = regions.Local(testRowBytes); err != nil {
+		t.Fatal(err)
+	}
+	peerRegion = shmRegion(t, testRows, testRowBytes)
+	peer := startNode(t, peerRegion, mode)
+	node = startNode(t, local, mode, peer.Addr().String())
+	waitFor(t, "peer up", node.mirror.Healthy)
+	return path, set, regions, local, peerRegion, node
 }
