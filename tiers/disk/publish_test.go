@@ -196,8 +196,9 @@ func TestLoadWaitsForTheProof(t *testing.T) {
 			close(pinned)
 			return
 		}
-		pinned <- r.Digest()
-		r.Close()
+		d := r.Digest()
+		r.Close() // before the test's accounting check
+		pinned <- d
 	}()
 	s.prove(tmp, b)
 	if d := <-pinned; d.CRC != crcOf(data) || d.Size != int64(len(data)) {
