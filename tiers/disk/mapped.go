@@ -81,27 +81,14 @@ func (r *Reader) Map() (m *Mapped, ok bool) {
 	if !s.inMemory || size == 0 {
 		return nil, false
 	}
-	dup, err := unix.FcntlInt(r.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, false
-	}
-	f := os.NewFile(uintptr(dup), r.file.Name())
-	s.watchLeaseBreaks()
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
-		f.Close()
+	f := s.leaseOn(r.file, unix.F_RDLCK)
+	if f == nil {
 		return nil, false
 	}
 	// Sized under the lease: a file of another size goes to ReadInto,
-	// which drops it as corrupt. A sparse file (the zero pages of a row
-	// left as holes) is copied too: a fault of a shared mapping on tmpfs
-	// allocates its holes, which would grow the store past its accounting.
-	n, physical, err := fileSize(f)
-	if err != nil || n != int64(size) || physical < int64(roundUpToPage(size)) {
-		f.Close()
-		return nil, false
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
+	// which drops it as corrupt; a sparse one is copied.
+	data := mapLeased(f, int64(size))
+	if data == nil {
 		f.Close()
 		return nil, false
 	}
@@ -151,7 +138,7 @@ func (m *Mapped) ProvenAtStore() bool { return m.atStore }
 // has since opened the file for writing (a write lease: at all) or truncated
 // it, so the mapped bytes are still those that were proven, and stay so for
 // at least lease-break-time after the first false.
-func (m *Mapped) Held() bool { return leaseHeld(m.file, m.lease) }
+func (m *Mapped) Held() bool { return leaseOf(m.file) == m.lease }
 
 // KeepsWritersOut reports whether no one can change the mapped bytes yet: the
 // lease is held, or it is a write lease kept from the block's store that an
@@ -161,15 +148,34 @@ func (m *Mapped) Held() bool { return leaseHeld(m.file, m.lease) }
 // mapping instead of failing them; the mapping is no longer kept for later
 // loads once the break began (Held is false).
 func (m *Mapped) KeepsWritersOut() bool {
-	lease, err := unix.FcntlInt(m.file.Fd(), unix.F_GETLEASE, 0)
-	return err == nil && (lease == m.lease || m.lease == unix.F_WRLCK && lease == unix.F_RDLCK)
+	lease := leaseOf(m.file)
+	return lease == m.lease || m.lease == unix.F_WRLCK && lease == unix.F_RDLCK
 }
 
-// leaseHeld reports whether f holds a lease of that kind with no break begun
-// (F_GETLEASE reads the kind a break would leave).
-func leaseHeld(f *os.File, kind int) bool {
+// leaseOf is the lease f holds (F_GETLEASE): the kind a break would leave
+// once one began, F_UNLCK for none.
+func leaseOf(f *os.File) int {
 	lease, err := unix.FcntlInt(f.Fd(), unix.F_GETLEASE, 0)
-	return err == nil && lease == kind
+	if err != nil {
+		return unix.F_UNLCK
+	}
+	return lease
+}
+
+// leaseOn takes a lease of kind on a new duplicate of f's descriptor, which
+// it returns; nil where the kernel refuses it.
+func (s *Store) leaseOn(f *os.File, kind int) *os.File {
+	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	lease := os.NewFile(uintptr(dup), f.Name())
+	s.watchLeaseBreaks()
+	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, kind); err != nil {
+		lease.Close()
+		return nil
+	}
+	return lease
 }
 
 // leaseTmp takes a write lease for a new tmp of a store in memory, on a
@@ -182,17 +188,7 @@ func (s *Store) leaseTmp(f *os.File) *os.File {
 	if !s.inMemory {
 		return nil
 	}
-	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil
-	}
-	lease := os.NewFile(uintptr(dup), f.Name())
-	s.watchLeaseBreaks()
-	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_WRLCK); err != nil {
-		lease.Close()
-		return nil
-	}
-	return lease
+	return s.leaseOn(f, unix.F_WRLCK)
 }
 
 // giveBackLeaseLocked ends a tmp's lease, so that an open that broke it goes
@@ -206,12 +202,13 @@ func (t *tmpFile) giveBackLeaseLocked() {
 	t.lease = nil
 }
 
-// mapStored maps the file of a block about to be proven from a tmp that
-// holds a lease on it (tmpFile.lease), for keepStoredLocked; nil where the
-// file is not the block's size or is sparse (a fault of a shared mapping on
-// tmpfs allocates its holes), which loads then map or copy and check as any
-// other.
-func mapStored(lease *os.File, size int64) []byte {
+// mapLeased maps a block's file of size bytes read-only through lease, a
+// descriptor holding a lease on it (a load's, or a tmp's for
+// keepStoredLocked); nil where the file is not the block's size or is
+// sparse (a fault of a shared mapping on tmpfs allocates its holes, which
+// would grow the store past its accounting), which loads then copy and
+// check.
+func mapLeased(lease *os.File, size int64) []byte {
 	n, physical, err := fileSize(lease)
 	if err != nil || n != size || size == 0 || physical < int64(roundUpToPage(int(size))) {
 		return nil
@@ -226,7 +223,7 @@ func mapStored(lease *os.File, size int64) []byte {
 // keepStoredLocked keeps a proven block mapped from its store (data) under
 // its tmp's lease, if that lease still holds: the write lease held since the
 // tmp's creation (written through the daemon: the bytes mapped are those
-// the daemon wrote and summed into the block's digest, from mapStored), or
+// the daemon wrote and summed into the block's digest, from mapLeased), or
 // the read lease a passthrough tmp's proof summed the file under
 // (sealInMemory). It reports whether it kept it, taking the lease from the
 // tmp. The caller holds s.mu.
@@ -301,13 +298,22 @@ func (r *Reader) VerifyMapped(m *Mapped, proven func(prefix int)) error {
 // the mapping (possible only once a lease break outlasted lease-break-time)
 // is an error, not a crash.
 func sumMapped(b []byte) (crc uint32, err error) {
+	err = faultsAsEIO(func() { crc = block.CRC32C(b) })
+	return crc, err
+}
+
+// faultsAsEIO runs read, which reads a mapped file: a fault there (the file
+// cut short under the mapping) fails it with EIO instead of crashing the
+// daemon.
+func faultsAsEIO(read func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("file cut short while being checked: %v: %w", r, syscall.EIO)
 		}
 	}()
-	return block.CRC32C(b), nil
+	read()
+	return nil
 }
 
 // Release ends a load's use of the mapping. One no longer kept (never
@@ -400,7 +406,7 @@ func (s *Store) dropBrokenLeases() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, t := range s.tmps {
-		if t.lease != nil && !leaseHeld(t.lease, unix.F_WRLCK) {
+		if t.lease != nil && leaseOf(t.lease) != unix.F_WRLCK {
 			t.giveBackLeaseLocked()
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -339,17 +338,11 @@ func (s *Store) readOnlyInMemory(t *tmpFile) {
 // sparse (a fault of a shared mapping allocates its holes): the row is then
 // found as on a disk. The caller holds t.mu.
 func (s *Store) sealInMemory(t *tmpFile, f *os.File) (row shm.WrittenRow, ok bool, err error) {
-	dup, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
+	lease := s.leaseOn(f, unix.F_RDLCK)
+	if lease == nil {
 		return row, false, nil
 	}
-	lease := os.NewFile(uintptr(dup), f.Name())
-	s.watchLeaseBreaks()
-	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
-		lease.Close()
-		return row, false, nil
-	}
-	data := mapStored(lease, t.size)
+	data := mapLeased(lease, t.size)
 	if data == nil {
 		s.mu.Lock()
 		t.lease = lease
@@ -376,13 +369,8 @@ func (s *Store) sealInMemory(t *tmpFile, f *os.File) (row shm.WrittenRow, ok boo
 // mapping (possible only once a lease break outlasted lease-break-time) is
 // an error, not a crash.
 func scanMapped(data []byte) (row shm.WrittenRow, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("file cut short while being checked: %v: %w", r, syscall.EIO)
-		}
-	}()
-	return shm.ScanRow(data), nil
+	err = faultsAsEIO(func() { row = shm.ScanRow(data) })
+	return row, err
 }
 
 // readRun reads a run of up to verifyPages whole pages at a random place in

@@ -578,7 +578,7 @@ func (t *tmpFile) storedMapping(size int64) []byte {
 	stored := t.leaseMap
 	t.leaseMap = nil
 	if stored == nil && t.lease != nil {
-		stored = mapStored(t.lease, size)
+		stored = mapLeased(t.lease, size)
 	}
 	return stored
 }
