@@ -471,12 +471,20 @@ func TestBurstsLeaveFewReaders(t *testing.T) {
 	if got := d.Stats().Counters.Lookups - before; got != threads*keys {
 		t.Fatalf("%d absent keys reached the daemon %d times, want once each", threads*keys, got)
 	}
-	readers, err := daemon.FuseReaders(d.Pid())
-	if err != nil {
-		t.Fatal(err)
-	}
 	// go-fuse's least bound is 2 idle readers, and one more may be reading.
-	if readers < 1 || readers > 3 {
-		t.Fatalf("after a burst of %d threads %d daemon threads wait on /dev/fuse, want 1 to 3", threads, readers)
+	// A reader between its reply and its next read is not counted, so the
+	// count is sampled until it settles; 32 idle readers never settle there.
+	var readers int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if readers, err = daemon.FuseReaders(d.Pid()); err != nil {
+			t.Fatal(err)
+		}
+		if readers >= 1 && readers <= 3 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a burst of %d threads %d daemon threads wait on /dev/fuse for 10 s, want 1 to 3", threads, readers)
+		}
 	}
 }
