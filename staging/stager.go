@@ -143,7 +143,7 @@ type Stager struct {
 	used     int64  // staged bytes plus reservations of queued and fetching entries
 	peakUsed int64  // highest used so far
 	staged   int64  // bytes of staged entries
-	counters Stats  // Waves, Hits, Misses and WastedBytes
+	counters Stats  // Waves, Hits, Misses, Late and WastedBytes
 	lastRun  uint64 // id of the newest lookup batch
 	// chainUses numbers the uses of chains (present lookups, stores, reads):
 	// chain.lastUsed orders them for forgetIdleChainsLocked.
@@ -351,9 +351,14 @@ func (s *Stager) Take(key block.Ref) ([]byte, bool) {
 			// A queued fetch is cancelled: the caller reads the block itself.
 			s.dropLocked(e, false)
 		}
-		if held != nil {
+		switch {
+		case held != nil:
 			s.counters.Hits++
-		} else {
+		case e != nil:
+			// Queued: the wave was foreseen, its fetch not started yet.
+			s.counters.Misses++
+			s.counters.Late++
+		default:
 			s.counters.Misses++
 		}
 		s.noteReadLocked(id, key)
@@ -408,6 +413,7 @@ type Stats struct {
 	Waves       int64
 	Hits        int64
 	Misses      int64
+	Late        int64
 	WastedBytes int64
 }
 

@@ -762,3 +762,33 @@ func TestFetchesFillTheEnginesIdleTime(t *testing.T) {
 		t.Fatal("no fetch started once the engine's load ended")
 	}
 }
+
+// TestTakeOfAQueuedBlockIsLate: a load of a block whose fetch is queued
+// behind a busy store counts as a miss staging foresaw too late; a load of a
+// block nobody foresaw is a miss alone.
+func TestTakeOfAQueuedBlockIsLate(t *testing.T) {
+	f := newFakeStore(100)
+	f.started, f.gate = make(chan block.Ref, 8), make(chan struct{})
+	s := newTestStager(t, f.fetch, Options{Budget: 1 << 20, WaveBlocks: 4, QueueDepth: 1, IdleQueueDepth: 1})
+	t.Cleanup(func() { close(f.gate) }) // runs before s.Close: no fetch stays blocked
+	keys := chunkKeys(tierA, 0, 6)
+	lookUp(s, 1, keys...)
+	if _, ok := s.Take(keys[0]); ok {
+		t.Fatal("first Take hit")
+	}
+	if got := <-f.started; got != keys[1] {
+		t.Fatalf("fetch of %s started, want %s", got, keys[1])
+	}
+	// The first fetch runs alone to learn the block size; then keys[2]'s
+	// holds the one slot and keys[3] waits in the queue.
+	f.gate <- struct{}{}
+	if got := <-f.started; got != keys[2] {
+		t.Fatalf("fetch of %s started, want %s", got, keys[2])
+	}
+	if _, ok := s.Take(keys[3]); ok {
+		t.Fatal("Take of a queued block hit")
+	}
+	if st := s.Stats(); st.Misses != 2 || st.Late != 1 {
+		t.Fatalf("misses %d, late %d; want 2 and 1 (the first load foresaw nothing)", st.Misses, st.Late)
+	}
+}

@@ -139,8 +139,8 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 		fmt.Fprintf(t, "  in place\t%d served from the store's mapped pages, %d of them kept mapped by an earlier load or their store, %d proven by their store\n", c.LoadsInPlace, c.LoadsRemapped, c.LoadsProvenAtStore)
 	}
 	if sg := st.Staging; sg != nil {
-		fmt.Fprintf(t, "staging\t%s staged of %s, %s streaming, %s, %d loads served from memory, %d not staged, %s wasted\n",
-			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), plural(int64(sg.Chains), "chain"), plural(sg.Waves, "wave"), sg.Hits, sg.Misses, formatBytes(sg.WastedBytes))
+		fmt.Fprintf(t, "staging\t%s staged of %s, %s streaming, %s, %d loads served from memory, %d not staged (%d queued, too late), %s wasted\n",
+			formatBytes(sg.Bytes), formatBytes(sg.BudgetBytes), plural(int64(sg.Chains), "chain"), plural(sg.Waves, "wave"), sg.Hits, sg.Misses, sg.Late, formatBytes(sg.WastedBytes))
 	}
 	if c.Matches > 0 {
 		fmt.Fprintf(t, "matches\t%d batched match requests\n", c.Matches)

@@ -194,6 +194,8 @@ var Metrics = []Metric{
 		func(s *Staging) int64 { return s.Hits }),
 	staged("staging.misses", "kvtierfs_staging_misses_total", "Loads of blocks that were not staged.", Counter,
 		func(s *Staging) int64 { return s.Misses }),
+	staged("staging.late", "kvtierfs_staging_late_total", "Loads of blocks queued for staging, not fetched yet.", Counter,
+		func(s *Staging) int64 { return s.Late }),
 	staged("staging.wasted_bytes", "kvtierfs_staging_wasted_bytes_total", "Bytes staged that never served a load.", Counter,
 		func(s *Staging) int64 { return s.WastedBytes }),
 

@@ -207,6 +207,9 @@ type Staging struct {
 	Hits int64 `json:"hits"`
 	// Misses counts loads (Take) of blocks that were not staged.
 	Misses int64 `json:"misses"`
+	// Late counts the misses of blocks queued for staging whose fetch had not
+	// started: staging foresaw the load but ran behind the engine.
+	Late int64 `json:"late"`
 	// WastedBytes counts bytes fetched for staging that never served a load:
 	// evicted, invalidated, discarded on arrival or left at Close.
 	WastedBytes int64 `json:"wasted_bytes"`

@@ -19,6 +19,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,15 +83,32 @@ func secretFile(t *testing.T) string {
 	return p
 }
 
-// freeAddr returns a loopback address with a port nothing listens on.
+// handedOut holds every address freeAddr returned in this test binary: the
+// kernel may hand a closed port 0 listener's port out again, and two daemons
+// of one group were once given the same --listen port.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// freeAddr returns a loopback address with a port nothing listens on, never
+// one it returned before.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func (n *node) mount(t *testing.T, store string, wrapper []string, args ...string) {
