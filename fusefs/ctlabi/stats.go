@@ -163,6 +163,10 @@ type Counters struct {
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
+	// HandshakesEvicted counts peer handshakes closed before they finished
+	// to make room at a flooded listener: this node's listener's, and this
+	// node's handshakes its peers' listeners closed.
+	HandshakesEvicted int64 `json:"handshakes_evicted"`
 	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
 	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
 	// ShmFaults regions dropped because they shrank under their mapping.
