@@ -128,7 +128,9 @@ type Counters struct {
 	WriteBytes       int64 `json:"write_bytes"`
 	ChecksumFailures int64 `json:"checksum_failures"`
 	NoSpace          int64 `json:"no_space"`
-	RejectedWrites   int64 `json:"rejected_writes"`
+	// RejectedWrites counts block writes refused for the caller's request
+	// (disk.Counters.RejectedWrites), not counted in StoreIOErrors.
+	RejectedWrites int64 `json:"rejected_writes"`
 	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
 	// where their bytes came from: read from the store while the load's
 	// reads are served, staged ahead, or copied from a row of the engine's
