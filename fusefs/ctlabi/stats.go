@@ -128,7 +128,9 @@ type Counters struct {
 	WriteBytes       int64 `json:"write_bytes"`
 	ChecksumFailures int64 `json:"checksum_failures"`
 	NoSpace          int64 `json:"no_space"`
-	RejectedWrites   int64 `json:"rejected_writes"`
+	// RejectedWrites counts block writes refused for the caller's request
+	// (disk.Counters.RejectedWrites), not counted in StoreIOErrors.
+	RejectedWrites int64 `json:"rejected_writes"`
 	// LoadsFromStore, LoadsFromStaging and LoadsFromRow count loads by
 	// where their bytes came from: read from the store while the load's
 	// reads are served, staged ahead, or copied from a row of the engine's
@@ -163,6 +165,10 @@ type Counters struct {
 	// Matches counts batched match requests answered through .kvtier/match.
 	Matches      int64 `json:"matches"`
 	AuthFailures int64 `json:"auth_failures"`
+	// HandshakesEvicted counts peer handshakes closed before they finished
+	// to make room at a flooded listener: this node's listener's, and this
+	// node's handshakes its peers' listeners closed.
+	HandshakesEvicted int64 `json:"handshakes_evicted"`
 	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
 	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
 	// ShmFaults regions dropped because they shrank under their mapping.

@@ -325,3 +325,48 @@ func TestStoreShortWrites(t *testing.T) {
 		t.Fatal("the short write was not logged")
 	}
 }
+
+// TestEngineWritePastTheLargestFileIsNoDiskFault: the engine's uid writes a
+// block tmp at an offset past the largest file the store filesystem holds
+// (ext4's is at most 256 TiB; FUSE passes offsets up to 8 EiB), which the
+// store filesystem refuses with EFBIG. That is the engine's request, not a
+// failing disk: stat counts it in rejected_writes, and store_io_errors (and
+// its "check df, dmesg and smartctl" warning) stays clear.
+func TestEngineWritePastTheLargestFileIsNoDiskFault(t *testing.T) {
+	store, kind := smallFilesystem(t, 64)
+	if kind != "ext4" {
+		t.Skip("SKIP: no loop-device ext4 here, and tmpfs holds files as large as FUSE passes")
+	}
+	d := mounttest.Start(t, mounttest.Options{Store: store})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	path := tier.BlockPath(tierDir, 0, hashOf(1))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + "_17.tmp"
+	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillRow(region.Row(0), 1)
+	const writes = 3
+	for i := range writes {
+		if _, err := unix.Pwrite(fd, region.Row(0)[:4096], 1<<50+int64(i)<<20); !errors.Is(err, syscall.EFBIG) {
+			t.Fatalf("write at 1 PiB: %v, want EFBIG", err)
+		}
+	}
+	unix.Close(fd)
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	storeBlock(t, tier, region.Row(0), 2) // the store goes on
+	st := d.Stats()
+	if st.Counters.StoreIOErrors != 0 || hasWarning(st.Warnings, "store_io_errors") || st.Counters.RejectedWrites != writes {
+		t.Fatalf("after %d writes past the largest file: store_io_errors %d, rejected_writes %d, warnings %+v",
+			writes, st.Counters.StoreIOErrors, st.Counters.RejectedWrites, st.Warnings)
+	}
+	if !strings.Contains(d.Log(), "past the largest file the store filesystem holds") {
+		t.Error("the log does not say why the write was refused")
+	}
+}

@@ -33,6 +33,14 @@ import (
 // cannot send Ready. The prologue names the protocol and its version, so
 // nodes of another version fail the handshake.
 //
+// A server that ends a handshake before its Welcome answers, in the clear,
+// with a length no handshake message has: answerRefused for a refusal (the
+// secret, the version, the address), answerFlooded for a handshake it
+// closed to make room for others (Server.evictLocked). The client counts
+// only the first as an authentication failure; a connection that ends
+// without an answer is neither. An answer is unauthenticated, so anyone on
+// the path can forge one, as they can cut the connection: it only names why.
+//
 // The secret is shared by every node, so the handshake alone would not tell
 // the nodes apart: a relay could hand a node's own handshake back to it, or
 // steer a client meant for one peer to another. Identity and direction are
@@ -76,6 +84,34 @@ var cipherSuite = noise.NewCipherSuite(noise.DH25519, noise.CipherAESGCM, noise.
 // ErrAuth is wrapped by the errors of a failed handshake and of a record that
 // fails authentication.
 var ErrAuth = errors.New("rowsync: authentication failed")
+
+// ErrFlooded is wrapped by the error of a handshake the peer's listener
+// closed to make room for others (Server.evictLocked): its connections in
+// handshake were at their bound. It says nothing of the secret.
+var ErrFlooded = errors.New("rowsync: the peer closed this handshake to make room for others: its listener is flooded with connections that never finish a handshake (its log names their sources)")
+
+// A listener answers a handshake it ends before its Welcome with one of two
+// lengths no handshake message has, so that the client can tell a flood
+// from a refusal of its secret; a connection closed without either was cut
+// (or the peer is of a version before these answers).
+const (
+	answerFlooded = 0      // closed to make room (ErrFlooded)
+	answerRefused = 0xffff // refused: secret, version or address (ErrAuth)
+)
+
+// errAnswerFlooded and errAnswerRefused are what readHandshake returns for
+// those answers.
+var (
+	errAnswerFlooded = errors.New("answer: closed to make room")
+	errAnswerRefused = errors.New("answer: refused")
+)
+
+// errClosedEarly is a client's error when the listener closed the
+// connection before its Welcome without an answer.
+var errClosedEarly = errors.New("rowsync: the peer closed the connection before the handshake finished, without refusing it: the connection was cut or the daemon is stopping (or the daemon predates the answers to a handshake it ends, and its log says why)")
+
+// errEvicted ends a handshake the Server closed to make room for others.
+var errEvicted = errors.New("closed before its handshake finished, to make room for others: the connections in handshake were at their bound (a flood of connections that never finish one; the sources with the most go first)")
 
 // NodeID identifies one running node (its Mirror and Server) in handshakes.
 type NodeID [16]byte
@@ -184,11 +220,15 @@ func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*c
 		return nil, nil, err
 	}
 	if msg, err = readHandshake(conn); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, nil, fmt.Errorf("the peer accepted the connection but did not answer the handshake within %s: a stopped or hung daemon (or something else listening on its port)", handshakeTimeout)
-		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		switch {
+		case errors.Is(err, errAnswerFlooded):
+			err = ErrFlooded
+		case errors.Is(err, errAnswerRefused):
 			err = fmt.Errorf("%w: the peer ended the handshake: it refused this node (a wrong shared secret, another protocol version or a relayed connection; its log says which)", ErrAuth)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			err = fmt.Errorf("the peer accepted the connection but did not answer the handshake within %s: a stopped or hung daemon (or something else listening on its port)", handshakeTimeout)
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+			err = errClosedEarly // not ErrAuth: a refusal says so (answerRefused)
 		}
 		return nil, nil, err
 	}
@@ -213,32 +253,27 @@ func clientHandshake(conn net.Conn, psk []byte, self NodeID, session uint64) (*c
 // serverHandshake authenticates the client behind conn, proves the secret to
 // it and returns the channel and the client's Hello. welcome is this node's
 // answer. A Hello from this node itself is answered, so that its client
-// learns it reached itself, and then ended with errSelf.
-func serverHandshake(conn net.Conn, psk []byte, welcome *Welcome) (*channel, *Hello, error) {
+// learns it reached itself, and then ended with errSelf. evicted (nil:
+// never) reports whether the Server closed the handshake to make room; it is
+// asked with proven set once the Hello was sealed under the secret (and
+// notes that), and at a failure before the Welcome, whose answer to the
+// client (answerFlooded or answerRefused) it chooses.
+func serverHandshake(conn net.Conn, psk []byte, welcome *Welcome, evicted func(proven bool) bool) (*channel, *Hello, error) {
+	if evicted == nil {
+		evicted = func(bool) bool { return false }
+	}
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
-	hs, err := handshakeState(false, psk, nil)
+	hello, hs, err := serverHello(conn, psk, welcome, evicted)
 	if err != nil {
-		return nil, nil, err
-	}
-	msg, err := readHandshake(conn)
-	if err != nil {
-		return nil, nil, err
-	}
-	payload, _, _, err := hs.ReadMessage(nil, msg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: the client does not know the shared secret (or speaks another protocol version)", ErrAuth)
-	}
-	hello, err := decodeHandshake[*Hello](payload)
-	if err != nil {
+		answer := uint16(answerRefused)
+		if evicted(false) {
+			answer, err = answerFlooded, errEvicted
+		}
+		conn.Write(binary.BigEndian.AppendUint16(nil, answer)) // within the deadline; its error changes nothing
 		return nil, nil, err
 	}
 	fromSelf := hello.Node == welcome.Node
-	if !fromSelf {
-		if err := checkDialed(hello.To, conn.LocalAddr()); err != nil {
-			return nil, nil, err
-		}
-	}
 	msg, recv, send, err := hs.WriteMessage(nil, Encode(welcome))
 	if err != nil {
 		return nil, nil, err
@@ -258,6 +293,39 @@ func serverHandshake(conn net.Conn, psk []byte, welcome *Welcome) (*channel, *He
 		return nil, nil, err
 	}
 	return ch, hello, nil
+}
+
+// serverHello reads and checks the client's Hello; hs is the handshake it
+// leaves for the Welcome.
+func serverHello(conn net.Conn, psk []byte, welcome *Welcome, evicted func(proven bool) bool) (*Hello, *noise.HandshakeState, error) {
+	hs, err := handshakeState(false, psk, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	msg, err := readHandshake(conn)
+	if errors.Is(err, errAnswerFlooded) || errors.Is(err, errAnswerRefused) {
+		err = fmt.Errorf("%w: %w: a client sent a listener's answer", ErrAuth, ErrBadFrame)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	payload, _, _, err := hs.ReadMessage(nil, msg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: the client does not know the shared secret (or speaks another protocol version)", ErrAuth)
+	}
+	hello, err := decodeHandshake[*Hello](payload)
+	if err != nil {
+		return nil, nil, err
+	}
+	if hello.Node != welcome.Node {
+		if err := checkDialed(hello.To, conn.LocalAddr()); err != nil {
+			return nil, nil, err
+		}
+	}
+	if evicted(true) {
+		return nil, nil, errEvicted
+	}
+	return hello, hs, nil
 }
 
 // checkDialed refuses a Hello meant for another address than local, the one
@@ -291,7 +359,13 @@ func readHandshake(conn net.Conn) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %w", ErrAuth, err)
 	}
 	n := int(binary.BigEndian.Uint16(head[:]))
-	if n == 0 || n > maxHandshakeMessage {
+	switch n {
+	case answerFlooded:
+		return nil, errAnswerFlooded
+	case answerRefused:
+		return nil, errAnswerRefused
+	}
+	if n > maxHandshakeMessage {
 		return nil, fmt.Errorf("%w: %w: handshake message of %d bytes, limit %d", ErrAuth, ErrBadFrame, n, maxHandshakeMessage)
 	}
 	msg := make([]byte, n)

@@ -44,7 +44,7 @@ func handshake(t *testing.T, clientSecret, serverSecret []byte, clientNode, serv
 	var r handshakeResult
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		r.server, r.hello, r.serverErr = serverHandshake(rs, presharedKey(serverSecret), &Welcome{Node: serverNode})
+		r.server, r.hello, r.serverErr = serverHandshake(rs, presharedKey(serverSecret), &Welcome{Node: serverNode}, nil)
 		if r.serverErr != nil {
 			s.Close()
 		}
@@ -225,4 +225,47 @@ func TestHandshakeWithSilentPeer(t *testing.T) {
 		t.Fatalf("handshake with a silent peer: %v, want a hung peer, not an authentication failure", err)
 	}
 	(<-accepted).Close()
+}
+
+// TestHandshakeClosedToMakeRoom: a listener that closes a handshake to make
+// room for others (a flood) tells the client so, which is no authentication
+// failure; a refusal of the secret still is one, and a connection cut
+// before any answer is neither.
+func TestHandshakeClosedToMakeRoom(t *testing.T) {
+	for _, at := range []string{"before the Hello", "after the Hello"} {
+		c, s := net.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			defer s.Close()
+			evicted := at == "before the Hello"
+			_, _, err := serverHandshake(s, presharedKey(testSecret), &Welcome{Node: newNodeID()}, func(proven bool) bool {
+				evicted = evicted || proven // closed as its Hello was proven
+				return evicted
+			})
+			done <- err
+		}()
+		_, _, err := clientHandshake(c, presharedKey(testSecret), newNodeID(), 7)
+		c.Close()
+		if serr := <-done; !errors.Is(serr, errEvicted) {
+			t.Errorf("%s: server %v", at, serr)
+		}
+		if !errors.Is(err, ErrFlooded) || errors.Is(err, ErrAuth) {
+			t.Errorf("%s: client %v, want ErrFlooded and no authentication failure", at, err)
+		}
+	}
+
+	r := handshake(t, []byte("kvtier-test-another-secret-xyz"), testSecret, newNodeID(), newNodeID())
+	if !errors.Is(r.clientErr, ErrAuth) || errors.Is(r.clientErr, ErrFlooded) || !strings.Contains(r.clientErr.Error(), "it refused this node") {
+		t.Errorf("client with another secret: %v", r.clientErr)
+	}
+
+	c, s := net.Pipe()
+	go func() {
+		readHandshake(s)
+		s.Close()
+	}()
+	if _, _, err := clientHandshake(c, presharedKey(testSecret), newNodeID(), 7); !errors.Is(err, errClosedEarly) || errors.Is(err, ErrAuth) {
+		t.Errorf("client of a connection closed without an answer: %v", err)
+	}
+	c.Close()
 }

@@ -3,9 +3,11 @@ package rowsync
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -144,4 +146,157 @@ func TestLastRefusalsOfAFloodAreLogged(t *testing.T) {
 	}
 	n, all := counted()
 	t.Fatalf("%d handshakes refused, the log counts %d:\n%s", s.AuthFailures(), n, strings.Join(all, "\n"))
+}
+
+// floodSources is how many loopback addresses (127.0.0.2 on) the flood of
+// TestHandshakeFloodDoesNotKeepAPeerOut comes from, each keeping
+// floodConnsPerSource silent connections open and renewing them.
+const (
+	floodSources        = 32
+	floodConnsPerSource = 8
+)
+
+// floodListener opens silent connections to addr from floodSources loopback
+// addresses until the test ends, each source renewing its oldest as fast as
+// it can dial; it returns the count of connections opened so far.
+func floodListener(t *testing.T, addr string) *atomic.Int64 {
+	t.Helper()
+	var dials atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	for i := range floodSources {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}}
+		wg.Go(func() {
+			var open []net.Conn
+			defer func() {
+				for _, c := range open {
+					c.Close()
+				}
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := d.Dial("tcp", addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				dials.Add(1)
+				if open = append(open, c); len(open) > floodConnsPerSource {
+					open[0].Close()
+					open = open[1:]
+				}
+			}
+		})
+	}
+	return &dials
+}
+
+// TestHandshakeFloodDoesNotKeepAPeerOut: anyone on the network between the
+// nodes opens connections to --listen faster than a listed peer's handshake
+// takes and never speaks. The listener closed the oldest connection in
+// handshake past its bound, the peer's among them, and the peer took the
+// close for a refusal of its secret ("a wrong shared secret", counted in
+// auth_failures). The flood must neither keep the peer out nor read as a
+// wrong secret, and the listener's log and count must name it: whether the
+// peer list names the peer's IP (its handshakes go last) or not (a Hello
+// sealed under the secret does, and the sources with the most first).
+func TestHandshakeFloodDoesNotKeepAPeerOut(t *testing.T) {
+	for _, listed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("listed=%v", listed), func(t *testing.T) {
+			var peers []string
+			if listed {
+				peers = []string{"127.0.0.1:7470"} // the peer below dials from 127.0.0.1
+			}
+			floodPeer(t, peers)
+		})
+	}
+}
+
+func floodPeer(t *testing.T, peers []string) {
+	region := shmRegion(t, 2, testRowBytes)
+	var logMu sync.Mutex
+	var lines []string
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Peers:    peers,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf: func(format string, args ...any) {
+			logMu.Lock()
+			lines = append(lines, fmt.Sprintf(format, args...))
+			logMu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dials := floodListener(t, s.Addr().String())
+	waitFor(t, "the flood", func() bool { return dials.Load() >= 4*maxHandshaking })
+
+	m, err := NewMirror(MirrorConfig{Peers: []string{s.Addr().String()}, Secret: testSecret, Logf: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// Every lane comes up while the flood goes on; none of the peer's
+	// handshakes the listener closed counts as a wrong secret.
+	up := false
+	for end := time.Now().Add(20 * time.Second); !up && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		up = m.Healthy()
+	}
+	before := dials.Load()
+	waitFor(t, "the flood to go on", func() bool { return dials.Load() >= before+4*maxHandshaking })
+	stats := m.Stats()
+	if !up || m.AuthFailures() != 0 || !m.Healthy() {
+		t.Fatalf("during a flood of %d connections the peer was up %v (now %v), with %d authentication failures: %+v",
+			dials.Load(), up, m.Healthy(), m.AuthFailures(), stats)
+	}
+	if s.HandshakesEvicted() == 0 {
+		t.Error("the listener counted no handshake closed to make room")
+	}
+	t.Logf("%d connections of the flood, %d handshakes closed to make room, %d of the peer's", dials.Load(), s.HandshakesEvicted(), m.HandshakesEvicted())
+	logMu.Lock()
+	defer logMu.Unlock()
+	if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "flood") }) {
+		t.Errorf("the listener's log does not name the flood:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+// TestEvictionOrder: past the bound, a handshake not proven goes before a
+// proven one, an unlisted source's before a listed one's, the source with
+// the most before others, the oldest first.
+func TestEvictionOrder(t *testing.T) {
+	a, b, peer := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.9")
+	pending := []*pendingConn{
+		{source: peer, listed: true},               // 0
+		{source: a, proven: true},                  // 1: a replayed Hello, say
+		{source: b},                                // 2
+		{source: a},                                // 3
+		{source: a},                                // 4
+		{source: peer, listed: true},               // 5
+		{source: peer, listed: true},               // 6
+		{source: peer, listed: true},               // 7
+		{source: b, proven: true},                  // 8
+		{source: peer, listed: true, proven: true}, // 9
+	}
+	var s Server
+	s.handshaking = slices.Clone(pending)
+	var order []int
+	for len(s.handshaking) > 0 {
+		order = append(order, slices.Index(pending, s.evictLocked()))
+	}
+	// a has three (3, 4 and the proven 1), b two (2 and the proven 8):
+	// a's 3 goes first, then b's 2 (as many left, and older), a's 4; then
+	// the listed peer's (0, 5, 6, 7); then the proven, a's and b's one
+	// each, the oldest first; the listed peer's proven one last.
+	if want := []int{3, 2, 4, 0, 5, 6, 7, 1, 8, 9}; !slices.Equal(order, want) {
+		t.Errorf("evicted %v, want %v", order, want)
+	}
 }

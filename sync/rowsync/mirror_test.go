@@ -192,7 +192,7 @@ func lyingPeer(t *testing.T) string {
 			}
 			wg.Go(func() {
 				defer conn.Close()
-				ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()})
+				ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()}, nil)
 				if err != nil {
 					return
 				}
@@ -270,7 +270,7 @@ func TestMirrorSlowPeer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()})
+			ch, _, err := serverHandshake(conn, presharedKey(testSecret), &Welcome{Node: newNodeID()}, nil)
 			if err == nil {
 				_, err = ch.readFrame(nil, maxRequestFrame)
 			}

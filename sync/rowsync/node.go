@@ -53,6 +53,10 @@ type Snapshot struct {
 	Replication  GateSnapshot
 	RowsMirrored uint64
 	AuthFailures uint64
+	// HandshakesEvicted counts handshakes closed to make room at a flooded
+	// listener: this node's (Server.HandshakesEvicted) and its peers'
+	// (Mirror.HandshakesEvicted).
+	HandshakesEvicted uint64
 }
 
 // Start starts the Server (with Listen) and the Mirror (with Peers).
@@ -193,10 +197,12 @@ func (n *Node) Snapshot() Snapshot {
 	received := map[string]uint64{}
 	if n.server != nil {
 		s.AuthFailures = n.server.AuthFailures()
+		s.HandshakesEvicted = n.server.HandshakesEvicted()
 		received = n.server.received()
 	}
 	if n.mirror != nil {
 		s.AuthFailures += n.mirror.AuthFailures()
+		s.HandshakesEvicted += n.mirror.HandshakesEvicted()
 		_, selfErr := n.mirror.selfEntries()
 		for _, p := range n.mirror.peers {
 			ps := n.mirror.entryStats(p, selfErr)

@@ -289,6 +289,18 @@ func (m *Mirror) AuthFailures() uint64 {
 	return n
 }
 
+// HandshakesEvicted returns how many of this node's handshakes peers closed
+// to make room for others at their flooded listeners (ErrFlooded).
+func (m *Mirror) HandshakesEvicted() uint64 {
+	var n uint64
+	for _, pl := range m.peers {
+		for _, p := range pl.lanes {
+			n += p.flooded.Load()
+		}
+	}
+	return n
+}
+
 // Stats returns one entry per peer, in configuration order.
 func (m *Mirror) Stats() []PeerStats {
 	_, selfErr := m.selfEntries()
@@ -407,6 +419,7 @@ type peer struct {
 	changed func()
 
 	rowsSent, bytesSent, verified, authFailures atomic.Uint64
+	flooded                                     atomic.Uint64 // handshakes the peer closed to make room (ErrFlooded)
 
 	mu       sync.Mutex // guards the fields below; taken before link.mu
 	link     *link      // nil while not connected
@@ -466,6 +479,9 @@ func (p *peer) run(ctx context.Context) {
 		}
 		if errors.Is(err, ErrAuth) {
 			p.authFailures.Add(1)
+		}
+		if errors.Is(err, ErrFlooded) {
+			p.flooded.Add(1)
 		}
 		select {
 		case <-ctx.Done():

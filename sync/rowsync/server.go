@@ -8,6 +8,8 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +49,8 @@ type Server struct {
 	welcome      Welcome // this node's answer to every Hello
 	ln           net.Listener
 	authFailures atomic.Uint64
+	evictions    atomic.Uint64       // handshakes closed to make room (evictLocked)
+	listed       map[netip.Addr]bool // the IPs the peer list names (ServerConfig.Peers)
 	geometry     rowGeometry
 	wg           sync.WaitGroup // accept loop and connections
 
@@ -54,18 +58,13 @@ type Server struct {
 	conns map[net.Conn]struct{}
 	// handshaking are the connections that have not finished their
 	// handshake, oldest first; at most maxHandshaking.
-	handshaking []net.Conn
-	// refusalLogged is when the last refused handshake was logged;
-	// refusalsUnlogged counts those refused since without a line, the
-	// last of them lastUnlogged; refusalSummary logs their count at the
-	// end of the second, should no refusal come after them.
-	refusalLogged    time.Time
-	refusalsUnlogged int
-	lastUnlogged     string
-	refusalSummary   *time.Timer
-	sessions         map[uint64]*sessionConn   // the connection serving each session
-	inbound          map[string]*atomic.Uint64 // rows received, by remote IP
-	closed           bool
+	handshaking []*pendingConn
+	// refused and evictedLog are the lines of refused handshakes and of
+	// those closed to make room.
+	refused, evictedLog *refusalLines
+	sessions            map[uint64]*sessionConn   // the connection serving each session
+	inbound             map[string]*atomic.Uint64 // rows received, by remote IP
+	closed              bool
 }
 
 // rowGeometry is the row size this node accepts rows and samples at: never
@@ -99,6 +98,18 @@ func (g *rowGeometry) noteLocal(rowBytes int) (replaced int) {
 	return replaced
 }
 
+// pendingConn is a connection in handshake (Server.handshaking).
+type pendingConn struct {
+	conn net.Conn
+	// source is the address it came from, an IPv6 one's /64: one host
+	// has a /64 of its own to pick addresses from.
+	source netip.Addr
+	listed bool // the peer list names its IP
+	// proven: its Hello was sealed under the secret (or is a replay of
+	// one). evicted: evictLocked closed it.
+	proven, evicted bool
+}
+
 // sessionConn is the authenticated connection of a session; done is closed
 // once it no longer touches the region.
 type sessionConn struct {
@@ -128,14 +139,17 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("rowsync: %w", err)
 	}
 	s := &Server{
-		cfg:      cfg,
-		psk:      presharedKey(cfg.Secret),
-		welcome:  Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
-		geometry: rowGeometry{rowBytes: cfg.RowBytes},
-		ln:       ln,
-		conns:    make(map[net.Conn]struct{}),
-		sessions: make(map[uint64]*sessionConn),
-		inbound:  make(map[string]*atomic.Uint64),
+		cfg:        cfg,
+		psk:        presharedKey(cfg.Secret),
+		welcome:    Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
+		geometry:   rowGeometry{rowBytes: cfg.RowBytes},
+		ln:         ln,
+		listed:     listedIPs(cfg.Peers),
+		refused:    refusedLines(),
+		evictedLog: evictedLines(),
+		conns:      make(map[net.Conn]struct{}),
+		sessions:   make(map[uint64]*sessionConn),
+		inbound:    make(map[string]*atomic.Uint64),
 	}
 	s.wg.Go(s.accept)
 	return s, nil
@@ -147,6 +161,10 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // AuthFailures returns how many connections failed the handshake or sent a
 // record that failed authentication.
 func (s *Server) AuthFailures() uint64 { return s.authFailures.Load() }
+
+// HandshakesEvicted returns how many connections in handshake the Server
+// closed to make room for others (evictLocked): a flood.
+func (s *Server) HandshakesEvicted() uint64 { return s.evictions.Load() }
 
 // NoteLocalRowBytes tells the Server the row size this node itself uses its
 // region at (see rowGeometry).
@@ -166,7 +184,8 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	err := s.ln.Close()
 	s.wg.Wait()
-	s.summarizeRefusals(true)
+	s.summarizeRefusals(s.refused, true)
+	s.summarizeRefusals(s.evictedLog, true)
 	return err
 }
 
@@ -174,63 +193,185 @@ func (s *Server) Close() error {
 // the listener can open connections and never speak, each holding a
 // descriptor until handshakeTimeout, and 600 of them once took every
 // descriptor of a daemon limited to 512 (the engine's stores and loads
-// then failed with EMFILE). Past the bound the oldest is closed: a listed
-// peer's handshake takes a round trip, so it is never the oldest unless
-// that many connections arrive meanwhile.
+// then failed with EMFILE). Past the bound one is closed (evictLocked).
 const maxHandshaking = 64
 
-// logRefusal logs a refused handshake, at most one line a second: anyone
-// who reaches the listener causes one per connection (15,545 lines in 25 s
-// of a flood). The next line counts those left out; when none comes within
-// the second, a line of their own does (summarizeRefusals), so the count a
-// flood ends with is logged too.
+// evictLocked picks the connection in handshake to close past
+// maxHandshaking. Closing the oldest let a flood from anywhere close a
+// listed peer's handshake (its round trip is longer than the time 64
+// connections of a flood take to arrive), and the peer took the close for
+// a refusal of its secret. So the pick goes, in order, to a connection
+// whose Hello was not proven over one that was (a flood without the secret
+// sends none); from a source the peer list does not name over one it does
+// (an address the network between nodes cannot take over without being on
+// the path, where it could cut the connection anyway); from the source with
+// the most connections in handshake (so that one source cannot take every
+// slot); the oldest of these. The client is told (answerFlooded), and the
+// eviction is counted and logged as such, not as a refusal.
+func (s *Server) evictLocked() *pendingConn {
+	count := make(map[netip.Addr]int, len(s.handshaking))
+	for _, p := range s.handshaking {
+		count[p.source]++
+	}
+	rank := func(p *pendingConn) (int, int) {
+		class := 0
+		if p.proven {
+			class += 2
+		}
+		if p.listed {
+			class++
+		}
+		return class, -count[p.source]
+	}
+	at := 0
+	for i, p := range s.handshaking[1:] {
+		class, most := rank(p)
+		bestClass, bestMost := rank(s.handshaking[at])
+		if class < bestClass || class == bestClass && most < bestMost {
+			at = i + 1
+		}
+	}
+	victim := s.handshaking[at]
+	s.handshaking = append(s.handshaking[:at], s.handshaking[at+1:]...)
+	victim.evicted = true
+	return victim
+}
+
+// listedIPs returns the IPs that the peer list's entries name literally
+// (host names are not resolved for this, see self.go).
+func listedIPs(peers []string) map[netip.Addr]bool {
+	ips := make(map[netip.Addr]bool, len(peers))
+	for _, p := range peers {
+		if ap, err := netip.ParseAddrPort(p); err == nil {
+			ips[ap.Addr().Unmap().WithZone("")] = true
+		}
+	}
+	return ips
+}
+
+// sourceOf returns the source of a connection from addr for evictLocked,
+// and whether the peer list names its IP.
+func (s *Server) sourceOf(addr net.Addr) (source netip.Addr, listed bool) {
+	a, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	ip := a.AddrPort().Addr().Unmap().WithZone("")
+	source = ip
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			source = p.Addr()
+		}
+	}
+	return source, s.listed[ip]
+}
+
+// refusalLines are the lines of one kind of refused handshake (refused,
+// or closed to make room), at most one a second: anyone who reaches the
+// listener causes one per connection (15,545 lines in 25 s of a flood). The
+// next line counts those left out; when none comes within the second, a
+// line of their own does (summarizeRefusals), so the count a flood ends
+// with is logged too. Guarded by Server.mu.
+type refusalLines struct {
+	// one is a line for one handshake (more: those left out before it),
+	// summary one for n left out, the last of them last.
+	one     func(what string, more int) string
+	summary func(n int, last string) string
+
+	logged   time.Time   // when the last line was logged
+	unlogged int         // handshakes since, without a line
+	last     string      // the last of them
+	timer    *time.Timer // logs their count at the end of the second
+}
+
+// refusedLines are the lines of refused handshakes, evictedLines of those
+// evictLocked closed.
+func refusedLines() *refusalLines {
+	return &refusalLines{
+		one: func(what string, more int) string {
+			if more > 0 {
+				return fmt.Sprintf("rowsync: refused %s (and %d more handshakes since the last such line)", what, more)
+			}
+			return "rowsync: refused " + what
+		},
+		summary: func(n int, last string) string {
+			return fmt.Sprintf("rowsync: refused %d more handshakes since the last such line, the last %s", n, last)
+		},
+	}
+}
+
+func evictedLines() *refusalLines {
+	const why = "the connections in handshake were at their bound of %d: a flood of connections that never finish one (those of the sources with the most go first; listed peers' last)"
+	return &refusalLines{
+		one: func(what string, more int) string {
+			if more > 0 {
+				what = fmt.Sprintf("%s (and %d more since the last such line)", what, more)
+			}
+			return fmt.Sprintf("rowsync: closed the handshake of %s to make room for others: "+why, what, maxHandshaking)
+		},
+		summary: func(n int, last string) string {
+			return fmt.Sprintf("rowsync: closed %d more handshakes to make room for others since the last such line, the last of %s: "+why, n, last, maxHandshaking)
+		},
+	}
+}
+
+// logRefusal logs a handshake refused (err) or closed to make room for
+// others (errEvicted) in their lines.
 func (s *Server) logRefusal(from net.Addr, err error) {
 	s.mu.Lock()
+	l, what := s.refused, fmt.Sprintf("%s: %v", from, err)
+	if errors.Is(err, errEvicted) {
+		l, what = s.evictedLog, from.String()
+	}
 	now := time.Now()
-	if since := now.Sub(s.refusalLogged); since < time.Second {
-		s.refusalsUnlogged++
-		s.lastUnlogged = fmt.Sprintf("%s: %v", from, err)
-		if s.refusalSummary == nil && !s.closed {
-			s.refusalSummary = time.AfterFunc(time.Second-since, func() { s.summarizeRefusals(false) })
+	if since := now.Sub(l.logged); since < time.Second {
+		l.unlogged++
+		l.last = what
+		if l.timer == nil && !s.closed {
+			l.timer = time.AfterFunc(time.Second-since, func() { s.summarizeRefusals(l, false) })
 		}
 		s.mu.Unlock()
 		return
 	}
-	unlogged := s.refusalsUnlogged
-	s.refusalLogged, s.refusalsUnlogged = now, 0
+	unlogged := l.unlogged
+	l.logged, l.unlogged = now, 0
 	s.mu.Unlock()
-	if unlogged > 0 {
-		s.cfg.Logf("rowsync: refused %s: %v (and %d more handshakes since the last such line)", from, err, unlogged)
-		return
-	}
-	s.cfg.Logf("rowsync: refused %s: %v", from, err)
+	s.cfg.Logf("%s", l.one(what, unlogged))
 }
 
-// summarizeRefusals logs the count of the refusals that no line counted
+// summarizeRefusals logs the count of l's handshakes that no line counted
 // yet: at the end of their second, or at Close (final). It logs under mu, so
 // that no line comes after Close.
-func (s *Server) summarizeRefusals(final bool) {
+func (s *Server) summarizeRefusals(l *refusalLines, final bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed && !final {
 		return
 	}
-	if s.refusalsUnlogged > 0 {
-		s.cfg.Logf("rowsync: refused %d more handshakes since the last such line, the last %s", s.refusalsUnlogged, s.lastUnlogged)
+	if l.unlogged > 0 {
+		s.cfg.Logf("%s", l.summary(l.unlogged, l.last))
 	}
-	s.refusalLogged, s.refusalsUnlogged, s.refusalSummary = time.Now(), 0, nil
+	l.logged, l.unlogged, l.timer = time.Now(), 0, nil
 }
 
-// handshakeDone forgets conn among the connections in handshake.
-func (s *Server) handshakeDone(conn net.Conn) {
+// handshakeDone forgets p among the connections in handshake.
+func (s *Server) handshakeDone(p *pendingConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, c := range s.handshaking {
-		if c == conn {
-			s.handshaking = append(s.handshaking[:i], s.handshaking[i+1:]...)
-			return
-		}
+	if i := slices.Index(s.handshaking, p); i >= 0 {
+		s.handshaking = slices.Delete(s.handshaking, i, i+1)
 	}
+}
+
+// evicted is serverHandshake's question for p: whether evictLocked closed
+// it; proven notes that its Hello was proven, unless it was.
+func (s *Server) evicted(p *pendingConn, proven bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if proven && !p.evicted {
+		p.proven = true
+	}
+	return p.evicted
 }
 
 // accept serves every connection in its own goroutine until the listener
@@ -254,16 +395,21 @@ func (s *Server) accept() {
 			return
 		}
 		s.conns[conn] = struct{}{}
-		var oldest net.Conn
-		if s.handshaking = append(s.handshaking, conn); len(s.handshaking) > maxHandshaking {
-			oldest, s.handshaking = s.handshaking[0], s.handshaking[1:]
+		p := &pendingConn{conn: conn}
+		p.source, p.listed = s.sourceOf(conn.RemoteAddr())
+		var victim *pendingConn
+		if s.handshaking = append(s.handshaking, p); len(s.handshaking) > maxHandshaking {
+			victim = s.evictLocked()
 		}
 		s.mu.Unlock()
-		if oldest != nil {
-			oldest.Close() // its serve ends and forgets it
+		if victim != nil {
+			// Its reads end, its serve answers answerFlooded and closes it.
+			if tc, ok := victim.conn.(*net.TCPConn); !ok || tc.CloseRead() != nil {
+				victim.conn.Close()
+			}
 		}
 		s.wg.Go(func() {
-			s.serve(conn)
+			s.serve(conn, p)
 			s.mu.Lock()
 			delete(s.conns, conn)
 			s.mu.Unlock()
@@ -272,13 +418,19 @@ func (s *Server) accept() {
 	}
 }
 
-// serve authenticates conn, takes over its session, then answers its
-// requests in order until it fails.
-func (s *Server) serve(conn net.Conn) {
-	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome)
-	s.handshakeDone(conn)
+// serve authenticates conn, p among the connections in handshake, takes
+// over its session, then answers its requests in order until it fails.
+func (s *Server) serve(conn net.Conn, p *pendingConn) {
+	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome, func(proven bool) bool { return s.evicted(p, proven) })
+	s.handshakeDone(p)
 	if errors.Is(err, errSelf) {
 		return // this node's own Mirror, told so
+	}
+	if err != nil && s.evicted(p, false) {
+		// After its Welcome too: its Ready read ended.
+		s.evictions.Add(1)
+		s.logRefusal(conn.RemoteAddr(), errEvicted)
+		return
 	}
 	if err != nil {
 		s.authFailures.Add(1)

@@ -683,3 +683,44 @@ func TestBlockSwappedForAFIFOIsDropped(t *testing.T) {
 		t.Error("the block swapped for a FIFO is still indexed")
 	}
 }
+
+// TestRefusedWriteIsNoIOError: a write the store filesystem refuses for what
+// the caller asked (EFBIG past its largest file, EINVAL), or one past a
+// tmp's bound on disjoint ranges (EDQUOT), counts as a rejected write, not
+// a store I/O error (whose warning says "check the disk"); a failing disk's
+// EIO still counts as one.
+func TestRefusedWriteIsNoIOError(t *testing.T) {
+	for _, c := range []struct {
+		errno    syscall.Errno
+		refused  bool
+		fromDisk bool
+	}{{syscall.EFBIG, true, true}, {syscall.EINVAL, true, true}, {syscall.EIO, false, true}, {syscall.EDQUOT, true, false}} {
+		s := openStore(t, Config{Capacity: 1 << 30})
+		rel := evName(0)
+		mkdirFor(t, s, rel)
+		w, err := s.CreateTmp(tmpRelFor(rel, 1), syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := pageData(7, 1)
+		if c.fromDisk {
+			pwriteAt = func(int, []byte, int64) (int, error) { return 0, c.errno }
+		} else {
+			// Every other page: the tmp's disjoint ranges run out.
+			for i := range maxTmpRanges {
+				if _, err := w.WriteAt(data, int64(2*i*block.PageSize)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		_, err = w.WriteAt(data, int64(2*maxTmpRanges*block.PageSize))
+		pwriteAt = unix.Pwrite
+		wantErrno(t, err, c.errno, c.errno.Error())
+		w.Close()
+		got := s.Counters()
+		if refused := got.RejectedWrites.Load() == 1 && got.IOErrors.Load() == 0; refused != c.refused ||
+			!c.refused && (got.IOErrors.Load() != 1 || got.RejectedWrites.Load() != 0) {
+			t.Errorf("%v: %d rejected writes, %d store I/O errors", c.errno, got.RejectedWrites.Load(), got.IOErrors.Load())
+		}
+	}
+}

@@ -19,7 +19,10 @@ type Counters struct {
 	ChecksumFailures atomic.Int64
 	Evictions        atomic.Int64
 	NoSpace          atomic.Int64
-	RejectedWrites   atomic.Int64
+	// RejectedWrites counts block writes refused for what the caller
+	// asked: past a tmp's bound on disjoint ranges (EDQUOT), past the
+	// largest file the store filesystem holds (EFBIG), or invalid (EINVAL).
+	RejectedWrites atomic.Int64
 	// UnprovenBlocks counts block files found at Open that were not indexed:
 	// no digest record bound to their name, nor a matching vLLM CRC32C.
 	UnprovenBlocks atomic.Int64
@@ -29,7 +32,8 @@ type Counters struct {
 	// named the file written (swapped for a link or another file).
 	PublishRefused atomic.Int64
 	// IOErrors counts reads and writes that the store filesystem itself
-	// failed (a failing disk's EIO, a full filesystem's ENOSPC).
+	// failed (a failing disk's EIO, a full filesystem's ENOSPC), not those
+	// it refused for the caller's request (RejectedWrites).
 	IOErrors atomic.Int64
 	// StoresFromRow and StoresReadBack count passthrough stores whose digest
 	// came from the engine's row, and those whose tmp file was read back.

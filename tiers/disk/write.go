@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
@@ -163,6 +164,7 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	}
 	w.leavePassthroughLocked()
 	if !w.tmp.canCover(off, off+int64(len(p))) {
+		w.s.counters.RejectedWrites.Add(1)
 		return 0, newError("write", w.rel, syscall.EDQUOT, "the tmp's writes left %d disjoint byte ranges, the most a tmp may have", maxTmpRanges)
 	}
 	w.tmp.attempted = max(w.tmp.attempted, off+int64(len(p)))
@@ -203,11 +205,38 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	w.tmp.size = max(w.tmp.size, off+int64(n))
 	w.tmp.cover(off, off+int64(n))
 	if werr != nil {
+		if why := refusedWrite(werr, off+int64(len(p))); why != "" {
+			w.s.counters.RejectedWrites.Add(1)
+			return n, newError("write", w.rel, Errno(werr), "store write refused after %d of %d bytes: %s (%v)", n, len(p), why, werr)
+		}
 		w.s.counters.IOErrors.Add(1)
 		return n, newError("write", w.rel, Errno(werr), "store write failed after %d of %d bytes: %v", n, len(p), werr)
 	}
 	w.s.counters.WriteBytes.Add(int64(n))
 	return n, nil
+}
+
+// refusedWrite says why the store filesystem's err for a write ending at
+// end was the caller's request, not a fault of the store ("" where it was
+// one). A write past the largest file the store filesystem holds (EFBIG;
+// ext4's is 16 TiB at 4 KiB blocks, and FUSE passes offsets up to 8 EiB)
+// or one it finds invalid (EINVAL) is the engine's doing, and counted as a
+// rejected write: the engine's uid could otherwise raise store_io_errors,
+// whose warning sends the operator to the disk. EFBIG past the daemon's
+// own file size limit (RLIMIT_FSIZE, the operator's) is the store's side,
+// as is every other errno (EIO, ENOSPC, EDQUOT of a filesystem quota).
+func refusedWrite(err error, end int64) string {
+	switch {
+	case errors.Is(err, syscall.EFBIG):
+		var lim unix.Rlimit
+		if unix.Getrlimit(unix.RLIMIT_FSIZE, &lim) == nil && lim.Cur != unix.RLIM_INFINITY && uint64(end) > lim.Cur {
+			return ""
+		}
+		return fmt.Sprintf("the write ends at %d bytes, past the largest file the store filesystem holds", end)
+	case errors.Is(err, syscall.EINVAL):
+		return "the store filesystem found the write invalid"
+	}
+	return ""
 }
 
 // pwriteAt is the store's positioned write, a variable so that tests can

@@ -173,6 +173,7 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 		st.Replication = &replication
 		counters.RowsMirrored = int64(snap.RowsMirrored)
 		counters.AuthFailures = int64(snap.AuthFailures)
+		counters.HandshakesEvicted = int64(snap.HandshakesEvicted)
 		st.Warnings = append(st.Warnings, syncWarnings(snap)...)
 	}
 	if regions := s.cfg.Regions; regions != nil {
