@@ -7,7 +7,9 @@
 // one readv, close with its error ignored), into rows that held other
 // blocks, and every block's bytes are its own, so no load finds its block
 // already in a row except in the reload phase, which measures exactly that.
-// It is `kvtierfs bench --scenario disk`.
+// Beside the stores and the absent-key lookups it times the same work through
+// a trivial FUSE server in the bench process (floor.go), the best a FUSE
+// mount can do on the machine. It is `kvtierfs bench --scenario disk`.
 package diskbench
 
 import (
