@@ -89,9 +89,9 @@ const DirTimeout = time.Hour
 // one per 128 KiB page run.
 const DefaultMaxRequest = 4 << 20
 
-// maxBackground is how many background requests (the READs of O_DIRECT
+// MaxBackground is how many background requests (the READs of O_DIRECT
 // loads) the kernel may have in flight to the daemon.
-const maxBackground = 256
+const MaxBackground = 256
 
 // idleReaders bounds the goroutines go-fuse keeps blocked in read(2) on
 // /dev/fuse between bursts (DESIGN "What the kernel cannot do"). The kernel
@@ -104,10 +104,11 @@ const maxBackground = 256
 // place starts another).
 const idleReaders = 2
 
-// newServer is fuse.NewServer with at most idleReaders+1 idle readers. It
-// gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or the
-// runtime's default, which keeps following the CPU limit.
-func newServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
+// NewServer is fuse.NewServer with at most idleReaders+1 idle readers, as
+// the mount's (`bench disk`'s store floor waits on /dev/fuse as the daemon
+// does). It gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or
+// the runtime's default, which keeps following the CPU limit.
+func NewServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
 	prev := runtime.GOMAXPROCS(idleReaders)
 	defer func() {
 		if os.Getenv("GOMAXPROCS") != "" {
@@ -331,13 +332,13 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			// loaders' rows in requests of up to 4 MiB (128 KiB on a
 			// mirrored mount) need far more than the kernel's default 12
 			// in flight.
-			MaxBackground:       maxBackground,
-			CongestionThreshold: maxBackground * 3 / 4,
+			MaxBackground:       MaxBackground,
+			CongestionThreshold: MaxBackground * 3 / 4,
 			Debug:               opts.Debug,
 			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
 		},
 	}
-	server, err := newServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, f.target, &fsOpts.MountOptions)
+	server, err := NewServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, f.target, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}

@@ -7,7 +7,9 @@
 // one readv, close with its error ignored), into rows that held other
 // blocks, and every block's bytes are its own, so no load finds its block
 // already in a row except in the reload phase, which measures exactly that.
-// It is `kvtierfs bench --scenario disk`.
+// Beside the stores and the absent-key lookups it times the same work through
+// a trivial FUSE server in the bench process (floor.go), the best a FUSE
+// mount can do on the machine. It is `kvtierfs bench --scenario disk`.
 package diskbench
 
 import (
@@ -136,6 +138,9 @@ type Result struct {
 	Measurements []Measurement `json:"measurements"`
 	// VerifiedLoads counts loads whose bytes were compared in full with what was stored.
 	VerifiedLoads int `json:"verified_loads"`
+	// FloorVerified counts the store floor's blocks read back from its
+	// directory and found equal to their rows.
+	FloorVerified int `json:"floor_verified"`
 }
 
 // run holds the state of one benchmark run.
@@ -334,6 +339,8 @@ type sides struct {
 	rounds        int
 	prepare       func() error
 	mount, direct func(lo, hi int) (time.Duration, error)
+	// noDaemonCPU: the mount side is not the daemon's (the store floor).
+	noDaemonCPU bool
 }
 
 // compare runs a phase on both sides and reports GB/s of blocks rows each,
@@ -364,13 +371,33 @@ func (r *run) compare(res *Result, p sides) error {
 	}
 	moved := float64(p.blocks) * float64(r.cfg.RowBytes)
 	m, d := moved/mount.Seconds()/1e9, moved/direct.Seconds()/1e9
-	r.report(res, Measurement{Phase: p.phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: r.perGB(cpu, p.blocks)})
+	perGB := r.perGB(cpu, p.blocks)
+	if p.noDaemonCPU {
+		perGB = 0
+	}
+	r.report(res, Measurement{Phase: p.phase, Unit: "GB/s", Mount: m, Direct: d, Ratio: m / d, DaemonCPUPerGB: perGB})
 	return nil
 }
 
 // stores writes every block to the mount and to the bare directory, each
-// side starting with no dirty pages of the other.
+// side starting with no dirty pages of the other, then to the store floor
+// (storeFloor) and a fresh bare directory.
 func (r *run) stores(res *Result) error {
+	if err := r.compareStores(res, "store (O_DIRECT write)", r.mount, r.bare, true); err != nil {
+		return err
+	}
+	if err := r.reportStorePhases(res); err != nil {
+		return err
+	}
+	return r.storeFloor(res)
+}
+
+// compareStores stores every block through mount and into bare, in rounds,
+// and reports GB/s (the daemon's CPU per GB when daemonCPU), then what each
+// store's open (the tmp's create) and rename cost the engine's thread, at
+// the median and the 99th percentile. The phases after the first name theirs
+// after it, past its first word.
+func (r *run) compareStores(res *Result, phase string, mount, bare *engineio.Tier, daemonCPU bool) error {
 	storeAll := func(tier *engineio.Tier) func(lo, hi int) (time.Duration, error) {
 		return func(lo, hi int) (time.Duration, error) {
 			return parallel(r.cfg.Threads, hi-lo, func(thread, i int) error {
@@ -384,31 +411,33 @@ func (r *run) stores(res *Result) error {
 	// that has been storing for a while (DESIGN.md "The store").
 	warmUp := r.loadRow(0)
 	stamp(warmUp, 1<<61, len(warmUp))
-	for _, tier := range []*engineio.Tier{r.mount, r.bare} {
+	for _, tier := range []*engineio.Tier{mount, bare} {
 		if _, err := tier.Store(tier.BlockPath(tierDir, 0, key(-1)), warmUp); err != nil {
 			return fmt.Errorf("the first store of the tier: %w", err)
 		}
 	}
-	r.mount.Ops, r.bare.Ops = &engineio.OpTimes{}, &engineio.OpTimes{}
-	defer func() { r.mount.Ops, r.bare.Ops = nil, nil }()
-	if err := r.compare(res, sides{phase: "store (O_DIRECT write)", blocks: r.cfg.Blocks, rounds: r.cfg.Rounds,
-		prepare: func() error { unix.Sync(); return nil }, mount: storeAll(r.mount), direct: storeAll(r.bare)}); err != nil {
+	mount.Ops, bare.Ops = &engineio.OpTimes{}, &engineio.OpTimes{}
+	defer func() { mount.Ops, bare.Ops = nil, nil }()
+	if err := r.compare(res, sides{phase: phase, blocks: r.cfg.Blocks, rounds: r.cfg.Rounds, noDaemonCPU: !daemonCPU,
+		prepare: func() error { unix.Sync(); return nil }, mount: storeAll(mount), direct: storeAll(bare)}); err != nil {
 		return err
 	}
-	// What each store's open (the tmp's create) and rename cost the engine's
-	// thread, at the median and the 99th percentile.
+	suffix := ""
+	if _, rest, ok := strings.Cut(phase, ":"); ok {
+		suffix = ":" + rest
+	}
 	for _, p := range []float64{50, 99} {
-		mountOpen, mountRename := r.mount.Ops.Percentiles(p)
-		bareOpen, bareRename := r.bare.Ops.Percentiles(p)
+		mountOpen, mountRename := mount.Ops.Percentiles(p)
+		bareOpen, bareRename := bare.Ops.Percentiles(p)
 		for _, op := range []struct {
 			name        string
 			mount, bare time.Duration
 		}{{"open", mountOpen, bareOpen}, {"rename", mountRename, bareRename}} {
 			m, d := float64(op.mount)/1e3, float64(op.bare)/1e3
-			r.report(res, Measurement{Phase: fmt.Sprintf("store %s p%g", op.name, p), Unit: "µs", Mount: m, Direct: d, Ratio: d / m})
+			r.report(res, Measurement{Phase: fmt.Sprintf("store %s p%g%s", op.name, p, suffix), Unit: "µs", Mount: m, Direct: d, Ratio: d / m})
 		}
 	}
-	return r.reportStorePhases(res)
+	return nil
 }
 
 // reportStorePhases reports the daemon's own timing of each step of the

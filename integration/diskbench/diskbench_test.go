@@ -35,11 +35,15 @@ func TestRunSmall(t *testing.T) {
 		if res.VerifiedLoads != cfg.Blocks {
 			t.Fatalf("%d loads verified, want %d", res.VerifiedLoads, cfg.Blocks)
 		}
+		if res.FloorVerified != cfg.Blocks {
+			t.Fatalf("%d of the store floor's blocks verified, want %d", res.FloorVerified, cfg.Blocks)
+		}
 		// Five store and load phases, the store's open and rename at p50 and
-		// p99, then each lookup class first and repeated, and the FUSE round trip
+		// p99, the same four and the stores through the store floor, then
+		// each lookup class first and repeated, and the FUSE round trip
 		// alone, fresh and after a burst, beside the bare directory's absent keys; besides them, the
 		// daemon's own phases of the stores, which the bare directory has not.
-		compared, daemon := 0, map[string]bool{}
+		compared, daemon, floor := 0, map[string]bool{}, map[string]bool{}
 		for _, m := range res.Measurements {
 			if name, ok := strings.CutPrefix(m.Phase, "daemon "); ok {
 				if !(m.Mount > 0) || m.Direct != 0 {
@@ -52,9 +56,20 @@ func TestRunSmall(t *testing.T) {
 			if !(m.Mount > 0 && m.Direct > 0 && m.Ratio > 0) {
 				t.Fatalf("phase %q has an empty side: %+v", m.Phase, m)
 			}
+			if name, ok := strings.CutSuffix(m.Phase, ": FUSE round trips alone"); ok {
+				floor[name] = true
+				if m.DaemonCPUPerGB != 0 {
+					t.Fatalf("phase %q counts the daemon's CPU: %+v", m.Phase, m)
+				}
+			}
 		}
-		if compared != 17 {
-			t.Fatalf("%d measurements of both sides, want 17: %+v", compared, res.Measurements)
+		if compared != 22 {
+			t.Fatalf("%d measurements of both sides, want 22: %+v", compared, res.Measurements)
+		}
+		for _, name := range []string{"store", "store open p50", "store rename p50", "store open p99", "store rename p99"} {
+			if !floor[name] {
+				t.Errorf("no store floor phase %q among %v", name, floor)
+			}
 		}
 		for _, name := range []string{"create p50", "create p99", "rename p50", "rename_record p99"} {
 			if !daemon[name] {

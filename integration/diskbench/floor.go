@@ -1,17 +1,22 @@
 package diskbench
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
+	"github.com/kvtierfs/kvtierfs/integration/engineio"
 )
 
 // lookupFloor times the FUSE round trip that the first lookup of an absent
@@ -98,4 +103,177 @@ func (absentServer) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fus
 	out.Nlink = 2
 	out.SetTimeout(time.Hour)
 	return fuse.OK
+}
+
+// storeFloor times the engine's stores through a FUSE server that does
+// nothing but pass them to a directory of the same filesystem: go-fuse's
+// loopback in this process, with the mount's options that shape a store's
+// round trips (default_permissions, the request size, direct I/O for the
+// tmp with its O_DIRECT write through a page-aligned bounce buffer, no
+// FLUSH at close, as few idle readers, the kernel's entries cached as the
+// mount caches them: directories and absences for an hour, a tmp's entry
+// not at all), and no checksum, index or record. It runs in rounds against
+// stores into a fresh bare directory, so its ratio is what FUSE's round
+// trips alone leave of the bare directory's stores (DESIGN "The store").
+// Every block stored through it is then read back from its directory and
+// compared with its row.
+func (r *run) storeFloor(res *Result) error {
+	work, err := os.MkdirTemp(r.cfg.Dir, "store-floor-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	backing, mnt := mkdir(work, "store"), mkdir(work, "mnt")
+	bufs := &alignedBuffers{free: make(chan []byte, r.cfg.Threads)}
+	defer bufs.release()
+	root := &fs.LoopbackRoot{Path: backing}
+	root.RootNode = &floorNode{LoopbackNode: &fs.LoopbackNode{RootData: root}, bufs: bufs}
+	second, hour := time.Second, time.Hour
+	opts := &fs.Options{AttrTimeout: &second, NegativeTimeout: &hour, MountOptions: fuse.MountOptions{
+		FsName: "kvtierfs-bench-store-floor", Name: "kvtierfs-bench-floor", DirectMount: true,
+		MaxWrite: fusefs.DefaultMaxRequest, DisableSplice: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+		MaxBackground: fusefs.MaxBackground, CongestionThreshold: fusefs.MaxBackground * 3 / 4,
+		Options: []string{"default_permissions", fmt.Sprintf("max_read=%d", fusefs.DefaultMaxRequest)}}}
+	srv, err := fusefs.NewServer(fs.NewNodeFS(root.RootNode, opts), mnt, &opts.MountOptions)
+	if err != nil {
+		return fmt.Errorf("mounting the store floor's server: %w", err)
+	}
+	go srv.Serve()
+	defer srv.Unmount()
+	if err := srv.WaitMount(); err != nil {
+		return err
+	}
+	floor := &engineio.Tier{Root: mnt, Direct: r.bare.Direct}
+	bare := &engineio.Tier{Root: mkdir(work, "bare"), Direct: r.bare.Direct}
+	if err := r.compareStores(res, "store: FUSE round trips alone", floor, bare, false); err != nil {
+		return err
+	}
+	onDisk := &engineio.Tier{Root: backing, Direct: r.bare.Direct}
+	for i := range r.cfg.Blocks {
+		got := r.loadRow(0)
+		if err := onDisk.Load(onDisk.BlockPath(tierDir, 0, key(i)), got); err != nil {
+			return fmt.Errorf("the store floor's block %d: %w", i, err)
+		}
+		if !bytes.Equal(got, r.sourceRow(i)) {
+			return fmt.Errorf("the store floor's block %d differs from its row", i)
+		}
+		res.FloorVerified++
+	}
+	return nil
+}
+
+// floorNode is go-fuse's loopback node with the mount's entry lifetimes and
+// its direct I/O tmp.
+type floorNode struct {
+	*fs.LoopbackNode
+	bufs *alignedBuffers
+}
+
+// WrapChild makes every node below the root a floorNode.
+func (n *floorNode) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if lb, ok := ops.(*fs.LoopbackNode); ok {
+		return &floorNode{LoopbackNode: lb, bufs: n.bufs}
+	}
+	return ops
+}
+
+// cacheDir keeps a directory's entry and attributes for an hour, as the mount does.
+func cacheDir(out *fuse.EntryOut, errno syscall.Errno) {
+	if errno == 0 && out.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		out.SetEntryTimeout(time.Hour)
+		out.SetAttrTimeout(time.Hour)
+	}
+}
+
+func (n *floorNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	child, errno := n.LoopbackNode.Lookup(ctx, name, out)
+	cacheDir(out, errno)
+	return child, errno
+}
+
+func (n *floorNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	child, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	cacheDir(out, errno)
+	return child, errno
+}
+
+func (n *floorNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	if errno == 0 && out.Mode&syscall.S_IFMT == syscall.S_IFDIR && n.EmbeddedInode() != n.Root() {
+		out.SetTimeout(time.Hour)
+	}
+	return errno
+}
+
+// Create opens the tmp as the mount does: direct I/O, no FLUSH at close, the
+// store file opened with the engine's flags (O_DIRECT included). Its handle
+// is not the loopback's, which go-fuse would pass through to the kernel.
+func (n *floorNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	child, fh, _, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	lf := fh.(*fs.LoopbackFile)
+	fd, _ := lf.PassthroughFd() // its descriptor, which it keeps until Release
+	f := &floorFile{file: lf, fd: fd, direct: flags&syscall.O_DIRECT != 0, bufs: n.bufs}
+	return child, f, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+}
+
+// floorFile writes a tmp, an O_DIRECT one from a page-aligned copy of each
+// WRITE's payload, which FUSE hands over unaligned.
+type floorFile struct {
+	file   *fs.LoopbackFile
+	fd     int
+	direct bool
+	bufs   *alignedBuffers
+}
+
+func (f *floorFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if !f.direct {
+		return f.file.Write(ctx, data, off)
+	}
+	buf, err := f.bufs.get()
+	if err != nil {
+		return 0, fs.ToErrno(err)
+	}
+	defer f.bufs.put(buf)
+	n, err := unix.Pwrite(f.fd, buf[:copy(buf, data)], off)
+	if err != nil {
+		return 0, fs.ToErrno(err)
+	}
+	return uint32(n), 0
+}
+
+func (f *floorFile) Release(ctx context.Context) syscall.Errno { return f.file.Release(ctx) }
+
+// alignedBuffers recycles mapped (page-aligned) buffers of one request.
+type alignedBuffers struct{ free chan []byte }
+
+func (b *alignedBuffers) get() ([]byte, error) {
+	select {
+	case buf := <-b.free:
+		return buf, nil
+	default:
+		return unix.Mmap(-1, 0, fusefs.DefaultMaxRequest, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	}
+}
+
+func (b *alignedBuffers) put(buf []byte) {
+	select {
+	case b.free <- buf:
+	default:
+		unix.Munmap(buf)
+	}
+}
+
+// release unmaps the buffers kept.
+func (b *alignedBuffers) release() {
+	for {
+		select {
+		case buf := <-b.free:
+			unix.Munmap(buf)
+		default:
+			return
+		}
+	}
 }

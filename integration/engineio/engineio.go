@@ -220,7 +220,11 @@ func (t *Tier) Exists(path string) bool {
 
 // Store writes a row as the engine does: skip if present; makedirs; O_EXCL tmp;
 // ONE write of the whole row (a short count is an error, no retry); close;
-// rename over the destination; unlink the tmp on any error. No fsync.
+// rename(2) over the destination; unlink the tmp on any error. No fsync.
+// The rename is the system call alone, as Python's os.replace makes it: Go's
+// os.Rename first lstats the destination, a LOOKUP of it through a mount
+// that vLLM never sends (the kernel looks the destination up again inside
+// the rename).
 func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 	if t.Exists(path) {
 		return false, nil
@@ -248,7 +252,7 @@ func (t *Tier) Store(path string, row []byte) (stored bool, err error) {
 	}
 	if err == nil {
 		renamed := time.Now()
-		err = os.Rename(tmp, path)
+		err = unix.Rename(tmp, path)
 		if t.Ops != nil && err == nil {
 			t.Ops.add(openTook, time.Since(renamed))
 		}

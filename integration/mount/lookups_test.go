@@ -488,3 +488,31 @@ func TestBurstsLeaveFewReaders(t *testing.T) {
 		}
 	}
 }
+
+// A store into a leaf directory it makes reaches the daemon's lookups three
+// times: the engine's existence check, which ends at the missing leaf, the
+// kernel's own lookup of the leaf inside the mkdir (a cached absence is asked
+// again before a create) and of the block's name inside the rename. vLLM renames
+// with rename(2) alone, and engineio replays it so: Go's os.Rename first
+// lstats the destination, a fourth lookup (a FUSE round trip) vLLM never sends.
+func TestStoreLooksItsNameUpOnceInItsRename(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	tier := openTier(t, d)
+	region := newRegion(t, 1)
+	first := hashOf(0)
+	storeBlock(t, tier, region.Row(0), 0)
+	// Block 0's prefix directory, another leaf.
+	leaf := "00"
+	if first[3:5] == leaf {
+		leaf = "01"
+	}
+	path := tier.BlockPath(tierDir, 0, first[:3]+leaf+hashOf(1)[5:])
+	lookups := func() int64 { return d.Stats().Counters.Lookups }
+	before := lookups()
+	if _, err := tier.Store(path, region.Row(0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := lookups() - before; n != 3 {
+		t.Fatalf("a store into a new leaf reached the daemon's lookups %d times, want 3 (its existence check, the mkdir's and the rename's own)", n)
+	}
+}
