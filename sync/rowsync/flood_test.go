@@ -399,3 +399,70 @@ func TestReplayedHelloFloodDoesNotKeepAListedPeerOut(t *testing.T) {
 		t.Fatalf("the listener closed %d of the listed peer's handshakes to make room for replayed Hellos (%d authentication failures)", n, m.AuthFailures())
 	}
 }
+
+// evictAtSecondWrite is a client's end of a connection whose listener
+// closes its handshake to make room (evictLocked) just as the client sends
+// its Ready, the second message it writes: the Ready is already on its way,
+// and a read after CloseRead still returns what had arrived.
+type evictAtSecondWrite struct {
+	net.Conn
+	s      *Server
+	writes int
+}
+
+func (c *evictAtSecondWrite) Write(b []byte) (int, error) {
+	if c.writes++; c.writes == 2 {
+		c.s.mu.Lock()
+		c.s.evictLocked()
+		c.s.mu.Unlock()
+	}
+	return c.Conn.Write(b)
+}
+
+// TestHandshakeEvictedWithItsReadyInTakesNoSession: a handshake closed to
+// make room whose Ready had already arrived finished its handshake, took
+// its session over from the connection serving it and served requests on
+// a connection whose reads were shut, uncounted as a handshake closed to
+// make room. It must end there and count as one.
+func TestHandshakeEvictedWithItsReadyInTakesNoSession(t *testing.T) {
+	region := shmRegion(t, 2, testRowBytes)
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf:     discard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	client, server := net.Pipe()
+	defer client.Close()
+	p := &pendingConn{conn: server}
+	s.mu.Lock()
+	s.handshaking = append(s.handshaking, p)
+	s.mu.Unlock()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		defer server.Close()
+		s.serve(server, p)
+	}()
+	if _, _, err := clientHandshake(&evictAtSecondWrite{Conn: client, s: s}, presharedKey(testSecret), newNodeID(), 7); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		client.Close()
+		<-served
+		t.Fatal("the Server served a connection it had closed to make room")
+	}
+	s.mu.Lock()
+	sessions := len(s.sessions)
+	s.mu.Unlock()
+	if n := s.HandshakesEvicted(); n != 1 || sessions != 0 {
+		t.Fatalf("%d handshakes counted as closed to make room, %d sessions taken", n, sessions)
+	}
+}

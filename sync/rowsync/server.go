@@ -359,13 +359,15 @@ func (s *Server) summarizeRefusals(l *refusalLines, final bool) {
 	l.logged, l.unlogged, l.timer = time.Now(), 0, nil
 }
 
-// handshakeDone forgets p among the connections in handshake.
-func (s *Server) handshakeDone(p *pendingConn) {
+// handshakeDone forgets p among the connections in handshake and returns
+// whether evictLocked closed it, which it can no longer do after this.
+func (s *Server) handshakeDone(p *pendingConn) (evicted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i := slices.Index(s.handshaking, p); i >= 0 {
 		s.handshaking = slices.Delete(s.handshaking, i, i+1)
 	}
+	return p.evicted
 }
 
 // evicted is serverHandshake's question for p: whether evictLocked closed
@@ -427,11 +429,17 @@ func (s *Server) accept() {
 // over its session, then answers its requests in order until it fails.
 func (s *Server) serve(conn net.Conn, p *pendingConn) {
 	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome, func(proven bool) bool { return s.evicted(p, proven) })
-	s.handshakeDone(p)
+	evicted := s.handshakeDone(p)
 	if errors.Is(err, errSelf) {
 		return // this node's own Mirror, told so
 	}
-	if err != nil && s.evicted(p, false) {
+	if err == nil && evicted {
+		// Closed as its handshake ended, or with its Ready already
+		// received (a read after CloseRead returns what had arrived):
+		// its reads end, so it takes no session over.
+		err = errEvicted
+	}
+	if err != nil && evicted {
 		// After its Welcome too: its Ready read ended.
 		s.evictions.Add(1)
 		s.logRefusal(conn.RemoteAddr(), errEvicted)
