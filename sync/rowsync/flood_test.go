@@ -1,7 +1,9 @@
 package rowsync
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -269,9 +271,10 @@ func floodPeer(t *testing.T, peers []string) {
 	}
 }
 
-// TestEvictionOrder: past the bound, a handshake not proven goes before a
-// proven one, an unlisted source's before a listed one's, the source with
-// the most before others, the oldest first.
+// TestEvictionOrder: past the bound, an unlisted source's handshake goes
+// before a listed one's, one not proven before a proven one (a replayed
+// Hello is proven too), the source with the most before others, the oldest
+// first.
 func TestEvictionOrder(t *testing.T) {
 	a, b, peer := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.9")
 	pending := []*pendingConn{
@@ -294,9 +297,172 @@ func TestEvictionOrder(t *testing.T) {
 	}
 	// a has three (3, 4 and the proven 1), b two (2 and the proven 8):
 	// a's 3 goes first, then b's 2 (as many left, and older), a's 4; then
-	// the listed peer's (0, 5, 6, 7); then the proven, a's and b's one
-	// each, the oldest first; the listed peer's proven one last.
-	if want := []int{3, 2, 4, 0, 5, 6, 7, 1, 8, 9}; !slices.Equal(order, want) {
+	// the unlisted proven, a's and b's one each, the oldest first; then the
+	// listed peer's not proven (0, 5, 6, 7); its proven one last.
+	if want := []int{3, 2, 4, 1, 8, 0, 5, 6, 7, 9}; !slices.Equal(order, want) {
 		t.Errorf("evicted %v, want %v", order, want)
+	}
+}
+
+// TestReplayedHelloFloodDoesNotKeepAListedPeerOut: whoever once saw a
+// peer's Hello on the network between the nodes (which the threat model
+// does not trust) can send it again on as many connections as it likes.
+// Each is proven under the secret (a replay decrypts as the original did)
+// and then waits for a Ready that never comes, until handshakeTimeout. An
+// eviction that kept proven handshakes over a listed peer's not yet proven
+// one closed every handshake the peer began while such replays held the
+// slots: a flood from sources the peer list does not name kept a listed
+// peer out. A listed source's handshake must outrank them.
+func TestReplayedHelloFloodDoesNotKeepAListedPeerOut(t *testing.T) {
+	region := shmRegion(t, 2, testRowBytes)
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Peers:    []string{"127.0.0.1:7470"}, // the Mirror below dials from 127.0.0.1
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf:     discard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	addr := s.Addr().String()
+	// The Hello a peer's Mirror sent this listener, as seen on the wire.
+	hs, err := handshakeState(true, presharedKey(testSecret), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _, _, err := hs.WriteMessage(nil, Encode(&Hello{Session: 1, Node: newNodeID(), To: addr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sniffed := append(binary.BigEndian.AppendUint16(nil, uint16(len(msg))), msg...)
+
+	// More replayers than slots, each sending the Hello on a connection and
+	// dialing again once the listener closed it (to make room, or at its
+	// handshake timeout), from 32 loopback addresses the list does not name.
+	var mu sync.Mutex
+	open := map[net.Conn]bool{} // nil once the test ends
+	var wg sync.WaitGroup
+	defer func() {
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		open = nil
+		mu.Unlock()
+		wg.Wait()
+	}()
+	for i := range maxHandshaking + 8 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%32))}}
+		wg.Go(func() {
+			for {
+				c, err := d.Dial("tcp", addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				mu.Lock()
+				ended := open == nil
+				if !ended {
+					open[c] = true
+				}
+				mu.Unlock()
+				if ended {
+					c.Close()
+					return
+				}
+				if _, err := c.Write(sniffed); err == nil {
+					io.Copy(io.Discard, c) // until the listener closes it
+				}
+				mu.Lock()
+				delete(open, c)
+				mu.Unlock()
+				c.Close()
+			}
+		})
+	}
+	waitFor(t, "every slot held by a replayed Hello", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.handshaking) == maxHandshaking && !slices.ContainsFunc(s.handshaking, func(p *pendingConn) bool { return !p.proven })
+	})
+
+	m, err := NewMirror(MirrorConfig{Peers: []string{addr}, Secret: testSecret, Logf: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	waitFor(t, "the listed peer's lanes", m.Healthy)
+	if n := m.HandshakesEvicted(); n != 0 || m.AuthFailures() != 0 {
+		t.Fatalf("the listener closed %d of the listed peer's handshakes to make room for replayed Hellos (%d authentication failures)", n, m.AuthFailures())
+	}
+}
+
+// evictAtSecondWrite is a client's end of a connection whose listener
+// closes its handshake to make room (evictLocked) just as the client sends
+// its Ready, the second message it writes: the Ready is already on its way,
+// and a read after CloseRead still returns what had arrived.
+type evictAtSecondWrite struct {
+	net.Conn
+	s      *Server
+	writes int
+}
+
+func (c *evictAtSecondWrite) Write(b []byte) (int, error) {
+	if c.writes++; c.writes == 2 {
+		c.s.mu.Lock()
+		c.s.evictLocked()
+		c.s.mu.Unlock()
+	}
+	return c.Conn.Write(b)
+}
+
+// TestHandshakeEvictedWithItsReadyInTakesNoSession: a handshake closed to
+// make room whose Ready had already arrived finished its handshake, took
+// its session over from the connection serving it and served requests on
+// a connection whose reads were shut, uncounted as a handshake closed to
+// make room. It must end there and count as one.
+func TestHandshakeEvictedWithItsReadyInTakesNoSession(t *testing.T) {
+	region := shmRegion(t, 2, testRowBytes)
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf:     discard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	client, server := net.Pipe()
+	defer client.Close()
+	p := &pendingConn{conn: server}
+	s.mu.Lock()
+	s.handshaking = append(s.handshaking, p)
+	s.mu.Unlock()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		defer server.Close()
+		s.serve(server, p)
+	}()
+	if _, _, err := clientHandshake(&evictAtSecondWrite{Conn: client, s: s}, presharedKey(testSecret), newNodeID(), 7); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		client.Close()
+		<-served
+		t.Fatal("the Server served a connection it had closed to make room")
+	}
+	s.mu.Lock()
+	sessions := len(s.sessions)
+	s.mu.Unlock()
+	if n := s.HandshakesEvicted(); n != 1 || sessions != 0 {
+		t.Fatalf("%d handshakes counted as closed to make room, %d sessions taken", n, sessions)
 	}
 }

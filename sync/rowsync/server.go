@@ -201,12 +201,17 @@ const maxHandshaking = 64
 // listed peer's handshake (its round trip is longer than the time 64
 // connections of a flood take to arrive), and the peer took the close for
 // a refusal of its secret. So the pick goes, in order, to a connection
-// whose Hello was not proven over one that was (a flood without the secret
-// sends none); from a source the peer list does not name over one it does
-// (an address the network between nodes cannot take over without being on
-// the path, where it could cut the connection anyway); from the source with
-// the most connections in handshake (so that one source cannot take every
-// slot); the oldest of these. The client is told (answerFlooded), and the
+// from a source the peer list does not name over one it does (an address
+// the network between nodes cannot take over without being on the path,
+// where it could cut the connection anyway); to one whose Hello was not
+// proven over one that was (a flood without the secret sends none); from
+// the source with the most connections in handshake (so that one source
+// cannot take every slot); the oldest of these. Listed comes before proven:
+// a Hello seen once on the network proves nothing when sent again (it
+// decrypts as the original did, then waits for a Ready that never comes),
+// and replays of one from unlisted sources, ranked over a listed peer's
+// handshake not yet proven, closed each one the peer began
+// (TestReplayedHelloFloodDoesNotKeepAListedPeerOut). The client is told (answerFlooded), and the
 // eviction is counted and logged as such, not as a refusal.
 func (s *Server) evictLocked() *pendingConn {
 	count := make(map[netip.Addr]int, len(s.handshaking))
@@ -215,10 +220,10 @@ func (s *Server) evictLocked() *pendingConn {
 	}
 	rank := func(p *pendingConn) (int, int) {
 		class := 0
-		if p.proven {
+		if p.listed {
 			class += 2
 		}
-		if p.listed {
+		if p.proven {
 			class++
 		}
 		return class, -count[p.source]
@@ -354,13 +359,15 @@ func (s *Server) summarizeRefusals(l *refusalLines, final bool) {
 	l.logged, l.unlogged, l.timer = time.Now(), 0, nil
 }
 
-// handshakeDone forgets p among the connections in handshake.
-func (s *Server) handshakeDone(p *pendingConn) {
+// handshakeDone forgets p among the connections in handshake and returns
+// whether evictLocked closed it, which it can no longer do after this.
+func (s *Server) handshakeDone(p *pendingConn) (evicted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i := slices.Index(s.handshaking, p); i >= 0 {
 		s.handshaking = slices.Delete(s.handshaking, i, i+1)
 	}
+	return p.evicted
 }
 
 // evicted is serverHandshake's question for p: whether evictLocked closed
@@ -422,11 +429,17 @@ func (s *Server) accept() {
 // over its session, then answers its requests in order until it fails.
 func (s *Server) serve(conn net.Conn, p *pendingConn) {
 	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome, func(proven bool) bool { return s.evicted(p, proven) })
-	s.handshakeDone(p)
+	evicted := s.handshakeDone(p)
 	if errors.Is(err, errSelf) {
 		return // this node's own Mirror, told so
 	}
-	if err != nil && s.evicted(p, false) {
+	if err == nil && evicted {
+		// Closed as its handshake ended, or with its Ready already
+		// received (a read after CloseRead returns what had arrived):
+		// its reads end, so it takes no session over.
+		err = errEvicted
+	}
+	if err != nil && evicted {
 		// After its Welcome too: its Ready read ended.
 		s.evictions.Add(1)
 		s.logRefusal(conn.RemoteAddr(), errEvicted)
