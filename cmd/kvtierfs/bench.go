@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,7 +122,7 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.netns, "netns", false, "put each node's daemon in a network namespace of its own, the nodes on one bridge, so that mirrored rows cross veth links (root, iproute2)")
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
-	fl.StringVar(&b.profile, "profile", "", "engine scenarios: write a CPU profile of every node's daemon and of the bench during the measured requests, and the CPU they and the machine used, to this directory (not with --netns)")
+	fl.StringVar(&b.profile, "profile", "", "engine scenarios: write a CPU profile of every node's daemon and of the bench during the measured requests, and the CPU they and the machine used, to this directory (not with --netns; with --rounds, to its subdirectory roundN for round N)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
 	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side; chain: the chain's length (default 222)")
 	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent); chain: keys matched")
@@ -129,7 +130,8 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.halfZero, "half-zero", false, "chain: rows whose second half is zero (the other node's slot)")
 	fl.StringVar(&b.passthroughMinRow, "passthrough-min-row", "", "disk: the mount's --passthrough-min-row (default the mount's), e.g. 0 to pass every row through, 1TiB to write every row through the daemon")
 	fl.StringVar(&b.stagingBytes, "staging-bytes", "1GiB", "chain: staging budget of the staging-on mount")
-	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks)",
+	fl.IntVar(&b.rounds, "rounds", 0, fmt.Sprintf("chain: rounds of the three load phases, each round in a rotated order (default %d); disk: rounds that alternate the mount and the bare directory in the store phase (default %d, at most --blocks); "+
+		"multinode: rounds of a run with --sync off and one with on, fresh daemons each, which goes first alternating, printed with each round's on ÷ off, their median and each side's range (default 1; given, --json prints an object of the runs and the rounds)",
 		diskbench.DefaultChainConfig().Rounds, diskbench.DefaultConfig().Rounds))
 	fl.BoolVar(&b.asJSON, "json", false, "print the results as JSON (an array of runs; disk: one object) instead of a table")
 	return b
@@ -204,7 +206,11 @@ func (b *benchFlags) checkApplicable(scenario string) error {
 	case rawScenario(scenario):
 		refused = engineOnlyFlags
 	default:
-		refused = diskOnlyFlags
+		for _, f := range diskOnlyFlags {
+			if f != "rounds" || scenario != engine.ScenarioMultinode {
+				refused = append(refused, f)
+			}
+		}
 	}
 	for _, f := range b.ints {
 		applies := slices.Contains(f.scenarios, scenario) || f.scenarios == nil && !rawScenario(scenario)
@@ -280,29 +286,42 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 	if err != nil {
 		return usageError{err}
 	}
-	var results []engine.Result
-	for _, eng := range engines {
-		for _, sync := range syncs {
-			for _, staging := range stagings {
-				for _, budget := range budgets {
-					cfg.Engine, cfg.Sync, cfg.Staging, cfg.LookupBudget = eng, sync, staging, budget
-					if err := cfg.Validate(); err != nil {
-						return usageError{err}
-					}
-					res, err := engine.Run(ctx, cfg)
-					if ctx.Err() != nil {
-						return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
-					}
-					if err != nil {
-						return fmt.Errorf("%s, --engine %s, --sync %s, --staging %s, --lookup-budget %s: %w",
-							scenario, eng, onOff(sync), onOff(staging), res.LookupBudget, err)
-					}
-					results = append(results, res)
-				}
-			}
+	rounds, err := b.roundCount(syncs)
+	if err != nil {
+		return usageError{err}
+	}
+	plan := engine.PlanRuns(rounds, engines, syncs, stagings, budgets)
+	for _, run := range plan { // every setting checked before the first run starts
+		cfg.Engine, cfg.Sync, cfg.Staging, cfg.LookupBudget = run.Engine, run.Sync, run.Staging, run.Budget
+		if err := cfg.Validate(); err != nil {
+			return usageError{err}
 		}
 	}
+	var results []engine.Result
+	for _, run := range plan {
+		cfg.Engine, cfg.Sync, cfg.Staging, cfg.LookupBudget = run.Engine, run.Sync, run.Staging, run.Budget
+		if run.Round > 0 {
+			fmt.Fprintf(os.Stderr, "kvtierfs bench: round %d of %d, --sync %s\n", run.Round, rounds, onOff(run.Sync))
+			if b.profile != "" {
+				cfg.Profile = filepath.Join(b.profile, fmt.Sprintf("round%d", run.Round))
+			}
+		}
+		res, err := engine.Run(ctx, cfg)
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted; everything the run started was stopped and removed (%v)", err)
+		}
+		if err != nil {
+			return fmt.Errorf("%s, %s--engine %s, --sync %s, --staging %s, --lookup-budget %s: %w",
+				scenario, roundPrefix(run.Round), run.Engine, onOff(run.Sync), onOff(run.Staging), res.LookupBudget, err)
+		}
+		res.Round = run.Round
+		results = append(results, res)
+	}
+	mirroring := engine.SummarizeMirroring(results)
 	if b.asJSON {
+		if rounds > 0 {
+			return writeJSON(os.Stdout, benchRounds{Runs: results, Mirroring: mirroring})
+		}
 		return writeJSON(os.Stdout, results)
 	}
 	engine.WriteLegend(os.Stdout, results)
@@ -310,17 +329,48 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 		return err
 	}
 	engine.WriteStagingRatios(os.Stdout, results)
+	engine.WriteMirroring(os.Stdout, mirroring)
 	// The last run's mount only: the others' are columns of the table.
 	last := results[len(results)-1]
 	var st ctlabi.Stats
 	if err := json.Unmarshal(last.Stats, &st); err != nil {
 		return fmt.Errorf("decoding the mount's stats: %w", err)
 	}
-	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, sync %s, lookup budget %s run:\n", last.Engine, last.Sync, last.LookupBudget)
+	fmt.Printf("\nkvtierfs stat of the head node's mount at the end of the %s engine, %ssync %s, lookup budget %s run:\n", last.Engine, roundPrefix(last.Round), last.Sync, last.LookupBudget)
 	printStats(os.Stdout, st)
 	fmt.Println()
 	engine.WriteVerdict(os.Stdout, results)
 	return nil
+}
+
+// benchRounds is the JSON of an engine run with --rounds: every run, and
+// each setting's rounds of mirroring on ÷ off.
+type benchRounds struct {
+	Runs      []engine.Result        `json:"runs"`
+	Mirroring []engine.MirrorSummary `json:"mirroring"`
+}
+
+// roundCount is --rounds of an engine scenario: 0 without the flag (one
+// run of each setting), else at least 1, with both sync settings to pair.
+func (b *benchFlags) roundCount(syncs []bool) (int, error) {
+	if !b.fl.Changed("rounds") {
+		return 0, nil
+	}
+	if b.rounds < 1 {
+		return 0, fmt.Errorf("--rounds %d: want at least 1", b.rounds)
+	}
+	if !slices.Contains(syncs, false) || !slices.Contains(syncs, true) || len(syncs) != 2 {
+		return 0, fmt.Errorf("--rounds pairs a run with --sync off and one with on: want --sync off,on (the default with --nodes 2 or more)")
+	}
+	return b.rounds, nil
+}
+
+// roundPrefix names a run's round in a message, if it has one.
+func roundPrefix(round int) string {
+	if round == 0 {
+		return ""
+	}
+	return fmt.Sprintf("round %d, ", round)
 }
 
 // engineList parses --engine.

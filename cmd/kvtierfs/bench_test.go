@@ -34,6 +34,10 @@ func TestBenchFlagRules(t *testing.T) {
 		{[]string{"agent", "--prompts", "2"}, "", "--prompts does not apply to scenario agent"},
 		{[]string{"multinode", "--profile", "p"}, "multinode", ""},
 		{[]string{"disk", "--profile", "p"}, "", "--profile does not apply to scenario disk"},
+		{[]string{"multinode", "--rounds", "3"}, "multinode", ""},
+		{[]string{"chain", "--rounds", "3"}, "chain", ""},
+		{[]string{"eagle", "--rounds", "3"}, "", "--rounds does not apply to scenario eagle"},
+		{[]string{"agent", "--rounds", "3"}, "", "--rounds does not apply to scenario agent"},
 	}
 	for _, c := range cases {
 		b := newBenchFlags()
@@ -49,6 +53,39 @@ func TestBenchFlagRules(t *testing.T) {
 			t.Errorf("%q: scenario %q, %v; want %q", c.args, got, err, c.want)
 		case c.want == "" && (err == nil || !strings.Contains(err.Error(), c.errText)):
 			t.Errorf("%q: error %v; want one containing %q", c.args, err, c.errText)
+		}
+	}
+}
+
+// TestBenchRoundCount: --rounds of multinode is 0 without the flag (one run
+// of each setting, as before the flag), else at least 1, pairing off and on.
+func TestBenchRoundCount(t *testing.T) {
+	off, on := false, true
+	for _, c := range []struct {
+		args    []string
+		syncs   []bool
+		want    int
+		errText string
+	}{
+		{[]string{"multinode"}, []bool{off, on}, 0, ""},
+		{[]string{"multinode", "--sync", "on"}, []bool{on}, 0, ""},
+		{[]string{"multinode", "--rounds", "1"}, []bool{off, on}, 1, ""},
+		{[]string{"multinode", "--rounds", "3"}, []bool{on, off}, 3, ""},
+		{[]string{"multinode", "--rounds", "0"}, []bool{off, on}, 0, "--rounds 0: want at least 1"},
+		{[]string{"multinode", "--rounds", "2"}, []bool{on}, 0, "want --sync off,on"},
+		{[]string{"multinode", "--rounds", "2"}, []bool{off, off}, 0, "want --sync off,on"},
+		{[]string{"multinode", "--rounds", "2"}, []bool{off, on, off}, 0, "want --sync off,on"},
+	} {
+		b := newBenchFlags()
+		if err := parseFlags(b.fl, c.args); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		got, err := b.roundCount(c.syncs)
+		switch {
+		case c.errText == "" && (err != nil || got != c.want):
+			t.Errorf("%q, syncs %v: %d, %v; want %d", c.args, c.syncs, got, err, c.want)
+		case c.errText != "" && (err == nil || !strings.Contains(err.Error(), c.errText)):
+			t.Errorf("%q, syncs %v: error %v; want one containing %q", c.args, c.syncs, err, c.errText)
 		}
 	}
 }

@@ -125,6 +125,10 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"eagle", "--sync", "on"}, "--sync on: needs --nodes 2"},
 		{[]string{"disk", "--engine", "stock"}, "--engine does not apply to scenario disk"},
 		{[]string{"disk", "--blocks", "0"}, "--blocks 0"},
+		{[]string{"eagle", "--rounds", "2"}, "--rounds does not apply to scenario eagle"},
+		{[]string{"multinode", "--rounds", "0"}, "--rounds 0: want at least 1"},
+		{[]string{"multinode", "--rounds", "2", "--sync", "on"}, "--rounds pairs a run with --sync off and one with on"},
+		{[]string{"multinode", "--rounds", "2", "--sync", "off,on,off"}, "--rounds pairs a run with --sync off and one with on"},
 	} {
 		dir := t.TempDir()
 		cmd, _, stderr := benchCommand(dir, tc.args...)
@@ -207,5 +211,139 @@ func TestBenchProfile(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "--profile: measured requests") {
 		t.Errorf("the run's progress does not report the CPU use:\n%s", stderr)
+	}
+}
+
+// tableRow is the cells of the bench table's row whose label is label.
+func tableRow(t *testing.T, out, label string) []string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), label+"  "); ok {
+			return strings.Fields(rest)
+		}
+	}
+	t.Fatalf("the table has no row %q:\n%s", label, out)
+	return nil
+}
+
+// TestBenchRounds: multinode --rounds 2 runs each round's sync off and on,
+// on first in the second round, and prints each round's on ÷ off and their
+// median, which agree with the table's columns of the runs.
+func TestBenchRounds(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--prompts", "2", "--gpu", "host", "--rounds", "2")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	out := stdout.String()
+	rounds, syncs := tableRow(t, out, "round"), tableRow(t, out, "sync")
+	if got := strings.Join(rounds, " ") + " / " + strings.Join(syncs, " "); got != "1 1 2 2 / off on on off" {
+		t.Fatalf("table columns (rounds / syncs) %s, want 1 1 2 2 / off on on off:\n%s", got, out)
+	}
+	var gbps []float64 // the table's load throughput of each run, in its column
+	cells := tableRow(t, out, "load throughput")
+	for i := 0; i < len(cells); i += 2 { // "4.12 GB/s"
+		var v float64
+		if _, err := fmt.Sscanf(cells[i], "%g", &v); err != nil {
+			t.Fatalf("load throughput %q: %v", cells, err)
+		}
+		gbps = append(gbps, v)
+	}
+	column := func(round, sync string) float64 {
+		for i := range rounds {
+			if rounds[i] == round && syncs[i] == sync {
+				return gbps[i]
+			}
+		}
+		t.Fatalf("no column of round %s sync %s", round, sync)
+		return 0
+	}
+	if !strings.Contains(out, "mirroring on ÷ off of the load throughput, fixed engine, staging on, lookup budget auto:\n") {
+		t.Fatalf("output lacks the rounds' heading:\n%s", out)
+	}
+	var ratios []float64
+	for _, want := range []struct{ round, first string }{{"1", "off"}, {"2", "on"}} {
+		prefix := fmt.Sprintf("  round %s (%s first): ", want.round, want.first)
+		var line string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				line = l
+			}
+		}
+		var off, on, ratio float64
+		var onSame, onAll, offSame, offAll int
+		var verdict string
+		if _, err := fmt.Sscanf(strings.TrimPrefix(line, prefix), "off %g GB/s, on %g GB/s, on ÷ off %g; rows identical on %d/%d, off %d/%d; %s",
+			&off, &on, &ratio, &onSame, &onAll, &offSame, &offAll, &verdict); err != nil {
+			t.Fatalf("round %s's line %q: %v\n%s", want.round, line, err, out)
+		}
+		if off != column(want.round, "off") || on != column(want.round, "on") {
+			t.Errorf("round %s: off %.2f, on %.2f; the table has %.2f, %.2f", want.round, off, on, column(want.round, "off"), column(want.round, "on"))
+		}
+		// The line's GB/s are rounded to 0.005: the ratio lies within what
+		// they allow, itself rounded.
+		if off > 0.01 && (ratio < (on-0.005)/(off+0.005)-0.005 || ratio > (on+0.005)/(off-0.005)+0.005) {
+			t.Errorf("round %s: on ÷ off %.2f of %.2f ÷ %.2f", want.round, ratio, on, off)
+		}
+		if onSame != onAll || onAll == 0 || offSame >= offAll || verdict != "checks" {
+			t.Errorf("round %s: rows identical on %d/%d, off %d/%d, %q; want every row with mirroring, some stale without, checks pass", want.round, onSame, onAll, offSame, offAll, verdict)
+		}
+		ratios = append(ratios, ratio)
+	}
+	var median, offMin, offMax, onMin, onMax float64
+	var counted, of int
+	var medianLine string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "  median on ÷ off ") {
+			medianLine = l
+		}
+	}
+	if _, err := fmt.Sscanf(medianLine, "  median on ÷ off %g of %d round(s) of %d; off %g–%g GB/s, on %g–%g GB/s",
+		&median, &counted, &of, &offMin, &offMax, &onMin, &onMax); err != nil {
+		t.Fatalf("median line %q: %v\n%s", medianLine, err, out)
+	}
+	if counted != 2 || of != 2 || median < (ratios[0]+ratios[1])/2-0.011 || median > (ratios[0]+ratios[1])/2+0.011 {
+		t.Errorf("median %.2f of %d of %d rounds; the rounds' ratios are %v", median, counted, of, ratios)
+	}
+	if offMin != min(column("1", "off"), column("2", "off")) || offMax != max(column("1", "off"), column("2", "off")) ||
+		onMin != min(column("1", "on"), column("2", "on")) || onMax != max(column("1", "on"), column("2", "on")) {
+		t.Errorf("ranges off %.2f–%.2f, on %.2f–%.2f disagree with the table's %v", offMin, offMax, onMin, onMax, gbps)
+	}
+	for _, want := range []string{"verdict, fixed engine, round 1, sync off", "verdict, fixed engine, round 2, sync on, staging on: coverage 100.0%; PASS"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestBenchRoundsJSON: with --rounds, --json prints an object of the runs,
+// each with its round, and the rounds' summary, computed from them.
+func TestBenchRoundsJSON(t *testing.T) {
+	dir := t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--prompts", "1", "--gpu", "host", "--rounds", "1", "--json")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	var got struct {
+		Runs      []Result        `json:"runs"`
+		Mirroring []MirrorSummary `json:"mirroring"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("decoding %s: %v", stdout, err)
+	}
+	if len(got.Runs) != 2 || got.Runs[0].Round != 1 || got.Runs[0].Sync != "off" || got.Runs[1].Round != 1 || got.Runs[1].Sync != "on" {
+		t.Fatalf("runs %+v; want round 1 off then on", got.Runs)
+	}
+	if len(got.Mirroring) != 1 || len(got.Mirroring[0].Rounds) != 1 {
+		t.Fatalf("mirroring %+v; want one setting of one round", got.Mirroring)
+	}
+	m, off, on := got.Mirroring[0], got.Runs[0], got.Runs[1]
+	r := m.Rounds[0]
+	if r.OffGBps != off.LoadGBps || r.OnGBps != on.LoadGBps || r.Ratio != on.LoadGBps/off.LoadGBps || r.First != "off" || !r.ChecksPass ||
+		m.Counted != 1 || m.MedianRatio != r.Ratio || m.OffGBpsMin != off.LoadGBps || m.OnGBpsMax != on.LoadGBps {
+		t.Errorf("mirroring %+v disagrees with the runs' load_gbps %v, %v (rows on %d/%d, off %d/%d)",
+			m, off.LoadGBps, on.LoadGBps, on.RowsIdentical, on.RowsChecked, off.RowsIdentical, off.RowsChecked)
 	}
 }

@@ -45,6 +45,9 @@ type Result struct {
 	ParkedRequests  int `json:"parked_requests"`
 	// LookupBudget ("auto" or "off") is the mounts' --lookup-budget.
 	LookupBudget string `json:"lookup_budget"`
+	// Round is the run's round of `bench --rounds` (from 1; absent without
+	// the flag), set by the caller: Run runs one run.
+	Round int `json:"round,omitempty"`
 	// RetryPeak is the largest summed RETRY of one stock lookup probe: the
 	// rows it reserved for promotions; it pins at the row count when the
 	// primary tier is exhausted.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -30,6 +31,9 @@ func WriteTable(w io.Writer, results []Result) error {
 			fmt.Fprintf(t, "%s\t", value(r, heads[i]))
 		}
 		fmt.Fprintln(t)
+	}
+	if slices.ContainsFunc(results, func(r Result) bool { return r.Round > 0 }) {
+		row("round", func(r Result, _ ctlabi.Stats) string { return fmt.Sprint(r.Round) })
 	}
 	row("engine", func(r Result, _ ctlabi.Stats) string { return r.Engine })
 	row("sync", func(r Result, _ ctlabi.Stats) string { return r.Sync })
@@ -95,7 +99,7 @@ func WriteStagingRatios(w io.Writer, results []Result) {
 			continue
 		}
 		for _, off := range results {
-			if off.Staging != "off" || off.Engine != on.Engine || off.Sync != on.Sync {
+			if off.Staging != "off" || off.Engine != on.Engine || off.Sync != on.Sync || off.Round != on.Round {
 				continue
 			}
 			wait := "n/a (no later wave waited)"
@@ -106,8 +110,12 @@ func WriteStagingRatios(w io.Writer, results []Result) {
 			if off.LoadGBps > 0 {
 				throughput = fmt.Sprintf("%.2f", on.LoadGBps/off.LoadGBps)
 			}
-			fmt.Fprintf(w, "%s, sync %s, step gap %.0f ms: load wait of waves 2…n, staging on ÷ off %s; load throughput on ÷ off %s\n",
-				on.Engine, on.Sync, 1000*on.StepGapSeconds, wait, throughput)
+			round := ""
+			if on.Round > 0 {
+				round = fmt.Sprintf("round %d, ", on.Round)
+			}
+			fmt.Fprintf(w, "%s, %ssync %s, step gap %.0f ms: load wait of waves 2…n, staging on ÷ off %s; load throughput on ÷ off %s\n",
+				on.Engine, round, on.Sync, 1000*on.StepGapSeconds, wait, throughput)
 		}
 	}
 }
@@ -140,7 +148,7 @@ func WriteVerdict(w io.Writer, results []Result) {
 		}
 		against := ""
 		for _, stock := range results {
-			if stock.Engine == EngineStock && stock.Sync == fixed.Sync && stock.Staging == fixed.Staging {
+			if stock.Engine == EngineStock && stock.Sync == fixed.Sync && stock.Staging == fixed.Staging && stock.Round == fixed.Round {
 				against = fmt.Sprintf(" (stock engine %.1f%%)", 100*stock.Coverage)
 			}
 		}
@@ -151,8 +159,12 @@ func WriteVerdict(w io.Writer, results []Result) {
 		case fixed.LoadErrors+fixed.StoreErrors > 0:
 			verdict = fmt.Sprintf("FAIL: %d loads and %d stores failed", fixed.LoadErrors, fixed.StoreErrors)
 		}
-		fmt.Fprintf(w, "verdict, fixed engine, sync %s, staging %s: coverage %.1f%%%s; %s\n",
-			fixed.Sync, fixed.Staging, 100*fixed.Coverage, against, verdict)
+		round := ""
+		if fixed.Round > 0 {
+			round = fmt.Sprintf("round %d, ", fixed.Round)
+		}
+		fmt.Fprintf(w, "verdict, fixed engine, %ssync %s, staging %s: coverage %.1f%%%s; %s\n",
+			round, fixed.Sync, fixed.Staging, 100*fixed.Coverage, against, verdict)
 	}
 }
 

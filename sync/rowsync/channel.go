@@ -47,8 +47,9 @@ type channel struct {
 	r          *bufio.Reader // conn's bytes
 	send, recv *noise.CipherState
 
-	out []byte // sealed records not yet written
-	asm []byte // a record's plaintext gathered from several pieces
+	out  []byte  // sealed records not yet written
+	asm  []byte  // a record's plaintext gathered from several pieces
+	head [2]byte // the record being sealed's length bytes, kept here so that sealing allocates nothing of its own
 
 	in   []byte // the sealed record being read
 	left []byte // plaintext of the current record not yet read
@@ -105,9 +106,8 @@ func (c *channel) writeFrame(pieces net.Buffers) error {
 
 // seal appends the record of plain to c.out.
 func (c *channel) seal(plain []byte) error {
-	var head [2]byte
-	binary.BigEndian.PutUint16(head[:], uint16(len(plain)+tagBytes))
-	out, err := c.send.Encrypt(append(c.out, head[:]...), head[:], plain)
+	binary.BigEndian.PutUint16(c.head[:], uint16(len(plain)+tagBytes))
+	out, err := c.send.Encrypt(append(c.out, c.head[:]...), c.head[:], plain)
 	if err != nil {
 		return fmt.Errorf("rowsync: sealing a record: %w", err)
 	}
