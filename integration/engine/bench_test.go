@@ -318,14 +318,23 @@ func TestBenchRounds(t *testing.T) {
 }
 
 // TestBenchRoundsJSON: with --rounds, --json prints an object of the runs,
-// each with its round, and the rounds' summary, computed from them.
+// each with its round, and the rounds' summary, computed from them; --profile
+// DIR puts round N's profiles in DIR/roundN, both sync settings' side by side.
 func TestBenchRoundsJSON(t *testing.T) {
-	dir := t.TempDir()
-	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--prompts", "1", "--gpu", "host", "--rounds", "1", "--json")
+	dir, profiles := t.TempDir(), t.TempDir()
+	cmd, stdout, stderr := benchCommand(dir, "multinode", "--row-bytes", "64KiB", "--rows", "16", "--promote", "8", "--prompts", "1", "--gpu", "host", "--rounds", "1", "--json", "--profile", profiles)
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, stderr)
 	}
 	checkBenchCleanedUp(t, dir, cmd.Process.Pid)
+	if entries, err := os.ReadDir(profiles); err != nil || len(entries) != 1 || entries[0].Name() != "round1" {
+		t.Errorf("--profile directory holds %v (%v); want round1 only", entries, err)
+	}
+	for _, name := range []string{"node0-sync-off.pprof", "node1-sync-on.pprof", "bench-sync-off.pprof", "cpu-sync-on.txt"} {
+		if fi, err := os.Stat(filepath.Join(profiles, "round1", name)); err != nil || fi.Size() == 0 {
+			t.Errorf("round1/%s: %v", name, err)
+		}
+	}
 	var got struct {
 		Runs      []Result        `json:"runs"`
 		Mirroring []MirrorSummary `json:"mirroring"`

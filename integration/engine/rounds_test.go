@@ -18,8 +18,8 @@ func planString(plan []PlannedRun) string {
 
 // TestPlanRunsAlternatesWhichSyncGoesFirst: without rounds the runs nest as
 // they always did; with K rounds each setting's off and on run side by side,
-// off first in odd rounds and on first in even ones, whatever order --sync
-// gave.
+// in --sync's order in odd rounds (off first by default) and reversed in
+// even ones.
 func TestPlanRunsAlternatesWhichSyncGoesFirst(t *testing.T) {
 	offOn, on, both := []bool{false, true}, []bool{true}, []bool{true, false}
 	for _, tc := range []struct {
