@@ -317,7 +317,12 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 		res.Round = run.Round
 		results = append(results, res)
 	}
-	mirroring := engine.SummarizeMirroring(results)
+	// The rounds' checks are multinode's (rows identical at every rank with
+	// mirroring, stale without): other scenarios' sync runs are not rounds.
+	var mirroring []engine.MirrorSummary
+	if scenario == engine.ScenarioMultinode {
+		mirroring = engine.SummarizeMirroring(results)
+	}
 	if b.asJSON {
 		if rounds > 0 {
 			return writeJSON(os.Stdout, benchRounds{Runs: results, Mirroring: mirroring})
