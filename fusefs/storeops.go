@@ -277,6 +277,21 @@ func (f *storeFile) setTimes(times []unix.Timespec) error {
 	return unix.UtimesNanoAt(f.dirfd, f.name, times, unix.AT_SYMLINK_NOFOLLOW)
 }
 
+// truncate sets the regular file's size through a descriptor opened
+// without waiting. The store file's owner, the engine's uid, may hold a
+// lease on it: truncate(2) would wait out the lease-break time (45 s) in a
+// daemon thread, one per file, until Go's thread limit ended the daemon;
+// the open fails with EAGAIN at once instead, and ftruncate breaks no lease
+// (DESIGN "Threat model").
+func (f *storeFile) truncate(size int64) error {
+	fd, err := unix.Open(f.proc, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Ftruncate(fd, size)
+}
+
 // noLinks refuses a path call on a symbolic link, which it would follow.
 func (f *storeFile) noLinks() error {
 	if f.isLink() {
@@ -322,7 +337,7 @@ func (n *node) setattrStore(ctx context.Context, f fs.FileHandle, in *fuse.SetAt
 			if f.st.Mode&unix.S_IFMT != unix.S_IFREG {
 				return unix.EINVAL
 			}
-			if err := unix.Truncate(f.proc, int64(size)); err != nil {
+			if err := f.truncate(int64(size)); err != nil {
 				return err
 			}
 		}

@@ -2,6 +2,7 @@ package mount_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -95,4 +96,48 @@ func openInChild(t *testing.T, path, fifo string) (string, bool) {
 		<-ended
 	}
 	return out.String(), false
+}
+
+// TestLeaseOnAStoreFileHoldsNoTruncate: the engine's uid owns the store
+// tree, so it can take a write lease on a store file and truncate that file
+// through the mount. Main's daemon truncated by path and waited out the
+// lease-break time (45 s) in a thread of its own, one per file, until Go's
+// thread limit ended it. The truncate must fail at once (EAGAIN) with the
+// file left as it was, and succeed once the lease is gone.
+func TestLeaseOnAStoreFileHoldsNoTruncate(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	if err := os.WriteFile(d.Path("config.json"), []byte("{\"k\": 1}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := os.Open(filepath.Join(d.Store, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Close()
+	// A write lease needs no other open descriptor of the file: the
+	// daemon's of the write is closed at the RELEASE after it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_WRLCK)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			t.Fatalf("write lease on the store file: %v", err)
+		}
+	}
+	if err := os.Truncate(d.Path("config.json"), 0); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("truncate of a leased store file through the mount: %v, want EAGAIN at once", err)
+	}
+	if st, err := os.Stat(filepath.Join(d.Store, "config.json")); err != nil || st.Size() != 8 {
+		t.Fatalf("leased store file after the refused truncate: %v, %v; want its 8 bytes", st, err)
+	}
+	if _, err := unix.FcntlInt(lease.Fd(), unix.F_SETLEASE, unix.F_UNLCK); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(d.Path("config.json"), 0); err != nil {
+		t.Fatalf("truncate once the lease is gone: %v", err)
+	}
+	if st, err := os.Stat(d.Path("config.json")); err != nil || st.Size() != 0 {
+		t.Fatalf("after the truncate: %v, %v; want size 0", st, err)
+	}
 }
