@@ -106,6 +106,11 @@ func (x *lookupIndex) entryAt(dirfd int, name string) (storeEntry, error) {
 	if name == "" {
 		flags |= unix.AT_EMPTY_PATH
 	}
+	if name != "" {
+		if err := notMountPoint(dirfd, name); err != nil {
+			return storeEntry{}, err
+		}
+	}
 	var stx unix.Statx_t
 	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &stx); err != nil {
 		return storeEntry{}, err
@@ -333,4 +338,25 @@ func (x *lookupIndex) groupDirs(tier string, limit int) []string {
 		}
 	}
 	return names
+}
+
+// notMountPoint refuses (EXDEV) a name in the directory dirfd on which
+// something is mounted: the store's tree is one filesystem, and a FUSE
+// server the engine's uid mounted there and stopped would hold the daemon's
+// stat of its root. Both looks take the kernel's cached attributes
+// (AT_STATX_DONT_SYNC), asking no filesystem; a kernel without mount ids
+// (before 5.8) is not checked here, the store's resolution still refuses
+// to walk through one (tiers/internal/beneath).
+func notMountPoint(dirfd int, name string) error {
+	var dir, child unix.Statx_t
+	if err := unix.Statx(dirfd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &dir); err != nil {
+		return err
+	}
+	if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &child); err != nil {
+		return err
+	}
+	if dir.Mask&child.Mask&unix.STATX_MNT_ID != 0 && dir.Mnt_id != child.Mnt_id {
+		return unix.EXDEV
+	}
+	return nil
 }

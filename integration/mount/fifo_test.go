@@ -141,3 +141,44 @@ func TestLeaseOnAStoreFileHoldsNoTruncate(t *testing.T) {
 		t.Fatalf("after the truncate: %v, %v; want size 0", st, err)
 	}
 }
+
+// TestMountInsideTheStoreIsNotEntered: a filesystem mounted inside the
+// store tree (the engine's uid may mount a FUSE server there where
+// /dev/fuse is open to it, and stop it: every daemon thread that stats its
+// root or walks into it then waits for good) is not entered through the
+// mount: its name and the names below it fail with EXDEV, and the daemon
+// answers the rest of the tree.
+func TestMountInsideTheStoreIsNotEntered(t *testing.T) {
+	d := mounttest.Start(t, mounttest.Options{})
+	if err := os.Mkdir(d.Path("nest"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inStore := filepath.Join(d.Store, "nest")
+	if err := unix.Mount("kvtierfs-nested-test", inStore, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(inStore, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(inStore, "f"), []byte("nested"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel's entry of "nest" is the directory's from before the
+	// mount; a mount the daemon does not enter is found on a fresh lookup.
+	if err := os.WriteFile(d.Path("config.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unix.Syscall(unix.SYS_SYNC, 0, 0, 0)
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0o200); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nest/f", "nest"} {
+		if _, err := os.Stat(d.Path(name)); !errors.Is(err, unix.EXDEV) {
+			t.Errorf("stat of %s through the mount: %v, want EXDEV", name, err)
+		}
+	}
+	if b, err := os.ReadFile(d.Path("nest/f")); err == nil {
+		t.Errorf("read %q through the mount from a filesystem mounted inside the store", b)
+	}
+	if b, err := os.ReadFile(d.Path("config.json")); err != nil || string(b) != "{}" {
+		t.Errorf("config.json beside it: %q, %v", b, err)
+	}
+}

@@ -12,16 +12,21 @@
 // trailing slash, "a/./b") fails with EINVAL. A symbolic link in any
 // component fails: ELOOP from openat2, ELOOP or ENOTDIR from the walk (an
 // O_PATH|O_NOFOLLOW open of a final link opens the link itself, as lstat
-// sees it). Errors are bare errnos: the caller names the path in its own.
+// sees it). A component that is a mount point (anything mounted inside the
+// tree, a FUSE server that never answers among them) fails with EXDEV: the
+// daemon never waits on a filesystem it did not choose. Errors are bare
+// errnos: the caller names the path in its own.
 //
 // # Resolution
 //
 // Open asks openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
-// RESOLVE_NO_MAGICLINKS. Where openat2 answers ENOSYS (kernels before 5.6,
+// RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV. Where openat2 answers ENOSYS (kernels before 5.6,
 // seccomp sandboxes, qemu-user) the process remembers it and from then on
 // walks the name one component at a time: each directory opened from the
 // last with O_PATH|O_DIRECTORY|O_NOFOLLOW, the last component with the
-// caller's flags and O_NOFOLLOW, so the rule holds there too. O_NOFOLLOW and
+// caller's flags and O_NOFOLLOW, each found on the directory's device, so the
+// rule holds there too (a bind mount of the same filesystem aside: the walk
+// tells mounts apart by device). O_NOFOLLOW and
 // O_CLOEXEC are always added; the mode is passed only where the flags create
 // (O_CREAT, O_TMPFILE), as openat2 requires. EINTR (a signal: Go's runtime
 // sends them) is retried without limit, EAGAIN (openat2 racing a rename
@@ -40,8 +45,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// resolveFlags are openat2's: nothing above the directory, no link anywhere.
-const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+// resolveFlags are openat2's: nothing above the directory, no link and no
+// mount point anywhere.
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
 // walkDirFlags open each directory the walk passes through.
 const walkDirFlags = unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
@@ -102,8 +108,13 @@ func Split(name string) ([]string, error) {
 }
 
 // walk opens parts below dir one component at a time, the directories on
-// the way O_PATH and none through a link (a link there is ENOTDIR or ELOOP).
+// the way O_PATH and none through a link (a link there is ENOTDIR or ELOOP)
+// or onto another device (EXDEV).
 func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
+	dev, err := deviceOf(dir)
+	if err != nil {
+		return -1, err
+	}
 	cur := dir
 	defer func() {
 		if cur != dir {
@@ -111,7 +122,7 @@ func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
 		}
 	}()
 	for _, p := range parts[:len(parts)-1] {
-		next, err := retry(func() (int, error) { return unix.Openat(cur, p, walkDirFlags, 0) })
+		next, err := sameDevice(dev, func() (int, error) { return unix.Openat(cur, p, walkDirFlags, 0) })
 		if err != nil {
 			return -1, err
 		}
@@ -121,7 +132,47 @@ func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
 		cur = next
 	}
 	last := parts[len(parts)-1]
-	return retry(func() (int, error) { return unix.Openat(cur, last, flags, mode) })
+	if flags&unix.O_PATH == 0 {
+		// A mount point opened for I/O could already wait on its server:
+		// look first, through O_PATH, which asks no filesystem to open.
+		probe, err := sameDevice(dev, func() (int, error) { return unix.Openat(cur, last, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0) })
+		switch {
+		case err == nil:
+			unix.Close(probe)
+		case err != unix.ENOENT:
+			return -1, err
+		}
+	}
+	return sameDevice(dev, func() (int, error) { return unix.Openat(cur, last, flags, mode) })
+}
+
+// sameDevice opens (retried as retry does) and passes the descriptor on if
+// it is on device dev, or closes it and answers EXDEV.
+func sameDevice(dev uint64, open func() (int, error)) (int, error) {
+	fd, err := retry(open)
+	if err != nil {
+		return fd, err
+	}
+	got, err := deviceOf(fd)
+	if err == nil && got != dev {
+		err = unix.EXDEV
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// deviceOf is the device of an open file, from the attributes the kernel
+// holds: AT_STATX_DONT_SYNC asks no filesystem (a FUSE server mounted in the
+// tree is never waited on for its root's attributes).
+func deviceOf(fd int) (uint64, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
+		return 0, err
+	}
+	return unix.Mkdev(stx.Dev_major, stx.Dev_minor), nil
 }
 
 // retry repeats an open that a signal interrupted, and one that raced a

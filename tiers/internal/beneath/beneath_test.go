@@ -297,3 +297,40 @@ func TestOpenWalksWhereOpenat2IsMissing(t *testing.T) {
 		t.Errorf("a/L/b/f without openat2: %v, want ENOTDIR or ELOOP", r.linked)
 	}
 }
+
+// TestOpenRefusesMountPoints: a filesystem mounted inside the tree (the
+// engine's uid may mount a FUSE server there where /dev/fuse is open to it,
+// and stop it) is never entered: a name through it or naming it fails with
+// EXDEV, with openat2 and with the walk.
+func TestOpenRefusesMountPoints(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"m", "plain"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount("kvtierfs-beneath-test", filepath.Join(root, "m"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mounting a tmpfs inside the tree (root needed): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(filepath.Join(root, "m"), unix.MNT_DETACH) })
+	write(t, filepath.Join(root, "m", "f"), "mounted")
+	write(t, filepath.Join(root, "plain", "f"), "plain")
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(dir) })
+	eachResolution(t, func(t *testing.T, walking bool) {
+		for _, name := range []string{"m/f", "m"} {
+			if fd, err := Open(dir, name, unix.O_RDONLY, 0); err != unix.EXDEV {
+				if err == nil {
+					unix.Close(fd)
+				}
+				t.Errorf("Open(%q) through a mount point: %v, want EXDEV", name, err)
+			}
+		}
+		if got, err := readName(dir, "plain/f"); err != nil || got != "plain" {
+			t.Errorf("Open(plain/f) = %q, %v; want its bytes", got, err)
+		}
+	})
+}
