@@ -349,6 +349,9 @@ const (
 	// WarnLookupBudgetCapped: the lookup budget cut prefixes longer than
 	// the primary tier can promote at once (issue 23).
 	WarnLookupBudgetCapped = "lookup_budget_capped"
+	// WarnDescriptorsLow: the daemon holds nearly all the file descriptors
+	// its limit allows, past which stores and loads fail.
+	WarnDescriptorsLow = "descriptors_low"
 )
 
 // WarningCodes lists every Warn* code, in the order metrics export them.
@@ -357,6 +360,7 @@ var WarningCodes = []string{
 	WarnShmUnmappable, WarnShmIgnored, WarnShmGeometry, WarnPeerDown, WarnMirroringOff,
 	WarnSharedUnreachable, WarnSharedBehind,
 	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted, WarnLookupBudgetCapped,
+	WarnDescriptorsLow,
 }
 
 // Warning is a known failure the operator should act on: its code and a

@@ -182,3 +182,45 @@ func TestMountInsideTheStoreIsNotEntered(t *testing.T) {
 		t.Errorf("config.json beside it: %q, %v", b, err)
 	}
 }
+
+// TestHeldDescriptorsAreWarnedOf: every file opened through the mount holds
+// one of the daemon's descriptors, so a process of the engine's uid holding
+// opens can take them all; stores then fail with EIO. Before they run out,
+// stat must say so (descriptors_low), and stop once they are given back.
+func TestHeldDescriptorsAreWarnedOf(t *testing.T) {
+	const limit = 400
+	d := mounttest.Start(t, mounttest.Options{Wrapper: []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit), "--"}})
+	if err := os.WriteFile(d.Path("config.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if hasWarning(d.Stats().Warnings, "descriptors_low") {
+		t.Fatalf("descriptors_low raised before any open: %+v", d.Stats().Warnings)
+	}
+	var held []*os.File
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+	}()
+	for range limit - 20 {
+		f, err := os.Open(d.Path("config.json"))
+		if err != nil {
+			t.Fatalf("open %d through the mount: %v", len(held), err)
+		}
+		held = append(held, f)
+	}
+	if st := d.Stats(); !hasWarning(st.Warnings, "descriptors_low") {
+		t.Fatalf("%d files held open through a daemon limited to %d descriptors, warnings %+v; want descriptors_low", len(held), limit, st.Warnings)
+	}
+	for _, f := range held {
+		f.Close()
+	}
+	held = nil
+	// RELEASE follows close asynchronously: the warning clears once the
+	// daemon closed its descriptors.
+	for deadline := time.Now().Add(10 * time.Second); hasWarning(d.Stats().Warnings, "descriptors_low"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("descriptors_low still raised 10 s after every file was closed: %+v", d.Stats().Warnings)
+		}
+	}
+}

@@ -2,7 +2,11 @@ package tier
 
 import (
 	"fmt"
+	"math"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging"
@@ -90,6 +94,9 @@ type StatsConfig struct {
 	WarningWindow time.Duration
 	// Now is the clock of those windows; nil means time.Now.
 	Now func() time.Time
+	// Descriptors counts the daemon's open file descriptors and its limit;
+	// nil means this process's (OwnDescriptors).
+	Descriptors func() (open, limit int, err error)
 }
 
 // Stats assembles a mount's stats.json: the one place that copies each
@@ -236,6 +243,9 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 			"%s outside the block layout failed with EDQUOT: the store tracks %d such files, its bound (%d untracked found at mount); remove files the engine does not need from the mount; clears after %s without one",
 			plural(n, "write"), d.OtherFilesMax, d.OtherFilesUntracked, quiet)})
 	}
+	if w, ok := s.descriptorsWarning(); ok {
+		st.Warnings = append(st.Warnings, w)
+	}
 	if n, recent := s.recent.Grew(ctlabi.WarnStoreIOErrors, counters.StoreIOErrors); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnStoreIOErrors, Message: fmt.Sprintf(
 			"%s failed in the store filesystem itself (the log names each errno): a full filesystem refuses stores with ENOSPC, a failing disk fails loads and stores with EIO; check df, dmesg and smartctl; clears after %s without one",
@@ -336,4 +346,43 @@ func budgetWarning(b lookupbudget.Stats) ctlabi.Warning {
 			"longer prefixes from this tier, give the primary tier more rows (cpu_bytes_to_use), or match through "+
 			"MOUNTPOINT/.kvtier/match and load the hit in waves",
 		b.ChainsCapped, b.Rows, b.LastCap, b.WindowRows, b.KeysWithheld)}
+}
+
+// descriptorsLow is the share of the descriptor limit held at which stat
+// warns: every open through the mount holds one of the daemon's, and past
+// the limit its stores and loads fail with EIO, which nothing else tells.
+const descriptorsLow = 0.9
+
+// descriptorsWarning warns while the daemon holds descriptorsLow of its
+// descriptor limit or more.
+func (s *Stats) descriptorsWarning() (ctlabi.Warning, bool) {
+	count := s.cfg.Descriptors
+	if count == nil {
+		count = OwnDescriptors
+	}
+	open, limit, err := count()
+	if err != nil || limit <= 0 || float64(open) < descriptorsLow*float64(limit) {
+		return ctlabi.Warning{}, false
+	}
+	return ctlabi.Warning{Code: ctlabi.WarnDescriptorsLow, Message: fmt.Sprintf(
+		"the daemon holds %d of the %d file descriptors its limit allows: past it stores and loads fail (EMFILE, the engine sees EIO); find who holds files open through the mount (lsof +D MOUNTPOINT) or raise the daemon's LimitNOFILE", open, limit)}, true
+}
+
+// OwnDescriptors counts this process's open file descriptors
+// (/proc/self/fd) and its soft RLIMIT_NOFILE.
+func OwnDescriptors() (open, limit int, err error) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, 0, err
+	}
+	dir, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return 0, 0, err
+	}
+	return len(names) - 1, int(min(rl.Cur, uint64(math.MaxInt32))), nil // less the directory's own
 }

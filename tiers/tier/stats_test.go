@@ -2,11 +2,15 @@ package tier
 
 import (
 	"errors"
+	"math"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging"
@@ -210,6 +214,12 @@ func TestEveryWarning(t *testing.T) {
 			}},
 		{name: "the diagnostics see nothing", code: ctlabi.WarnHashSeedDrift,
 			set: func(c *StatsConfig) { c.Diagnostics = fakeWarner{nil, &diagnose.StoreState{}} }},
+		{name: "descriptors nearly all held", code: ctlabi.WarnDescriptorsLow, says: "holds 19000 of the 20000 file descriptors",
+			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 19000, 20000, nil } }},
+		{name: "descriptors to spare", code: ctlabi.WarnDescriptorsLow,
+			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 17999, 20000, nil } }},
+		{name: "descriptors not counted", code: ctlabi.WarnDescriptorsLow,
+			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 0, 0, errors.New("no /proc") } }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -387,5 +397,30 @@ func TestABISectionsCopyEveryField(t *testing.T) {
 	setEveryField(&d)
 	if zero := zeroFields(abiDisk(d)); len(zero) > 0 {
 		t.Errorf("abiDisk leaves %v unset", zero)
+	}
+}
+
+// TestOwnDescriptorsCountsOpens: a descriptor this process opens is counted,
+// and the limit is the process's soft RLIMIT_NOFILE.
+func TestOwnDescriptorsCountsOpens(t *testing.T) {
+	before, limit, err := OwnDescriptors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	after, _, err := OwnDescriptors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if after != before+1 || uint64(limit) != min(rl.Cur, math.MaxInt32) {
+		t.Errorf("descriptors %d then %d with one more open, limit %d (rlimit %d)", before, after, limit, rl.Cur)
 	}
 }
