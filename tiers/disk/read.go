@@ -491,13 +491,15 @@ func (r *Reader) Corrupt(reason string) error {
 	return r.s.corrupt(r.b, "%s", reason)
 }
 
-// corrupt drops a block whose bytes fail verification and returns EIO.
+// corrupt drops a block whose bytes fail verification and returns EIO. The
+// load that drops it counts the failure and logs it: loads of the block
+// already under way that fail too are the same failure.
 func (s *Store) corrupt(b *entry, format string, args ...any) error {
-	s.counters.ChecksumFailures.Add(1)
 	e := newError("read", b.rel, syscall.EIO, format, args...)
-	s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg)
 	s.mu.Lock()
 	if s.blocks[b.rel] == b {
+		s.counters.ChecksumFailures.Add(1)
+		s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg)
 		s.dropLocked(b)
 		if err := s.removeFile(b.rel); err != nil {
 			s.cfg.Logger.Error("removing corrupt block", "path", s.Path(b.rel), "err", err)

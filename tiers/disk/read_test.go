@@ -220,6 +220,34 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	checkAccounting(t, s)
 }
 
+// TestCorruptBlockCountsOnce: two loads of one block that both find it
+// corrupt are one failure: one count, one removal.
+func TestCorruptBlockCountsOnce(t *testing.T) {
+	s, _, gone := evictStore(t, 2, Config{})
+	put(t, s, 0)
+	var readers []*Reader
+	for range 2 {
+		r, err := s.PinBlock(evName(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, r)
+	}
+	for _, r := range readers {
+		wantErrno(t, r.Corrupt("row 3 does not match the digest"), syscall.EIO, "Corrupt")
+	}
+	for _, r := range readers {
+		r.Close()
+	}
+	if got := s.Counters().ChecksumFailures.Load(); got != 1 {
+		t.Errorf("ChecksumFailures = %d after two loads of one corrupt block, want 1", got)
+	}
+	if got := gone.next(t); got != evName(0) {
+		t.Errorf("Removed %q told, want %q", got, evName(0))
+	}
+	checkAccounting(t, s)
+}
+
 // PinBlock protects from eviction like OpenBlock.
 func TestPinBlockPinsAgainstEviction(t *testing.T) {
 	s, _, gone := evictStore(t, 2, Config{})
