@@ -40,7 +40,7 @@ func (r *run) lookupFloor(res *Result, keys int, bare float64) error {
 		return fmt.Errorf("mounting the lookup floor's server: %w", err)
 	}
 	go srv.Serve()
-	defer srv.Unmount()
+	defer unmountFloor(srv, dir)
 	if err := srv.WaitMount(); err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func (r *run) storeFloor(res *Result) error {
 		return fmt.Errorf("mounting the store floor's server: %w", err)
 	}
 	go srv.Serve()
-	defer srv.Unmount()
+	defer unmountFloor(srv, mnt)
 	if err := srv.WaitMount(); err != nil {
 		return err
 	}
@@ -275,5 +275,14 @@ func (b *alignedBuffers) release() {
 		default:
 			return
 		}
+	}
+}
+
+// unmountFloor unmounts a floor's server, and detaches its mount lazily
+// where go-fuse's unmount gave up (a reader still busy), so that removing
+// the bench's directories never walks into a live mount.
+func unmountFloor(srv *fuse.Server, mnt string) {
+	if err := srv.Unmount(); err != nil {
+		daemon.Detach(mnt)
 	}
 }
