@@ -97,24 +97,7 @@ func TestUnauthenticatedConnectionsAreBounded(t *testing.T) {
 // own: the lines count every refused handshake (main left the count a
 // flood ended with unlogged until the next refusal, if one ever came).
 func TestLastRefusalsOfAFloodAreLogged(t *testing.T) {
-	region := shmRegion(t, 2, testRowBytes)
-	var logMu sync.Mutex
-	var lines []string
-	s, err := StartServer(ServerConfig{
-		Listen:   "127.0.0.1:0",
-		Secret:   testSecret,
-		Region:   func(int) (*Region, error) { return region, nil },
-		RowBytes: region.RowBytes(),
-		Logf: func(format string, args ...any) {
-			logMu.Lock()
-			lines = append(lines, fmt.Sprintf(format, args...))
-			logMu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, logged := loggingServer(t, nil)
 	const flood = 50
 	for range flood {
 		c, err := net.Dial("tcp", s.Addr().String())
@@ -124,9 +107,8 @@ func TestLastRefusalsOfAFloodAreLogged(t *testing.T) {
 		c.Close() // the handshake fails at its first read
 	}
 	counted := func() (n int, all []string) {
-		logMu.Lock()
-		defer logMu.Unlock()
-		for _, line := range lines {
+		all = logged()
+		for _, line := range all {
 			var more int
 			switch {
 			case strings.Contains(line, "more handshakes since the last such line, the last"):
@@ -139,7 +121,7 @@ func TestLastRefusalsOfAFloodAreLogged(t *testing.T) {
 				n++
 			}
 		}
-		return n, slices.Clone(lines)
+		return n, all
 	}
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if n, _ := counted(); s.AuthFailures() == flood && n == flood {
@@ -220,25 +202,7 @@ func TestHandshakeFloodDoesNotKeepAPeerOut(t *testing.T) {
 }
 
 func floodPeer(t *testing.T, peers []string) {
-	region := shmRegion(t, 2, testRowBytes)
-	var logMu sync.Mutex
-	var lines []string
-	s, err := StartServer(ServerConfig{
-		Listen:   "127.0.0.1:0",
-		Secret:   testSecret,
-		Peers:    peers,
-		Region:   func(int) (*Region, error) { return region, nil },
-		RowBytes: region.RowBytes(),
-		Logf: func(format string, args ...any) {
-			logMu.Lock()
-			lines = append(lines, fmt.Sprintf(format, args...))
-			logMu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, logged := loggingServer(t, peers)
 	dials := floodListener(t, s.Addr().String())
 	waitFor(t, "the flood", func() bool { return dials.Load() >= 4*maxHandshaking })
 
@@ -264,10 +228,38 @@ func floodPeer(t *testing.T, peers []string) {
 		t.Error("the listener counted no handshake closed to make room")
 	}
 	t.Logf("%d connections of the flood, %d handshakes closed to make room, %d of the peer's", dials.Load(), s.HandshakesEvicted(), m.HandshakesEvicted())
-	logMu.Lock()
-	defer logMu.Unlock()
-	if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "flood") }) {
+	if lines := logged(); !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "flood") }) {
 		t.Errorf("the listener's log does not name the flood:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+// loggingServer starts a listener on loopback with the peer list peers,
+// closed when the test ends, and returns it with a copy of its log so far.
+func loggingServer(t *testing.T, peers []string) (*Server, func() []string) {
+	t.Helper()
+	region := shmRegion(t, 2, testRowBytes)
+	var mu sync.Mutex
+	var lines []string
+	s, err := StartServer(ServerConfig{
+		Listen:   "127.0.0.1:0",
+		Secret:   testSecret,
+		Peers:    peers,
+		Region:   func(int) (*Region, error) { return region, nil },
+		RowBytes: region.RowBytes(),
+		Logf: func(format string, args ...any) {
+			mu.Lock()
+			lines = append(lines, fmt.Sprintf(format, args...))
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines)
 	}
 }
 

@@ -280,22 +280,21 @@ func (m *Mirror) Remote() bool {
 // AuthFailures returns how many handshakes and acknowledgements from peers
 // failed authentication.
 func (m *Mirror) AuthFailures() uint64 {
-	var n uint64
-	for _, pl := range m.peers {
-		for _, p := range pl.lanes {
-			n += p.authFailures.Load()
-		}
-	}
-	return n
+	return m.sumLanes(func(p *peer) uint64 { return p.authFailures.Load() })
 }
 
 // HandshakesEvicted returns how many of this node's handshakes peers closed
 // to make room for others at their flooded listeners (ErrFlooded).
 func (m *Mirror) HandshakesEvicted() uint64 {
+	return m.sumLanes(func(p *peer) uint64 { return p.flooded.Load() })
+}
+
+// sumLanes sums a count over every lane of every peer.
+func (m *Mirror) sumLanes(count func(*peer) uint64) uint64 {
 	var n uint64
 	for _, pl := range m.peers {
 		for _, p := range pl.lanes {
-			n += p.flooded.Load()
+			n += count(p)
 		}
 	}
 	return n
