@@ -295,7 +295,9 @@ func TestMirrorSlowPeer(t *testing.T) {
 
 // TestPeerUpDownLoggedOnce connects a Mirror of four lanes to a server, then
 // stops the server: the peer's coming up and going down are logged once
-// each, not once per lane.
+// each, not once per lane. The counts are read after Close, when every
+// lane's goroutine has ended: a lane logs just after its state changes, so
+// a count read when the states show the change can miss the line.
 func TestPeerUpDownLoggedOnce(t *testing.T) {
 	s := startServer(t, "127.0.0.1:0", testSecret, shmRegion(t, testRows, testRowBytes))
 	var mu sync.Mutex
@@ -322,11 +324,8 @@ func TestPeerUpDownLoggedOnce(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	waitFor(t, "peer up", m.Healthy)
-	if n := count(" up"); n != 1 {
-		t.Errorf("the peer coming up over 4 lanes was logged %d times: %q", n, logged)
-	}
+	waitFor(t, "the peer's coming up logged", func() bool { return count(" up") > 0 })
 	s.Close()
-	waitFor(t, "peer down", func() bool { return !m.Healthy() })
 	waitFor(t, "every lane down", func() bool {
 		for _, p := range m.peers[0].lanes {
 			if p.snapshot().State != StateDown {
@@ -335,6 +334,10 @@ func TestPeerUpDownLoggedOnce(t *testing.T) {
 		}
 		return true
 	})
+	m.Close()
+	if n := count(" up"); n != 1 {
+		t.Errorf("the peer coming up over 4 lanes was logged %d times: %q", n, logged)
+	}
 	if n := count(" down"); n != 1 {
 		t.Errorf("the peer going down over 4 lanes was logged %d times: %q", n, logged)
 	}
