@@ -30,6 +30,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
@@ -182,6 +183,9 @@ type Options struct {
 	// Primer looks each tier's prefix names up ahead of the engine; nil
 	// leaves them to the engine's own lookups. Not used with Shared.
 	Primer Primer
+	// Descriptors admits the engine's opens while they leave descriptors
+	// for the daemon's own work; nil means one counting this process's.
+	Descriptors *descriptors.Reserve
 }
 
 // FS is a mounted kvtierfs.
@@ -233,6 +237,8 @@ type FS struct {
 	loads *core.Loads
 	// matchBuffered is the match request bytes buffered on open descriptors.
 	matchBuffered atomic.Int64
+	// reserve admits the engine's opens that hold the daemon's descriptors.
+	reserve *descriptors.Reserve
 }
 
 // regionRefresh is how often the shm regions are looked for again.
@@ -265,7 +271,10 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	f := &FS{store: opts.Store, regions: opts.Regions, logger: opts.Logger, mountpoint: mountpoint,
 		entryTimeout: opts.EntryTimeout, blockEntryTimeout: opts.Store.LookupCacheTTL(), negativeTimeout: opts.NegativeTimeout, layoutNegativeTimeout: opts.LayoutNegativeTimeout,
 		done: make(chan struct{}), sync: opts.Sync, syncRegions: opts.SyncRegions,
-		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared}
+		stager: opts.Stager, diagnostics: opts.Diagnostics, shared: opts.Shared, reserve: opts.Descriptors}
+	if f.reserve == nil {
+		f.reserve = descriptors.New(nil, opts.Logger)
+	}
 	if opts.Shared == nil {
 		f.primer = opts.Primer
 	}

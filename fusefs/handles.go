@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
@@ -24,6 +25,8 @@ type tmpHandle struct {
 	start time.Time
 	// passthroughFd is the store file the kernel writes to; -1 for none.
 	passthroughFd int
+	// held is the open the descriptor reserve admitted.
+	held *descriptors.Held
 }
 
 var _ = (fs.FilePassthroughFder)((*tmpHandle)(nil))
@@ -80,6 +83,7 @@ var _ = (fs.FileReleaser)((*tmpHandle)(nil))
 // Release closes the tmp file; publication happens at rename.
 func (h *tmpHandle) Release(ctx context.Context) syscall.Errno {
 	h.fsys.metrics.writeSeconds.Observe(time.Since(h.start).Seconds())
+	defer h.held.Release()
 	return disk.Errno(h.w.Close())
 }
 
@@ -97,16 +101,19 @@ type blockHandle struct {
 	fsys   *FS
 	direct bool
 	start  time.Time
+	// held is the open the descriptor reserve admitted.
+	held *descriptors.Held
 }
 
-// openBlock opens a block for a load (oDirect: the caller opened with O_DIRECT).
-func (f *FS) openBlock(ctx context.Context, ref block.Ref, oDirect bool) (*blockHandle, error) {
+// openBlock opens a block for a load (oDirect: the caller opened with
+// O_DIRECT); the handle releases held.
+func (f *FS) openBlock(ctx context.Context, ref block.Ref, oDirect bool, held *descriptors.Held) (*blockHandle, error) {
 	l, err := f.loads.Open(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	f.tier.Loaded(ref, callerThread(ctx), l.Size())
-	return &blockHandle{load: l, fsys: f, direct: !oDirect, start: time.Now()}, nil
+	return &blockHandle{load: l, fsys: f, direct: !oDirect, start: time.Now(), held: held}, nil
 }
 
 // openFlags are the FUSE open flags of the handle.
@@ -162,5 +169,6 @@ var _ = (fs.FileReleaser)((*blockHandle)(nil))
 // Release unpins the block and recycles its bytes: the kernel sends RELEASE
 // only after every READ of the handle has been answered.
 func (h *blockHandle) Release(ctx context.Context) syscall.Errno {
+	defer h.held.Release()
 	return disk.Errno(h.load.Release())
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 	"github.com/kvtierfs/kvtierfs/tiers/tier"
@@ -222,15 +223,30 @@ func (n *node) refuseName(name string, kind block.Kind) syscall.Errno {
 var _ = (fs.NodeCreater)((*node)(nil))
 
 // Create creates block tmp files through the store (checked, checksummed
-// writes) and every other file in the store directory as it is.
+// writes) and every other file in the store directory as it is, once the
+// descriptor reserve admits the open (admit).
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	held, errno := n.admit(ctx)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	child, fh, fuseFlags, errno := n.create(ctx, name, flags, mode, out, held)
+	held.Opened()
+	if errno != 0 {
+		held.Release()
+	}
+	return child, fh, fuseFlags, errno
+}
+
+// create is Create once admitted: the handle releases held.
+func (n *node) create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut, held *descriptors.Held) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.rel(name)
 	kind, _ := block.Parse(rel)
 	if errno := n.refuseName(name, kind); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	if kind != block.TmpFile {
-		return n.createOther(ctx, name, flags, mode, out)
+		return n.createOther(ctx, name, flags, mode, out, held)
 	}
 	defer n.fsys.store.TimePhase(disk.PhaseCreate, time.Now())
 	w, err := n.fsys.store.CreateTmp(rel, int(flags))
@@ -244,19 +260,45 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, n.errno(err)
 	}
 	child := n.indexedChild(ctx, e, out)
-	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1}
+	h := &tmpHandle{w: w, fsys: n.fsys, start: time.Now(), passthroughFd: -1, held: held}
 	if fd, ok := w.Passthrough(); ok {
 		h.passthroughFd = fd
 	}
 	return child, h, h.openFlags(), 0
 }
 
+// admit asks the descriptor reserve for an open of the engine's that holds
+// the daemon's descriptors until its handle is released: ENFILE, counted,
+// when it would leave too few for the daemon's own work (internal/descriptors).
+func (n *node) admit(ctx context.Context) (*descriptors.Held, syscall.Errno) {
+	held, err := n.fsys.reserve.Admit(callerThread(ctx))
+	if err != nil {
+		return nil, syscall.ENFILE
+	}
+	return held, 0
+}
+
 var _ = (fs.NodeOpener)((*node)(nil))
 
 // Open opens a block for a load (core.Loads.Open), whose bytes are proven
-// before the read that completes it returns; blocks are immutable once
-// published.
+// before the read that completes it returns, and every other file as it
+// is, once the descriptor reserve admits the open (admit); blocks are
+// immutable once published.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	held, errno := n.admit(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	fh, fuseFlags, errno := n.open(ctx, flags, held)
+	held.Opened()
+	if errno != 0 {
+		held.Release()
+	}
+	return fh, fuseFlags, errno
+}
+
+// open is Open once admitted: the handle releases held.
+func (n *node) open(ctx context.Context, flags uint32, held *descriptors.Held) (fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.self()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
 	switch kind, blockName := block.Parse(rel); {
@@ -264,7 +306,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		n.fsys.logger.Warn("refused write access to a published block: blocks are replaced by renaming a new tmp file over them", "path", rel)
 		return nil, 0, syscall.EPERM
 	case kind == block.File:
-		h, err := n.fsys.openBlock(ctx, block.Ref{Rel: rel, Name: blockName}, flags&syscall.O_DIRECT != 0)
+		h, err := n.fsys.openBlock(ctx, block.Ref{Rel: rel, Name: blockName}, flags&syscall.O_DIRECT != 0, held)
 		if err != nil {
 			return nil, 0, n.errno(err)
 		}
@@ -272,7 +314,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	case kind == block.TmpFile && writing && n.fsys.store.IsTracked(rel):
 		return nil, 0, syscall.EBUSY
 	}
-	return n.openOther(ctx, flags)
+	return n.openOther(ctx, flags, held)
 }
 
 var _ = (fs.NodeRenamer)((*node)(nil))

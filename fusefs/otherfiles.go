@@ -8,6 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -22,7 +23,7 @@ import (
 // engine's uid. It keeps the mode asked (POSIX): the mount root keeps other
 // users out. Only a file the daemon made is given away: a name that exists
 // in the store by now (made beside the mount) is opened as it is.
-func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+func (n *node) createOther(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut, held *descriptors.Held) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	rel := n.rel(name)
 	fd, err := n.fsys.store.OpenFile(rel, storeOpenFlags(flags)|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777)
 	created := err == nil
@@ -47,7 +48,7 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 		}
 		return nil, nil, 0, syscall.EIO
 	}
-	f := n.fsys.newOtherFile(rel, fs.NewLoopbackFile(fd))
+	f := n.fsys.newOtherFile(rel, fs.NewLoopbackFile(fd), held)
 	f.settle(0)
 	n.fsys.namespaceChanged(rel)
 	child := n.indexedChild(ctx, e, out)
@@ -55,13 +56,14 @@ func (n *node) createOther(ctx context.Context, name string, flags, mode uint32,
 	return child, f, 0, 0
 }
 
-// openOther opens a file outside the block layout through the daemon.
-func (n *node) openOther(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+// openOther opens a file outside the block layout through the daemon; the
+// handle releases held.
+func (n *node) openOther(ctx context.Context, flags uint32, held *descriptors.Held) (fs.FileHandle, uint32, syscall.Errno) {
 	fd, err := n.fsys.store.OpenFile(n.self(), storeOpenFlags(flags), 0)
 	if err != nil {
 		return nil, 0, disk.Errno(err)
 	}
-	f := n.fsys.newOtherFile(n.self(), fs.NewLoopbackFile(fd))
+	f := n.fsys.newOtherFile(n.self(), fs.NewLoopbackFile(fd), held)
 	if flags&syscall.O_TRUNC != 0 {
 		f.settle(0)
 	}
@@ -90,13 +92,21 @@ type otherFile struct {
 	fsys *FS
 	rel  string
 	fd   int
+	// held is the open the descriptor reserve admitted.
+	held *descriptors.Held
 }
 
-// newOtherFile wraps a loopback file handle.
-func (f *FS) newOtherFile(rel string, fh fs.FileHandle) *otherFile {
+// newOtherFile wraps a loopback file handle, which releases held.
+func (f *FS) newOtherFile(rel string, fh fs.FileHandle, held *descriptors.Held) *otherFile {
 	lf := fh.(*fs.LoopbackFile)
 	fd, _ := lf.PassthroughFd()
-	return &otherFile{LoopbackFile: lf, fsys: f, rel: rel, fd: fd}
+	return &otherFile{LoopbackFile: lf, fsys: f, rel: rel, fd: fd, held: held}
+}
+
+// Release closes the file and gives its open back to the descriptor reserve.
+func (o *otherFile) Release(ctx context.Context) syscall.Errno {
+	defer o.held.Release()
+	return o.LoopbackFile.Release(ctx)
 }
 
 // PassthroughFd declines passthrough, so every write reaches Write.

@@ -26,6 +26,9 @@ func (f *FS) Stats() ctlabi.Stats {
 func (f *FS) statsConfig(opts Options) tier.StatsConfig {
 	cfg := tier.StatsConfig{Mountpoint: f.mountpoint, Store: opts.Store, Tier: f.tier, Diagnostics: f.diagnostics,
 		WarningWindow: opts.WarningWindow}
+	if f.reserve != nil {
+		cfg.Descriptors = f.reserve
+	}
 	if opts.LookupBudget != nil {
 		cfg.Budget = opts.LookupBudget
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
 )
 
@@ -162,10 +163,44 @@ func storeOpenFlags(flags uint32) int {
 
 var _ = (fs.NodeOpendirHandler)((*node)(nil))
 
-// OpendirHandle opens the store directory for listing.
+// OpendirHandle opens the store directory for listing, once the descriptor
+// reserve admits the open (admit): the listing holds a descriptor of the
+// daemon's until it is released.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	held, errno := n.admit(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
 	ds, errno := n.Readdir(ctx)
-	return ds, 0, errno
+	held.Opened()
+	if errno != 0 {
+		held.Release()
+		return nil, 0, errno
+	}
+	return &heldDir{dirStream: ds.(dirStream), held: held}, 0, 0
+}
+
+// dirStream is what go-fuse's loopback listing of a store directory
+// (fs.NewLoopbackDirStreamFd) does.
+type dirStream interface {
+	fs.DirStream
+	fs.FileReaddirenter
+	fs.FileSeekdirer
+	fs.FileFsyncdirer
+	fs.FileReleasedirer
+}
+
+// heldDir is a listing's handle, which gives its open back to the
+// descriptor reserve once released.
+type heldDir struct {
+	dirStream
+	held *descriptors.Held
+}
+
+// Releasedir closes the listing's descriptor.
+func (d *heldDir) Releasedir(ctx context.Context, flags uint32) {
+	d.dirStream.Releasedir(ctx, flags)
+	d.held.Release()
 }
 
 var _ = (fs.NodeReaddirer)((*node)(nil))

@@ -121,6 +121,10 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 		}
 		fmt.Fprintf(t, "primary\t%s: %s, %s\n", ctlabi.Printable(r.Path), formatBytes(r.Size), geometry)
 	}
+	if fds := st.Descriptors; fds.Limit > 0 {
+		fmt.Fprintf(t, "descriptors\t%d open of %d allowed, %d kept for the daemon's own work, %s through the mount refused\n",
+			fds.Open, fds.Limit, fds.Kept, plural(st.Counters.OpensRefused, "open"))
+	}
 	c := st.Counters
 	hitRate := 0.0
 	if c.Lookups > 0 {
@@ -133,6 +137,10 @@ func printStats(w io.Writer, st ctlabi.Stats) {
 	fmt.Fprintf(t, "reads\t%d, %s\n", c.Reads, formatBytes(c.ReadBytes))
 	fmt.Fprintf(t, "writes\t%d, %s\n", c.Writes, formatBytes(c.WriteBytes))
 	fmt.Fprintf(t, "checksum failures\t%d\n", c.ChecksumFailures)
+	if c.BlocksChangedOutside > 0 {
+		fmt.Fprintf(t, "changed outside\t%s failed their checksum after their files were changed in the store tree, outside the daemon\n",
+			plural(c.BlocksChangedOutside, "block"))
+	}
 	fmt.Fprintf(t, "loads verified\t%d read from the store, %d staged, %d from a row that still held the block; %d refused, %d failed mirroring\n",
 		c.LoadsFromStore, c.LoadsFromStaging, c.LoadsFromRow, c.LoadsRefused, c.LoadsUnmirrored)
 	if c.LoadsInPlace > 0 {

@@ -209,8 +209,8 @@ func TestLoadFromStoreVerifiesAtOpen(t *testing.T) {
 	}
 }
 
-// TestCorruptBlockFailsTheLastRead corrupts the block's second MiB on the
-// store disk: the open and the first read succeed (their bytes are not proven
+// TestCorruptBlockFailsTheLastRead corrupts the block's second MiB in the
+// store tree: the open and the first read succeed (their bytes are not proven
 // yet), the read that reaches the end fails with EIO, the block is dropped
 // and nothing counts as loaded.
 func TestCorruptBlockFailsTheLastRead(t *testing.T) {
@@ -241,9 +241,9 @@ func TestCorruptBlockFailsTheLastRead(t *testing.T) {
 		t.Fatalf("the corrupt block file is still there: %v", err)
 	}
 	st := f.store.Counters()
-	if loads.Counters.Completed.Load() != 0 || loads.Counters.Refused.Load() != 1 || st.Reads.Load() != 0 || st.ChecksumFailures.Load() != 1 {
-		t.Fatalf("completed %d, refused %d, store loads %d, checksum failures %d; want 0, 1, 0, 1",
-			loads.Counters.Completed.Load(), loads.Counters.Refused.Load(), st.Reads.Load(), st.ChecksumFailures.Load())
+	if loads.Counters.Completed.Load() != 0 || loads.Counters.Refused.Load() != 1 || st.Reads.Load() != 0 || st.ChangedOutside.Load() != 1 {
+		t.Fatalf("completed %d, refused %d, store loads %d, changed outside %d; want 0, 1, 0, 1",
+			loads.Counters.Completed.Load(), loads.Counters.Refused.Load(), st.Reads.Load(), st.ChangedOutside.Load())
 	}
 	if n := loads.Counters.FromStore.Load(); n != 0 {
 		t.Fatalf("%d loads counted as read from the store and verified, want 0", n)

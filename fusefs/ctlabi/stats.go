@@ -31,8 +31,10 @@ type Stats struct {
 	Mountpoint string           `json:"mountpoint"`
 	Disk       Disk             `json:"disk"`
 	Groups     map[string]Group `json:"groups"`
-	Primary    Primary          `json:"primary"`
-	Counters   Counters         `json:"counters"`
+	// Descriptors are the daemon's file descriptors now.
+	Descriptors Descriptors `json:"descriptors"`
+	Primary     Primary     `json:"primary"`
+	Counters    Counters    `json:"counters"`
 	// Staging describes wave staging; absent when it is disabled.
 	Staging *Staging `json:"staging,omitempty"`
 	// Shared describes the shared second level; absent without --shared.
@@ -68,6 +70,18 @@ type Disk struct {
 	OtherFiles          int64 `json:"other_files"`
 	OtherFilesMax       int64 `json:"other_files_max"`
 	OtherFilesUntracked int64 `json:"other_files_untracked"`
+}
+
+// Descriptors is the "descriptors" object of stats.json: the daemon's file
+// descriptors now (internal/descriptors). Open is how many it holds, Limit
+// its RLIMIT_NOFILE, Kept how many the engine's opens leave free for the
+// daemon's own work: an open of a thread holding several files open through
+// the mount is refused below Kept free, every open below three quarters of
+// it (all 0 where they cannot be counted).
+type Descriptors struct {
+	Open  int64 `json:"open"`
+	Limit int64 `json:"limit"`
+	Kept  int64 `json:"kept"`
 }
 
 // Phase summarises the durations of one step of stores (tiers/disk.Phase).
@@ -120,14 +134,19 @@ type IgnoredFile struct {
 
 // Counters are the event counts since the mount.
 type Counters struct {
-	Lookups          int64 `json:"lookups"`
-	LookupHits       int64 `json:"lookup_hits"`
-	Reads            int64 `json:"reads"`
-	ReadBytes        int64 `json:"read_bytes"`
-	Writes           int64 `json:"writes"`
-	WriteBytes       int64 `json:"write_bytes"`
-	ChecksumFailures int64 `json:"checksum_failures"`
-	NoSpace          int64 `json:"no_space"`
+	Lookups    int64 `json:"lookups"`
+	LookupHits int64 `json:"lookup_hits"`
+	Reads      int64 `json:"reads"`
+	ReadBytes  int64 `json:"read_bytes"`
+	Writes     int64 `json:"writes"`
+	WriteBytes int64 `json:"write_bytes"`
+	// ChecksumFailures counts blocks that failed verification, and were
+	// removed, whose file shows no change since the daemon last saw it (the
+	// disk changed its bytes); BlocksChangedOutside those whose file did
+	// change (a write into the store tree, not counted in ChecksumFailures).
+	ChecksumFailures     int64 `json:"checksum_failures"`
+	BlocksChangedOutside int64 `json:"blocks_changed_outside"`
+	NoSpace              int64 `json:"no_space"`
 	// RejectedWrites counts block writes refused for the caller's request
 	// (disk.Counters.RejectedWrites), not counted in StoreIOErrors.
 	RejectedWrites int64 `json:"rejected_writes"`
@@ -184,8 +203,11 @@ type Counters struct {
 	// OtherFilesRefused counts writes outside the block layout refused with
 	// EDQUOT: the store tracked disk.Stats.OtherFilesMax such files.
 	OtherFilesRefused int64 `json:"other_files_refused"`
-	ShmIgnored        int64 `json:"shm_ignored"`
-	ShmFaults         int64 `json:"shm_faults"`
+	// OpensRefused counts opens through the mount refused with ENFILE to
+	// keep descriptors for the daemon's own work (Descriptors.Kept).
+	OpensRefused int64 `json:"opens_refused"`
+	ShmIgnored   int64 `json:"shm_ignored"`
+	ShmFaults    int64 `json:"shm_faults"`
 	// KVEventsPublished counts removed blocks published as BlockRemoved KV
 	// events, KVEventsDropped those dropped because the publisher's queue was
 	// full (both 0 without --kv-events-endpoint).
@@ -309,8 +331,12 @@ type Replication struct {
 // exported as kvtierfs_warning{code}, 0 while it is not raised, so alerts
 // and dashboards can name them before they ever fire.
 const (
-	// WarnChecksumFailures: blocks failed their checksum and were removed.
+	// WarnChecksumFailures: blocks failed their checksum and were removed,
+	// their file unchanged since the daemon last saw it.
 	WarnChecksumFailures = "checksum_failures"
+	// WarnChangedOutside: blocks whose file was changed in the store tree
+	// failed their checksum and were removed.
+	WarnChangedOutside = "changed_outside"
 	// WarnNoSpace: stores were refused with ENOSPC.
 	WarnNoSpace = "no_space"
 	// WarnStoreIOErrors: the store filesystem failed reads or writes.
@@ -350,7 +376,7 @@ const (
 	// the primary tier can promote at once (issue 23).
 	WarnLookupBudgetCapped = "lookup_budget_capped"
 	// WarnDescriptorsLow: the daemon holds nearly all the file descriptors
-	// its limit allows, past which stores and loads fail.
+	// its limit allows, or refused opens to keep those its own work needs.
 	WarnDescriptorsLow = "descriptors_low"
 )
 
@@ -360,7 +386,7 @@ var WarningCodes = []string{
 	WarnShmUnmappable, WarnShmIgnored, WarnShmGeometry, WarnPeerDown, WarnMirroringOff,
 	WarnSharedUnreachable, WarnSharedBehind,
 	WarnWriteOnlyGroup, WarnWriteOnlyTier, WarnHashSeedDrift, WarnPrimaryTierExhausted, WarnLookupBudgetCapped,
-	WarnDescriptorsLow,
+	WarnDescriptorsLow, WarnChangedOutside,
 }
 
 // Warning is a known failure the operator should act on: its code and a

@@ -17,14 +17,14 @@ var exportedElsewhere = map[string]string{
 }
 
 // numberedStats returns a Stats whose every number in counters, disk,
-// staging and shared is distinct, so a metric reading the wrong field shows
+// descriptors, staging and shared is distinct, so a metric reading the wrong field shows
 // (its booleans alternate, true first, so two of them differ).
 func numberedStats() Stats {
 	st := Stats{Staging: &Staging{}, Shared: &Shared{}}
 	next := int64(1)
 	flag := false
 	for _, v := range []reflect.Value{reflect.ValueOf(&st.Counters).Elem(), reflect.ValueOf(&st.Disk).Elem(),
-		reflect.ValueOf(st.Staging).Elem(), reflect.ValueOf(st.Shared).Elem()} {
+		reflect.ValueOf(&st.Descriptors).Elem(), reflect.ValueOf(st.Staging).Elem(), reflect.ValueOf(st.Shared).Elem()} {
 		for i := range v.NumField() {
 			switch f := v.Field(i); f.Kind() {
 			case reflect.Int, reflect.Int64:
@@ -67,12 +67,12 @@ func numbers(t *testing.T, st Stats, sections ...string) map[string]float64 {
 	return out
 }
 
-// TestEveryStatHasAMetric: every number of the counters, disk, staging and
-// shared sections of stats.json is exported under one metric that reads that very
+// TestEveryStatHasAMetric: every number of the counters, disk, descriptors,
+// staging and shared sections of stats.json is exported under one metric that reads that very
 // number, and every metric names a number that exists.
 func TestEveryStatHasAMetric(t *testing.T) {
 	st := numberedStats()
-	want := numbers(t, st, "counters", "disk", "staging", "shared")
+	want := numbers(t, st, "counters", "disk", "descriptors", "staging", "shared")
 	names := map[string]bool{}
 	for _, m := range Metrics {
 		if names[m.Name] {

@@ -275,7 +275,7 @@ func (r *Reader) VerifyMapped(m *Mapped, proven func(prefix int)) error {
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return s.corrupt(r.b, "%v", err)
+			return s.corrupt(r, "%v", err)
 		}
 	}
 	if err := s.wholeChecked(r, d, in, n); err != nil {

@@ -211,8 +211,11 @@ func (s *Store) place(t *tmpFile, f *os.File, unmarked int64, tmpRel, destRel st
 		return nil, err
 	}
 	var st unix.Stat_t
+	var seen fileState
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		s.cfg.Logger.Warn("reading a published block's times", "path", s.Path(destRel), "err", err)
+	} else {
+		seen = stateOf(&st)
 	}
 	// Sealed, the tmp takes no more bytes: what it held is the block's now,
 	// even if its writer has not closed it yet.
@@ -223,7 +226,7 @@ func (s *Store) place(t *tmpFile, f *os.File, unmarked int64, tmpRel, destRel st
 	delete(s.tmps, tmpRel)
 	t.untracked = true
 	s.used -= t.allocated
-	b := &entry{rel: destRel, name: name, size: t.size, physical: physical, times: timesOf(&st),
+	b := &entry{rel: destRel, name: name, size: t.size, physical: physical, times: timesOf(&st), seen: seen,
 		digest: block.Digest{Size: t.size}, lastUse: s.nowNano(), present: true}
 	if recorded != nil {
 		b.digest = *recorded
@@ -399,7 +402,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 		b.digest, b.unchecked = d, fromRow
 		if s.blocks[b.rel] == b {
 			s.settleLocked(b, st.Blocks*512)
-			b.times = timesOf(&st)
+			b.times, b.seen = timesOf(&st), stateOf(&st)
 		}
 	}
 	s.retireTmpLocked(t, b, stored, err == nil)

@@ -217,18 +217,18 @@ func (r *Reader) Verify() error {
 		return err
 	}
 	if size != b.size {
-		return s.corrupt(b, "file has %d bytes, the block was published with %d", size, b.size)
+		return s.corrupt(r, "file has %d bytes, the block was published with %d", size, b.size)
 	}
 	sum, err := fileSum(f, size)
 	if err != nil {
-		return s.corrupt(b, "%v", err)
+		return s.corrupt(r, "%v", err)
 	}
 	crc := sum.CRC()
 	s.mu.Lock()
 	want := b.digest.CRC
 	s.mu.Unlock()
 	if crc != want {
-		return s.corrupt(b, "crc32c %08x, recorded %08x", crc, want)
+		return s.corrupt(r, "crc32c %08x, recorded %08x", crc, want)
 	}
 	r.checked()
 	return nil
@@ -313,12 +313,12 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 		var mismatch *chunkMismatch
 		switch {
 		case errors.As(err, &short):
-			return s.corrupt(r.b, "file ends at %d bytes, the block was published with %d", short.at, size)
+			return s.corrupt(r, "file ends at %d bytes, the block was published with %d", short.at, size)
 		case errors.As(err, &mismatch):
-			return s.corrupt(r.b, "%v", err)
+			return s.corrupt(r, "%v", err)
 		case err != nil:
 			s.counters.IOErrors.Add(1)
-			return s.corrupt(r.b, "%v", err)
+			return s.corrupt(r, "%v", err)
 		}
 	}
 	return s.wholeChecked(r, d, in, n)
@@ -329,7 +329,7 @@ func (r *Reader) ReadInto(buf []byte, proven func(prefix int)) error {
 // checked, and an older record without chunk CRCs gets them.
 func (s *Store) wholeChecked(r *Reader, d block.Digest, in *inFlight, n int) error {
 	if in.crc != d.CRC {
-		return s.corrupt(r.b, "crc32c %08x, recorded %08x", in.crc, d.CRC)
+		return s.corrupt(r, "crc32c %08x, recorded %08x", in.crc, d.CRC)
 	}
 	r.checked()
 	if in.want == nil && n <= block.MaxChunks {
@@ -345,7 +345,7 @@ func (s *Store) wholeChecked(r *Reader, d block.Digest, in *inFlight, n int) err
 func (r *Reader) addChunks(d block.Digest, chunks []uint32) {
 	s, b := r.s, r.b
 	d.Chunks = chunks
-	if err := writeDigest(r.file, b.name, d); err != nil {
+	if _, err := r.ownChange(func(int) error { return writeDigest(r.file, b.name, d) }); err != nil {
 		s.cfg.Logger.Warn("adding chunk CRCs to a block's digest record", "path", s.Path(b.rel), "err", err)
 		return
 	}
@@ -488,18 +488,26 @@ func (s *Store) RecycleBlock(buf []byte) { s.buffers.put(buf) }
 // Corrupt reports that a load of this block delivered bytes that do not match
 // its digest: the block is removed and the error (EIO) describes it.
 func (r *Reader) Corrupt(reason string) error {
-	return r.s.corrupt(r.b, "%s", reason)
+	return r.s.corrupt(r, "%s", reason)
 }
 
 // corrupt drops a block whose bytes fail verification and returns EIO. The
 // load that drops it counts the failure and logs it: loads of the block
-// already under way that fail too are the same failure.
-func (s *Store) corrupt(b *entry, format string, args ...any) error {
+// already under way that fail too are the same failure. A block whose file
+// changed since the daemon last saw it counts as changed outside the daemon
+// (changed.go), any other as a checksum failure.
+func (s *Store) corrupt(r *Reader, format string, args ...any) error {
+	b := r.b
 	e := newError("read", b.rel, syscall.EIO, format, args...)
+	outside := r.changedOutside()
 	s.mu.Lock()
 	if s.blocks[b.rel] == b {
-		s.counters.ChecksumFailures.Add(1)
-		s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg)
+		if outside {
+			s.counters.ChangedOutside.Add(1)
+		} else {
+			s.counters.ChecksumFailures.Add(1)
+		}
+		s.cfg.Logger.Error("corrupt block removed from the store", "path", s.Path(b.rel), "reason", e.Msg, "changed_outside_the_daemon", outside)
 		s.dropLocked(b)
 		if err := s.removeFile(b.rel); err != nil {
 			s.cfg.Logger.Error("removing corrupt block", "path", s.Path(b.rel), "err", err)

@@ -14,24 +14,30 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
+// TestCorruptBlockIsRemoved: a block whose bytes fail verification is
+// removed and counted, once: as changed outside the daemon when its file was
+// written in the store tree, as a checksum failure when nothing shows a
+// change of its file (its bytes changed under the filesystem: Misrecord).
 func TestCorruptBlockIsRemoved(t *testing.T) {
 	cases := []struct {
 		name    string
-		corrupt func(t *testing.T, p string)
+		corrupt func(t *testing.T, s *Store, rel string)
+		outside bool
 	}{
-		{"flipped byte", func(t *testing.T, p string) { flipByte(t, p, 3*page64/2) }},
-		{"flipped first byte", func(t *testing.T, p string) { flipByte(t, p, 0) }},
-		{"flipped last byte", func(t *testing.T, p string) { flipByte(t, p, 2*page64-1) }},
-		{"truncated", func(t *testing.T, p string) {
-			if err := os.Truncate(p, page64); err != nil {
+		{"flipped byte", func(t *testing.T, s *Store, rel string) { flipByte(t, s.Path(rel), 3*page64/2) }, true},
+		{"flipped first byte", func(t *testing.T, s *Store, rel string) { flipByte(t, s.Path(rel), 0) }, true},
+		{"flipped last byte", func(t *testing.T, s *Store, rel string) { flipByte(t, s.Path(rel), 2*page64-1) }, true},
+		{"truncated", func(t *testing.T, s *Store, rel string) {
+			if err := os.Truncate(s.Path(rel), page64); err != nil {
 				t.Fatal(err)
 			}
-		}},
-		{"extended", func(t *testing.T, p string) {
-			if err := os.Truncate(p, 3*page64); err != nil {
+		}, true},
+		{"extended", func(t *testing.T, s *Store, rel string) {
+			if err := os.Truncate(s.Path(rel), 3*page64); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, true},
+		{"changed under the filesystem", func(t *testing.T, s *Store, rel string) { s.Misrecord(rel) }, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -44,7 +50,11 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 			if !s.Lookup(bad, 1) {
 				t.Fatal("lookup before corruption")
 			}
-			tc.corrupt(t, s.Path(bad))
+			tc.corrupt(t, s, bad)
+			counted := func() (failures, outside int64) {
+				return s.Counters().ChecksumFailures.Load(), s.Counters().ChangedOutside.Load()
+			}
+			want := map[bool][2]int64{false: {1, 0}, true: {0, 1}}[tc.outside]
 
 			r, err := s.OpenBlock(bad)
 			if r != nil {
@@ -55,8 +65,8 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 			if !errors.As(err, &se) || se.Path != bad {
 				t.Errorf("error %v does not name the block %s", err, bad)
 			}
-			if got := s.Counters().ChecksumFailures.Load(); got != 1 {
-				t.Errorf("ChecksumFailures = %d, want 1", got)
+			if failures, outside := counted(); failures != want[0] || outside != want[1] {
+				t.Errorf("%d checksum failures, %d changed outside; want %d and %d", failures, outside, want[0], want[1])
 			}
 			if s.Contains(bad) || s.Lookup(bad, 1) {
 				t.Error("corrupt block still in the index")
@@ -70,8 +80,8 @@ func TestCorruptBlockIsRemoved(t *testing.T) {
 			// Further opens see ENOENT, not another checksum failure.
 			_, err = s.OpenBlock(bad)
 			wantErrno(t, err, syscall.ENOENT, "OpenBlock after removal")
-			if got := s.Counters().ChecksumFailures.Load(); got != 1 {
-				t.Errorf("ChecksumFailures = %d after a second open, want 1", got)
+			if failures, outside := counted(); failures != want[0] || outside != want[1] {
+				t.Errorf("%d checksum failures, %d changed outside after a second open; want %d and %d", failures, outside, want[0], want[1])
 			}
 			// Nothing else is affected.
 			if got := readBlock(t, s, good); !bytes.Equal(got, pageData(2, 2)) {
@@ -186,8 +196,8 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	if s.Contains(rel) || exists(t, s.Path(rel)) {
 		t.Error("corrupt block kept after Verify")
 	}
-	if got := s.Counters().ChecksumFailures.Load(); got != 1 {
-		t.Errorf("ChecksumFailures = %d, want 1", got)
+	if got := s.Counters().ChangedOutside.Load(); got != 1 || s.Counters().ChecksumFailures.Load() != 0 {
+		t.Errorf("ChangedOutside = %d, ChecksumFailures = %d, want 1 and 0 (the file was written in the store tree)", got, s.Counters().ChecksumFailures.Load())
 	}
 	if got := gone.next(t); got != rel {
 		t.Errorf("Removed %q told, want %q", got, rel)
@@ -209,8 +219,8 @@ func TestPinBlockDigestVerifyCorrupt(t *testing.T) {
 	if s.Contains(rel) || exists(t, s.Path(rel)) {
 		t.Error("block kept after Corrupt")
 	}
-	if got := s.Counters().ChecksumFailures.Load(); got != 2 {
-		t.Errorf("ChecksumFailures = %d, want 2", got)
+	if got := s.Counters().ChecksumFailures.Load(); got != 1 {
+		t.Errorf("ChecksumFailures = %d, want 1 (its file unchanged)", got)
 	}
 	if got := gone.next(t); got != rel {
 		t.Errorf("Removed %q told, want %q", got, rel)
@@ -371,12 +381,12 @@ func TestReadIntoLandsInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	before := s.Counters().ChecksumFailures.Load()
+	before := s.Counters().ChangedOutside.Load()
 	buf := s.Buffer(size)
 	defer s.RecycleBlock(buf)
 	wantErrno(t, r.ReadInto(buf, nil), syscall.EIO, "block cut short")
-	if got := s.Counters().ChecksumFailures.Load() - before; got != 1 || s.Contains(rel) {
-		t.Fatalf("block cut short: %d checksum failures, still indexed %v; want 1, false", got, s.Contains(rel))
+	if got := s.Counters().ChangedOutside.Load() - before; got != 1 || s.Contains(rel) {
+		t.Fatalf("block cut short in the store tree: %d counted changed outside, still indexed %v; want 1, false", got, s.Contains(rel))
 	}
 }
 

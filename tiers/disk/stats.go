@@ -10,13 +10,17 @@ import (
 
 // Counters are the store's monotonic event counts.
 type Counters struct {
-	Lookups          atomic.Int64
-	LookupHits       atomic.Int64
-	Reads            atomic.Int64
-	ReadBytes        atomic.Int64
-	Writes           atomic.Int64
-	WriteBytes       atomic.Int64
+	Lookups    atomic.Int64
+	LookupHits atomic.Int64
+	Reads      atomic.Int64
+	ReadBytes  atomic.Int64
+	Writes     atomic.Int64
+	WriteBytes atomic.Int64
+	// ChecksumFailures counts blocks that failed verification with their
+	// file as the daemon last saw it, ChangedOutside those whose file had
+	// changed since (changed.go).
 	ChecksumFailures atomic.Int64
+	ChangedOutside   atomic.Int64
 	Evictions        atomic.Int64
 	NoSpace          atomic.Int64
 	// RejectedWrites counts block writes refused for what the caller

@@ -103,6 +103,8 @@ type entry struct {
 	unchecked bool
 	// times are the file's, as last read or set (times.go).
 	times Times
+	// seen is the file as the daemon last saw or changed it (changed.go).
+	seen fileState
 	// proof is set for a block published through the mount: loads wait for
 	// it (publish.go). Set at creation, never changed.
 	proof *proof
@@ -196,6 +198,9 @@ type Store struct {
 	rows WrittenRows
 	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
 	bootID []byte
+	// changing runs the daemon's own changes to blocks' files one at a
+	// time (ownChange).
+	changing sync.Mutex
 
 	mu     sync.Mutex
 	blocks map[string]*entry
@@ -585,7 +590,7 @@ func (s *Store) readBlockMeta(rel string, name block.Name) (*entry, error) {
 		}
 	}
 	return &entry{rel: rel, name: name, size: st.Size, physical: st.Blocks * 512,
-		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true, times: timesOf(&st)}, nil
+		lastUse: st.Mtim.Nano(), present: true, digest: d, unchecked: true, times: timesOf(&st), seen: stateOf(&st)}, nil
 }
 
 // recordedDigest is a block file's digest from its record, or from vLLM's

@@ -79,12 +79,15 @@ func (r *Reader) Accessed() error {
 
 // setTimes sets the pinned file's times and records them in its entry.
 func (r *Reader) setTimes(atime, mtime unix.Timespec) (Times, error) {
-	fd := int(r.file.Fd())
-	if err := futimens(fd, atime, mtime); err != nil {
-		return Times{}, newError("utimensat", r.b.rel, Errno(err), "setting the block's times: %v", err)
+	var set error
+	st, err := r.ownChange(func(fd int) error {
+		set = futimens(fd, atime, mtime)
+		return set
+	})
+	if set != nil {
+		return Times{}, newError("utimensat", r.b.rel, Errno(set), "setting the block's times: %v", set)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err != nil {
 		return Times{}, err
 	}
 	t := timesOf(&st)

@@ -8,7 +8,8 @@ import "syscall"
 // directories the engine's uid could swap for links.
 
 // OnFile runs fn on the descriptor of a tracked tmp file, or of a published
-// block pinned for the call; ok is false when rel is neither.
+// block pinned for the call, as a change of the daemon's own (ownChange); ok
+// is false when rel is neither.
 func (s *Store) OnFile(rel string, fn func(fd int) error) (ok bool, err error) {
 	s.mu.Lock()
 	t := s.tmps[rel]
@@ -30,5 +31,6 @@ func (s *Store) OnFile(rel string, fn func(fd int) error) (ok bool, err error) {
 		return true, err
 	}
 	defer r.Close()
-	return true, fn(int(r.file.Fd()))
+	_, err = r.ownChange(fn)
+	return true, err
 }

@@ -2,13 +2,10 @@ package tier
 
 import (
 	"fmt"
-	"math"
-	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
@@ -69,6 +66,16 @@ type KVEventStats interface {
 	Counts() (published, dropped int64)
 }
 
+// DescriptorStats are the daemon's file descriptors as stats.json reads
+// them (*descriptors.Reserve).
+type DescriptorStats interface {
+	// Count is how many descriptors the daemon holds and its limit.
+	Count() (open, limit int, err error)
+	// Refused counts the engine's opens refused to keep descriptors for
+	// the daemon's own work.
+	Refused() int64
+}
+
 // Warner names the field failures the diagnostics' counts show now
 // (*diagnose.Diagnostics).
 type Warner interface {
@@ -94,9 +101,8 @@ type StatsConfig struct {
 	WarningWindow time.Duration
 	// Now is the clock of those windows; nil means time.Now.
 	Now func() time.Time
-	// Descriptors counts the daemon's open file descriptors and its limit;
-	// nil means this process's (OwnDescriptors).
-	Descriptors func() (open, limit int, err error)
+	// Descriptors are the daemon's file descriptors; nil reports none.
+	Descriptors DescriptorStats
 }
 
 // Stats assembles a mount's stats.json: the one place that copies each
@@ -135,6 +141,7 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 	counters.Writes = c.Writes.Load()
 	counters.WriteBytes = c.WriteBytes.Load()
 	counters.ChecksumFailures = c.ChecksumFailures.Load()
+	counters.BlocksChangedOutside = c.ChangedOutside.Load()
 	counters.NoSpace = c.NoSpace.Load()
 	counters.RejectedWrites = c.RejectedWrites.Load()
 	counters.UnprovenBlocks = c.UnprovenBlocks.Load()
@@ -232,7 +239,12 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 	quiet := s.recent.Window()
 	if n, recent := s.recent.Grew(ctlabi.WarnChecksumFailures, counters.ChecksumFailures); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
-			"%s failed their checksum and were removed (the engine recomputes them): check the store disk (dmesg, smartctl); clears after %s without one",
+			"%s failed their checksum and were removed (the engine recomputes them), their files unchanged since the daemon last saw them: check the store disk (dmesg, smartctl); clears after %s without one",
+			plural(n, "block"), quiet)})
+	}
+	if n, recent := s.recent.Grew(ctlabi.WarnChangedOutside, counters.BlocksChangedOutside); recent {
+		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChangedOutside, Message: fmt.Sprintf(
+			"%s failed their checksum and were removed (the engine recomputes them) after their files were changed outside the daemon (their inode or change time moved since it last saw them): something with the engine's uid writes into the store directory, or into a block through a file kept open after its rename; the log names each block; clears after %s without one",
 			plural(n, "block"), quiet)})
 	}
 	if n, recent := s.recent.Grew(ctlabi.WarnNoSpace, counters.NoSpace); recent {
@@ -243,7 +255,8 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 			"%s outside the block layout failed with EDQUOT: the store tracks %d such files, its bound (%d untracked found at mount); remove files the engine does not need from the mount; clears after %s without one",
 			plural(n, "write"), d.OtherFilesMax, d.OtherFilesUntracked, quiet)})
 	}
-	if w, ok := s.descriptorsWarning(); ok {
+	st.Descriptors, counters.OpensRefused = s.descriptors()
+	if w, ok := s.descriptorsWarning(st.Descriptors, counters.OpensRefused); ok {
 		st.Warnings = append(st.Warnings, w)
 	}
 	if n, recent := s.recent.Grew(ctlabi.WarnStoreIOErrors, counters.StoreIOErrors); recent {
@@ -349,40 +362,39 @@ func budgetWarning(b lookupbudget.Stats) ctlabi.Warning {
 }
 
 // descriptorsLow is the share of the descriptor limit held at which stat
-// warns: every open through the mount holds one of the daemon's, and past
-// the limit its stores and loads fail with EIO, which nothing else tells.
+// warns before any open is refused: every open through the mount holds one
+// of the daemon's (descriptors.Reserve).
 const descriptorsLow = 0.9
 
-// descriptorsWarning warns while the daemon holds descriptorsLow of its
-// descriptor limit or more.
-func (s *Stats) descriptorsWarning() (ctlabi.Warning, bool) {
-	count := s.cfg.Descriptors
-	if count == nil {
-		count = OwnDescriptors
+// descriptors are the daemon's descriptors now and the opens refused; zero
+// where they cannot be counted.
+func (s *Stats) descriptors() (ctlabi.Descriptors, int64) {
+	fds := s.cfg.Descriptors
+	if fds == nil {
+		return ctlabi.Descriptors{}, 0
 	}
-	open, limit, err := count()
-	if err != nil || limit <= 0 || float64(open) < descriptorsLow*float64(limit) {
-		return ctlabi.Warning{}, false
+	refused := fds.Refused()
+	open, limit, err := fds.Count()
+	if err != nil || limit <= 0 {
+		return ctlabi.Descriptors{}, refused
 	}
-	return ctlabi.Warning{Code: ctlabi.WarnDescriptorsLow, Message: fmt.Sprintf(
-		"the daemon holds %d of the %d file descriptors its limit allows: past it stores and loads fail (EMFILE, the engine sees EIO); find who holds files open through the mount (lsof +D MOUNTPOINT) or raise the daemon's LimitNOFILE", open, limit)}, true
+	kept, _ := descriptors.Levels(limit)
+	return ctlabi.Descriptors{Open: int64(open), Limit: int64(limit), Kept: int64(kept)}, refused
 }
 
-// OwnDescriptors counts this process's open file descriptors
-// (/proc/self/fd) and its soft RLIMIT_NOFILE.
-func OwnDescriptors() (open, limit int, err error) {
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-		return 0, 0, err
+// descriptorsWarning warns while the daemon holds descriptorsLow of its
+// limit or leaves fewer than the descriptors kept for its own work free,
+// and while opens were refused within the warning window.
+func (s *Stats) descriptorsWarning(d ctlabi.Descriptors, refused int64) (ctlabi.Warning, bool) {
+	n, recent := s.recent.Grew(ctlabi.WarnDescriptorsLow, refused)
+	switch {
+	case recent:
+		return ctlabi.Warning{Code: ctlabi.WarnDescriptorsLow, Message: fmt.Sprintf(
+			"%s through the mount refused with ENFILE to keep %d of the daemon's %d file descriptors for its own work (it holds %d): files held open through the mount hold the daemon's; find who holds them (lsof +D MOUNTPOINT) or raise the daemon's LimitNOFILE; clears after %s without one",
+			plural(n, "open"), d.Kept, d.Limit, d.Open, s.recent.Window())}, true
+	case d.Limit > 0 && (float64(d.Open) >= descriptorsLow*float64(d.Limit) || d.Limit-d.Open < d.Kept):
+		return ctlabi.Warning{Code: ctlabi.WarnDescriptorsLow, Message: fmt.Sprintf(
+			"the daemon holds %d of the %d file descriptors its limit allows: opens through the mount that would leave fewer than %d free are refused with ENFILE, to keep them for its own work; find who holds files open through the mount (lsof +D MOUNTPOINT) or raise the daemon's LimitNOFILE", d.Open, d.Limit, d.Kept)}, true
 	}
-	dir, err := os.Open("/proc/self/fd")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer dir.Close()
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		return 0, 0, err
-	}
-	return len(names) - 1, int(min(rl.Cur, uint64(math.MaxInt32))), nil // less the directory's own
+	return ctlabi.Warning{}, false
 }

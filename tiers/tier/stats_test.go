@@ -2,15 +2,11 @@ package tier
 
 import (
 	"errors"
-	"math"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/staging"
@@ -37,6 +33,16 @@ type statsOf[T any] struct{ st T }
 func (p statsOf[T]) Stats() T { return p.st }
 
 type fakeSync struct{ snap rowsync.Snapshot }
+
+// fakeDescriptors are the daemon's descriptors as a test sets them.
+type fakeDescriptors struct {
+	open, limit int
+	err         error
+	refused     int64
+}
+
+func (f fakeDescriptors) Count() (int, int, error) { return f.open, f.limit, f.err }
+func (f fakeDescriptors) Refused() int64            { return f.refused }
 
 func (s fakeSync) Snapshot() rowsync.Snapshot { return s.snap }
 
@@ -215,11 +221,18 @@ func TestEveryWarning(t *testing.T) {
 		{name: "the diagnostics see nothing", code: ctlabi.WarnHashSeedDrift,
 			set: func(c *StatsConfig) { c.Diagnostics = fakeWarner{nil, &diagnose.StoreState{}} }},
 		{name: "descriptors nearly all held", code: ctlabi.WarnDescriptorsLow, says: "holds 19000 of the 20000 file descriptors",
-			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 19000, 20000, nil } }},
+			set: func(c *StatsConfig) { c.Descriptors = fakeDescriptors{open: 19000, limit: 20000} }},
+		{name: "fewer descriptors free than kept", code: ctlabi.WarnDescriptorsLow, says: "holds 800 of the 1000 file descriptors its limit allows: opens through the mount that would leave fewer than 250 free are refused with ENFILE",
+			set: func(c *StatsConfig) { c.Descriptors = fakeDescriptors{open: 800, limit: 1000} }},
+		{name: "opens refused", code: ctlabi.WarnDescriptorsLow, says: "3 opens through the mount refused with ENFILE to keep 512 of the daemon's 20000 file descriptors for its own work (it holds 100)",
+			set: func(c *StatsConfig) { c.Descriptors = fakeDescriptors{open: 100, limit: 20000, refused: 3} }},
 		{name: "descriptors to spare", code: ctlabi.WarnDescriptorsLow,
-			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 17999, 20000, nil } }},
+			set: func(c *StatsConfig) { c.Descriptors = fakeDescriptors{open: 17999, limit: 20000} }},
 		{name: "descriptors not counted", code: ctlabi.WarnDescriptorsLow,
-			set: func(c *StatsConfig) { c.Descriptors = func() (int, int, error) { return 0, 0, errors.New("no /proc") } }},
+			set: func(c *StatsConfig) { c.Descriptors = fakeDescriptors{err: errors.New("no /proc")} }},
+		{name: "blocks changed outside", code: ctlabi.WarnChangedOutside, says: "2 blocks failed their checksum and were removed (the engine recomputes them) after their files were changed outside the daemon",
+			store: func(s *fakeStatsStore) { s.c.ChangedOutside.Store(2) }},
+		{name: "no block changed outside", code: ctlabi.WarnChangedOutside},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -400,27 +413,13 @@ func TestABISectionsCopyEveryField(t *testing.T) {
 	}
 }
 
-// TestOwnDescriptorsCountsOpens: a descriptor this process opens is counted,
-// and the limit is the process's soft RLIMIT_NOFILE.
-func TestOwnDescriptorsCountsOpens(t *testing.T) {
-	before, limit, err := OwnDescriptors()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	after, _, err := OwnDescriptors()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-		t.Fatal(err)
-	}
-	if after != before+1 || uint64(limit) != min(rl.Cur, math.MaxInt32) {
-		t.Errorf("descriptors %d then %d with one more open, limit %d (rlimit %d)", before, after, limit, rl.Cur)
+// TestDescriptorsSection: stats.json carries the daemon's descriptors, the
+// level kept for its own work and the opens refused.
+func TestDescriptorsSection(t *testing.T) {
+	st := statsWith(t, &fakeStatsStore{}, func(c *StatsConfig) {
+		c.Descriptors = fakeDescriptors{open: 300, limit: 1000, refused: 7}
+	})
+	if want := (ctlabi.Descriptors{Open: 300, Limit: 1000, Kept: 250}); st.Descriptors != want || st.Counters.OpensRefused != 7 {
+		t.Errorf("descriptors %+v, opens refused %d; want %+v and 7", st.Descriptors, st.Counters.OpensRefused, want)
 	}
 }

@@ -1,0 +1,192 @@
+// Package descriptors keeps file descriptors for the daemon's own work
+// (DESIGN "Threat model"): every file the engine's uid holds open through the
+// mount holds one or two of the daemon's, and without a bound a process
+// holding opens took them all, after which the daemon could no longer accept
+// a peer, fetch, publish, answer its endpoints or write its notes.
+package descriptors
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Count returns how many descriptors this process holds open and its soft
+// RLIMIT_NOFILE. The count is the size the kernel gives /proc/self/fd (Linux
+// 6.2 on: one stat, however many are open); where that is 0 (an older
+// kernel) the directory is read instead.
+func Count() (open, limit int, err error) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, 0, err
+	}
+	limit = int(min(rl.Cur, uint64(math.MaxInt32)))
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/fd", &st); err != nil {
+		return 0, 0, err
+	}
+	if st.Size > 0 {
+		return int(st.Size), limit, nil
+	}
+	open, err = listed()
+	return open, limit, err
+}
+
+// listed counts this process's descriptors by reading /proc/self/fd.
+func listed() (int, error) {
+	dir, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0, err
+	}
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return 0, err
+	}
+	return len(names) - 1, nil // less the directory's own
+}
+
+// Levels of free descriptors (the limit less those open) below which the
+// engine's opens are refused, for a limit of at least 4×keptMax:
+//
+//   - below keptMax, opens of a thread that holds threadHolds files open
+//     through the mount or more: a process holding opens is refused, while
+//     the engine's I/O threads (vLLM's 16 loaders and 16 storers hold one file
+//     each at a time, its evictor one listing) go on;
+//   - below ownMax, every open: the daemon's own work holds at most about
+//     300 at once (64 peer handshakes and 8 lanes for each of up to 7 peers,
+//     64 KV-event subscribers, 16 metrics connections, 16 staging fetches, 8
+//     shared-level calls, a proof and a directory for each rename in flight,
+//     the listeners and the runtime's own).
+//
+// A smaller limit keeps a quarter of itself, shared the same way.
+const (
+	keptMax     = 512
+	ownMax      = 384
+	threadHolds = 4
+	// perOpen is the most descriptors one admitted open takes (a tmp and
+	// the duplicate its lease is set on).
+	perOpen = 2
+)
+
+// Levels are the free descriptors below which opens are refused, for a limit.
+func Levels(limit int) (kept, own int) {
+	kept = min(keptMax, limit/4)
+	return kept, kept * ownMax / keptMax
+}
+
+// Reserve admits the engine's opens through the mount (Admit) while they
+// leave descriptors for the daemon's own work, and counts those it refuses.
+// Its methods are safe for concurrent use.
+type Reserve struct {
+	count  func() (open, limit int, err error)
+	logger *slog.Logger
+
+	mu sync.Mutex
+	// held counts the admitted opens not yet released, by the kernel thread
+	// that opened them: one entry per thread that holds one, so at most as
+	// many as the descriptors they hold.
+	held map[uint32]int
+	// pending counts opens admitted whose descriptors may not be in the
+	// count yet (Held.Opened).
+	pending int
+	refused int64
+	// lastLog is when a refusal was last logged; unlogged counts those since.
+	lastLog  time.Time
+	unlogged int64
+}
+
+// New makes a Reserve that counts descriptors with count (nil: Count) and
+// logs refusals to logger (nil: none), at most one line a second.
+func New(count func() (open, limit int, err error), logger *slog.Logger) *Reserve {
+	if count == nil {
+		count = Count
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Reserve{count: count, logger: logger, held: map[uint32]int{}}
+}
+
+// Held is an admitted open: call Opened once its descriptors are open (or
+// its open failed), and Release when they are closed.
+type Held struct {
+	r       *Reserve
+	thread  uint32
+	opened  bool
+	release sync.Once
+}
+
+// Admit admits an open of the engine's kernel thread thread, or refuses it
+// with ENFILE: the engine's own process is not out of descriptors, the
+// daemon that serves the file keeps them, which ENFILE ("too many open files
+// in system") says and EMFILE would not. A count that fails admits.
+func (r *Reserve) Admit(thread uint32) (*Held, error) {
+	open, limit, err := r.count()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept, own := Levels(limit)
+	free := limit - open - perOpen*r.pending
+	if err == nil && (free < own || free < kept && r.held[thread] >= threadHolds) {
+		r.refused++
+		r.logRefusalLocked(open, limit, kept, thread)
+		return nil, fmt.Errorf("open refused: the daemon holds %d of its %d descriptors and keeps %d for its own work: %w", open, limit, kept, syscall.ENFILE)
+	}
+	r.held[thread]++
+	r.pending++
+	return &Held{r: r, thread: thread}, nil
+}
+
+// logRefusalLocked logs a refusal, or counts it for the next line when one
+// was logged less than a second ago.
+func (r *Reserve) logRefusalLocked(open, limit, kept int, thread uint32) {
+	now := time.Now()
+	if now.Sub(r.lastLog) < time.Second {
+		r.unlogged++
+		return
+	}
+	r.logger.Warn("engine open refused with ENFILE to keep file descriptors for the daemon's own work: files held open through the mount hold the daemon's; find who holds them (lsof +D MOUNTPOINT) or raise the daemon's LimitNOFILE",
+		"open", open, "limit", limit, "kept", kept, "thread", thread, "thread_holds", r.held[thread], "refused_since_last_line", r.unlogged)
+	r.lastLog, r.unlogged = now, 0
+}
+
+// Opened tells the Reserve that the open's descriptors are in the count now
+// (or that it failed).
+func (h *Held) Opened() {
+	h.r.mu.Lock()
+	defer h.r.mu.Unlock()
+	if !h.opened {
+		h.opened = true
+		h.r.pending--
+	}
+}
+
+// Release gives the open back once its descriptors are closed; later calls
+// do nothing.
+func (h *Held) Release() {
+	h.release.Do(func() {
+		h.Opened()
+		r := h.r
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.held[h.thread]--; r.held[h.thread] <= 0 {
+			delete(r.held, h.thread)
+		}
+	})
+}
+
+// Refused counts the opens refused since the Reserve was made.
+func (r *Reserve) Refused() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused
+}
+
+// Count is the count the Reserve decides by.
+func (r *Reserve) Count() (open, limit int, err error) { return r.count() }
