@@ -355,6 +355,23 @@ func OnSignalFreeThread(fn func()) {
 	<-done
 }
 
+// HoldOpen opens path read-only again and again from one signal-free
+// thread, as a process holding files open does, until an open fails or most
+// are open: it returns the files open and the error that ended it.
+func HoldOpen(path string, most int) (files []*os.File, err error) {
+	OnSignalFreeThread(func() {
+		for len(files) < most {
+			f, openErr := os.Open(path)
+			if openErr != nil {
+				err = openErr
+				return
+			}
+			files = append(files, f)
+		}
+	})
+	return files, err
+}
+
 // FillPattern writes deterministic, incompressible bytes derived from seed
 // into row (an xorshift stream), standing in for a chunk's KV.
 func FillPattern(row []byte, seed uint64) {

@@ -109,16 +109,17 @@ func TestKill9DuringStoreStorm(t *testing.T) {
 	if present < int(stored.Load()) {
 		t.Fatalf("%d blocks present after remount, but %d stores had completed before the kill", present, stored.Load())
 	}
-	if st := d.Stats(); st.Counters.ChecksumFailures != 0 {
-		t.Fatalf("%d checksum failures after kill -9: a completed rename lost bytes", st.Counters.ChecksumFailures)
+	if c := d.Stats().Counters; c.ChecksumFailures != 0 || c.BlocksChangedOutside != 0 {
+		t.Fatalf("%d checksum failures, %d blocks changed outside after kill -9: a completed rename lost bytes", c.ChecksumFailures, c.BlocksChangedOutside)
 	}
 }
 
 // TestCorruptBlockGivesEIO flips one byte of a stored block in the store
 // directory: the engine's read fails with EIO (the open only starts the
 // store read; the read request that completes the block waits for its
-// checksum), the failure is counted and the block is gone; other blocks are
-// unaffected.
+// checksum), the failure is counted as a block changed outside the daemon
+// (not a checksum failure: the disk is not at fault) and the block is gone;
+// other blocks are unaffected.
 func TestCorruptBlockGivesEIO(t *testing.T) {
 	for _, withRegion := range []bool{false, true} {
 		name := map[bool]string{false: "no region", true: "with the engine's region"}[withRegion]
@@ -143,8 +144,9 @@ func TestCorruptBlockGivesEIO(t *testing.T) {
 				t.Fatalf("load of a corrupt block failed with %v, want the failure at the read", err)
 			}
 			st := d.Stats()
-			if st.Counters.ChecksumFailures != 1 || st.Disk.Blocks != 1 {
-				t.Fatalf("after corruption: %d checksum failures, %d blocks; want 1 and 1", st.Counters.ChecksumFailures, st.Disk.Blocks)
+			if c := st.Counters; c.BlocksChangedOutside != 1 || c.ChecksumFailures != 0 || st.Disk.Blocks != 1 {
+				t.Fatalf("after corruption in the store tree: %d blocks changed outside, %d checksum failures, %d blocks; want 1, 0 and 1",
+					c.BlocksChangedOutside, c.ChecksumFailures, st.Disk.Blocks)
 			}
 			if !d.WaitLog("corrupt block removed") {
 				t.Fatal("the corrupt block's path was not logged")
@@ -159,8 +161,8 @@ func TestCorruptBlockGivesEIO(t *testing.T) {
 			if err := tier.Load(good, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(2)) {
 				t.Fatalf("an intact block was affected: %v", err)
 			}
-			if len(st.Warnings) == 0 || st.Warnings[0].Code != "checksum_failures" {
-				t.Fatalf("stat warnings %+v, want a checksum_failures warning", st.Warnings)
+			if len(st.Warnings) != 1 || st.Warnings[0].Code != "changed_outside" {
+				t.Fatalf("stat warnings %+v, want a changed_outside warning only (no checksum_failures sending the operator to the disk)", st.Warnings)
 			}
 		})
 	}

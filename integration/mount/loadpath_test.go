@@ -110,9 +110,9 @@ func TestCorruptBlockFailsWhereTheEngineLooks(t *testing.T) {
 					t.Fatalf("%s: %v, want the read to fail", name, err)
 				}
 				after := d.Stats().Counters
-				if after.ChecksumFailures != before.ChecksumFailures+1 || after.Reads != before.Reads {
-					t.Fatalf("%s: checksum failures %d → %d, loads %d → %d; want one more failure, no load",
-						name, before.ChecksumFailures, after.ChecksumFailures, before.Reads, after.Reads)
+				if after.BlocksChangedOutside != before.BlocksChangedOutside+1 || after.ChecksumFailures != before.ChecksumFailures || after.Reads != before.Reads {
+					t.Fatalf("%s: blocks changed outside %d → %d, checksum failures %d → %d, loads %d → %d; want one more changed outside (written in the store tree), no load",
+						name, before.BlocksChangedOutside, after.BlocksChangedOutside, before.ChecksumFailures, after.ChecksumFailures, before.Reads, after.Reads)
 				}
 				if _, err := os.Stat(stored); !os.IsNotExist(err) {
 					t.Fatalf("%s: the corrupt block is still in the store: %v", name, err)

@@ -167,9 +167,9 @@ func TestMountRefusesNonEmptyMountpoint(t *testing.T) {
 	mounttest.Start(t, mounttest.Options{Mountpoint: mnt, Args: []string{"--nonempty"}})
 }
 
-// TestWarningClearsOnceCauseIsGone corrupts a block: its load raises
-// checksum_failures, which clears after a window without another failure
-// while the counter keeps its total.
+// TestWarningClearsOnceCauseIsGone corrupts a block in the store tree: its
+// load raises changed_outside, which clears after a window without another
+// failure while the counter keeps its total.
 func TestWarningClearsOnceCauseIsGone(t *testing.T) {
 	region := newRegion(t, 1)
 	d := mounttest.Start(t, mounttest.Options{Args: []string{"--diagnostics-window", "1s"}})
@@ -179,19 +179,19 @@ func TestWarningClearsOnceCauseIsGone(t *testing.T) {
 	if err := tier.Load(bad, region.Row(0)); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("load of a corrupt block: %v, want EIO", err)
 	}
-	raised := func() bool { return hasWarning(d.Stats().Warnings, "checksum_failures") }
+	raised := func() bool { return hasWarning(d.Stats().Warnings, "changed_outside") }
 	if !raised() {
-		t.Fatalf("no checksum_failures warning after a checksum failure: %+v", d.Stats().Warnings)
+		t.Fatalf("no changed_outside warning after a block written in the store tree failed: %+v", d.Stats().Warnings)
 	}
 	deadline := time.Now().Add(outerLimit)
 	for raised() {
 		if time.Now().After(deadline) {
-			t.Fatalf("checksum_failures still raised %s after the only failure, with --diagnostics-window 1s", outerLimit)
+			t.Fatalf("changed_outside still raised %s after the only failure, with --diagnostics-window 1s", outerLimit)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if c := d.Stats().Counters.ChecksumFailures; c != 1 {
-		t.Errorf("checksum failures counter %d after the warning cleared, want 1", c)
+	if c := d.Stats().Counters.BlocksChangedOutside; c != 1 {
+		t.Errorf("blocks changed outside counter %d after the warning cleared, want 1", c)
 	}
 }
 
