@@ -42,7 +42,7 @@ type fakeDescriptors struct {
 }
 
 func (f fakeDescriptors) Count() (int, int, error) { return f.open, f.limit, f.err }
-func (f fakeDescriptors) Refused() int64            { return f.refused }
+func (f fakeDescriptors) Refused() int64           { return f.refused }
 
 func (s fakeSync) Snapshot() rowsync.Snapshot { return s.snap }
 
