@@ -70,8 +70,8 @@ const (
 	keptMax     = 512
 	ownMax      = 384
 	threadHolds = 4
-	// perOpen is the most descriptors one admitted open takes (a tmp and
-	// the duplicate its lease is set on).
+	// perOpen is the most descriptors one admitted open takes (a tmp and,
+	// in a store in memory, the duplicate its lease is set on).
 	perOpen = 2
 )
 
