@@ -19,16 +19,20 @@ import (
 
 // Count returns how many descriptors this process holds open and its soft
 // RLIMIT_NOFILE. The count is the size the kernel gives /proc/self/fd (Linux
-// 6.2 on: one stat, however many are open); where that is 0 (an older
-// kernel) the directory is read instead.
+// 6.2 on: one fstat of a descriptor of it kept open, however many are
+// open); where that is 0 (an older kernel) the directory is read instead.
 func Count() (open, limit int, err error) {
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
 		return 0, 0, err
 	}
 	limit = int(min(rl.Cur, uint64(math.MaxInt32)))
+	fd, err := procFD()
+	if err != nil {
+		return 0, 0, err
+	}
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/fd", &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, 0, err
 	}
 	if st.Size > 0 {
@@ -36,6 +40,27 @@ func Count() (open, limit int, err error) {
 	}
 	open, err = listed()
 	return open, limit, err
+}
+
+// procDir is the descriptor of /proc/self/fd that Count keeps open, -1
+// until an open of it succeeded.
+var procDir = struct {
+	sync.Mutex
+	fd int
+}{fd: -1}
+
+// procFD opens /proc/self/fd once, at the first Count that can.
+func procFD() (int, error) {
+	procDir.Lock()
+	defer procDir.Unlock()
+	if procDir.fd < 0 {
+		fd, err := unix.Open("/proc/self/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		procDir.fd = fd
+	}
+	return procDir.fd, nil
 }
 
 // listed counts this process's descriptors by reading /proc/self/fd.

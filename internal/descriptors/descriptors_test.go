@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -143,4 +144,27 @@ func TestReserveSmallLimit(t *testing.T) {
 	}
 	c := &fakeCount{limit: 400, open: 400, err: errors.New("no /proc")}
 	admitted(t, New(c.count, nil), 1)
+}
+
+// BenchmarkAdmit is the cost the reserve adds to an engine's open: a count
+// of this process's descriptors, its limit, and the bookkeeping, with
+// KVTIERFS_BENCH_FDS descriptors open (default none beyond the test's).
+func BenchmarkAdmit(b *testing.B) {
+	extra, _ := strconv.Atoi(os.Getenv("KVTIERFS_BENCH_FDS"))
+	for range extra {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+	}
+	r := New(nil, nil)
+	for b.Loop() {
+		h, err := r.Admit(1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Opened()
+		h.Release()
+	}
 }
