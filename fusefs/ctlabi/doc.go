@@ -15,11 +15,12 @@
 //
 // StatsFile is read-only. Each open takes one snapshot of the mount, a
 // Stats; read it to the end and decode it. Counters count since the mount,
-// disk and staging are occupancy now. Warnings lists the failures the
+// disk and staging are occupancy now, descriptors the daemon's file
+// descriptors now. Warnings lists the failures the
 // operator should act on; each has a stable Code (the Warn* constants) and
 // a message that names the evidence and what to do.
 //
-//	{"mountpoint":"/mnt/kv","disk":{…},"groups":{"0":{…}},
+//	{"mountpoint":"/mnt/kv","disk":{…},"groups":{"0":{…}},"descriptors":{…},
 //	 "primary":{"regions":[…],"ignored":[]},"counters":{"lookups":12,…},
 //	 "staging":{…},"peers":[],"warnings":[{"code":"no_space","message":"…"}]}
 //
