@@ -85,10 +85,10 @@ func listed() (int, error) {
 //     the engine's I/O threads (vLLM's 16 loaders and 16 storers hold one file
 //     each at a time, its evictor one listing) go on;
 //   - below ownMax, every open: the daemon's own work holds at most about
-//     300 at once (64 peer handshakes and 8 lanes for each of up to 7 peers,
-//     64 KV-event subscribers, 16 metrics connections, 16 staging fetches, 8
-//     shared-level calls, a proof and a directory for each rename in flight,
-//     the listeners and the runtime's own).
+//     300 at once (64 peer handshakes and 8 lanes to each of the 7 peers of
+//     a group of 8, 64 KV-event subscribers, 16 metrics connections, 16
+//     staging fetches, 8 shared-level calls, a proof and a directory for
+//     each rename in flight, the listeners and the runtime's own).
 //
 // A smaller limit keeps a quarter of itself, shared the same way.
 const (
