@@ -76,9 +76,26 @@ func bounded[T any](timeout time.Duration, hung func() error, work func() (T, er
 
 // scanRegionsWithin is scanRegions bounded by timeout: reading a process's
 // mappings waits while that process is stuck in the kernel holding them
-// (a page fault on a hung FUSE mount).
+// (a page fault on a hung FUSE mount), and so does the stat of a file it
+// holds open on a hung FUSE mount.
 func scanRegionsWithin(glob string, timeout time.Duration) (regionScan, error) {
-	return bounded(timeout, func() error {
-		return fmt.Errorf("reading the processes' mappings (/proc/*/maps) did not finish within %s: a process is stuck in the kernel, often on a hung FUSE mount it maps", timeout)
-	}, func() (regionScan, error) { return scanRegions(glob) })
+	return bounded(timeout, procScanHung(timeout), func() (regionScan, error) { return scanRegions(glob) })
+}
+
+// filesInUseWithin is filesInUse bounded by timeout, as scanRegionsWithin.
+func filesInUseWithin(timeout time.Duration) (map[fileID]bool, error) {
+	return bounded(timeout, procScanHung(timeout), func() (map[fileID]bool, error) {
+		used, _, err := filesInUse()
+		return used, err
+	})
+}
+
+// procScanHung is the error of a scan of /proc that did not finish within
+// timeout: a process's mappings wait on a process stuck in the kernel, and
+// the stat of a descriptor on a hung FUSE mount (the kvtierfs daemon's,
+// which the engine holds files of) waits on its server.
+func procScanHung(timeout time.Duration) func() error {
+	return func() error {
+		return fmt.Errorf("reading the processes' mappings and open files (/proc/*/maps, /proc/*/fd) did not finish within %s: a process is stuck in the kernel, or holds a file of a hung FUSE mount", timeout)
+	}
 }

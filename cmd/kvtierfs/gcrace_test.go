@@ -82,7 +82,7 @@ func TestGCRegionsRacingEngine(t *testing.T) {
 			t.Fatalf("engine: %q", line)
 		}
 		io.WriteString(stdin, "go\n")
-		gcRegions(io.Discard, scan, false, 50*time.Millisecond)
+		gcRegions(io.Discard, scan, false, 50*time.Millisecond, time.Minute)
 		line, _ := out.ReadString('\n')
 		mapped, err := strconv.ParseUint(strings.TrimSpace(line), 10, 64)
 		if err != nil {

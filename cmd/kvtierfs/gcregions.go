@@ -37,7 +37,7 @@ func runGCRegions(args []string) error {
 	fl := newFlagSet("gc-regions")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	dryRun := fl.Bool("dry-run", false, "list the orphaned regions without removing them")
-	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when reading the processes' mappings takes longer (a process stuck in the kernel)")
+	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when a scan of the processes' mappings and open files takes longer (a process stuck in the kernel, or holding a file of a hung FUSE mount); bounds the scan before the grace and the one after")
 	grace := fl.Duration("grace", defaultGCGrace, "how long an orphaned region stays renamed aside before processes are scanned again and it is removed")
 	if err := parseFlags(fl, args); err != nil {
 		return err
@@ -55,16 +55,17 @@ func runGCRegions(args []string) error {
 	if err != nil {
 		return err
 	}
-	return gcRegions(os.Stdout, scan, *dryRun, *grace)
+	return gcRegions(os.Stdout, scan, *dryRun, *grace, *timeout)
 }
 
 // gcRegions removes (or with dryRun lists) the orphaned regions of scan.
 // An engine may open an orphan by its name at any moment (vLLM's workers
 // join an existing region file), so each is first renamed aside in its
 // directory, where no engine looks for it; after grace the processes are
-// scanned again: an orphan some process opened or mapped meanwhile gets
-// its name back, the others are removed.
-func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace time.Duration) error {
+// scanned again, within timeout: an orphan some process opened or mapped
+// meanwhile gets its name back, the others are removed; every one gets it
+// back when the scan does not finish.
+func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace, timeout time.Duration) error {
 	if len(scan.unreadable) > 0 {
 		for _, r := range scan.orphans {
 			fmt.Fprintf(w, "not proven orphaned %s (%s)\n", ctlabi.Printable(r.path), formatBytes(r.size))
@@ -102,7 +103,7 @@ func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace time.Duration) e
 	var freed int64
 	if len(aside) > 0 {
 		time.Sleep(grace)
-		used, _, err := filesInUse() // the caller decided whether unreadable processes allow removal
+		used, err := filesInUseWithin(timeout) // the caller decided whether unreadable processes allow removal
 		for _, q := range aside {
 			switch {
 			case err != nil:

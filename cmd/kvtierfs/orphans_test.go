@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -9,9 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -146,7 +150,7 @@ func TestOrphanedRegions(t *testing.T) {
 	// Unreadable processes might map a region: nothing is removed.
 	unproven := scan
 	unproven.unreadable = []int{os.Getpid()}
-	if err := gcRegions(io.Discard, unproven, false, time.Millisecond); err == nil || !strings.Contains(err.Error(), "no region is proven orphaned") {
+	if err := gcRegions(io.Discard, unproven, false, time.Millisecond, time.Minute); err == nil || !strings.Contains(err.Error(), "no region is proven orphaned") {
 		t.Fatalf("gc-regions with an unreadable process: %v", err)
 	}
 	var st unix.Stat_t
@@ -155,7 +159,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 	// --dry-run still lists what stat calls orphaned, as not proven.
 	out.Reset()
-	if err := gcRegions(&out, unproven, true, time.Millisecond); err == nil || !strings.Contains(out.String(), "not proven orphaned "+orphan) {
+	if err := gcRegions(&out, unproven, true, time.Millisecond, time.Minute); err == nil || !strings.Contains(out.String(), "not proven orphaned "+orphan) {
 		t.Fatalf("gc-regions --dry-run with an unreadable process: %v\n%s", err, out.String())
 	}
 	if len(scan.unreadable) > 0 {
@@ -165,7 +169,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := gcRegions(&out, scan, true, time.Millisecond); err != nil {
+	if err := gcRegions(&out, scan, true, time.Millisecond, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{mapped, opened, daemonOnly, orphan, link, target} {
@@ -178,7 +182,7 @@ func TestOrphanedRegions(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := gcRegions(&out, scan, false, time.Millisecond); err != nil {
+	if err := gcRegions(&out, scan, false, time.Millisecond, time.Minute); err != nil {
 		t.Fatalf("gc-regions: %v\n%s", err, out.String())
 	}
 	for _, p := range []string{daemonOnly, orphan} {
@@ -216,7 +220,7 @@ func TestGCRegionsRechecks(t *testing.T) {
 	scan.unreadable = nil // a sandbox's PID 1 may be out of reach; it is no engine
 	stop := startRegionHelper(t, "map", p)
 	var out strings.Builder
-	if err := gcRegions(&out, scan, false, time.Millisecond); err == nil || !strings.Contains(out.String(), "a process opened or mapped it since the scan (name given back)") {
+	if err := gcRegions(&out, scan, false, time.Millisecond, time.Minute); err == nil || !strings.Contains(out.String(), "a process opened or mapped it since the scan (name given back)") {
 		t.Fatalf("gc-regions of a region mapped since the scan: %v\n%s", err, out.String())
 	}
 	stop()
@@ -224,7 +228,7 @@ func TestGCRegionsRechecks(t *testing.T) {
 	replaced.orphans = []regionFile{scan.orphans[0]}
 	replaced.orphans[0].id.inode++
 	out.Reset()
-	if err := gcRegions(&out, replaced, false, time.Millisecond); err == nil || !strings.Contains(out.String(), "replaced since the scan") {
+	if err := gcRegions(&out, replaced, false, time.Millisecond, time.Minute); err == nil || !strings.Contains(out.String(), "replaced since the scan") {
 		t.Fatalf("gc-regions of a replaced region: %v\n%s", err, out.String())
 	}
 	if _, err := os.Stat(p); err != nil {
@@ -245,7 +249,7 @@ func TestGCRegionsRechecks(t *testing.T) {
 		t.Fatalf("scan after a killed gc-regions: %+v, %v", scan, err)
 	}
 	scan.unreadable = nil
-	if err := gcRegions(io.Discard, scan, false, time.Millisecond); err != nil {
+	if err := gcRegions(io.Discard, scan, false, time.Millisecond, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(left); err == nil {
@@ -259,7 +263,7 @@ func TestPrintableNames(t *testing.T) {
 	esc := "/dev/shm/vllm_offload_\x1b]0;owned\x07\x1b[2J.mmap"
 	scan := regionScan{orphans: []regionFile{{path: esc, size: 4096}, {path: "/dev/shm/vllm_offload_plain.mmap", size: 4096}}}
 	var out strings.Builder
-	gcRegions(&out, scan, true, time.Millisecond)
+	gcRegions(&out, scan, true, time.Millisecond, time.Minute)
 	printOrphans(&out, scan)
 	if strings.ContainsAny(out.String(), "\x1b\x07") {
 		t.Fatalf("raw control bytes in the output: %q", out.String())
@@ -269,5 +273,96 @@ func TestPrintableNames(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// hangingFile is a file whose attributes, once hang is closed, are answered
+// only when release is: a hung FUSE server's file (a stopped daemon's).
+type hangingFile struct {
+	fs.Inode
+	hang, release chan struct{}
+}
+
+func (f *hangingFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	select {
+	case <-f.hang:
+		<-f.release
+	default:
+	}
+	out.Mode = fuse.S_IFREG | 0o600
+	return 0
+}
+
+// hangingRoot is the hung server's root, holding its one file as "held".
+type hangingRoot struct {
+	fs.Inode
+	file *hangingFile
+}
+
+func (r *hangingRoot) OnAdd(ctx context.Context) {
+	r.AddChild("held", r.NewPersistentInode(ctx, r.file, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+}
+
+func (f *hangingFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// TestGCRegionsRescanIsBounded: a process holds a file open on a FUSE mount
+// whose server stops answering during gc-regions' grace (the kvtierfs
+// daemon stopped, which every engine holds files of). The scan after the
+// grace stats each descriptor and waited in the kernel for good, --timeout
+// unheeded, every orphan left renamed aside. It gives up at the timeout,
+// and the orphan gets its name back.
+func TestGCRegionsRescanIsBounded(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: the hung FUSE server is mounted as root")
+	}
+	file := &hangingFile{hang: make(chan struct{}), release: make(chan struct{})}
+	mnt := t.TempDir()
+	zero := time.Duration(0)
+	srv, err := fs.Mount(mnt, &hangingRoot{file: file}, &fs.Options{AttrTimeout: &zero, EntryTimeout: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	released := false
+	releaseHang := func() {
+		if !released {
+			released = true
+			close(file.release)
+		}
+	}
+	t.Cleanup(releaseHang)
+	startRegionHelper(t, "open", filepath.Join(mnt, "held"))
+
+	p := filepath.Join("/dev/shm", fmt.Sprintf("kvtierfs-orphan-hung-%d.mmap", os.Getpid()))
+	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(p) })
+	scan, err := scanRegions(p)
+	if err != nil || len(scan.orphans) != 1 {
+		t.Fatalf("scan: %+v, %v", scan, err)
+	}
+	scan.unreadable = nil // a sandbox's PID 1 may be out of reach; it is no engine
+	close(file.hang)
+	var out strings.Builder
+	done := make(chan error, 1)
+	go func() { done <- gcRegions(&out, scan, false, time.Millisecond, 100*time.Millisecond) }()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		releaseHang()
+		<-done
+		t.Fatalf("gc-regions --timeout 100ms still waited on the hung file a minute later:\n%s", out.String())
+	}
+	if err == nil || !strings.Contains(out.String(), "did not finish within 100ms") || !strings.Contains(out.String(), "(name given back)") {
+		t.Errorf("gc-regions whose rescan hangs: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Errorf("the orphan lost its name: %v", err)
+	}
+	if names, _ := filepath.Glob(asideGlob(p)); len(names) != 0 {
+		t.Errorf("renamed aside and left there: %v", names)
 	}
 }

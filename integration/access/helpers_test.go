@@ -60,6 +60,7 @@ func hashOf(i int) string {
 //	listen ADDR                 listen on ADDR, print its address, hold it until stdin ends
 //	swap-on-open WATCH DIR TARGET  once WATCH is opened, rename DIR away and put a link to TARGET there
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
+//	listxattr PATH              print the names of PATH's xattrs, space-separated
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
 func runHelper(args []string) int {
@@ -76,6 +77,11 @@ func runHelper(args []string) int {
 		out = fmt.Sprintf("%d bytes", len(data))
 	case "match":
 		out, err = matchOne(args[1], args[2])
+	case "listxattr":
+		names := make([]byte, 64<<10)
+		var n int
+		n, err = syscall.Listxattr(args[1], names)
+		out = strings.Join(strings.Fields(strings.ReplaceAll(string(names[:max(n, 0)]), "\x00", " ")), " ")
 	case "listen":
 		var l net.Listener
 		if l, err = net.Listen("tcp", args[1]); err == nil {
