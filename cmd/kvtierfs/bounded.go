@@ -85,8 +85,9 @@ func scanRegionsWithin(glob string, owners []uint32, timeout time.Duration) (reg
 
 // filesInUseWithin is scanProcesses bounded by timeout, as scanRegionsWithin.
 func filesInUseWithin(wanted map[fileID]bool, timeout time.Duration) (map[fileID]bool, error) {
+	scan := scanProcesses
 	return bounded(timeout, procScanHung(timeout), func() (map[fileID]bool, error) {
-		used, _, err := scanProcesses(wanted)
+		used, _, err := scan(wanted)
 		return used, err
 	})
 }
