@@ -31,7 +31,8 @@ func asideGlob(glob string) string {
 	return filepath.Join(dir, quarantinePrefix+"*-"+base)
 }
 
-// maxOrphansListed bounds the orphaned regions stat lists one by one.
+// maxOrphansListed bounds the orphaned regions stat lists one by one, and
+// the other users' files gc-regions lists.
 const maxOrphansListed = 20
 
 func runGCRegions(args []string) error {
@@ -71,7 +72,11 @@ func runGCRegions(args []string) error {
 // meanwhile gets its name back, the others are removed; every one gets it
 // back when the scan does not finish.
 func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace, timeout time.Duration) error {
-	for _, r := range scan.others {
+	for i, r := range scan.others {
+		if i == maxOrphansListed { // any local user can put as many there as /dev/shm holds
+			fmt.Fprintf(w, "and %d more files not the engine's: left\n", len(scan.others)-i)
+			break
+		}
 		fmt.Fprintf(w, "not the engine's (uid %d): left %s (%s)\n", r.uid, ctlabi.Printable(r.path), formatBytes(r.size))
 	}
 	if len(scan.unreadable) > 0 {

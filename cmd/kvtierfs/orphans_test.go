@@ -575,3 +575,19 @@ func TestParseFdinfo(t *testing.T) {
 		t.Errorf("a malformed mnt_id: %v", err)
 	}
 }
+
+// TestOtherUsersFilesListedBounded: any local user can put as many files
+// under the glob as /dev/shm holds; gc-regions names the first 20 of them.
+func TestOtherUsersFilesListedBounded(t *testing.T) {
+	var scan regionScan
+	for i := range maxOrphansListed + 5 {
+		scan.others = append(scan.others, regionFile{path: fmt.Sprintf("/dev/shm/vllm_offload_%d.mmap", i), size: 4096, uid: 1234})
+	}
+	var out strings.Builder
+	if err := gcRegions(&out, scan, true, time.Millisecond, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), "not the engine's (uid 1234): left"); n != maxOrphansListed || !strings.Contains(out.String(), "and 5 more files not the engine's: left") {
+		t.Errorf("%d files named:\n%s", n, out.String())
+	}
+}
