@@ -75,27 +75,31 @@ func bounded[T any](timeout time.Duration, hung func() error, work func() (T, er
 }
 
 // scanRegionsWithin is scanRegions bounded by timeout: reading a process's
-// mappings waits while that process is stuck in the kernel holding them
-// (a page fault on a hung FUSE mount), and so does the stat of a file it
-// holds open on a hung FUSE mount.
-func scanRegionsWithin(glob string, timeout time.Duration) (regionScan, error) {
-	return bounded(timeout, procScanHung(timeout), func() (regionScan, error) { return scanRegions(glob) })
+// mappings waits while that process is stuck in the kernel holding them,
+// and the glob's directory may be on a hung mount. (The scan stats no
+// descriptor a process holds, which on a hung FUSE mount waits on its
+// server: readOpenFiles.)
+func scanRegionsWithin(glob string, owners []uint32, timeout time.Duration) (regionScan, error) {
+	return bounded(timeout, procScanHung(timeout), func() (regionScan, error) { return scanRegions(glob, owners) })
 }
 
-// filesInUseWithin is filesInUse bounded by timeout, as scanRegionsWithin.
-func filesInUseWithin(timeout time.Duration) (map[fileID]bool, error) {
+// filesInUseWithin is scanProcesses bounded by timeout, as scanRegionsWithin.
+func filesInUseWithin(wanted map[fileID]bool, timeout time.Duration) (map[fileID]bool, error) {
+	scan := scanProcesses
 	return bounded(timeout, procScanHung(timeout), func() (map[fileID]bool, error) {
-		used, _, err := filesInUse()
+		used, _, err := scan(wanted)
 		return used, err
 	})
 }
 
-// procScanHung is the error of a scan of /proc that did not finish within
-// timeout: a process's mappings wait on a process stuck in the kernel, and
-// the stat of a descriptor on a hung FUSE mount (the kvtierfs daemon's,
-// which the engine holds files of) waits on its server.
+// scanProcesses is the scan after gc-regions' grace, filesInUse; a variable
+// so that a test can make it hang.
+var scanProcesses = filesInUse
+
+// procScanHung is the error of a scan of the regions and /proc that did not
+// finish within timeout.
 func procScanHung(timeout time.Duration) func() error {
 	return func() error {
-		return fmt.Errorf("reading the processes' mappings and open files (/proc/*/maps, /proc/*/fd) did not finish within %s: a process is stuck in the kernel, or holds a file of a hung FUSE mount", timeout)
+		return fmt.Errorf("scanning the regions and the processes' mappings and open files (/proc/*/maps, /proc/*/fdinfo) did not finish within %s: a process is stuck in the kernel holding its mappings, or the regions' directory is on a hung mount", timeout)
 	}
 }

@@ -62,6 +62,7 @@ func hashOf(i int) string {
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
 //	listxattr PATH              print the names of PATH's xattrs, space-separated
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
+//	region PATH                 create and map a one-row shm region, hold it until stdin ends
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
 func runHelper(args []string) int {
 	var err error
@@ -99,6 +100,13 @@ func runHelper(args []string) int {
 	case "store":
 		err = storeOne(args[1], args[2])
 		out = "stored"
+	case "region":
+		var region *engineio.Region
+		if region, err = engineio.CreateRegion(args[1], 1, rowBytes); err == nil {
+			fmt.Println("mapped")
+			io.Copy(io.Discard, os.Stdin)
+			region.Close()
+		}
 	case "without-openat2":
 		err = execWithoutOpenat2(args[1:])
 	default:
