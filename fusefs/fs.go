@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"path"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -31,6 +30,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/kvevents"
 	"github.com/kvtierfs/kvtierfs/fusefs/prime"
 	"github.com/kvtierfs/kvtierfs/internal/descriptors"
+	"github.com/kvtierfs/kvtierfs/internal/fusemount"
 	"github.com/kvtierfs/kvtierfs/staging"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/staging/lookupbudget"
@@ -89,37 +89,6 @@ const DirTimeout = time.Hour
 // half a memcpy's speed), and a row store takes a few WRITEs instead of
 // one per 128 KiB page run.
 const DefaultMaxRequest = 4 << 20
-
-// MaxBackground is how many background requests (the READs of O_DIRECT
-// loads) the kernel may have in flight to the daemon.
-const MaxBackground = 256
-
-// idleReaders bounds the goroutines go-fuse keeps blocked in read(2) on
-// /dev/fuse between bursts (DESIGN "What the kernel cannot do"). The kernel
-// hands a request to the reader that has waited longest (fuse_dev_do_read
-// sleeps in an exclusive wait, queued at the tail), so after 16 loaders left
-// 17 idle readers, each LOOKUP of a lone lookup batch woke the thread that
-// had slept longest, on a CPU long idle. go-fuse takes the bound from
-// GOMAXPROCS at NewServer (its least is 2) and has no option for it; requests
-// in flight are not bounded by it (a reader that takes the last waiting
-// place starts another).
-const idleReaders = 2
-
-// NewServer is fuse.NewServer with at most idleReaders+1 idle readers, as
-// the mount's (`bench disk`'s store floor waits on /dev/fuse as the daemon
-// does). It gives GOMAXPROCS back as it was: the operator's GOMAXPROCS, or
-// the runtime's default, which keeps following the CPU limit.
-func NewServer(fsys fuse.RawFileSystem, mountpoint string, opts *fuse.MountOptions) (*fuse.Server, error) {
-	prev := runtime.GOMAXPROCS(idleReaders)
-	defer func() {
-		if os.Getenv("GOMAXPROCS") != "" {
-			runtime.GOMAXPROCS(prev)
-		} else {
-			runtime.SetDefaultGOMAXPROCS()
-		}
-	}()
-	return fuse.NewServer(fsys, mountpoint, opts)
-}
 
 // pageLimitFile caps the pages of a FUSE request (256 by default: 1 MiB).
 const pageLimitFile = "/proc/sys/fs/fuse/max_pages_limit"
@@ -318,36 +287,17 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	fsOpts := &fs.Options{
 		AttrTimeout: &entry,
 		OnAdd:       f.addControl,
-		MountOptions: fuse.MountOptions{
-			FsName:      "kvtierfs:" + opts.Store.Root(),
-			Name:        ctlabi.FSName,
-			DirectMount: os.Geteuid() == 0,
-			// No fusermount3 after a failed mount onto the directory: it
-			// would resolve /proc/self/fd in its own process.
-			DirectMountStrict: onto,
-			AllowOther:        opts.AllowOther,
-			MaxWrite:          opts.MaxRequest,
-			// The kernel checks permissions from cached attributes instead of
-			// sending an ACCESS request for every faccessat lookup.
-			Options:       []string{"default_permissions", fmt.Sprintf("max_read=%d", f.readRequest(opts.MaxRequest))},
-			DisableSplice: true,
-			// No EnableLocks: locks are the kernel's, local to the mount
-			// (POSIX and flock semantics alike). Passed to the store file,
-			// each waiter held a daemon thread in a blocking lock call,
-			// unkillable meanwhile, until the daemon hit Go's thread limit
-			// (DESIGN "Threat model").
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
-			// The READs of an O_DIRECT load are background requests: 16
-			// loaders' rows in requests of up to 4 MiB (128 KiB on a
-			// mirrored mount) need far more than the kernel's default 12
-			// in flight.
-			MaxBackground:       MaxBackground,
-			CongestionThreshold: MaxBackground * 3 / 4,
-			Debug:               opts.Debug,
-			Logger:              log.New(&slogWriter{opts.Logger}, "", 0),
-		},
 	}
-	server, err := NewServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, f.target, &fsOpts.MountOptions)
+	mo := fusemount.Options(opts.MaxRequest, f.readRequest(opts.MaxRequest))
+	mo.FsName, mo.Name = "kvtierfs:"+opts.Store.Root(), ctlabi.FSName
+	mo.DirectMount = os.Geteuid() == 0
+	// No fusermount3 after a failed mount onto the directory: it would
+	// resolve /proc/self/fd in its own process.
+	mo.DirectMountStrict = onto
+	mo.AllowOther = opts.AllowOther
+	mo.Debug, mo.Logger = opts.Debug, log.New(&slogWriter{opts.Logger}, "", 0)
+	fsOpts.MountOptions = mo
+	server, err := fusemount.NewServer(absentEntries{newNameOrder(fs.NewNodeFS(f.root, fsOpts))}, f.target, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}

@@ -31,6 +31,9 @@ type storeEntry struct {
 type lookupIndex struct {
 	store    storeTree
 	loopRoot *fs.LoopbackRoot
+	// rootMount is the mount id of the store's root (0: the kernel has
+	// none), which every name the index stats must be on (notMountPoint).
+	rootMount uint64
 
 	mu sync.RWMutex
 	// layout holds every name at the two directory levels.
@@ -53,8 +56,23 @@ type storeTree interface {
 }
 
 func newLookupIndex(store storeTree, loopRoot *fs.LoopbackRoot) *lookupIndex {
-	return &lookupIndex{store: store, loopRoot: loopRoot, layout: map[string]storeEntry{},
+	return &lookupIndex{store: store, loopRoot: loopRoot, rootMount: mountID(store), layout: map[string]storeEntry{},
 		uncertain: map[string]bool{}, blocks: map[string]storeEntry{}, tiers: map[string]int{}}
+}
+
+// mountID returns the mount id of the store's root, 0 where the kernel
+// (before 5.8) or the root cannot tell.
+func mountID(store storeTree) uint64 {
+	fd, err := store.OpenAt(".", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	var stx unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &stx) != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
+		return 0
+	}
+	return stx.Mnt_id
 }
 
 // layoutAnswer is what the index knows of a layout name: whether it exists
@@ -107,7 +125,7 @@ func (x *lookupIndex) entryAt(dirfd int, name string) (storeEntry, error) {
 		flags |= unix.AT_EMPTY_PATH
 	}
 	if name != "" {
-		if err := notMountPoint(dirfd, name); err != nil {
+		if err := x.notMountPoint(dirfd, name); err != nil {
 			return storeEntry{}, err
 		}
 	}
@@ -340,22 +358,23 @@ func (x *lookupIndex) groupDirs(tier string, limit int) []string {
 	return names
 }
 
-// notMountPoint refuses (EXDEV) a name in the directory dirfd on which
-// something is mounted: the store's tree is one filesystem, and a FUSE
-// server the engine's uid mounted there and stopped would hold the daemon's
-// stat of its root. Both looks take the kernel's cached attributes
-// (AT_STATX_DONT_SYNC), asking no filesystem; a kernel without mount ids
-// (before 5.8) is not checked here, the store's resolution still refuses
-// to walk through one (tiers/internal/beneath).
-func notMountPoint(dirfd int, name string) error {
-	var dir, child unix.Statx_t
-	if err := unix.Statx(dirfd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &dir); err != nil {
-		return err
+// notMountPoint refuses (EXDEV) a name in the directory dirfd that is on
+// another mount than the store's root, such as a mount point: the store's
+// tree is one mount (dirfd was resolved beneath the root without crossing
+// one), and a FUSE server the engine's uid mounted there and stopped would
+// hold the daemon's stat of its root. The look takes the kernel's cached
+// attributes (AT_STATX_DONT_SYNC), asking no filesystem; a kernel without
+// mount ids (before 5.8) is not checked here, the store's resolution still
+// refuses to walk through one (tiers/internal/beneath).
+func (x *lookupIndex) notMountPoint(dirfd int, name string) error {
+	if x.rootMount == 0 {
+		return nil
 	}
+	var child unix.Statx_t
 	if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &child); err != nil {
 		return err
 	}
-	if dir.Mask&child.Mask&unix.STATX_MNT_ID != 0 && dir.Mnt_id != child.Mnt_id {
+	if child.Mask&unix.STATX_MNT_ID != 0 && child.Mnt_id != x.rootMount {
 		return unix.EXDEV
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -85,10 +86,22 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	return n.removexattrStore(attr)
 }
 
+// trustedXattr reports whether an xattr name is in the trusted namespace,
+// which the store's filesystem lists only to CAP_SYS_ADMIN (the replication
+// note lives there, "Multi-node"). The daemon lists as root and the kernel
+// passes a FUSE server's list on unfiltered, so the mount lists such names to
+// root callers alone.
+func trustedXattr(name string) bool {
+	return strings.HasPrefix(name, "trusted.")
+}
+
 var _ = (fs.NodeListxattrer)((*node)(nil))
 
-// Listxattr lists the store file's xattrs without the store's own.
+// Listxattr lists the store file's xattrs without the store's own, and
+// without the trusted ones for callers other than root.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	caller, ok := fuse.FromContext(ctx)
+	root := ok && caller.Uid == 0
 	var names []byte
 	handled, errno := n.onStoreFile(func(fd int) error {
 		k, err := unix.Flistxattr(fd, nil)
@@ -110,7 +123,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	}
 	var out []byte
 	for _, name := range bytes.Split(names, []byte{0}) {
-		if len(name) > 0 && !reservedXattr(string(name)) {
+		if len(name) > 0 && !reservedXattr(string(name)) && (root || !trustedXattr(string(name))) {
 			out = append(append(out, name...), 0)
 		}
 	}

@@ -122,7 +122,7 @@ func newBenchFlags() *benchFlags {
 	fl.BoolVar(&b.netns, "netns", false, "put each node's daemon in a network namespace of its own, the nodes on one bridge, so that mirrored rows cross veth links (root, iproute2)")
 	fl.StringVar(&b.replicatedKV, "replicated-kv", "auto", "passed to the mounts with --sync on: auto, on or off")
 	fl.StringVar(&b.capacity, "capacity", "", "store capacity passed to the mounts (default theirs)")
-	fl.StringVar(&b.profile, "profile", "", "engine scenarios: write a CPU profile of every node's daemon and of the bench during the measured requests, and the CPU they and the machine used, to this directory (not with --netns; with --rounds, to its subdirectory roundN for round N)")
+	fl.StringVar(&b.profile, "profile", "", "engine scenarios: write a CPU profile of every node's daemon and of the bench during the measured requests, and the CPU they and the machine used, to this directory (not with --netns; with --rounds, to its subdirectory roundN for round N; with more than one engine, staging or lookup budget, to a subdirectory ENGINE-staging-S-budget-B for each)")
 	fl.StringVar(&b.dir, "dir", "", "directory for the run's stores and mountpoints (default $TMPDIR or /tmp)")
 	fl.IntVar(&b.blocks, "blocks", diskbench.DefaultConfig().Blocks, "disk: blocks stored and loaded on each side; chain: the chain's length (default 222)")
 	fl.IntVar(&b.lookups, "lookups", diskbench.DefaultConfig().LookupKeys, "disk: keys looked up (the stored ones present, the rest absent); chain: keys matched")
@@ -302,9 +302,9 @@ func (b *benchFlags) runEngine(ctx context.Context, scenario, exe string) error 
 		cfg.Engine, cfg.Sync, cfg.Staging, cfg.LookupBudget = run.Engine, run.Sync, run.Staging, run.Budget
 		if run.Round > 0 {
 			fmt.Fprintf(os.Stderr, "kvtierfs bench: round %d of %d, --sync %s\n", run.Round, rounds, onOff(run.Sync))
-			if b.profile != "" {
-				cfg.Profile = filepath.Join(b.profile, fmt.Sprintf("round%d", run.Round))
-			}
+		}
+		if b.profile != "" {
+			cfg.Profile = profileDir(b.profile, run, len(engines)*len(stagings)*len(budgets))
 		}
 		res, err := engine.Run(ctx, cfg)
 		if ctx.Err() != nil {
@@ -371,6 +371,24 @@ func (b *benchFlags) roundCount(syncs []bool) (int, error) {
 }
 
 // roundPrefix names a run's round in a message, if it has one.
+// profileDir is where a run's profiles go under --profile DIR: DIR/roundN
+// for round N, and below that a directory naming the engine, staging and
+// lookup budget when the plan runs more than one of those settings, so that
+// no run's files (named by the sync setting alone) overwrite another's.
+func profileDir(dir string, run engine.PlannedRun, settings int) string {
+	if run.Round > 0 {
+		dir = filepath.Join(dir, fmt.Sprintf("round%d", run.Round))
+	}
+	if settings > 1 {
+		budget := "off"
+		if run.Budget {
+			budget = "auto"
+		}
+		dir = filepath.Join(dir, fmt.Sprintf("%s-staging-%s-budget-%s", run.Engine, onOff(run.Staging), budget))
+	}
+	return dir
+}
+
 func roundPrefix(round int) string {
 	if round == 0 {
 		return ""

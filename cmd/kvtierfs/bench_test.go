@@ -3,8 +3,11 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvtierfs/kvtierfs/integration/engine"
 )
 
 func TestBenchFlagRules(t *testing.T) {
@@ -87,5 +90,29 @@ func TestBenchRoundCount(t *testing.T) {
 		case c.errText != "" && (err == nil || !strings.Contains(err.Error(), c.errText)):
 			t.Errorf("%q, syncs %v: error %v; want one containing %q", c.args, c.syncs, err, c.errText)
 		}
+	}
+}
+
+// TestProfileDirsDoNotCollide: every planned run's profiles, named by the
+// sync setting within their directory, land where no other run's do, and
+// a plan of one engine, staging and budget keeps --profile's plain layout.
+func TestProfileDirsDoNotCollide(t *testing.T) {
+	for _, rounds := range []int{0, 2} {
+		engines, stagings, budgets := []string{"stock", "fixed"}, []bool{false, true}, []bool{true, false}
+		seen := map[string]bool{}
+		for _, run := range engine.PlanRuns(rounds, engines, []bool{false, true}, stagings, budgets) {
+			file := filepath.Join(profileDir("p", run, len(engines)*len(stagings)*len(budgets)), "node0-sync-"+onOff(run.Sync)+".pprof")
+			if seen[file] {
+				t.Errorf("rounds %d: two runs write %s", rounds, file)
+			}
+			seen[file] = true
+		}
+	}
+	one := engine.PlanRuns(3, []string{"fixed"}, []bool{false, true}, []bool{true}, []bool{true})
+	if got := profileDir("p", one[2], 1); got != filepath.Join("p", "round2") {
+		t.Errorf("a plan of one setting puts round 2's profiles in %s, want p/round2", got)
+	}
+	if got := profileDir("p", engine.PlannedRun{Engine: "fixed"}, 1); got != "p" {
+		t.Errorf("a plan of one setting and no rounds puts its profiles in %s, want p", got)
 	}
 }

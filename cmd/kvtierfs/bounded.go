@@ -75,10 +75,31 @@ func bounded[T any](timeout time.Duration, hung func() error, work func() (T, er
 }
 
 // scanRegionsWithin is scanRegions bounded by timeout: reading a process's
-// mappings waits while that process is stuck in the kernel holding them
-// (a page fault on a hung FUSE mount).
-func scanRegionsWithin(glob string, timeout time.Duration) (regionScan, error) {
-	return bounded(timeout, func() error {
-		return fmt.Errorf("reading the processes' mappings (/proc/*/maps) did not finish within %s: a process is stuck in the kernel, often on a hung FUSE mount it maps", timeout)
-	}, func() (regionScan, error) { return scanRegions(glob) })
+// mappings waits while that process is stuck in the kernel holding them,
+// and the glob's directory may be on a hung mount. (The scan stats no
+// descriptor a process holds, which on a hung FUSE mount waits on its
+// server: readOpenFiles.)
+func scanRegionsWithin(glob string, owners []uint32, timeout time.Duration) (regionScan, error) {
+	return bounded(timeout, procScanHung(timeout), func() (regionScan, error) { return scanRegions(glob, owners) })
+}
+
+// filesInUseWithin is scanProcesses bounded by timeout, as scanRegionsWithin.
+func filesInUseWithin(wanted map[fileID]bool, timeout time.Duration) (map[fileID]bool, error) {
+	scan := scanProcesses
+	return bounded(timeout, procScanHung(timeout), func() (map[fileID]bool, error) {
+		used, _, err := scan(wanted)
+		return used, err
+	})
+}
+
+// scanProcesses is the scan after gc-regions' grace, filesInUse; a variable
+// so that a test can make it hang.
+var scanProcesses = filesInUse
+
+// procScanHung is the error of a scan of the regions and /proc that did not
+// finish within timeout.
+func procScanHung(timeout time.Duration) func() error {
+	return func() error {
+		return fmt.Errorf("scanning the regions and the processes' mappings and open files (/proc/*/maps, /proc/*/fdinfo) did not finish within %s: a process is stuck in the kernel holding its mappings, or the regions' directory is on a hung mount", timeout)
+	}
 }

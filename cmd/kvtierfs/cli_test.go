@@ -108,6 +108,8 @@ func TestFlagErrors(t *testing.T) {
 		{"stat", []string{"/a", "/b"}, []string{"expected exactly one MOUNTPOINT, got 2"}},
 		{"stat", []string{"/a", "--json=perhaps"}, []string{"--json", `"perhaps"`, "true or false"}},
 		{"umount", []string{"-x", "/a"}, []string{"unknown flag", "kvtierfs umount --help"}},
+		{"gc-regions", []string{"--engine-uid", "-1"}, []string{"--engine-uid -1", "want a uid, 0 to 4294967294"}},
+		{"gc-regions", []string{"--engine-uid", "4294967295"}, []string{"--engine-uid 4294967295", "want a uid"}},
 		{"bench", []string{"disk", "--blocks", "q"}, []string{"--blocks", `"q"`, "want an integer"}},
 		{"version", []string{"extra"}, []string{"expected no arguments"}},
 	}

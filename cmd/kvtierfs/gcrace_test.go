@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // vllmRegionCreator opens a region file as vLLM's SharedOffloadRegion does
@@ -48,8 +50,12 @@ func TestGCRegionsRacingEngine(t *testing.T) {
 	p := fmt.Sprintf("/dev/shm/kvtierfs-gc-race-%d.mmap", os.Getpid())
 	t.Cleanup(func() { os.Remove(p) })
 	const size = 8192
+	owners := shm.RegionOwners(uint32(os.Getuid()))
+	if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	if _, _, err := filesInUse(); err != nil {
+	if _, err := scanRegions(p, owners); err != nil {
 		t.Fatal(err)
 	}
 	span := 2 * time.Since(start).Seconds()
@@ -59,7 +65,7 @@ func TestGCRegionsRacingEngine(t *testing.T) {
 		if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		scan, err := scanRegions(p)
+		scan, err := scanRegions(p, owners)
 		if err != nil || len(scan.orphans) != 1 {
 			t.Fatalf("scan: %+v, %v", scan, err)
 		}
@@ -82,7 +88,7 @@ func TestGCRegionsRacingEngine(t *testing.T) {
 			t.Fatalf("engine: %q", line)
 		}
 		io.WriteString(stdin, "go\n")
-		gcRegions(io.Discard, scan, false, 50*time.Millisecond)
+		gcRegions(io.Discard, scan, false, 50*time.Millisecond, time.Minute)
 		line, _ := out.ReadString('\n')
 		mapped, err := strconv.ParseUint(strings.TrimSpace(line), 10, 64)
 		if err != nil {

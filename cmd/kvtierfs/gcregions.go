@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -30,14 +31,16 @@ func asideGlob(glob string) string {
 	return filepath.Join(dir, quarantinePrefix+"*-"+base)
 }
 
-// maxOrphansListed bounds the orphaned regions stat lists one by one.
+// maxOrphansListed bounds the orphaned regions stat lists one by one, and
+// the other users' files gc-regions lists.
 const maxOrphansListed = 20
 
 func runGCRegions(args []string) error {
 	fl := newFlagSet("gc-regions")
 	glob := fl.String("shm-glob", shm.DefaultGlob, "glob of the engine's shared offload regions")
 	dryRun := fl.Bool("dry-run", false, "list the orphaned regions without removing them")
-	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when reading the processes' mappings takes longer (a process stuck in the kernel)")
+	engineUID := fl.Int("engine-uid", os.Getuid(), "uid of the engine (as mount's --engine-uid): only files under the glob owned by it or root are its regions; other users' are left (default: the user running gc-regions)")
+	timeout := fl.Duration("timeout", defaultMountTimeout, "give up when a scan of the regions and the processes' mappings takes longer (a process stuck in the kernel holding its mappings); bounds the scan before the grace and the one after")
 	grace := fl.Duration("grace", defaultGCGrace, "how long an orphaned region stays renamed aside before processes are scanned again and it is removed")
 	if err := parseFlags(fl, args); err != nil {
 		return err
@@ -51,20 +54,31 @@ func runGCRegions(args []string) error {
 	if *grace <= 0 {
 		return usageError{fmt.Errorf("--grace %s: want a positive duration such as 1s", *grace)}
 	}
-	scan, err := scanRegionsWithin(*glob, *timeout)
+	if *engineUID < 0 || *engineUID > math.MaxUint32-1 {
+		return usageError{fmt.Errorf("--engine-uid %d: want a uid, 0 to %d", *engineUID, math.MaxUint32-1)}
+	}
+	scan, err := scanRegionsWithin(*glob, shm.RegionOwners(uint32(*engineUID)), *timeout)
 	if err != nil {
 		return err
 	}
-	return gcRegions(os.Stdout, scan, *dryRun, *grace)
+	return gcRegions(os.Stdout, scan, *dryRun, *grace, *timeout)
 }
 
 // gcRegions removes (or with dryRun lists) the orphaned regions of scan.
 // An engine may open an orphan by its name at any moment (vLLM's workers
 // join an existing region file), so each is first renamed aside in its
 // directory, where no engine looks for it; after grace the processes are
-// scanned again: an orphan some process opened or mapped meanwhile gets
-// its name back, the others are removed.
-func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace time.Duration) error {
+// scanned again, within timeout: an orphan some process opened or mapped
+// meanwhile gets its name back, the others are removed; every one gets it
+// back when the scan does not finish.
+func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace, timeout time.Duration) error {
+	for i, r := range scan.others {
+		if i == maxOrphansListed { // any local user can put as many there as /dev/shm holds
+			fmt.Fprintf(w, "and %d more files not the engine's: left\n", len(scan.others)-i)
+			break
+		}
+		fmt.Fprintf(w, "not the engine's (uid %d): left %s (%s)\n", r.uid, ctlabi.Printable(r.path), formatBytes(r.size))
+	}
 	if len(scan.unreadable) > 0 {
 		for _, r := range scan.orphans {
 			fmt.Fprintf(w, "not proven orphaned %s (%s)\n", ctlabi.Printable(r.path), formatBytes(r.size))
@@ -102,7 +116,11 @@ func gcRegions(w io.Writer, scan regionScan, dryRun bool, grace time.Duration) e
 	var freed int64
 	if len(aside) > 0 {
 		time.Sleep(grace)
-		used, _, err := filesInUse() // the caller decided whether unreadable processes allow removal
+		wanted := map[fileID]bool{}
+		for _, q := range aside {
+			wanted[q.r.id] = true
+		}
+		used, err := filesInUseWithin(wanted, timeout) // the caller decided whether unreadable processes allow removal
 		for _, q := range aside {
 			switch {
 			case err != nil:
@@ -199,8 +217,15 @@ func (q *quarantined) remove() error {
 }
 
 // printOrphans adds the orphaned regions to stat's report, the first
-// maxOrphansListed one by one.
+// maxOrphansListed one by one, and counts the other users' files apart.
 func printOrphans(w io.Writer, scan regionScan) {
+	if len(scan.others) > 0 {
+		var bytes int64
+		for _, r := range scan.others {
+			bytes += r.size
+		}
+		fmt.Fprintf(w, "other users' files under the glob: %d (%s), not the engine's regions: gc-regions leaves them\n", len(scan.others), formatBytes(bytes))
+	}
 	if len(scan.orphans) == 0 {
 		fmt.Fprintln(w, "orphaned regions: none")
 		return

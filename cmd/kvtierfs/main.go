@@ -36,8 +36,8 @@ func init() {
 			"kvtierfs umount /mnt/kvtier", runUmount},
 		{"bench", "bench SCENARIO [flags]", "replay the engine's KV offloading on real mounts and report",
 			"kvtierfs bench disk --blocks 64 --row-bytes 8MiB", runBench},
-		{"gc-regions", "gc-regions [--dry-run]", "remove engine shm regions no process maps (left by dead engines)",
-			"kvtierfs gc-regions --dry-run", runGCRegions},
+		{"gc-regions", "gc-regions [--dry-run] [--engine-uid UID]", "remove the engine's shm regions no process maps (left by dead engines)",
+			"kvtierfs gc-regions --dry-run --engine-uid $(id -u vllm)", runGCRegions},
 		{"version", "version", "print the version, commit and Go version (also --version)",
 			"kvtierfs --version", runVersion},
 	}

@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
@@ -54,8 +56,12 @@ func runStat(args []string) error {
 	if err != nil {
 		return err
 	}
+	engine, err := engineUIDOf(mnt, *timeout)
+	if err != nil {
+		return err
+	}
 	printStats(os.Stdout, st)
-	scan, err := scanRegionsWithin(*glob, *timeout)
+	scan, err := scanRegionsWithin(*glob, shm.RegionOwners(engine), *timeout)
 	if err != nil {
 		return err
 	}
@@ -75,6 +81,16 @@ func readStatsFile(mnt string, timeout time.Duration) ([]byte, error) {
 		return nil, fmt.Errorf("%s: permission denied: a kvtierfs mount is private to the engine's uid (--engine-uid) and root; run stat as one of them", mnt)
 	}
 	return raw, err
+}
+
+// engineUIDOf is the engine's uid of the mount at mnt: its control files
+// belong to it (mount --engine-uid, which also picks the regions it maps).
+func engineUIDOf(mnt string, timeout time.Duration) (uint32, error) {
+	return onMount(mnt, timeout, func() (uint32, error) {
+		var st unix.Stat_t
+		err := unix.Stat(filepath.Join(mnt, ctlabi.Dir, ctlabi.StatsFile), &st)
+		return st.Uid, err
+	})
 }
 
 // readStats reads and decodes the stats snapshot of a mount, within timeout.

@@ -33,14 +33,24 @@ func newMemoryFixture(t *testing.T) *fixture {
 // putCheckedAtLoad stores block i, then reads its file as anyone may: the
 // read's open breaks the write lease of its store, so its first load maps
 // and checks it. It returns once the store closed the descriptor it wrote
-// the block through (a read lease is granted again).
+// the block through (waitLeasable).
 func (f *fixture) putCheckedAtLoad(t *testing.T, i int) (string, []byte) {
 	t.Helper()
 	rel, data := f.put(t, i)
-	p := f.store.Path(rel)
-	if _, err := os.ReadFile(p); err != nil {
+	if _, err := os.ReadFile(f.store.Path(rel)); err != nil {
 		t.Fatal(err)
 	}
+	f.waitLeasable(t, rel)
+	return rel, data
+}
+
+// waitLeasable waits until no one holds rel's store file open for writing
+// (a read lease is granted): the store closes the descriptor it wrote a
+// block through soon after another open broke its write lease, and a load
+// maps the file only under a read lease.
+func (f *fixture) waitLeasable(t *testing.T, rel string) {
+	t.Helper()
+	p := f.store.Path(rel)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		r, err := os.Open(p)
 		if err != nil {
@@ -49,7 +59,7 @@ func (f *fixture) putCheckedAtLoad(t *testing.T, i int) (string, []byte) {
 		_, err = unix.FcntlInt(r.Fd(), unix.F_SETLEASE, unix.F_RDLCK)
 		r.Close()
 		if err == nil {
-			return rel, data
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s is still open for writing: %v", p, err)
@@ -199,6 +209,7 @@ func TestDamagedBlockInPlaceFailsItsChunk(t *testing.T) {
 	f := newMemoryFixture(t)
 	rel, data := f.put(t, 1)
 	f.corrupt(t, rel, 1<<20+4096)
+	f.waitLeasable(t, rel)
 	loads := NewLoads(Config{Store: f.store})
 	l, err := loads.Open(context.Background(), refOf(rel))
 	if err != nil {

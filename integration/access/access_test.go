@@ -391,3 +391,50 @@ func TestOtherFilesWithinCapacity(t *testing.T) {
 		t.Errorf("%d MiB free after removing the plain file", free>>20)
 	}
 }
+
+// TestTrustedXattrNamesAreRootsOnly: the daemon lists a file's xattrs as
+// root, and the kernel passes a FUSE server's list on as it is, so the
+// trusted.* names (the replication note, trusted.kvtierfs.replication,
+// which the engine's uid must neither read nor forge) reached the
+// engine's uid for every file, and every other user for the mount root
+// with --allow-other, where the store's own filesystem lists them to
+// CAP_SYS_ADMIN only. They are listed to root alone; user.* names stay.
+func TestTrustedXattrNamesAreRootsOnly(t *testing.T) {
+	engine, other := newUser(t, "eng"), newUser(t, "oth")
+	dir := sharedDir(t)
+	helper, _ := binaries(t, dir)
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mounttest.Start(t, mounttest.Options{Store: store, Mountpoint: filepath.Join(dir, "mnt"),
+		Args: []string{"--allow-other", "--engine-uid", strconv.Itoa(engine.uid)}})
+	hash := hashOf(1)
+	rel := filepath.Join(tierDir, hash[:3], hash[3:5]+"_g0", hash+".bin")
+	if out, ok := helperAs(engine, helper, "store", d.Mountpoint, hash); !ok {
+		t.Fatalf("the engine's uid cannot store: %s", out)
+	}
+	for _, p := range []string{store, filepath.Join(store, rel)} {
+		for _, name := range []string{"trusted.kvtierfs.test", "user.keep"} {
+			if err := syscall.Setxattr(p, name, []byte("x"), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		who  testUser
+		path string
+	}{{engine, d.Mountpoint}, {engine, d.Path(rel)}, {other, d.Mountpoint}} {
+		out, ok := helperAs(c.who, helper, "listxattr", c.path)
+		if !ok || strings.Contains(out, "trusted.") || (c.who == engine && !strings.Contains(out, "user.keep")) {
+			t.Errorf("%s lists the xattrs of %s as %q (ok %v); want user.keep, no trusted.* name", c.who.name, c.path, out, ok)
+		}
+	}
+	for _, p := range []string{d.Mountpoint, d.Path(rel)} {
+		names := make([]byte, 64<<10)
+		n, err := syscall.Listxattr(p, names)
+		if err != nil || !strings.Contains(string(names[:max(n, 0)]), "trusted.kvtierfs.test") {
+			t.Errorf("root lists the xattrs of %s as %q (%v); want trusted.kvtierfs.test among them", p, names[:max(n, 0)], err)
+		}
+	}
+}

@@ -60,7 +60,9 @@ func hashOf(i int) string {
 //	listen ADDR                 listen on ADDR, print its address, hold it until stdin ends
 //	swap-on-open WATCH DIR TARGET  once WATCH is opened, rename DIR away and put a link to TARGET there
 //	match MNT KEY               match one key of tierDir through MNT/.kvtier/match
+//	listxattr PATH              print the names of PATH's xattrs, space-separated
 //	store MNT HASH              store a block as the engine does (O_DIRECT from an shm row)
+//	region PATH                 create and map a one-row shm region, hold it until stdin ends
 //	without-openat2 BINARY ARGS run BINARY with openat2 answering ENOSYS (execWithoutOpenat2)
 func runHelper(args []string) int {
 	var err error
@@ -76,6 +78,11 @@ func runHelper(args []string) int {
 		out = fmt.Sprintf("%d bytes", len(data))
 	case "match":
 		out, err = matchOne(args[1], args[2])
+	case "listxattr":
+		names := make([]byte, 64<<10)
+		var n int
+		n, err = syscall.Listxattr(args[1], names)
+		out = strings.Join(strings.Fields(strings.ReplaceAll(string(names[:max(n, 0)]), "\x00", " ")), " ")
 	case "listen":
 		var l net.Listener
 		if l, err = net.Listen("tcp", args[1]); err == nil {
@@ -93,6 +100,13 @@ func runHelper(args []string) int {
 	case "store":
 		err = storeOne(args[1], args[2])
 		out = "stored"
+	case "region":
+		var region *engineio.Region
+		if region, err = engineio.CreateRegion(args[1], 1, rowBytes); err == nil {
+			fmt.Println("mapped")
+			io.Copy(io.Discard, os.Stdin)
+			region.Close()
+		}
 	case "without-openat2":
 		err = execWithoutOpenat2(args[1:])
 	default:

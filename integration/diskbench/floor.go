@@ -17,6 +17,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs"
 	"github.com/kvtierfs/kvtierfs/integration/daemon"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
+	"github.com/kvtierfs/kvtierfs/internal/fusemount"
 )
 
 // lookupFloor times the FUSE round trip that the first lookup of an absent
@@ -129,12 +130,10 @@ func (r *run) storeFloor(res *Result) error {
 	root := &fs.LoopbackRoot{Path: backing}
 	root.RootNode = &floorNode{LoopbackNode: &fs.LoopbackNode{RootData: root}, bufs: bufs}
 	second, hour := time.Second, time.Hour
-	opts := &fs.Options{AttrTimeout: &second, NegativeTimeout: &hour, MountOptions: fuse.MountOptions{
-		FsName: "kvtierfs-bench-store-floor", Name: "kvtierfs-bench-floor", DirectMount: true,
-		MaxWrite: fusefs.DefaultMaxRequest, DisableSplice: true, ExtraCapabilities: fuse.CAP_ASYNC_DIO,
-		MaxBackground: fusefs.MaxBackground, CongestionThreshold: fusefs.MaxBackground * 3 / 4,
-		Options: []string{"default_permissions", fmt.Sprintf("max_read=%d", fusefs.DefaultMaxRequest)}}}
-	srv, err := fusefs.NewServer(fs.NewNodeFS(root.RootNode, opts), mnt, &opts.MountOptions)
+	opts := &fs.Options{AttrTimeout: &second, NegativeTimeout: &hour,
+		MountOptions: fusemount.Options(fusefs.DefaultMaxRequest, fusefs.DefaultMaxRequest)}
+	opts.FsName, opts.Name, opts.DirectMount = "kvtierfs-bench-store-floor", "kvtierfs-bench-floor", true
+	srv, err := fusemount.NewServer(fs.NewNodeFS(root.RootNode, opts), mnt, &opts.MountOptions)
 	if err != nil {
 		return fmt.Errorf("mounting the store floor's server: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path"
 	"path/filepath"
@@ -363,15 +364,28 @@ func (s *Store) Close() error {
 	return s.lockFile.Close()
 }
 
-// probeWritable checks that the store accepts files and user xattrs, which hold the checksums.
+// probeWritable checks that the store accepts files and user xattrs, which
+// hold the checksums. Its file is made and removed beneath the root's
+// descriptor: the root's path may lead elsewhere by now (Threat model).
 func (s *Store) probeWritable() error {
-	f, err := os.CreateTemp(s.root, probePrefix+"*.tmp")
+	var (
+		name string
+		fd   int
+		err  error
+	)
+	for range 100 {
+		name = fmt.Sprintf("%s%d.tmp", probePrefix, rand.Uint32())
+		fd, err = unix.Openat(s.rootFD, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if !errors.Is(err, unix.EEXIST) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("store directory %s is not writable: %w", s.root, err)
 	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	if err := unix.Fsetxattr(int(f.Fd()), block.RecordXattr, []byte("probe"), 0); err != nil {
+	defer unix.Unlinkat(s.rootFD, name, 0)
+	defer unix.Close(fd)
+	if err := unix.Fsetxattr(fd, block.RecordXattr, []byte("probe"), 0); err != nil {
 		return fmt.Errorf("store directory %s does not support user xattrs, which hold block checksums (%v): use an ext4, xfs, btrfs or tmpfs store", s.root, err)
 	}
 	return nil

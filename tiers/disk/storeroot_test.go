@@ -1,11 +1,13 @@
 package disk
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -339,5 +341,59 @@ func TestLeftoverTmpBehindASwappedDirectoryDoesNotFailOpen(t *testing.T) {
 	}
 	if !s.Contains(kept) {
 		t.Error("the block of the untouched tier is not indexed")
+	}
+}
+
+// TestProbeStaysBeneathTheStoreRoot: the engine's uid, owning the directory
+// holding the store, swaps the store for a link to a directory of root's
+// between Open's descriptor of the root and the probe of its xattrs
+// (renameat2 RENAME_EXCHANGE in a loop wins it a few mounts in ten). The
+// probe went by path: the root daemon created a root-owned file in root's
+// directory, set an xattr on it, and removed it by path again, so the
+// files of the mounts whose link was swapped back stayed there. The probe
+// makes its file beneath the root's descriptor, and nothing in the link's
+// target.
+func TestProbeStaysBeneathTheStoreRoot(t *testing.T) {
+	base := t.TempDir()
+	rootsDir := filepath.Join(base, "etc")
+	if err := os.Mkdir(rootsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(base, "kvtier")
+	if err := os.Mkdir(store, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(Config{Dir: store, Capacity: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := os.Rename(store, store+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(rootsDir, store); err != nil {
+		t.Fatal(err)
+	}
+	watch, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(watch)
+	if _, err := unix.InotifyAddWatch(watch, rootsDir, unix.IN_CREATE); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.probeWritable(); err != nil {
+		t.Fatalf("probe of the store, its path swapped for a link: %v", err)
+	}
+	var events [4096]byte
+	if n, err := unix.Read(watch, events[:]); n > 0 {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&events[0]))
+		name := strings.TrimRight(string(events[unix.SizeofInotifyEvent:unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+		t.Fatalf("the probe created %q in the directory the store's path now leads to", name)
+	} else if !errors.Is(err, unix.EAGAIN) {
+		t.Fatal(err)
+	}
+	if names, err := os.ReadDir(store + ".moved"); err != nil || len(names) != 0 {
+		t.Fatalf("the probe left %v in the store (%v)", names, err)
 	}
 }

@@ -217,16 +217,23 @@ func NewSetWith(glob string, opts Options) (*Set, error) {
 	if opts.EngineUID != nil {
 		engine = *opts.EngineUID
 	}
-	owners := []uint32{0}
-	if engine != 0 {
-		owners = append(owners, engine)
-	}
+	owners := RegionOwners(engine)
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Set{glob: glob, owners: owners, logger: logger,
 		regions: make(map[string]*region), ignored: make(map[string]Ignored)}, nil
+}
+
+// RegionOwners lists the uids whose files under the glob are the engine's
+// regions: root's and the engine's (DESIGN "Regions in /dev/shm"). The Set
+// maps those alone, and gc-regions removes no other orphan.
+func RegionOwners(engine uint32) []uint32 {
+	if engine == 0 {
+		return []uint32{0}
+	}
+	return []uint32{0, engine}
 }
 
 // Owners lists the uids whose region files the Set maps.
