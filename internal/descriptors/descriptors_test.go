@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,6 +48,8 @@ type fakeCount struct {
 	mu          sync.Mutex
 	open, limit int
 	err         error
+	// calls counts the counts taken.
+	calls int
 }
 
 func (c *fakeCount) set(open int) {
@@ -58,8 +61,20 @@ func (c *fakeCount) set(open int) {
 func (c *fakeCount) count() (int, int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.calls++
 	return c.open, c.limit, c.err
 }
+
+func (c *fakeCount) taken() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+// fakeClock is a clock a test moves.
+type fakeClock struct{ at time.Time }
+
+func (c *fakeClock) now() time.Time { return c.at }
 
 // admitted admits an open of thread whose descriptors are in the count.
 func admitted(t *testing.T, r *Reserve, thread uint32) *Held {
@@ -136,6 +151,76 @@ func TestReserveCountsPendingOpens(t *testing.T) {
 	admitted(t, r, 2)
 }
 
+// TestReserveCountsOnlyNearTheLevels: far from the levels the Reserve
+// decides by its last count, less perOpen for each open admitted since and
+// not released, and counts again once that comes near the levels or the
+// count is recountAfter old; near them every open counts, so the daemon's
+// own descriptors opened since the last count still refuse the next open.
+func TestReserveCountsOnlyNearTheLevels(t *testing.T) {
+	c := &fakeCount{limit: 1 << 20}
+	clock := &fakeClock{at: time.Unix(1e9, 0)}
+	r := New(c.count, nil)
+	r.now = clock.now
+	kept, own := Levels(c.limit)
+	const room = 100 // opens admitted before the estimate comes near
+	c.set(c.limit - recountNear*kept - perOpen*room)
+	var held []*Held
+	for range room {
+		held = append(held, admitted(t, r, 1))
+	}
+	for range 1000 { // released as they come: the estimate stays
+		admitted(t, r, 2).Release()
+	}
+	held = append(held, admitted(t, r, 1)) // the last that leaves the kept levels twice over
+	if got := c.taken(); got != 1 {
+		t.Fatalf("%d counts for %d opens far from the levels, want 1", got, room+1001)
+	}
+	held = append(held, admitted(t, r, 1))
+	if got := c.taken(); got != 2 {
+		t.Fatalf("%d counts once the opens held came near the levels, want 2", got)
+	}
+	for _, h := range held {
+		h.Release()
+	}
+	c.set(c.limit - 4*kept)
+	clock.at = clock.at.Add(recountAfter)
+	admitted(t, r, 1)
+	admitted(t, r, 1)
+	if got := c.taken(); got != 3 {
+		t.Fatalf("%d counts after %v, want 3", got, recountAfter)
+	}
+	c.set(c.limit - own + 1) // the daemon's own work took them since
+	admits := 0
+	for ; admits <= c.limit; admits++ {
+		h, err := r.Admit(3)
+		if err != nil {
+			break
+		}
+		h.Opened()
+	}
+	if most := (4*kept - recountNear*kept) / perOpen; admits > most || c.taken() != 4 {
+		t.Errorf("%d opens admitted by a count since taken over, in %d counts; want at most %d, then one count refusing", admits, c.taken(), most)
+	}
+}
+
+// TestReserveUnknownThread: an engine in another PID namespace opens as
+// thread 0, each of its threads alike: it is held to the daemon's own
+// share only, never to the bound of one thread.
+func TestReserveUnknownThread(t *testing.T) {
+	c := &fakeCount{limit: 1 << 20}
+	r := New(c.count, nil)
+	kept, own := Levels(c.limit)
+	c.set(c.limit - kept + 1)
+	for range 2 * threadHolds {
+		admitted(t, r, 0)
+	}
+	if len(r.held) != 0 {
+		t.Errorf("holdings %v of the unknown thread, want none", r.held)
+	}
+	c.set(c.limit - own + 1)
+	refused(t, r, 0, "with fewer than the daemon's own share free")
+}
+
 // TestReserveSmallLimit: a small limit keeps a quarter of itself, three
 // quarters of that for the daemon's own work, and a count that fails admits.
 func TestReserveSmallLimit(t *testing.T) {
@@ -146,9 +231,12 @@ func TestReserveSmallLimit(t *testing.T) {
 	admitted(t, New(c.count, nil), 1)
 }
 
-// BenchmarkAdmit is the cost the reserve adds to an engine's open: a count
-// of this process's descriptors, its limit, and the bookkeeping, with
-// KVTIERFS_BENCH_FDS descriptors open (default none beyond the test's).
+// BenchmarkAdmit is the cost the reserve adds to an engine's open far from
+// the levels: the bookkeeping, and a count of this process's descriptors
+// with its limit every recountAfter, with KVTIERFS_BENCH_FDS descriptors
+// open (default none beyond the test's). The kernel's size of /proc/self/fd
+// counts (Count), or as before Linux 6.2 its listing (listed), and each
+// open counts as it does near the levels.
 func BenchmarkAdmit(b *testing.B) {
 	extra, _ := strconv.Atoi(os.Getenv("KVTIERFS_BENCH_FDS"))
 	for range extra {
@@ -158,7 +246,26 @@ func BenchmarkAdmit(b *testing.B) {
 		}
 		defer f.Close()
 	}
-	r := New(nil, nil)
+	b.Run("sized", func(b *testing.B) { benchmarkAdmit(b, New(nil, nil)) })
+	b.Run("listed", func(b *testing.B) { benchmarkAdmit(b, New(listedCount, nil)) })
+	b.Run("listed-near", func(b *testing.B) {
+		r := New(listedCount, nil)
+		r.now = (&fakeClock{}).now // every count is recountAfter old
+		benchmarkAdmit(b, r)
+	})
+}
+
+// listedCount is Count as before Linux 6.2: by the listing of /proc/self/fd.
+func listedCount() (open, limit int, err error) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, 0, err
+	}
+	open, err = listed()
+	return open, int(min(rl.Cur, math.MaxInt32)), err
+}
+
+func benchmarkAdmit(b *testing.B, r *Reserve) {
 	for b.Loop() {
 		h, err := r.Admit(1)
 		if err != nil {
