@@ -3,6 +3,7 @@ package disk
 import (
 	"container/list"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -23,7 +24,7 @@ import (
 // or lease-break-time (45 s by default) passed. Held tells whether that wait
 // has begun, so a load asks it around every reply.
 //
-// A proven mapping is kept after its load (up to maxMappedBlocks, least
+// A proven mapping is kept after its load (up to mappedBound, least
 // recently used dropped first), so later loads of the block neither map it
 // again nor check it again: its bytes cannot have changed since they matched
 // the digest while the lease has been held. It is dropped when the block
@@ -66,6 +67,23 @@ type Mapped struct {
 // maxMappedBlocks bounds the mappings kept between loads: each holds a
 // descriptor and a lease (the pages are the store's own, counted there).
 const maxMappedBlocks = 4096
+
+// mappedBound is how many mappings a store keeps between loads under the
+// daemon's descriptor limit (soft RLIMIT_NOFILE): at most a quarter of it,
+// which with the quarter kept free for the daemon's own work
+// (internal/descriptors) leaves half to the engine's opens. At 4,096 the
+// store's 4,096 mappings alone had refused every open with ENFILE.
+func mappedBound(limit uint64) int { return int(min(maxMappedBlocks, limit/4)) }
+
+// descriptorLimit is this process's soft RLIMIT_NOFILE, or no limit where
+// it cannot be read.
+func descriptorLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return math.MaxUint64
+	}
+	return rl.Cur
+}
 
 // Map returns the block mapped for a load to serve in place: the kept
 // mapping, already proven, or a new one to check with VerifyMapped. ok is
@@ -359,7 +377,7 @@ func (s *Store) uncacheLocked(m *Mapped) {
 }
 
 // trimMappedLocked drops the least recently used unserved mappings beyond
-// maxMappedBlocks.
+// maxMapped.
 func (s *Store) trimMappedLocked() {
 	for e := s.mapped.Back(); e != nil && s.mapped.Len() > s.maxMapped; {
 		m, prev := e.Value.(*Mapped), e.Prev()

@@ -176,10 +176,17 @@ func TestBlockThatLeavesDropsItsMapping(t *testing.T) {
 }
 
 // TestKeptMappingsAreBounded keeps at most maxMapped mappings, dropping the
-// least recently used.
+// least recently used: a quarter of the descriptor limit, 2 under a limit
+// of 8 (each holds a descriptor), and never more than maxMappedBlocks.
 func TestKeptMappingsAreBounded(t *testing.T) {
 	s := openMemoryStore(t)
-	s.maxMapped = 2
+	if want := mappedBound(descriptorLimit()); s.maxMapped != want {
+		t.Fatalf("a store keeps %d mappings, want %d under the descriptor limit %d", s.maxMapped, want, descriptorLimit())
+	}
+	if got := mappedBound(1 << 20); got != maxMappedBlocks {
+		t.Errorf("%d mappings kept under a limit of 2^20, want %d", got, maxMappedBlocks)
+	}
+	s.maxMapped = mappedBound(8)
 	var rels []string
 	var blocks [][]byte
 	for i := range 3 {

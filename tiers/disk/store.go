@@ -228,7 +228,8 @@ type Store struct {
 
 	buffers blockBuffers
 	// mapped are the proven mappings of blocks kept between loads, most
-	// recently used first (mapped.go), under mu; at most maxMapped.
+	// recently used first (mapped.go), under mu; at most maxMapped
+	// (mappedBound of the descriptor limit at Open).
 	mapped     *list.List
 	maxMapped  int
 	leaseWatch sync.Once
@@ -308,7 +309,7 @@ func Open(cfg Config) (*Store, error) {
 		blocks:      make(map[string]*entry),
 		lru:         list.New(),
 		mapped:      list.New(),
-		maxMapped:   maxMappedBlocks,
+		maxMapped:   mappedBound(descriptorLimit()),
 		tmps:        make(map[string]*tmpFile),
 		underDirs:   make(map[string]int),
 		creating:    make(map[string]bool),
