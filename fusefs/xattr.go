@@ -24,16 +24,17 @@ func reservedXattr(name string) bool {
 }
 
 // onStoreFile runs fn on the store's descriptor of this node's file when it
-// is a published block or a block tmp file written through the mount
-// (disk.Store.OnFile); handled is false for every other file, which the
-// loopback serves by path. A block the store does not hold is ENOENT.
-func (n *node) onStoreFile(fn func(fd int) error) (handled bool, errno syscall.Errno) {
+// is a published block or a block tmp file written through the mount,
+// through on: disk.Store.ReadOnFile, or ChangeOnFile where fn changes the
+// file. handled is false for every other file, which the loopback serves
+// by path. A block the store does not hold is ENOENT.
+func (n *node) onStoreFile(on func(rel string, fn func(fd int) error) (bool, error), fn func(fd int) error) (handled bool, errno syscall.Errno) {
 	rel := n.self()
 	kind, _ := block.Parse(rel)
 	if kind != block.File && kind != block.TmpFile {
 		return false, 0
 	}
-	ok, err := n.fsys.store.OnFile(rel, fn)
+	ok, err := on(rel, fn)
 	switch {
 	case ok:
 		return true, disk.Errno(err)
@@ -51,7 +52,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		return 0, syscall.ENODATA
 	}
 	var size int
-	if handled, errno := n.onStoreFile(func(fd int) (err error) {
+	if handled, errno := n.onStoreFile(n.fsys.store.ReadOnFile, func(fd int) (err error) {
 		size, err = unix.Fgetxattr(fd, attr, dest)
 		return err
 	}); handled {
@@ -67,7 +68,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
-	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fsetxattr(fd, attr, data, int(flags)) }); handled {
+	if handled, errno := n.onStoreFile(n.fsys.store.ChangeOnFile, func(fd int) error { return unix.Fsetxattr(fd, attr, data, int(flags)) }); handled {
 		return errno
 	}
 	return n.setxattrStore(attr, data, flags)
@@ -80,7 +81,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if reservedXattr(attr) {
 		return syscall.EPERM
 	}
-	if handled, errno := n.onStoreFile(func(fd int) error { return unix.Fremovexattr(fd, attr) }); handled {
+	if handled, errno := n.onStoreFile(n.fsys.store.ChangeOnFile, func(fd int) error { return unix.Fremovexattr(fd, attr) }); handled {
 		return errno
 	}
 	return n.removexattrStore(attr)
@@ -103,7 +104,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	caller, ok := fuse.FromContext(ctx)
 	root := ok && caller.Uid == 0
 	var names []byte
-	handled, errno := n.onStoreFile(func(fd int) error {
+	handled, errno := n.onStoreFile(n.fsys.store.ReadOnFile, func(fd int) error {
 		k, err := unix.Flistxattr(fd, nil)
 		if err != nil {
 			return err

@@ -17,17 +17,25 @@ import "golang.org/x/sys/unix"
 // filesystem without fine-grained timestamps (before Linux 6.13): such a
 // change counts as a checksum failure, as every one did before.
 
-// fileState is what tells a block's file changed: its identity, size and
-// change time. The zero fileState is a file never seen (a stat that failed).
+// fileState is what tells a block's file changed: its inode (the store is
+// one filesystem) and change time. A change of size moves the change time
+// too, and the block's size is its entry's. The zero fileState is a file
+// never seen (a stat that failed).
 type fileState struct {
-	id    fileID
-	size  int64
+	ino   uint64
 	ctime unix.Timespec
 }
 
 // stateOf is the fileState of a stat.
 func stateOf(st *unix.Stat_t) fileState {
-	return fileState{id: fileID{st.Dev, st.Ino}, size: st.Size, ctime: st.Ctim}
+	return fileState{ino: st.Ino, ctime: st.Ctim}
+}
+
+// sameFile reports whether a stat of b's file is the file as the daemon
+// last saw or changed it: the same state, at the block's size. The caller
+// holds s.mu.
+func (b *entry) sameFile(st *unix.Stat_t) bool {
+	return stateOf(st) == b.seen && st.Size == b.size
 }
 
 // changedOutside reports whether the pinned block's file is another than
@@ -39,25 +47,26 @@ func (r *Reader) changedOutside() bool {
 	}
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
-	return r.b.seen != fileState{} && stateOf(&st) != r.b.seen
+	return r.b.seen != fileState{} && !r.b.sameFile(&st)
 }
 
 // ownChange runs change, the daemon's own change to the pinned block's
 // file, and moves what the store saw of the file along with it, unless the
 // file had changed outside the daemon before: that stays to be told. It
-// returns the file's stat after the change. The daemon's changes run one at
-// a time, so that each one's before is the last one's after.
+// returns the file's stat after the change. The daemon's changes to one
+// block run one at a time (entry.changing), so that each one's before is
+// the last one's after.
 func (r *Reader) ownChange(change func(fd int) error) (unix.Stat_t, error) {
 	s, fd := r.s, int(r.file.Fd())
-	s.changing.Lock()
-	defer s.changing.Unlock()
+	r.b.changing.Lock()
+	defer r.b.changing.Unlock()
 	var before, after unix.Stat_t
 	beforeErr := unix.Fstat(fd, &before)
 	err := change(fd)
 	statErr := unix.Fstat(fd, &after)
 	if statErr == nil {
 		s.mu.Lock()
-		if beforeErr == nil && stateOf(&before) == r.b.seen {
+		if beforeErr == nil && r.b.sameFile(&before) {
 			r.b.seen = stateOf(&after)
 		}
 		s.mu.Unlock()

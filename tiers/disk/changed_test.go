@@ -1,9 +1,11 @@
 package disk
 
 import (
+	"errors"
 	"os"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,7 +31,7 @@ func ownChanges(t *testing.T, s *Store, rel string) {
 	if _, err := s.SetTimes(rel, unix.Timespec{Sec: 1}, unix.Timespec{Sec: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.OnFile(rel, func(fd int) error { return unix.Fsetxattr(fd, "user.test", []byte("x"), 0) }); !ok || err != nil {
+	if ok, err := s.ChangeOnFile(rel, func(fd int) error { return unix.Fsetxattr(fd, "user.test", []byte("x"), 0) }); !ok || err != nil {
 		t.Fatalf("xattr through the store: %v, %v", ok, err)
 	}
 	var after unix.Stat_t
@@ -92,5 +94,93 @@ func TestReplacedFileIsChangedOutside(t *testing.T) {
 	wantErrno(t, err, syscall.EIO, "OpenBlock of another file under a block's name")
 	if got := s.Counters().ChangedOutside.Load(); got != 1 {
 		t.Errorf("%d changed outside, want 1", got)
+	}
+}
+
+// TestOnlyChangesTakeTheBlocksLock: a read of a block's xattrs (vLLM reads
+// its checksum's at every load) takes no change lock; a change takes its
+// own block's only.
+func TestOnlyChangesTakeTheBlocksLock(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel, other := blockRel(testTier, 0, hashHex(1, 64)), blockRel(testTier, 0, hashHex(2, 64))
+	putBlock(t, s, rel, pageData(1, 2))
+	putBlock(t, s, other, pageData(2, 2))
+	s.mu.Lock()
+	b, o := s.blocks[rel], s.blocks[other]
+	s.mu.Unlock()
+	free := func(e *entry) bool {
+		if !e.changing.TryLock() {
+			return false
+		}
+		e.changing.Unlock()
+		return true
+	}
+	var whileRead, whileChanged, otherWhileChanged bool
+	if _, err := s.ReadOnFile(rel, func(fd int) error {
+		whileRead = free(b)
+		_, err := unix.Fgetxattr(fd, "user.test", nil)
+		if err == unix.ENODATA {
+			return nil
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ChangeOnFile(rel, func(fd int) error {
+		whileChanged, otherWhileChanged = free(b), free(o)
+		return unix.Fsetxattr(fd, "user.test", []byte("x"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !whileRead || whileChanged || !otherWhileChanged {
+		t.Errorf("block's change lock free while its xattr was read %v, while set %v; another block's while set %v; want true, false, true",
+			whileRead, whileChanged, otherWhileChanged)
+	}
+}
+
+// TestPublishedTmpTakesNoChange: an xattr call that found a tmp before its
+// publish and ran after it is ENOENT, never an unrecorded change of the
+// block's file through the tmp's descriptor (the writer still holds it).
+func TestPublishedTmpTakesNoChange(t *testing.T) {
+	s := openStore(t, Config{Capacity: 1 << 30})
+	rel := blockRel(testTier, 0, hashHex(1, 64))
+	mkdirFor(t, s, rel)
+	tmp := tmpRelFor(rel, int(tmpSeq.Add(1)))
+	w, err := s.CreateTmp(tmp, engineCreateFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteAt(pageData(1, 2), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	tf := s.tmps[tmp]
+	s.mu.Unlock()
+	if err := s.Publish(tmp, rel); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	err = tf.onFile(func(int) error { ran = true; return nil })
+	if !errors.Is(err, syscall.ENOENT) || ran {
+		t.Errorf("a call on the tmp after its publish: %v, ran %v; want ENOENT, not run", err, ran)
+	}
+}
+
+// TestEntrySize: an entry is one per block (millions): it stays in Go's
+// 288-byte size class, its file's state without a size, which the entry's
+// own stands for: a file of another size is another than the one seen.
+func TestEntrySize(t *testing.T) {
+	if size := unsafe.Sizeof(entry{}); size > 288 {
+		t.Errorf("entry is %d bytes, want 288 or less", size)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(os.DevNull, &st); err != nil {
+		t.Fatal(err)
+	}
+	seen := &entry{size: st.Size, seen: stateOf(&st)}
+	resized := &entry{size: st.Size + 1, seen: stateOf(&st)}
+	if !seen.sameFile(&st) || resized.sameFile(&st) {
+		t.Errorf("the file seen is the same %v, at another size %v; want true, false", seen.sameFile(&st), resized.sameFile(&st))
 	}
 }

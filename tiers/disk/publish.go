@@ -380,6 +380,9 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	s.readOnlyInMemory(t)
 	f := t.file
 	d, fromRow, err := s.digestOf(t, f)
+	// The record and the stat that sees it are a change of the daemon's
+	// own, as ownChange's are (changed.go).
+	b.changing.Lock()
 	if err == nil {
 		phase := time.Now()
 		if err = writeDigest(f, b.name, d); err == nil {
@@ -407,6 +410,7 @@ func (s *Store) prove(t *tmpFile, b *entry) {
 	}
 	s.retireTmpLocked(t, b, stored, err == nil)
 	s.mu.Unlock()
+	b.changing.Unlock()
 	t.mu.Unlock()
 	if err != nil {
 		s.refuseProven(b, err)

@@ -106,6 +106,9 @@ type entry struct {
 	times Times
 	// seen is the file as the daemon last saw or changed it (changed.go).
 	seen fileState
+	// changing runs the daemon's own changes to the file one at a time
+	// (Reader.ownChange), taken before mu.
+	changing sync.Mutex
 	// proof is set for a block published through the mount: loads wait for
 	// it (publish.go). Set at creation, never changed.
 	proof *proof
@@ -199,10 +202,6 @@ type Store struct {
 	rows WrittenRows
 	// bootID is the kernel's boot id, the value of a pending mark (publish.go).
 	bootID []byte
-	// changing runs the daemon's own changes to blocks' files one at a
-	// time (ownChange).
-	changing sync.Mutex
-
 	mu     sync.Mutex
 	blocks map[string]*entry
 	lru    *list.List

@@ -58,7 +58,7 @@ func TestBlockWrittenThroughTheDaemonIsProvenAtStore(t *testing.T) {
 		if err != nil || !atStore || !bytes.Equal(got, data) {
 			t.Fatalf("load %d: proven at store %v, same bytes %v, %v; want true, true, nil", load, atStore, bytes.Equal(got, data), err)
 		}
-		if _, err := s.OnFile(rel, func(fd int) error {
+		if _, err := s.ReadOnFile(rel, func(fd int) error {
 			_, err := unix.Fgetxattr(fd, "user.vllm.kv_crc32c", make([]byte, 8))
 			if err == unix.ENODATA {
 				return nil

@@ -7,21 +7,32 @@ import "syscall"
 // store's own descriptor of the file, never through its path, whose
 // directories the engine's uid could swap for links.
 
-// OnFile runs fn on the descriptor of a tracked tmp file, or of a published
-// block pinned for the call, as a change of the daemon's own (ownChange); ok
-// is false when rel is neither.
-func (s *Store) OnFile(rel string, fn func(fd int) error) (ok bool, err error) {
+// ReadOnFile runs fn, which only reads, on the descriptor of a tracked tmp
+// file or of a published block pinned for the call; ok is false when rel is
+// neither.
+func (s *Store) ReadOnFile(rel string, fn func(fd int) error) (ok bool, err error) {
+	return s.onFile(rel, fn, func(r *Reader) error { return fn(int(r.file.Fd())) })
+}
+
+// ChangeOnFile runs fn, which changes the file (an xattr set or removed), as
+// ReadOnFile does, and on a block as a change of the daemon's own
+// (Reader.ownChange).
+func (s *Store) ChangeOnFile(rel string, fn func(fd int) error) (ok bool, err error) {
+	return s.onFile(rel, fn, func(r *Reader) error {
+		_, err := r.ownChange(fn)
+		return err
+	})
+}
+
+// onFile runs onTmp on a tracked tmp file's descriptor, or onBlock on a
+// published block pinned for the call.
+func (s *Store) onFile(rel string, onTmp func(fd int) error, onBlock func(*Reader) error) (ok bool, err error) {
 	s.mu.Lock()
 	t := s.tmps[rel]
 	_, isBlock := s.blocks[rel]
 	s.mu.Unlock()
 	if t != nil {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.file == nil {
-			return true, syscall.ENOENT
-		}
-		return true, fn(int(t.file.Fd()))
+		return true, t.onFile(onTmp)
 	}
 	if !isBlock {
 		return false, nil
@@ -31,6 +42,17 @@ func (s *Store) OnFile(rel string, fn func(fd int) error) (ok bool, err error) {
 		return true, err
 	}
 	defer r.Close()
-	_, err = r.ownChange(fn)
-	return true, err
+	return true, onBlock(r)
+}
+
+// onFile runs fn on the tmp's descriptor while the store tracks it: ENOENT
+// once it was published (its descriptor then is the block's, whose changes
+// are ownChange's) or dropped.
+func (t *tmpFile) onFile(fn func(fd int) error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.file == nil || t.untracked {
+		return syscall.ENOENT
+	}
+	return fn(int(t.file.Fd()))
 }
