@@ -111,8 +111,25 @@ func (f *fixture) corrupt(t *testing.T, rel string, off int64) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	if _, err := file.WriteAt(bytes.Repeat([]byte{0xa5}, 64), off); err != nil {
+	var before, after syscall.Stat_t
+	if err := syscall.Fstat(int(file.Fd()), &before); err != nil {
 		t.Fatal(err)
+	}
+	// Written again until the change time moved: before Linux 6.13 a write
+	// within the coarse clock's tick of the publish leaves it as it was.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := file.WriteAt(bytes.Repeat([]byte{0xa5}, 64), off); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Fstat(int(file.Fd()), &after); err != nil {
+			t.Fatal(err)
+		}
+		if after.Ctim != before.Ctim {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the change time of %s stayed at %v through 10 s of writes", rel, before.Ctim)
+		}
 	}
 }
 

@@ -95,9 +95,11 @@ func TestCorruptBlockFailsWhereTheEngineLooks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), int64(rb/2)); err != nil {
-					t.Fatal(err)
-				}
+				untilChangeTimeMoves(t, stored, func() {
+					if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), int64(rb/2)); err != nil {
+						t.Fatal(err)
+					}
+				})
 				f.Close()
 				before := d.Stats().Counters
 				row := region[rb].Row(1)

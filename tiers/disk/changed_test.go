@@ -12,14 +12,10 @@ import (
 
 // ownChanges makes the changes the daemon itself makes to a published
 // block's file: a load moves its access time, and through the mount an
-// engine sets its times (utimensat) and an xattr. Each moves the file's
-// change time, which the test checks, or it would prove nothing.
+// engine sets its times (utimensat) and an xattr, set again until the
+// file's change time moved, or the test would prove nothing.
 func ownChanges(t *testing.T, s *Store, rel string) {
 	t.Helper()
-	var before unix.Stat_t
-	if err := unix.Stat(s.Path(rel), &before); err != nil {
-		t.Fatal(err)
-	}
 	r, err := s.PinBlock(rel)
 	if err != nil {
 		t.Fatal(err)
@@ -31,16 +27,11 @@ func ownChanges(t *testing.T, s *Store, rel string) {
 	if _, err := s.SetTimes(rel, unix.Timespec{Sec: 1}, unix.Timespec{Sec: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.ChangeOnFile(rel, func(fd int) error { return unix.Fsetxattr(fd, "user.test", []byte("x"), 0) }); !ok || err != nil {
-		t.Fatalf("xattr through the store: %v, %v", ok, err)
-	}
-	var after unix.Stat_t
-	if err := unix.Stat(s.Path(rel), &after); err != nil {
-		t.Fatal(err)
-	}
-	if after.Ctim == before.Ctim {
-		t.Fatalf("the daemon's own changes left the change time at %v", after.Ctim)
-	}
+	untilChangeTimeMoves(t, s.Path(rel), func() {
+		if ok, err := s.ChangeOnFile(rel, func(fd int) error { return unix.Fsetxattr(fd, "user.test", []byte("x"), 0) }); !ok || err != nil {
+			t.Fatalf("xattr through the store: %v, %v", ok, err)
+		}
+	})
 }
 
 // TestOwnChangesAreNotOutside: after the daemon's own changes to a block's

@@ -10,13 +10,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
-// flipByte changes one byte of a file in place, as disk corruption would.
+// flipByte changes one byte of a file in place, as a write in the store
+// tree would, moving its change time.
 func flipByte(t *testing.T, p string, off int64) {
 	t.Helper()
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
@@ -29,8 +31,36 @@ func flipByte(t *testing.T, p string, off int64) {
 		t.Fatal(err)
 	}
 	b[0] ^= 0x5a
-	if _, err := f.WriteAt(b, off); err != nil {
+	untilChangeTimeMoves(t, p, func() {
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// untilChangeTimeMoves runs change, and again every millisecond until the
+// change time of the file at path moved from what it was before: a kernel
+// without fine-grained timestamps (before Linux 6.13) leaves it as it was
+// for a change within the same tick of its coarse clock as the last one,
+// which then cannot be told (changed.go). change must be one that can be
+// repeated.
+func untilChangeTimeMoves(t *testing.T, path string, change func()) {
+	t.Helper()
+	var before, after unix.Stat_t
+	if err := unix.Stat(path, &before); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		change()
+		if err := unix.Stat(path, &after); err != nil {
+			t.Fatal(err)
+		}
+		if after.Ctim != before.Ctim {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the change time of %s stayed at %v through 10 s of changes", path, before.Ctim)
+		}
 	}
 }
 
