@@ -25,10 +25,7 @@ func (f *FS) Stats() ctlabi.Stats {
 // statsConfig is what the mount's stats.json is assembled from (tier.NewStats).
 func (f *FS) statsConfig(opts Options) tier.StatsConfig {
 	cfg := tier.StatsConfig{Mountpoint: f.mountpoint, Store: opts.Store, Tier: f.tier, Diagnostics: f.diagnostics,
-		WarningWindow: opts.WarningWindow}
-	if f.reserve != nil {
-		cfg.Descriptors = f.reserve
-	}
+		WarningWindow: opts.WarningWindow, Descriptors: f.reserve}
 	if opts.LookupBudget != nil {
 		cfg.Budget = opts.LookupBudget
 	}
