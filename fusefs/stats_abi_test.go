@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/core"
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/internal/descriptors"
 	"github.com/kvtierfs/kvtierfs/staging/diagnose"
 	"github.com/kvtierfs/kvtierfs/sync/rowsync"
 	"github.com/kvtierfs/kvtierfs/tiers/disk"
@@ -36,11 +37,15 @@ func newStatsFS(t *testing.T, opts Options) *FS {
 	return statsFS(store, "", opts)
 }
 
+// noDescriptors is a descriptor count of none: the golden stats.json's.
+func noDescriptors() (open, limit int, err error) { return 0, 0, nil }
+
 // statsFS returns an FS at mountpoint over the store of opts, with the
 // parts of opts that stats.json reads.
 func statsFS(store *disk.Store, mountpoint string, opts Options) *FS {
 	f := &FS{store: store, tier: tier.New(tier.Config{Store: store}), mountpoint: mountpoint, logger: slog.New(slog.DiscardHandler),
-		diagnostics: diagnose.New(diagnose.Options{}), shared: opts.Shared, loads: core.NewLoads(core.Config{Store: store})}
+		diagnostics: diagnose.New(diagnose.Options{}), shared: opts.Shared, loads: core.NewLoads(core.Config{Store: store}),
+		reserve: descriptors.New(noDescriptors, nil)}
 	f.stats = tier.NewStats(f.statsConfig(opts))
 	return f
 }
@@ -184,7 +189,7 @@ func TestPeerStatesAreTheABIs(t *testing.T) {
 // absent.
 func TestStatsConfigLeavesAbsentPartsNil(t *testing.T) {
 	store := openStoreAt(t, t.TempDir())
-	f := &FS{tier: tier.New(tier.Config{Store: store})}
+	f := &FS{tier: tier.New(tier.Config{Store: store}), reserve: descriptors.New(noDescriptors, nil)} // every mount's (New)
 	cfg := f.statsConfig(Options{Store: store})
 	if cfg.Budget != nil || cfg.Stager != nil || cfg.Shared != nil || cfg.Sync != nil || cfg.Regions != nil ||
 		cfg.Primer != nil || cfg.KVEvents != nil || cfg.Diagnostics != nil {
