@@ -56,7 +56,8 @@ func TestReceiveRow(t *testing.T) {
 	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
 	dest := newRowCommit(dst)
 	var asked *RowWrite
-	w, crc, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil }, dest.gap)
+	r := bytes.NewReader(frame[5:])
+	w, crc, refused, err := receiveRow(r, uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil }, dest.gap, plainBulk(r))
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
@@ -71,15 +72,15 @@ func TestReceiveRow(t *testing.T) {
 	}
 
 	// Without a buffer the body is skipped and the refusal returned.
-	r := bytes.NewReader(append(frame[5:], "next frame"...))
-	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil }, nil)
+	r = bytes.NewReader(append(frame[5:], "next frame"...))
+	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil }, nil, plainBulk(r))
 	if err != nil || refused == nil || !strings.Contains(refused.Error(), fmt.Sprintf("buffer of %d bytes", len(buf)-1)) || r.Len() != len("next frame") || w.Seq != 3 {
 		t.Errorf("refused %v, %v, %d bytes left", refused, err, r.Len())
 	}
 
 	// A body cut short is an error, whatever it had delivered.
 	r = bytes.NewReader(frame[5 : len(frame)-1])
-	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }, nil, plainBulk(r)); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("receiveRow of a torn frame = %v", err)
 	}
 }
@@ -123,7 +124,8 @@ func TestCommitRowOnlyReadsZeroPages(t *testing.T) {
 		}()
 		frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
 		dest := newRowCommit(mem)
-		w, _, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap)
+		r := bytes.NewReader(frame[5:])
+		w, _, refused, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap, plainBulk(r))
 		if err != nil || refused != nil {
 			t.Fatal(err, refused)
 		}
@@ -147,9 +149,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 // TestReceiveRowTellsGapsBeforeTheirData checks that every range outside the
-// extents is told as soon as its bounds arrived, the one after the last
-// extent before that extent's data, so the destination is read while the
-// data still arrives.
+// extents is told before a byte of the bulk arrived, so the destination is
+// read while the data still arrives.
 func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	page := block.PageSize
 	src := make([]byte, 16*page)
@@ -165,7 +166,7 @@ func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	var gaps []told
 	var readAt []int
 	_, _, refused, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil },
-		func(from, to uint64) { gaps, readAt = append(gaps, told{from, to}), append(readAt, r.read) })
+		func(from, to uint64) { gaps, readAt = append(gaps, told{from, to}), append(readAt, r.read) }, plainBulk(r))
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
@@ -174,7 +175,16 @@ func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	if !reflect.DeepEqual(gaps, want) {
 		t.Fatalf("gaps %v, want %v", gaps, want)
 	}
-	if last := len(frame) - 5 - len(extents[1].Data); readAt[2] > last {
-		t.Errorf("the gap after the last extent was told after %d bytes of the body, want by %d (before that extent's data)", readAt[2], last)
+	bulkAt := len(frame) - 5 - len(extents[0].Data) - len(extents[1].Data)
+	for i, at := range readAt {
+		if at > bulkAt {
+			t.Errorf("gap %v was told after %d bytes of the body, want by %d (before the bulk)", gaps[i], at, bulkAt)
+		}
 	}
+}
+
+// plainBulk is receiveRow's bulk for a frame in the clear: the bulk is the
+// rest of r.
+func plainBulk(r io.Reader) func(*RowWrite, uint64) (io.Reader, error) {
+	return func(*RowWrite, uint64) (io.Reader, error) { return r, nil }
 }
