@@ -1,0 +1,416 @@
+package rowsync
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flynn/noise"
+	"github.com/kvtierfs/kvtierfs/tiers/block"
+)
+
+// Protocol 4's bulk records (channel.go): sealed once per row for every
+// peer, under a key of the row's own, and refused when moved, replayed,
+// changed or cut.
+
+// sealedLen is the length of the sealed bulk of extents.
+func sealedLen(extents []Extent) int {
+	n := 0
+	for _, e := range extents {
+		n += len(e.Data)
+	}
+	return n + (n+maxRecordPlain-1)/maxRecordPlain*(2+tagBytes)
+}
+
+// TestRowSealedOnceForThreePeers mirrors a row twice to three peers, one
+// lane each, and records what the Mirror wrote to each: every peer holds
+// the row, the bulk each received is the same bytes (sealed once), and the
+// second time, though the row is the same, another key made other bytes.
+func TestRowSealedOnceForThreePeers(t *testing.T) {
+	src := shmRegion(t, testRows, testRowBytes)
+	fillHalf(src.Row(6), 6)
+	var peers []string
+	var dsts []*Region
+	for range 3 {
+		dst := shmRegion(t, testRows, testRowBytes)
+		fillHalf(dst.Row(6), 66)
+		dsts = append(dsts, dst)
+		peers = append(peers, startServer(t, "127.0.0.1:0", testSecret, dst).Addr().String())
+	}
+	var mu sync.Mutex
+	wire := map[string]*recordConn{}
+	m, err := NewMirror(MirrorConfig{Peers: peers, Secret: testSecret, Deadline: 5 * time.Second, Logf: discard, Lanes: 1,
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			conn, err := dialTCP(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			rc := &recordConn{Conn: conn}
+			mu.Lock()
+			wire[addr] = rc
+			mu.Unlock()
+			return rc, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "peers up", m.Healthy)
+
+	n := sealedLen(nonZeroExtents(src.Row(6)))
+	var bulks [2][][]byte
+	for round := range bulks {
+		if err := m.MirrorRow(context.Background(), src, 6, bytes.Clone(src.Row(6))); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		for i, addr := range peers {
+			rc := wire[addr]
+			rc.mu.Lock()
+			sent := rc.written.Bytes()
+			bulks[round] = append(bulks[round], bytes.Clone(sent[len(sent)-n:]))
+			if bytes.Contains(sent, src.Row(6)[:64]) {
+				t.Errorf("peer %d: the row's bytes went over the wire in the clear", i)
+			}
+			rc.mu.Unlock()
+			if !bytes.Equal(dsts[i].Row(6), src.Row(6)) {
+				t.Errorf("round %d: peer %d does not hold the row", round, i)
+			}
+		}
+		mu.Unlock()
+		for i := 1; i < len(peers); i++ {
+			if !bytes.Equal(bulks[round][i], bulks[round][0]) {
+				t.Errorf("round %d: peer %d received other bulk records than peer 0", round, i)
+			}
+		}
+	}
+	if bytes.Equal(bulks[0][0], bulks[1][0]) {
+		t.Error("the same row mirrored twice was sealed into the same bytes: a key was reused")
+	}
+}
+
+// TestRowKeyNeverInTheClear: the key a row's bulk is sealed under travels
+// only inside the lane's records.
+func TestRowKeyNeverInTheClear(t *testing.T) {
+	row := make([]byte, 4*testRowBytes)
+	fillHalf(row, 9)
+	w := &RowWrite{Seq: 1, Row: 2, Rows: testRows, RowBytes: uint64(len(row)), Key: freshKey(t), Extents: nonZeroExtents(row)}
+	if !bytes.Contains(Encode(w), w.Key[:]) {
+		t.Fatal("the scan would not find the key in the frame's plaintext")
+	}
+	ch := newChannel(scriptConn{Writer: io.Discard}, fixedCipher(), nil)
+	lane, bulk := sealRow(t, ch, w)
+	if bytes.Contains(lane, w.Key[:]) || bytes.Contains(bulk, w.Key[:]) {
+		t.Error("the row's key went over the wire in the clear")
+	}
+}
+
+// bulkCase is a server on a region of rows of bulkRowBytes, each of them
+// stale, and lines it logged.
+type bulkCase struct {
+	s    *Server
+	dst  *Region
+	mu   sync.Mutex
+	logs []string
+}
+
+// bulkRowBytes is a row whose bulk takes five bulk records, the last short.
+const bulkRowBytes = 64 * 4096
+
+func newBulkCase(t *testing.T) *bulkCase {
+	c := &bulkCase{dst: shmRegion(t, testRows, bulkRowBytes)}
+	for i := range testRows {
+		fillFull(c.dst.Row(i), uint64(100+i))
+	}
+	s, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", Secret: testSecret, RowBytes: bulkRowBytes,
+		Region: func(int) (*Region, error) { return c.dst, nil },
+		Logf: func(format string, args ...any) {
+			c.mu.Lock()
+			c.logs = append(c.logs, fmt.Sprintf(format, args...))
+			c.mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c.s = s
+	return c
+}
+
+// fillFull fills row with pseudo-random bytes from seed, no page zero.
+func fillFull(row []byte, seed uint64) {
+	rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}).Read(row)
+	for i := 0; i < len(row); i += block.PageSize {
+		row[i] |= 1
+	}
+}
+
+// dial returns the channel of a new connection (session) to the server.
+func (c *bulkCase) dial(t *testing.T) *channel {
+	conn, err := net.Dial("tcp", c.s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, _, err := clientHandshake(conn, presharedKey(testSecret), newNodeID(), rand.Uint64())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// row seals a RowWrite of row of fresh content, under a fresh key, as ch's
+// next frame, and returns its lane records and its bulk records one by one.
+func (c *bulkCase) row(t *testing.T, ch *channel, row int, seed uint64) (lane []byte, records [][]byte) {
+	data := make([]byte, bulkRowBytes)
+	fillFull(data, seed)
+	lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: uint32(row), Rows: testRows, RowBytes: bulkRowBytes, Key: freshKey(t), Extents: nonZeroExtents(data)})
+	for len(bulk) > 0 {
+		n := 2 + int(binary.BigEndian.Uint16(bulk))
+		records, bulk = append(records, bulk[:n:n]), bulk[n:]
+	}
+	if len(records) != 5 {
+		t.Fatalf("%d bulk records, want 5", len(records))
+	}
+	return lane, records
+}
+
+// send writes the pieces to ch's connection, until a write fails: the
+// server ends the connection at the first record that fails.
+func send(ch *channel, pieces ...[]byte) {
+	for _, p := range pieces {
+		if _, err := ch.conn.Write(p); err != nil {
+			return
+		}
+	}
+}
+
+// refused checks that the server ended ch's connection without an answer,
+// logged why (a line containing why) and left rows as they were (before).
+func (c *bulkCase) refused(t *testing.T, what string, ch *channel, before map[int][]byte, why string) {
+	t.Helper()
+	if m, err := readMessage(ch, maxAckFrame); err == nil {
+		t.Errorf("%s: the server answered %+v", what, m)
+	}
+	c.logged(t, what, why)
+	for row, b := range before {
+		if !bytes.Equal(c.dst.Row(row), b) {
+			t.Errorf("%s: row %d changed", what, row)
+		}
+	}
+}
+
+// logged waits for a line of the server's containing why.
+func (c *bulkCase) logged(t *testing.T, what, why string) {
+	t.Helper()
+	waitFor(t, what+": the failure logged", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, l := range c.logs {
+			if strings.Contains(l, why) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// counted waits until the server counted n more failed authentications
+// than *failures, and adds them to it.
+func (c *bulkCase) counted(t *testing.T, failures *uint64, n uint64) {
+	t.Helper()
+	*failures += n
+	waitFor(t, "the failures counted", func() bool { return c.s.AuthFailures() == *failures })
+}
+
+func TestBulkRecordsMovedChangedOrCutAreRefused(t *testing.T) {
+	c := newBulkCase(t)
+	const notOpened = "failed authentication: changed, moved, replayed or not sealed under this row's key"
+	snapshot := func(rows ...int) map[int][]byte {
+		m := map[int][]byte{}
+		for _, r := range rows {
+			m[r] = bytes.Clone(c.dst.Row(r))
+		}
+		return m
+	}
+	var failures uint64
+
+	t.Run("flipped bit", func(t *testing.T) {
+		ch := c.dial(t)
+		before := snapshot(1)
+		lane, recs := c.row(t, ch, 1, 1)
+		recs[2] = bytes.Clone(recs[2])
+		recs[2][1000] ^= 0x10
+		send(ch, append([][]byte{lane}, recs...)...)
+		c.refused(t, "flipped bit", ch, before, "bulk record 2 "+notOpened)
+		c.counted(t, &failures, 1)
+	})
+
+	t.Run("moved within the row", func(t *testing.T) {
+		ch := c.dial(t)
+		before := snapshot(1)
+		lane, recs := c.row(t, ch, 1, 2)
+		recs[0], recs[1] = recs[1], recs[0]
+		send(ch, append([][]byte{lane}, recs...)...)
+		c.refused(t, "moved", ch, before, "bulk record 0 "+notOpened)
+		c.counted(t, &failures, 1)
+	})
+
+	t.Run("replayed from an earlier row", func(t *testing.T) {
+		ch := c.dial(t)
+		lane, earlier := c.row(t, ch, 2, 3)
+		send(ch, append([][]byte{lane}, earlier...)...)
+		if m, err := readMessage(ch, maxAckFrame); err != nil || m.(*Ack).Err != "" {
+			t.Fatalf("the earlier row: %+v, %v", m, err)
+		}
+		before := snapshot(1, 2)
+		lane, recs := c.row(t, ch, 1, 4)
+		recs[3] = earlier[3]
+		send(ch, append([][]byte{lane}, recs...)...)
+		c.refused(t, "replayed", ch, before, "bulk record 3 "+notOpened)
+		c.counted(t, &failures, 1)
+	})
+
+	t.Run("swapped between two rows' streams", func(t *testing.T) {
+		ch1, ch2 := c.dial(t), c.dial(t)
+		before := snapshot(3, 4)
+		lane1, recs1 := c.row(t, ch1, 3, 5)
+		lane2, recs2 := c.row(t, ch2, 4, 6)
+		recs1[1], recs2[1] = recs2[1], recs1[1]
+		send(ch1, append([][]byte{lane1}, recs1...)...)
+		send(ch2, append([][]byte{lane2}, recs2...)...)
+		c.refused(t, "swapped, first stream", ch1, before, "bulk record 1 "+notOpened)
+		c.refused(t, "swapped, second stream", ch2, before, "bulk record 1 "+notOpened)
+		c.counted(t, &failures, 2)
+	})
+
+	t.Run("dropped", func(t *testing.T) {
+		ch := c.dial(t)
+		before := snapshot(1)
+		lane, recs := c.row(t, ch, 1, 7)
+		send(ch, append([][]byte{lane}, append(recs[:1:1], recs[2:]...)...)...)
+		c.refused(t, "dropped", ch, before, "bulk record 1 "+notOpened)
+		c.counted(t, &failures, 1)
+	})
+
+	for _, tc := range []struct {
+		name  string
+		delta int
+	}{{"truncated", -1}, {"lengthened", +1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ch := c.dial(t)
+			before := snapshot(1)
+			lane, recs := c.row(t, ch, 1, 8)
+			last := bytes.Clone(recs[4])
+			if tc.delta < 0 {
+				last = last[:len(last)-1]
+			} else {
+				last = append(last, 0)
+			}
+			binary.BigEndian.PutUint16(last, uint16(len(last)-2))
+			recs[4] = last
+			// The next frame follows, as it would on a live lane.
+			next, err := written(ch, func() error { return ch.writeMessage(&StoreSample{Rows: 1, RowBytes: 1}) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			send(ch, append(append([][]byte{lane}, recs...), next)...)
+			want := fmt.Sprintf("bulk record 4 holds %d bytes, its place in the bulk %d", len(last)-2-tagBytes, bulkRowBytes-4*maxRecordPlain)
+			c.refused(t, tc.name, ch, before, want)
+			c.counted(t, &failures, 1)
+		})
+	}
+
+	t.Run("a record after the bulk", func(t *testing.T) {
+		// The row arrived whole and lands; the record after it is read as
+		// the lane's next and fails there.
+		ch := c.dial(t)
+		lane, recs := c.row(t, ch, 5, 9)
+		send(ch, append(append([][]byte{lane}, recs...), recs[4])...)
+		if m, err := readMessage(ch, maxAckFrame); err != nil || m.(*Ack).Err != "" {
+			t.Fatalf("the row before the extra record: %+v, %v", m, err)
+		}
+		c.refused(t, "a record after the bulk", ch, snapshot(5), "failed authentication: changed, replayed, reordered or not sealed by the peer")
+		c.counted(t, &failures, 1)
+	})
+}
+
+// oldHandshake is a side of protocol 3's handshake: the prologue named
+// version 3.
+func oldHandshake(t *testing.T, initiator bool) *noise.HandshakeState {
+	hs, err := noise.NewHandshakeState(noise.Config{CipherSuite: cipherSuite, Pattern: noise.HandshakeNN, Initiator: initiator,
+		Prologue: []byte("kvtierfs rowsync 3"), PresharedKey: presharedKey(testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hs
+}
+
+// TestProtocol3IsRefused: a daemon of protocol 3 and one of protocol 4
+// holding the same secret fail the handshake either way, each told that
+// the other speaks another version (or holds another secret).
+func TestProtocol3IsRefused(t *testing.T) {
+	c := newBulkCase(t)
+	conn, err := net.Dial("tcp", c.s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hello, _, _, err := oldHandshake(t, true).WriteMessage(nil, Encode(&Hello{Session: 1, Node: newNodeID(), To: c.s.Addr().String()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeHandshake(conn, hello); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readHandshake(conn); !errors.Is(err, errAnswerRefused) {
+		t.Errorf("a protocol 3 client was answered %v", err)
+	}
+	c.logged(t, "a protocol 3 client", "the client does not know the shared secret (or speaks another protocol version)")
+	var failures uint64
+	c.counted(t, &failures, 1)
+
+	// A listener of protocol 3 cannot open a protocol 4 Hello, and
+	// refuses it, as protocol 3 does.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	opened := make(chan error, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			opened <- err
+			return
+		}
+		defer conn.Close()
+		msg, err := readHandshake(conn)
+		if err == nil {
+			_, _, _, err = oldHandshake(t, false).ReadMessage(nil, msg)
+			conn.Write([]byte{0xff, 0xff}) // answerRefused
+		}
+		opened <- err
+		io.Copy(io.Discard, conn)
+	}()
+	conn, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, _, err := clientHandshake(conn, presharedKey(testSecret), newNodeID(), 2); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "another protocol version") {
+		t.Errorf("a protocol 4 client to a protocol 3 listener: %v", err)
+	}
+	if err := <-opened; err == nil {
+		t.Error("a protocol 3 listener opened a protocol 4 Hello")
+	}
+}
