@@ -98,6 +98,47 @@ func TestRowSealedOnceForThreePeers(t *testing.T) {
 	}
 }
 
+// TestRowsAtOnceToThreePeers mirrors every row of a region from 16
+// goroutines at once to three peers, twice with other bytes: rows of
+// several bulk records whose extents (every third page zero) split them,
+// so that records are gathered from two extents and sealed buffers reused.
+func TestRowsAtOnceToThreePeers(t *testing.T) {
+	src := shmRegion(t, testRows, bulkRowBytes)
+	var peers []string
+	var dsts []*Region
+	for range 3 {
+		dst := shmRegion(t, testRows, bulkRowBytes)
+		dsts = append(dsts, dst)
+		peers = append(peers, startServer(t, "127.0.0.1:0", testSecret, dst).Addr().String())
+	}
+	m := newMirror(t, testSecret, 10*time.Second, true, peers...)
+	for round := range 2 {
+		for i := range testRows {
+			row := src.Row(i)
+			fillFull(row, uint64(round*testRows+i))
+			for p := 2; p*block.PageSize < len(row); p += 3 {
+				clear(row[p*block.PageSize : (p+1)*block.PageSize])
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range testRows {
+			wg.Go(func() {
+				if err := m.MirrorRow(context.Background(), src, i, bytes.Clone(src.Row(i))); err != nil {
+					t.Errorf("round %d, row %d: %v", round, i, err)
+				}
+			})
+		}
+		wg.Wait()
+		for p, dst := range dsts {
+			for i := range testRows {
+				if !bytes.Equal(dst.Row(i), src.Row(i)) {
+					t.Errorf("round %d: peer %d's row %d differs", round, p, i)
+				}
+			}
+		}
+	}
+}
+
 // TestRowKeyNeverInTheClear: the key a row's bulk is sealed under travels
 // only inside the lane's records.
 func TestRowKeyNeverInTheClear(t *testing.T) {
