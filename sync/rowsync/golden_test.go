@@ -51,18 +51,6 @@ func fixedCipher() *noise.CipherState {
 	return noise.UnsafeNewCipherState(cipherSuite, key, 0)
 }
 
-// sealed returns the records of frames sealed by a fresh fixedCipher.
-func sealed(t testing.TB, frames ...Message) []byte {
-	var out bytes.Buffer
-	ch := newChannel(scriptConn{Reader: bytes.NewReader(nil), Writer: &out}, fixedCipher(), nil)
-	for _, m := range frames {
-		if err := ch.writeMessage(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out.Bytes()
-}
-
 // goldenKey is testBulkKey in hex.
 const goldenKey = "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f"
 
