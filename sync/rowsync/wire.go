@@ -393,12 +393,30 @@ func (d *decoder) rowWriteHead() (*RowWrite, uint32) {
 	return w, d.u32()
 }
 
-// extentCount checks that count extents can fit in left bytes, and returns
-// the length of their bulk: each takes extentHeadBytes and at least one
-// byte of it, which also bounds what a decoder allocates.
-func (d *decoder) extentCount(count uint32, left uint64) (bulk uint64) {
-	if d.err == nil && uint64(count)*(extentHeadBytes+1) > left {
+// minPageBytes is the smallest page of any machine a node runs on.
+const minPageBytes = 4096
+
+// maxExtents is the most extents a RowWrite of a row of rowBytes may have:
+// one per minPageBytes of the row. A sender's extents are runs of non-zero
+// pages with a zero page between any two (nonZeroExtents, and the runs
+// MirrorBlock is given), about half as many at most, whatever the sender's
+// page size; more, down to 1-byte extents, would only make a receiver hold
+// about 32 bytes of extent list per byte of row.
+func maxExtents(rowBytes uint64) uint64 {
+	return (rowBytes + minPageBytes - 1) / minPageBytes
+}
+
+// extentCount checks that count extents can fit in left bytes and are no
+// more than a row of rowBytes may have (maxExtents), and returns the length
+// of their bulk: each takes extentHeadBytes and at least one byte of it.
+// Both bound what a decoder allocates.
+func (d *decoder) extentCount(count uint32, rowBytes, left uint64) (bulk uint64) {
+	switch {
+	case d.err != nil:
+	case uint64(count)*(extentHeadBytes+1) > left:
 		d.fail("%d extents cannot fit in %d bytes", count, left)
+	case uint64(count) > maxExtents(rowBytes):
+		d.fail("%d extents, at most %d for a %d-byte row", count, maxExtents(rowBytes), rowBytes)
 	}
 	if d.err != nil {
 		return 0
@@ -434,7 +452,7 @@ func (d *decoder) extentsEnd(bulkLeft uint64) {
 
 // extents reads count extent headers of a row of rowBytes, then their bulk.
 func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
-	bulkLeft := d.extentCount(count, uint64(len(d.b)))
+	bulkLeft := d.extentCount(count, rowBytes, uint64(len(d.b)))
 	if d.err != nil {
 		return nil
 	}
@@ -483,7 +501,7 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	}
 	d := decoder{b: head[:]}
 	w, count := d.rowWriteHead()
-	bulkLeft := d.extentCount(count, uint64(bodyLen)-rowWriteHeadBytes)
+	bulkLeft := d.extentCount(count, w.RowBytes, uint64(bodyLen)-rowWriteHeadBytes)
 	if d.err != nil {
 		return nil, 0, nil, d.err
 	}

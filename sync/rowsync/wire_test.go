@@ -116,12 +116,13 @@ func TestDecodeErrors(t *testing.T) {
 		{"protocol 3 row write", frame(4, u64(1), u32(0), u32(1), u64(4096), u32(0)), "unknown message type 4"},
 		{"short key", frame(typeRowWrite, u64(1), u32(0), u32(1), u64(4096), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
 		{"too many extents", rowWrite(4096, 1<<31), "extents cannot fit"},
+		{"more extents than pages", rowWrite(8192, 3, u64(0), u64(1), u64(1), u64(1), u64(2), u64(1), [3]byte{}), "3 extents, at most 2 for a 8192-byte row"},
 		{"empty extent", rowWrite(4096, 1, u64(0), u64(0), u8(0)), "extent 0 is empty"},
 		{"extent past row", rowWrite(4096, 1, u64(4000), u64(97), [97]byte{}), "runs past the 4096-byte row"},
 		{"extent offset overflow", rowWrite(4096, 1, u64(1<<64-1), u64(1), u8(1)), "runs past"},
 		{"extent data missing", rowWrite(4096, 1, u64(0), u64(10), [9]byte{}), "extent 0 needs 10 bytes of the bulk, 9 left"},
 		{"bulk too long", rowWrite(4096, 1, u64(0), u64(10), [11]byte{}), "1 trailing bytes"},
-		{"overlapping extents", rowWrite(4096, 2, u64(0), u64(10), u64(9), u64(1), [11]byte{}), "extent 1 at 9 overlaps"},
+		{"overlapping extents", rowWrite(8192, 2, u64(0), u64(10), u64(9), u64(1), [11]byte{}), "extent 1 at 9 overlaps"},
 		{"key too long", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(MaxKeyBytes+1)), "string of 1025 bytes, limit 1024"},
 		{"key truncated", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(5), [4]byte{}), "string needs 5 bytes, 4 left"},
 		{"short ack", frame(typeAck, u64(1), u32(0)), "uint32 needs 4 bytes, 0 left"},
@@ -129,6 +130,30 @@ func TestDecodeErrors(t *testing.T) {
 		m, err := Decode(tc.frame)
 		if err == nil || !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Decode = %+v, %v; want ErrBadFrame containing %q", tc.name, m, err, tc.want)
+		}
+	}
+}
+
+// TestRowWriteExtentsAtMostOnePerPage checks that a RowWrite of 1-byte
+// extents, one per minPageBytes of the row, is read, and that one more is
+// refused by Decode and by receiveRow before it asks for a buffer.
+func TestRowWriteExtentsAtMostOnePerPage(t *testing.T) {
+	const rowBytes = 5*minPageBytes + 1
+	for _, count := range []int{6, 7} {
+		w := &RowWrite{Row: 0, Rows: 1, RowBytes: rowBytes}
+		for i := range count {
+			w.Extents = append(w.Extents, Extent{Off: uint64(i), Data: []byte{byte(i + 1)}})
+		}
+		frame := Encode(w)
+		_, err := Decode(frame)
+		r := bytes.NewReader(frame[5:])
+		asked := false
+		_, _, _, rerr := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { asked = true; return make([]byte, rowBytes), nil }, nil, plainBulk(r))
+		switch {
+		case count == 6 && (err != nil || rerr != nil):
+			t.Errorf("6 extents of a %d-byte row: Decode %v, receiveRow %v", rowBytes, err, rerr)
+		case count == 7 && (!errors.Is(err, ErrBadFrame) || !errors.Is(rerr, ErrBadFrame) || asked):
+			t.Errorf("7 extents of a %d-byte row: Decode %v, receiveRow %v (asked for a buffer: %v)", rowBytes, err, rerr, asked)
 		}
 	}
 }
