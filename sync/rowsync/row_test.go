@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -180,6 +181,62 @@ func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 		if at > bulkAt {
 			t.Errorf("gap %v was told after %d bytes of the body, want by %d (before the bulk)", gaps[i], at, bulkAt)
 		}
+	}
+}
+
+// TestReceiveRowIsNotHeldByGapScans checks that the receive reaches the bulk
+// with more gaps than scanLanes while every scan is held: no more than
+// scanLanes scans run at once, so none runs on the receive's goroutine.
+// Each gap's stale page is still cleared by the commit.
+func TestReceiveRowIsNotHeldByGapScans(t *testing.T) {
+	page := block.PageSize
+	src := make([]byte, 16*page)
+	for _, p := range []int{2, 6, 10} {
+		fillHalf(src[p*page:(p+2)*page], uint64(p)) // page p non-zero, p+1 zero
+	}
+	extents := nonZeroExtents(src)
+	if len(extents) != 3 {
+		t.Fatalf("%d extents, want 3 (4 gaps)", len(extents))
+	}
+	dst := make([]byte, len(src))
+	for _, p := range []int{0, 4, 8, 13} { // a stale page in every gap
+		dst[p*page] = 0xee
+	}
+	release, tooMany := make(chan struct{}), make(chan struct{})
+	var running atomic.Int32
+	scan := findStale
+	findStale = func(row []byte, from, to int) []block.Run {
+		if running.Add(1) == scanLanes+1 {
+			close(tooMany)
+		}
+		<-release
+		running.Add(-1)
+		return scan(row, from, to)
+	}
+	t.Cleanup(func() { findStale = scan })
+	frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: extents})
+	r := bytes.NewReader(frame[5:])
+	bulkRead := make(chan struct{})
+	bulk := func(*RowWrite, uint64) (io.Reader, error) { close(bulkRead); return r, nil }
+	dest := newRowCommit(dst)
+	var w *RowWrite
+	var refused, err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap, bulk)
+	}()
+	select {
+	case <-bulkRead:
+	case <-tooMany:
+		t.Errorf("%d gaps scanned at once before the bulk: the receive scanned one", scanLanes+1)
+	}
+	close(release)
+	if <-done; err != nil || refused != nil {
+		t.Fatal(err, refused)
+	}
+	if dest.commit(w.Extents); !bytes.Equal(dst, src) {
+		t.Error("the commit left a gap's stale page")
 	}
 }
 

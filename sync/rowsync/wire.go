@@ -577,49 +577,65 @@ func discardBulk(w *RowWrite, n uint64, bulk func(*RowWrite, uint64) (io.Reader,
 // are not zero already: with one GPU per node a row's other slots are zero on
 // every node (shared DESIGN §2), and clearing them made every peer write the
 // whole row for each slot it received, a cost that grew with the row, not the
-// slot. Those pages are read while the frame still arrives (gap), at most
-// scanLanes at a time beside the receive, so the commit after the frame
-// writes the extents and only the stale pages found. The destination is only
-// read until commit, so a frame that fails leaves it as it was. Two frames
-// for one row at once (two loads into one row, which an engine never issues)
-// could leave it holding parts of both; the old whole-row write was not
-// atomic either, only quicker.
+// slot. Those pages are read while the frame still arrives (gap): the gaps
+// are queued, and scanLanes goroutines beside the receive scan them, so the
+// commit after the frame writes the extents and only the stale pages found.
+// The queue holds at most one gap more than the frame has extents
+// (maxExtents). The destination is only read until commit, so a frame that
+// fails leaves it as it was. Two frames for one row at once (two loads into
+// one row, which an engine never issues) could leave it holding parts of
+// both; the old whole-row write was not atomic either, only quicker.
 type rowCommit struct {
 	row   []byte
-	lanes chan struct{} // a token per scan running beside the receive
 	scans sync.WaitGroup
 	mu    sync.Mutex
+	gaps  []block.Run // guarded by mu: gaps no scan has taken yet
+	lanes int         // guarded by mu: scans running
 	stale []block.Run // guarded by mu: non-zero pages outside the extents
 }
 
-// scanLanes is how many gaps are read at once beside the receive; a gap
-// found while all are busy is read by the receive itself.
+// scanLanes is how many goroutines scan one row's gaps beside the receive.
 const scanLanes = 2
 
 func newRowCommit(row []byte) *rowCommit {
-	return &rowCommit{row: row, lanes: make(chan struct{}, scanLanes)}
+	return &rowCommit{row: row}
 }
 
 // gap notes that [from, to) of the row lies outside every extent of the
-// frame, and finds its non-zero pages.
+// frame, to be scanned for non-zero pages beside the receive.
 func (c *rowCommit) gap(from, to uint64) {
-	scan := func() {
-		p := c.row[from:to]
-		prefault(p)
-		runs := block.AppendNonZeroRuns(nil, c.row, int(from), int(to))
+	c.mu.Lock()
+	c.gaps = append(c.gaps, block.Run{Start: int(from), End: int(to)})
+	start := c.lanes < scanLanes
+	if start {
+		c.lanes++
+	}
+	c.mu.Unlock()
+	if start {
+		c.scans.Go(c.scan)
+	}
+}
+
+// scan scans queued gaps until none is left.
+func (c *rowCommit) scan() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.gaps) > 0 {
+		g := c.gaps[0]
+		c.gaps = c.gaps[1:]
+		c.mu.Unlock()
+		runs := findStale(c.row, g.Start, g.End)
 		c.mu.Lock()
 		c.stale = append(c.stale, runs...)
-		c.mu.Unlock()
 	}
-	select {
-	case c.lanes <- struct{}{}:
-		c.scans.Go(func() {
-			defer func() { <-c.lanes }()
-			scan()
-		})
-	default:
-		scan()
-	}
+	c.lanes--
+}
+
+// findStale maps [from, to) of row and returns its non-zero pages; tests
+// replace it to hold a scan.
+var findStale = func(row []byte, from, to int) []block.Run {
+	prefault(row[from:to])
+	return block.AppendNonZeroRuns(nil, row, from, to)
 }
 
 // wait waits for the gaps' scans.
