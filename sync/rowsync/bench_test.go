@@ -193,7 +193,7 @@ func BenchmarkSealRow(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					bulk, err := sealBulk(key, extents, sealers)
+					bulk, err := sealBulk(key, extents, sealers, peers)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -204,10 +204,10 @@ func BenchmarkSealRow(b *testing.B) {
 							if err := ch.writeRow(&msg, bulk); err != nil {
 								b.Error(err)
 							}
+							bulk.written()
 						})
 					}
 					wg.Wait()
-					bulk.release()
 				}
 			})
 		}

@@ -98,6 +98,27 @@ func TestRowSealedOnceForThreePeers(t *testing.T) {
 	}
 }
 
+// TestSealedBulkReleasedAtTheLastWrite checks that a row sealed for three
+// lanes keeps its buffer until the third lane's write returned, and not a
+// moment longer.
+func TestSealedBulkReleasedAtTheLastWrite(t *testing.T) {
+	data := make([]byte, bulkRowBytes)
+	fillFull(data, 1)
+	b, err := sealBulk(freshKey(t), nonZeroExtents(data), sealWorkers, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for lane := range 3 {
+		if b.out == nil {
+			t.Fatalf("the buffer went before lane %d's write returned", lane)
+		}
+		b.written()
+	}
+	if b.out != nil {
+		t.Error("the buffer is still held after every lane's write returned")
+	}
+}
+
 // TestRowsAtOnceToThreePeers mirrors every row of a region from 16
 // goroutines at once to three peers, twice with other bytes: rows of
 // several bulk records whose extents (every third page zero) split them,

@@ -352,6 +352,7 @@ type sealedBulk struct {
 	ready      []chan struct{}
 	next       atomic.Int64 // the next chunk to seal
 	sealers    sync.WaitGroup
+	writers    atomic.Int32 // lanes not done writing it (written)
 }
 
 // sealedBuffers holds the out buffers of sealed bulks no longer written.
@@ -366,10 +367,11 @@ func newBulkKey() (key [BulkKeyBytes]byte, err error) {
 }
 
 // sealBulk starts sealing the bytes of extents under key, which must never
-// seal another bulk (newBulkKey), with workers goroutines; release must be
-// called once no lane writes it any more.
-func sealBulk(key [BulkKeyBytes]byte, extents []Extent, workers int) (*sealedBulk, error) {
+// seal another bulk (newBulkKey), with workers goroutines, for writers
+// lanes, each of which must call written once its write returned.
+func sealBulk(key [BulkKeyBytes]byte, extents []Extent, workers, writers int) (*sealedBulk, error) {
 	b := &sealedBulk{key: key, extents: extents, starts: make([]uint64, len(extents))}
+	b.writers.Store(int32(writers))
 	for i, e := range extents {
 		b.starts[i] = b.plainBytes
 		b.plainBytes += uint64(len(e.Data))
@@ -439,8 +441,19 @@ func (b *sealedBulk) chunk(i int) []byte {
 	return out[i*bulkChunkRecords*bulkStride : min((i+1)*bulkChunkRecords*bulkStride, len(out))]
 }
 
-// release waits for the sealers and keeps the buffer for another row.
+// written tells b that a lane's write of it returned, whether it wrote it
+// or not; after the last, b's buffer goes to another row: it is not held
+// while the peers' acknowledgements are awaited.
+func (b *sealedBulk) written() {
+	if b.writers.Add(-1) == 0 {
+		b.release()
+	}
+}
+
+// release waits for the sealers and keeps the buffer for another row; b
+// holds it no more.
 func (b *sealedBulk) release() {
 	b.sealers.Wait()
 	sealedBuffers.Put(b.out)
+	b.out = nil
 }

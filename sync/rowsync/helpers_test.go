@@ -99,11 +99,11 @@ func written(ch *channel, do func() error) ([]byte, error) {
 // lane records and its bulk records.
 func sealRow(tb testing.TB, ch *channel, w *RowWrite) (lane, bulk []byte) {
 	tb.Helper()
-	b, err := sealBulk(w.Key, w.Extents, sealWorkers)
+	b, err := sealBulk(w.Key, w.Extents, sealWorkers, 1)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer b.release()
+	defer b.written()
 	out, err := written(ch, func() error { return ch.writeRow(w, b) })
 	if err != nil {
 		tb.Fatal(err)

@@ -364,21 +364,22 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	if err != nil {
 		return err
 	}
-	bulk, err := sealBulk(key, extents, sealWorkers)
+	bulk, err := sealBulk(key, extents, sealWorkers, len(targets))
 	if err != nil {
 		return err
 	}
-	defer bulk.release()
 	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Key: key, Extents: extents}
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i, pl := range targets {
 		wg.Go(func() {
 			p, err := pl.pick()
-			if err == nil {
-				err = p.writeRow(ctx, m.deadline, msg, bulk, payload, want)
+			if err != nil {
+				bulk.written()
+				errs[i] = err
+				return
 			}
-			errs[i] = err
+			errs[i] = p.writeRow(ctx, m.deadline, msg, bulk, payload, want)
 		})
 	}
 	meanwhile()
@@ -646,17 +647,20 @@ func (p *peer) errorf(format string, args ...any) error {
 	return fmt.Errorf("rowsync: peer %s: %w", p.addr, fmt.Errorf(format, args...))
 }
 
-// writeRow sends msg and checks the acknowledgement against the CRC32C that
-// want returns. Any failure takes the connection down, so that the peer is
-// unhealthy until it is back.
+// writeRow sends msg with bulk, telling bulk once it is written (or not),
+// and checks the acknowledgement against the CRC32C that want returns. Any
+// failure takes the connection down, so that the peer is unhealthy until it
+// is back.
 func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, bulk *sealedBulk, payload uint64, want func() uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	l, err := p.current()
 	if err != nil {
+		bulk.written()
 		return err
 	}
 	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { msg.Seq = seq; return ch.writeRow(&msg, bulk) })
+	bulk.written()
 	if err != nil {
 		return p.errorf("row %d: %w", msg.Row, err)
 	}
