@@ -119,6 +119,28 @@ func TestSealedBulkReleasedAtTheLastWrite(t *testing.T) {
 	}
 }
 
+// TestSmallSealedBuffersAreNotPooled checks that the sealed buffers of an
+// empty row and of a row of one page are not kept for later rows, which
+// would take them from the pool and allocate afresh.
+func TestSmallSealedBuffersAreNotPooled(t *testing.T) {
+	for _, extents := range [][]Extent{nil, {{Off: 0, Data: make([]byte, minPageBytes)}}} {
+		b, err := sealBulk(freshKey(t), extents, sealWorkers, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.written()
+		for {
+			out, _ := sealedBuffers.Get().(*[]byte)
+			if out == nil {
+				break
+			}
+			if cap(*out) < pooledBytes {
+				t.Errorf("a sealed buffer of %d bytes was pooled", cap(*out))
+			}
+		}
+	}
+}
+
 // TestRowsAtOnceToThreePeers mirrors every row of a region from 16
 // goroutines at once to three peers, twice with other bytes: rows of
 // several bulk records whose extents (every third page zero) split them,

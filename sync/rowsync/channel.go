@@ -355,8 +355,15 @@ type sealedBulk struct {
 	writers    atomic.Int32 // lanes not done writing it (written)
 }
 
-// sealedBuffers holds the out buffers of sealed bulks no longer written.
+// sealedBuffers holds the out buffers of sealed bulks no longer written,
+// of at least pooledBytes: a smaller one, of a row of no or a few non-zero
+// pages, is cheaper to allocate than to keep, and a row given it from the
+// pool would allocate afresh anyway.
 var sealedBuffers sync.Pool
+
+// pooledBytes is the smallest sealed buffer kept for another row: one full
+// bulk record.
+const pooledBytes = bulkStride
 
 // newBulkKey returns a fresh random key for a row's bulk.
 func newBulkKey() (key [BulkKeyBytes]byte, err error) {
@@ -378,7 +385,9 @@ func sealBulk(key [BulkKeyBytes]byte, extents []Extent, workers, writers int) (*
 	}
 	b.records = int((b.plainBytes + maxRecordPlain - 1) / maxRecordPlain)
 	size := int(b.plainBytes) + b.records*(2+tagBytes)
-	b.out, _ = sealedBuffers.Get().(*[]byte)
+	if size >= pooledBytes {
+		b.out, _ = sealedBuffers.Get().(*[]byte)
+	}
 	if b.out == nil || cap(*b.out) < size {
 		out := make([]byte, size)
 		b.out = &out
@@ -454,6 +463,8 @@ func (b *sealedBulk) written() {
 // holds it no more.
 func (b *sealedBulk) release() {
 	b.sealers.Wait()
-	sealedBuffers.Put(b.out)
+	if cap(*b.out) >= pooledBytes {
+		sealedBuffers.Put(b.out)
+	}
 	b.out = nil
 }
