@@ -200,7 +200,7 @@ func BenchmarkSealRow(b *testing.B) {
 					var wg sync.WaitGroup
 					for _, ch := range lanes {
 						wg.Go(func() {
-							msg := RowWrite{Row: 3, Rows: 128, RowBytes: 8601600, Key: key, Extents: extents}
+							msg := RowWrite{Row: 3, Rows: 128, RowBytes: 8601600}
 							if err := ch.writeRow(&msg, bulk); err != nil {
 								b.Error(err)
 							}

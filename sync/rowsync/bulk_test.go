@@ -182,6 +182,34 @@ func TestRowsAtOnceToThreePeers(t *testing.T) {
 	}
 }
 
+// TestRowWriteDescribesItsBulk checks that a RowWrite written with a bulk
+// carries the bulk's key and extents, whatever the caller left in it, and
+// reads back as that row.
+func TestRowWriteDescribesItsBulk(t *testing.T) {
+	row := make([]byte, bulkRowBytes)
+	fillHalf(row, 4)
+	extents := nonZeroExtents(row)
+	b, err := sealBulk(freshKey(t), extents, sealWorkers, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.written()
+	w := &RowWrite{Seq: 1, Row: 2, Rows: testRows, RowBytes: bulkRowBytes, Key: freshKey(t), Extents: extents[:1]}
+	ch := newChannel(scriptConn{Writer: io.Discard}, fixedCipher(), nil)
+	var out bytes.Buffer
+	ch.conn = scriptConn{Writer: &out}
+	if err := ch.writeRow(w, b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readMessage(newChannel(scriptConn{Reader: &out, Writer: io.Discard}, nil, fixedCipher()), MaxFrameBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := got.(*RowWrite); g.Key != b.key || !bytes.Equal(applyExtents(bulkRowBytes, g.Extents), row) {
+		t.Error("the RowWrite read back is not the bulk's row")
+	}
+}
+
 // TestRowKeyNeverInTheClear: the key a row's bulk is sealed under travels
 // only inside the lane's records.
 func TestRowKeyNeverInTheClear(t *testing.T) {

@@ -112,10 +112,12 @@ func (c *channel) writeFrame(pieces net.Buffers) error {
 	return err
 }
 
-// writeRow writes w, whose Key is bulk's and bulk its extents' bytes sealed:
-// the frame up to the bulk in records, then the bulk's records, each chunk
-// once it is sealed.
+// writeRow writes w with bulk: the frame up to the bulk in records, then
+// the bulk's records, each chunk once it is sealed. w's Key and Extents are
+// set to bulk's first, so that the frame describes the bulk it carries (a
+// frame that did not would fail authentication at every peer).
 func (c *channel) writeRow(w *RowWrite, bulk *sealedBulk) error {
+	w.Key, w.Extents = bulk.key, bulk.extents
 	head := appendRowHead(make([]byte, 5, 64+extentHeadBytes*len(w.Extents)), w)
 	binary.BigEndian.PutUint32(head, uint32(len(head)-4)+uint32(bulk.plainBytes))
 	head[4] = typeRowWrite

@@ -368,7 +368,7 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	if err != nil {
 		return err
 	}
-	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Key: key, Extents: extents}
+	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data))} // Key and Extents: bulk's
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i, pl := range targets {
