@@ -184,7 +184,8 @@ func TestRowsAtOnceToThreePeers(t *testing.T) {
 
 // TestRowWriteDescribesItsBulk checks that a RowWrite written with a bulk
 // carries the bulk's key and extents, whatever the caller left in it, and
-// reads back as that row.
+// reads back as that row, and that writing it allocates only the frame's
+// head, sized for its extent headers, and the one-piece list of it.
 func TestRowWriteDescribesItsBulk(t *testing.T) {
 	row := make([]byte, bulkRowBytes)
 	fillHalf(row, 4)
@@ -207,6 +208,10 @@ func TestRowWriteDescribesItsBulk(t *testing.T) {
 	}
 	if g := got.(*RowWrite); g.Key != b.key || !bytes.Equal(applyExtents(bulkRowBytes, g.Extents), row) {
 		t.Error("the RowWrite read back is not the bulk's row")
+	}
+	ch.conn = scriptConn{Writer: io.Discard}
+	if n := testing.AllocsPerRun(10, func() { ch.writeRow(w, b) }); n > 2 {
+		t.Errorf("%v allocations to write a row of %d extents, want 2", n, len(extents))
 	}
 }
 

@@ -118,7 +118,7 @@ func (c *channel) writeFrame(pieces net.Buffers) error {
 // frame that did not would fail authentication at every peer).
 func (c *channel) writeRow(w *RowWrite, bulk *sealedBulk) error {
 	w.Key, w.Extents = bulk.key, bulk.extents
-	head := appendRowHead(make([]byte, 5, 64+extentHeadBytes*len(w.Extents)), w)
+	head := appendRowHead(make([]byte, 5, 5+rowWriteHeadBytes+extentHeadBytes*len(w.Extents)), w)
 	binary.BigEndian.PutUint32(head, uint32(len(head)-4)+uint32(bulk.plainBytes))
 	head[4] = typeRowWrite
 	if err := c.sealFrame(net.Buffers{head}); err != nil {
