@@ -11,6 +11,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,6 +213,63 @@ func TestRowWriteDescribesItsBulk(t *testing.T) {
 	ch.conn = scriptConn{Writer: io.Discard}
 	if n := testing.AllocsPerRun(10, func() { ch.writeRow(w, b) }); n > 2 {
 		t.Errorf("%v allocations to write a row of %d extents, want 2", n, len(extents))
+	}
+}
+
+// cutConn is a connection that, once armed, lets two more writes through
+// and then closes and fails every write.
+type cutConn struct {
+	net.Conn
+	armed *atomic.Bool
+	n     int // writes since armed
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	if c.armed.Load() {
+		if c.n++; c.n > 2 {
+			c.Conn.Close()
+			return 0, errors.New("cut")
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+// TestLaneCutMidBulkFailsOnlyItsPeer mirrors a row of two bulk chunks to
+// two peers, one lane each, and cuts B's lane after the frame up to the
+// bulk and the first chunk: the error names B alone, C holds the row, and
+// B's row is as it was.
+func TestLaneCutMidBulkFailsOnlyItsPeer(t *testing.T) {
+	src := shmRegion(t, testRows, bulkRowBytes)
+	fillFull(src.Row(3), 77)
+	b, c := shmRegion(t, testRows, bulkRowBytes), shmRegion(t, testRows, bulkRowBytes)
+	fillFull(b.Row(3), 1)
+	stale := bytes.Clone(b.Row(3))
+	sb, sc := startServer(t, "127.0.0.1:0", testSecret, b), startServer(t, "127.0.0.1:0", testSecret, c)
+	var armed atomic.Bool
+	m, err := NewMirror(MirrorConfig{Peers: []string{sb.Addr().String(), sc.Addr().String()}, Secret: testSecret,
+		Deadline: 5 * time.Second, Logf: discard, Lanes: 1,
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			conn, err := dialTCP(ctx, addr)
+			if err != nil || addr != sb.Addr().String() {
+				return conn, err
+			}
+			return &cutConn{Conn: conn, armed: &armed}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "peers up", m.Healthy)
+	armed.Store(true)
+	err = m.MirrorRow(context.Background(), src, 3, bytes.Clone(src.Row(3)))
+	if err == nil || !strings.Contains(err.Error(), sb.Addr().String()) || strings.Contains(err.Error(), sc.Addr().String()) {
+		t.Fatalf("MirrorRow = %v, want an error naming %s alone", err, sb.Addr())
+	}
+	if !bytes.Equal(c.Row(3), src.Row(3)) {
+		t.Error("C lacks the row")
+	}
+	if !bytes.Equal(b.Row(3), stale) {
+		t.Error("B's row changed")
 	}
 }
 
