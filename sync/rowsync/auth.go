@@ -69,8 +69,9 @@ const MinSecretBytes = 16
 // handshakeTimeout bounds dialing plus the handshake.
 const handshakeTimeout = 5 * time.Second
 
-// prologue binds the handshake to this protocol and version.
-const prologue = "kvtierfs rowsync 3"
+// prologue binds the handshake to this protocol and version: 4 since a
+// RowWrite's bulk is sealed once per row under a key of its own (channel.go).
+const prologue = "kvtierfs rowsync 4"
 
 // pskLabel separates the pre-shared key from other uses of the secret.
 const pskLabel = "kvtierfs rowsync 2 psk"

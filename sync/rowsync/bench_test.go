@@ -2,6 +2,7 @@ package rowsync
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -161,24 +162,54 @@ func tcpPair(b *testing.B) (client, server net.Conn) {
 	return client, server
 }
 
-// BenchmarkSealSlot is the head's own work per row and peer, without the
-// peer: encoding a RowWrite of one slot of 2,150,400 bytes (a row of
-// 8,601,600 at four nodes) and sealing it into records, written to a
-// connection that discards them. MB/s counts the slot's bytes.
-func BenchmarkSealSlot(b *testing.B) {
+// BenchmarkSealRow is the head's own work per mirrored row, without the
+// peers: a RowWrite of one slot of 2,150,400 bytes (a row of 8,601,600 at
+// four nodes) written to each of 1 or 3 peers' lanes in parallel, as
+// Mirror.mirror does, each lane a connection that discards what it is
+// given: the bulk sealed once under a fresh key by 1 or sealWorkers
+// goroutines, each lane's frame up to it sealed in its own records, and the
+// bulk's records written to every lane. MB/s counts the slot's bytes once
+// per row; ns/op is the latency of a row, cpu-ms/row the process's CPU time.
+func BenchmarkSealRow(b *testing.B) {
 	const slotBytes = 2150400
 	slot := make([]byte, slotBytes)
 	fillHalf(slot, 1)
 	for i := range slot { // no zero page: one extent
 		slot[i] |= 1
 	}
-	ch := newChannel(scriptConn{Reader: nil, Writer: io.Discard}, fixedCipher(), nil)
-	msg := &RowWrite{Row: 3, Rows: 128, RowBytes: 8601600, Extents: []Extent{{Off: 4300800, Data: slot}}}
-	b.SetBytes(slotBytes)
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := ch.writeMessage(msg); err != nil {
-			b.Fatal(err)
+	extents := []Extent{{Off: 4300800, Data: slot}}
+	for _, peers := range []int{1, 3} {
+		for _, sealers := range []int{1, sealWorkers} {
+			b.Run(fmt.Sprintf("peers=%d/sealers=%d", peers, sealers), func(b *testing.B) {
+				lanes := make([]*channel, peers)
+				for i := range lanes {
+					lanes[i] = newChannel(scriptConn{Writer: io.Discard}, fixedCipher(), nil)
+				}
+				b.SetBytes(slotBytes)
+				b.ReportAllocs()
+				defer reportCPU(b, 1)()
+				for b.Loop() {
+					key, err := newBulkKey()
+					if err != nil {
+						b.Fatal(err)
+					}
+					bulk, err := sealBulk(key, extents, sealers, peers)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var wg sync.WaitGroup
+					for _, ch := range lanes {
+						wg.Go(func() {
+							msg := RowWrite{Row: 3, Rows: 128, RowBytes: 8601600}
+							if err := ch.writeRow(&msg, bulk); err != nil {
+								b.Error(err)
+							}
+							bulk.written()
+						})
+					}
+					wg.Wait()
+				}
+			})
 		}
 	}
 }

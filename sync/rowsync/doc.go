@@ -21,7 +21,8 @@
 // Peers authenticate each other with a Noise handshake keyed by the shared
 // secret, which binds each node's identity and the direction of the
 // connection (see auth.go); every frame after it (see wire.go) travels
-// sealed in AES-GCM records (see channel.go). A Server writes a row only
+// sealed in AES-GCM records (see channel.go), a row's bytes in records
+// sealed once for every peer under a key of the row's own. A Server writes a row only
 // once all of it has arrived and authenticated, and only at this node's own
 // row size.
 //

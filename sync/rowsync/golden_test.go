@@ -2,6 +2,8 @@ package rowsync
 
 import (
 	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -14,12 +16,15 @@ import (
 	"github.com/flynn/noise"
 )
 
-// The bytes of protocol 3 as it is shipped: frames, records and the first
-// handshake message. A change here is a change of the protocol: bump the
-// version in prologue, and keep the old bytes in the test. Protocol 2's
-// Welcome had no peer-list digest (TestDecodeErrors refuses it); its first
-// handshake message ended in …aff473b3f90e0714e4c9c681796f7a351 (the
-// prologue named version 2).
+// The bytes of protocol 4 as it is shipped: frames, records, bulk records
+// and the first handshake message. A change here is a change of the
+// protocol: bump the version in prologue, and keep the old bytes in the
+// test. Protocol 3 sealed a RowWrite (type 4, each extent's header before
+// its bytes, no key) whole in the lane's records (TestDecodeErrors refuses
+// it); its first handshake message ended in …57aa5ba2b0a3f3bdd6312151e42463325c3.
+// Protocol 2's Welcome had no peer-list digest (TestDecodeErrors refuses
+// it); its first handshake message ended in …aff473b3f90e0714e4c9c681796f7a351
+// (the prologue named version 2).
 
 // scriptConn is a connection whose reads come from a script and whose
 // writes are kept, at a fixed TCP address.
@@ -46,27 +51,18 @@ func fixedCipher() *noise.CipherState {
 	return noise.UnsafeNewCipherState(cipherSuite, key, 0)
 }
 
-// sealed returns the records of frames sealed by a fresh fixedCipher.
-func sealed(t testing.TB, frames ...Message) []byte {
-	var out bytes.Buffer
-	ch := newChannel(scriptConn{Reader: bytes.NewReader(nil), Writer: &out}, fixedCipher(), nil)
-	for _, m := range frames {
-		if err := ch.writeMessage(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out.Bytes()
-}
+// goldenKey is testBulkKey in hex.
+const goldenKey = "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f"
 
 func TestGoldenFrames(t *testing.T) {
 	want := []string{
 		"00000028" + "01" + "0102030405060708" + "000102030405060708090a0b0c0d0e0f" + "000d" + hex.EncodeToString([]byte("10.0.0.2:7470")),
 		"00000031" + "07" + "fffefdfcfbfaf9f8f7f6f5f4f3f2f1f0" + strings.Repeat("5a", 32),
 		"00000001" + "08",
-		"000000ae" + "04" + "0000000000000007" + "00000003" + "000001f2" + "0000000000834000" + "00000002" +
-			"0000000000000000" + "000000000000000d" + hex.EncodeToString([]byte("slot 0 begins")) +
-			"0000000000002000" + "0000000000000064" + strings.Repeat("a5", 100),
-		"0000001d" + "04" + "0000000000000008" + "00000000" + "00000001" + "0000000000001000" + "00000000",
+		"000000ce" + "09" + "0000000000000007" + "00000003" + "000001f2" + "0000000000834000" + goldenKey + "00000002" +
+			"0000000000000000" + "000000000000000d" + "0000000000002000" + "0000000000000064" +
+			hex.EncodeToString([]byte("slot 0 begins")) + strings.Repeat("a5", 100),
+		"0000003d" + "09" + "0000000000000008" + "00000000" + "00000001" + "0000000000001000" + goldenKey + "00000000",
 		"00000013" + "05" + "0000000000000007" + "00000003" + "deadbeef" + "0000",
 		"00000024" + "05" + "0000000000000009" + "00000001" + "00000000" + "0011" + hex.EncodeToString([]byte("geometry mismatch")),
 		"0000002a" + "06" + "000000000000000a" + "0000002a" + "000001f2" + "0000000000834000" + "01020304" + "000b" + hex.EncodeToString([]byte("0123abcd_g1")),
@@ -79,35 +75,60 @@ func TestGoldenFrames(t *testing.T) {
 }
 
 func TestGoldenRecords(t *testing.T) {
-	// An acknowledgement (one record), then a row of 70,000 bytes (two
-	// records, the first full), sealed in one stream.
+	// An acknowledgement (one record), then a row of 70,000 bytes: its
+	// frame up to the bulk in one record, its bulk in two bulk records
+	// (the first full), sealed in one stream.
 	ackMsg := &Ack{Seq: 7, Row: 3, CRC: 0xdeadbeef}
 	data := bytes.Repeat([]byte{0xa5}, 70000)
-	w := &RowWrite{Seq: 1, Row: 0, Rows: 1, RowBytes: 1 << 17, Extents: []Extent{{Off: 4096, Data: data}}}
-	stream := sealed(t, ackMsg, w)
-	ackLen := 2 + len(Encode(ackMsg)) + tagBytes
-	ack, rec := stream[:ackLen], stream[ackLen:]
+	w := &RowWrite{Seq: 1, Row: 0, Rows: 1, RowBytes: 1 << 17, Key: testBulkKey, Extents: []Extent{{Off: 4096, Data: data}}}
+	var out bytes.Buffer
+	ch := newChannel(scriptConn{Reader: bytes.NewReader(nil), Writer: &out}, fixedCipher(), nil)
+	if err := ch.writeMessage(ackMsg); err != nil {
+		t.Fatal(err)
+	}
+	lane, bulk := sealRow(t, ch, w)
+	ack := out.Bytes()
 	const wantAck = "0027" + "0ebcb5cdb02c83bd08a8a9351f2c9199d19dfbedc78160359c79f1a170b74b23a82ef917bbe835"
 	if got := hex.EncodeToString(ack); got != wantAck {
 		t.Errorf("sealed ack = %s", got)
 	}
-	frameLen := len(Encode(w))
-	if n := int(rec[0])<<8 | int(rec[1]); n != MaxRecordBytes {
-		t.Errorf("first record of %d bytes, want %d", n, MaxRecordBytes)
+	headLen := len(Encode(w)) - len(data)
+	if len(lane) != 2+headLen+tagBytes {
+		t.Errorf("%d bytes of lane records for a frame of %d bytes up to its bulk", len(lane), headLen)
 	}
-	if len(rec) != 2+MaxRecordBytes+2+(frameLen-maxRecordPlain)+tagBytes {
-		t.Errorf("%d bytes of records for a %d-byte frame", len(rec), frameLen)
+	if n := int(bulk[0])<<8 | int(bulk[1]); n != MaxRecordBytes {
+		t.Errorf("first bulk record of %d bytes, want %d", n, MaxRecordBytes)
 	}
-	const wantRow = "33860f9d783aa607666f03bb14fb8e9d88253918cc8b52bcdbeef5b037172323"
-	if sum := sha256.Sum256(rec); hex.EncodeToString(sum[:]) != wantRow {
-		t.Errorf("sealed row SHA-256 = %x", sum)
+	if len(bulk) != 2+MaxRecordBytes+2+(len(data)-maxRecordPlain)+tagBytes {
+		t.Errorf("%d bytes of bulk records for a %d-byte bulk", len(bulk), len(data))
 	}
+	const wantLane = "0061" + "15d7ae414df4301e0e2e5139eda63af7159f1c5465b25484730001d92670321c79d222b76f64cd7612938e4f23b456617d4206c4aab6441de549403b07b59b08057165fa11499dd6caab34b1403999f8a4945648545ebdf9e24718dceae8ea8f8f"
+	if got := hex.EncodeToString(lane); got != wantLane {
+		t.Errorf("sealed row up to its bulk = %s", got)
+	}
+	const wantBulk = "aaf5ad7fd74f7f44b67706b3a788cf8f472d34932cb23ebaf40ab74af19544d3"
+	if sum := sha256.Sum256(bulk); hex.EncodeToString(sum[:]) != wantBulk {
+		t.Errorf("sealed bulk SHA-256 = %x", sum)
+	}
+	// Each bulk record is what channel.go says: AES-256-GCM under the key,
+	// the index after four zero bytes as the nonce, the length bytes as
+	// additional data.
+	block, _ := aes.NewCipher(testBulkKey[:])
+	gcm, _ := cipher.NewGCM(block)
+	for i, rec := range [][]byte{bulk[:2+MaxRecordBytes], bulk[2+MaxRecordBytes:]} {
+		nonce := make([]byte, 12)
+		nonce[11] = byte(i)
+		if plain, err := gcm.Open(nil, nonce, rec[2:], rec[:2]); err != nil || !bytes.Equal(plain, data[i*maxRecordPlain:min((i+1)*maxRecordPlain, len(data))]) {
+			t.Errorf("bulk record %d does not open as specified: %v", i, err)
+		}
+	}
+	stream := append(append(bytes.Clone(ack), lane...), bulk...)
 
 	// Read back, frame by frame, by the other end.
-	ch := newChannel(scriptConn{Reader: bytes.NewReader(stream), Writer: io.Discard}, nil, fixedCipher())
+	ch = newChannel(scriptConn{Reader: bytes.NewReader(stream), Writer: io.Discard}, nil, fixedCipher())
 	for _, want := range []Message{ackMsg, w} {
-		frame, err := ch.readFrame(nil, MaxFrameBytes)
-		if err != nil || !bytes.Equal(frame, Encode(want)) {
+		got, err := readMessage(ch, MaxFrameBytes)
+		if err != nil || !bytes.Equal(Encode(got), Encode(want)) {
 			t.Fatalf("read back %T: %v", want, err)
 		}
 	}
@@ -116,7 +137,7 @@ func TestGoldenRecords(t *testing.T) {
 	}
 
 	// The same records in another order, or one of them again, fail.
-	swapped := append(bytes.Clone(rec), ack...)
+	swapped := append(append(bytes.Clone(lane), bulk...), ack...)
 	ch = newChannel(scriptConn{Reader: bytes.NewReader(swapped), Writer: io.Discard}, nil, fixedCipher())
 	if _, err := ch.readFrame(nil, MaxFrameBytes); !errors.Is(err, ErrAuth) {
 		t.Errorf("records out of order: %v", err)
@@ -148,29 +169,31 @@ func goldenHello(t testing.TB) []byte {
 
 func TestGoldenHandshake(t *testing.T) {
 	const want = "132c442be010fbd57e72603328aa76e71fccc1503aae219327d14d9c9993f472" + // ephemeral key
-		"24e95242d7879eb02f972d459029321c9bf0d944bb865028d6647af3990f7be1390f48270b4d3df567f8ffd57aa5ba2b0a3f3bdd6312151e42463325c3"
+		"24e95242d7879eb02f972d459029321c9bf0d944bb865028d6647af3990f7be1390f48270b4d3df567f8ffd57a137a930084d6d09873a78853e7702df0"
 	if got := hex.EncodeToString(goldenHello(t)); got != want {
 		t.Errorf("first handshake message = %s", got)
 	}
 }
 
-// FuzzRecords reads arbitrary bytes as a peer's records (sealed with
-// fixedCipher, so the seeds get past the first tag): it must never panic,
-// every error must be a failed authentication, a bad frame or the end of the
-// stream, and whatever it accepts decodes as Decode says.
+// FuzzRecords reads arbitrary bytes as a peer's records and a RowWrite's
+// bulk records (sealed with fixedCipher and testBulkKey, so the seeds get
+// past the first tag) as a Server does: it must never panic, every error
+// must be a failed authentication, a bad frame or the end of the stream,
+// and whatever it accepts encodes to a frame that Decode accepts as the
+// same message.
 func FuzzRecords(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ch := newChannel(scriptConn{Reader: bytes.NewReader(b), Writer: io.Discard}, nil, fixedCipher())
 		for {
-			frame, err := ch.readFrame(nil, maxRequestFrame)
+			m, err := readMessage(ch, 1<<17)
 			if err != nil {
 				if !errors.Is(err, ErrAuth) && !errors.Is(err, ErrBadFrame) && err != io.EOF && err != io.ErrUnexpectedEOF {
 					t.Fatalf("error %v is none of the expected kinds", err)
 				}
 				return
 			}
-			if m, err := Decode(frame); err == nil && !bytes.Equal(Encode(m), frame) {
-				t.Fatalf("frame %x decodes to %+v", frame, m)
+			if got, err := Decode(Encode(m)); err != nil || !bytes.Equal(Encode(got), Encode(m)) {
+				t.Fatalf("%+v read, and its frame decodes to %+v, %v", m, got, err)
 			}
 		}
 	})

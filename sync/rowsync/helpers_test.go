@@ -1,7 +1,11 @@
 package rowsync
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -79,4 +83,68 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 			tb.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+// written returns what ch writes while do runs, instead of writing it.
+func written(ch *channel, do func() error) ([]byte, error) {
+	conn := ch.conn
+	defer func() { ch.conn = conn }()
+	var out bytes.Buffer
+	ch.conn = scriptConn{Writer: &out}
+	err := do()
+	return out.Bytes(), err
+}
+
+// sealRow returns ch's next frame, w (its bulk sealed under w.Key), as its
+// lane records and its bulk records.
+func sealRow(tb testing.TB, ch *channel, w *RowWrite) (lane, bulk []byte) {
+	tb.Helper()
+	b, err := sealBulk(w.Key, w.Extents, sealWorkers, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer b.written()
+	out, err := written(ch, func() error { return ch.writeRow(w, b) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := len(*b.out)
+	return out[:len(out)-n], out[len(out)-n:]
+}
+
+// readMessage reads ch's next frame as a Server does, a RowWrite's bulk
+// included. A RowWrite of more than limit bytes (or any other frame) is
+// refused: it is returned without its extents.
+func readMessage(ch *channel, limit int) (Message, error) {
+	var head [5]byte
+	if _, err := io.ReadFull(ch, head[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(head[:4])
+	if head[4] != typeRowWrite || n == 0 {
+		frame, err := ReadFrame(io.MultiReader(bytes.NewReader(head[:]), ch), nil, limit)
+		if err == nil {
+			err = ch.endFrame()
+		}
+		if err != nil {
+			return nil, err
+		}
+		return Decode(frame)
+	}
+	w, _, _, err := receiveRow(ch, n-1, func(w *RowWrite) ([]byte, error) {
+		if w.RowBytes > uint64(limit) {
+			return nil, errors.New("too large")
+		}
+		return make([]byte, w.RowBytes), nil
+	}, nil, ch.bulk)
+	return w, err
+}
+
+// freshKey returns a new row key (newBulkKey).
+func freshKey(tb testing.TB) [BulkKeyBytes]byte {
+	key, err := newBulkKey()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return key
 }

@@ -197,11 +197,7 @@ func lyingPeer(t *testing.T) string {
 					return
 				}
 				for {
-					frame, err := ch.readFrame(nil, MaxFrameBytes)
-					if err != nil {
-						return
-					}
-					msg, err := Decode(frame)
+					msg, err := readMessage(ch, MaxRowBytes)
 					if err != nil {
 						return
 					}

@@ -166,23 +166,24 @@ func TestServerSessionTakeover(t *testing.T) {
 		}
 		return ch
 	}
-	rowWrite := func(seed uint64) ([]byte, uint32) {
+	rowWrite := func(ch *channel, seed uint64) ([]byte, uint32) {
 		data := make([]byte, testRowBytes)
 		fillHalf(data, seed)
-		return Encode(&RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: uint64(testRowBytes), Extents: nonZeroExtents(data)}), block.CRC32C(data)
+		lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: uint64(testRowBytes), Key: freshKey(t), Extents: nonZeroExtents(data)})
+		return append(lane, bulk...), block.CRC32C(data)
 	}
 
 	// The old connection has a row write half sent when the Mirror gives up
 	// on it and reconnects.
 	old := dial()
 	waitFor(t, "the first connection serving the session", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.sessions[7] != nil })
-	stale, _ := rowWrite(1)
-	if err := old.writeFrame(net.Buffers{stale[:len(stale)-1]}); err != nil {
+	stale, _ := rowWrite(old, 1)
+	if _, err := old.conn.Write(stale[:len(stale)-1]); err != nil {
 		t.Fatal(err)
 	}
-	fresh, crc := rowWrite(2)
 	conn := dial()
-	if err := conn.writeFrame(net.Buffers{fresh}); err != nil {
+	fresh, crc := rowWrite(conn, 2)
+	if _, err := conn.conn.Write(fresh); err != nil {
 		t.Fatal(err)
 	}
 	frame, err := conn.readFrame(nil, maxAckFrame)
@@ -192,7 +193,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	if ack, err := Decode(frame); err != nil || ack.(*Ack).CRC != crc {
 		t.Fatalf("ack %+v, %v", ack, err)
 	}
-	old.writeFrame(net.Buffers{stale[len(stale)-1:]})
+	old.conn.Write(stale[len(stale)-1:])
 	if _, err := old.readFrame(nil, maxAckFrame); err == nil {
 		t.Error("the superseded connection still answers")
 	}

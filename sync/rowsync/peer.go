@@ -354,20 +354,32 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	for _, e := range extents {
 		payload += uint64(len(e.Data))
 	}
-	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data)), Extents: extents}
 	targets, err := m.selfEntries()
+	if err != nil || len(targets) == 0 {
+		return err
+	}
+	// The bulk is sealed once, under a key of its own, and the same
+	// records go to every peer (channel.go).
+	key, err := newBulkKey()
 	if err != nil {
 		return err
 	}
+	bulk, err := sealBulk(key, extents, sealWorkers, len(targets))
+	if err != nil {
+		return err
+	}
+	msg := RowWrite{Row: uint32(row), Rows: uint32(region.Rows()), RowBytes: uint64(len(data))} // Key and Extents: bulk's
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i, pl := range targets {
 		wg.Go(func() {
 			p, err := pl.pick()
-			if err == nil {
-				err = p.writeRow(ctx, m.deadline, msg, payload, want)
+			if err != nil {
+				bulk.written()
+				errs[i] = err
+				return
 			}
-			errs[i] = err
+			errs[i] = p.writeRow(ctx, m.deadline, msg, bulk, payload, want)
 		})
 	}
 	meanwhile()
@@ -635,17 +647,20 @@ func (p *peer) errorf(format string, args ...any) error {
 	return fmt.Errorf("rowsync: peer %s: %w", p.addr, fmt.Errorf(format, args...))
 }
 
-// writeRow sends msg and checks the acknowledgement against the CRC32C that
-// want returns. Any failure takes the connection down, so that the peer is
-// unhealthy until it is back.
-func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, payload uint64, want func() uint32) error {
+// writeRow sends msg with bulk, telling bulk once it is written (or not),
+// and checks the acknowledgement against the CRC32C that want returns. Any
+// failure takes the connection down, so that the peer is unhealthy until it
+// is back.
+func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, bulk *sealedBulk, payload uint64, want func() uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	l, err := p.current()
 	if err != nil {
+		bulk.written()
 		return err
 	}
-	seq, acked, err := l.send(ctx, func(seq uint64) Message { msg.Seq = seq; return &msg })
+	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { msg.Seq = seq; return ch.writeRow(&msg, bulk) })
+	bulk.written()
 	if err != nil {
 		return p.errorf("row %d: %w", msg.Row, err)
 	}
@@ -679,7 +694,7 @@ func (p *peer) sample(ctx context.Context, deadline time.Duration, msg StoreSamp
 	if err != nil {
 		return 0, err
 	}
-	seq, acked, err := l.send(ctx, func(seq uint64) Message { msg.Seq = seq; return &msg })
+	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { msg.Seq = seq; return ch.writeMessage(&msg) })
 	if err != nil {
 		return 0, p.errorf("sample %q: %w", msg.Key, err)
 	}
@@ -712,9 +727,9 @@ type link struct {
 	err     error // why the link failed; set once, with done
 }
 
-// send registers a request and writes the frame build returns for its Seq.
-// The write must finish by ctx's deadline; a failed write fails the link.
-func (l *link) send(ctx context.Context, build func(seq uint64) Message) (uint64, chan *Ack, error) {
+// send registers a request and writes it with write, given its Seq. The
+// write must finish by ctx's deadline; a failed write fails the link.
+func (l *link) send(ctx context.Context, write func(ch *channel, seq uint64) error) (uint64, chan *Ack, error) {
 	l.mu.Lock()
 	if l.err != nil {
 		l.mu.Unlock()
@@ -728,7 +743,7 @@ func (l *link) send(ctx context.Context, build func(seq uint64) Message) (uint64
 	l.writeMu.Lock()
 	deadline, _ := ctx.Deadline()
 	l.conn.SetWriteDeadline(deadline)
-	err := l.ch.writeMessage(build(seq))
+	err := write(l.ch, seq)
 	l.writeMu.Unlock()
 	if err != nil {
 		l.fail(fmt.Errorf("send: %w", err))

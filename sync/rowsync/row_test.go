@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
@@ -56,7 +57,8 @@ func TestReceiveRow(t *testing.T) {
 	dst := bytes.Repeat([]byte{0xee}, len(src)) // stale bytes everywhere
 	dest := newRowCommit(dst)
 	var asked *RowWrite
-	w, crc, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil }, dest.gap)
+	r := bytes.NewReader(frame[5:])
+	w, crc, refused, err := receiveRow(r, uint32(len(frame)-5), func(w *RowWrite) ([]byte, error) { asked = w; return buf, nil }, dest.gap, plainBulk(r))
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
@@ -71,15 +73,15 @@ func TestReceiveRow(t *testing.T) {
 	}
 
 	// Without a buffer the body is skipped and the refusal returned.
-	r := bytes.NewReader(append(frame[5:], "next frame"...))
-	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil }, nil)
+	r = bytes.NewReader(append(frame[5:], "next frame"...))
+	w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf[1:], nil }, nil, plainBulk(r))
 	if err != nil || refused == nil || !strings.Contains(refused.Error(), fmt.Sprintf("buffer of %d bytes", len(buf)-1)) || r.Len() != len("next frame") || w.Seq != 3 {
 		t.Errorf("refused %v, %v, %d bytes left", refused, err, r.Len())
 	}
 
 	// A body cut short is an error, whatever it had delivered.
 	r = bytes.NewReader(frame[5 : len(frame)-1])
-	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, _, _, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return buf, nil }, nil, plainBulk(r)); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("receiveRow of a torn frame = %v", err)
 	}
 }
@@ -123,7 +125,8 @@ func TestCommitRowOnlyReadsZeroPages(t *testing.T) {
 		}()
 		frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: nonZeroExtents(src)})
 		dest := newRowCommit(mem)
-		w, _, refused, err := receiveRow(bytes.NewReader(frame[5:]), uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap)
+		r := bytes.NewReader(frame[5:])
+		w, _, refused, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap, plainBulk(r))
 		if err != nil || refused != nil {
 			t.Fatal(err, refused)
 		}
@@ -147,9 +150,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 // TestReceiveRowTellsGapsBeforeTheirData checks that every range outside the
-// extents is told as soon as its bounds arrived, the one after the last
-// extent before that extent's data, so the destination is read while the
-// data still arrives.
+// extents is told before a byte of the bulk arrived, so the destination is
+// read while the data still arrives.
 func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	page := block.PageSize
 	src := make([]byte, 16*page)
@@ -165,7 +167,7 @@ func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	var gaps []told
 	var readAt []int
 	_, _, refused, err := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil },
-		func(from, to uint64) { gaps, readAt = append(gaps, told{from, to}), append(readAt, r.read) })
+		func(from, to uint64) { gaps, readAt = append(gaps, told{from, to}), append(readAt, r.read) }, plainBulk(r))
 	if err != nil || refused != nil {
 		t.Fatal(err, refused)
 	}
@@ -174,7 +176,72 @@ func TestReceiveRowTellsGapsBeforeTheirData(t *testing.T) {
 	if !reflect.DeepEqual(gaps, want) {
 		t.Fatalf("gaps %v, want %v", gaps, want)
 	}
-	if last := len(frame) - 5 - len(extents[1].Data); readAt[2] > last {
-		t.Errorf("the gap after the last extent was told after %d bytes of the body, want by %d (before that extent's data)", readAt[2], last)
+	bulkAt := len(frame) - 5 - len(extents[0].Data) - len(extents[1].Data)
+	for i, at := range readAt {
+		if at > bulkAt {
+			t.Errorf("gap %v was told after %d bytes of the body, want by %d (before the bulk)", gaps[i], at, bulkAt)
+		}
 	}
+}
+
+// TestReceiveRowIsNotHeldByGapScans checks that the receive reaches the bulk
+// with more gaps than scanLanes while every scan is held: no more than
+// scanLanes scans run at once, so none runs on the receive's goroutine.
+// Each gap's stale page is still cleared by the commit.
+func TestReceiveRowIsNotHeldByGapScans(t *testing.T) {
+	page := block.PageSize
+	src := make([]byte, 16*page)
+	for _, p := range []int{2, 6, 10} {
+		fillHalf(src[p*page:(p+2)*page], uint64(p)) // page p non-zero, p+1 zero
+	}
+	extents := nonZeroExtents(src)
+	if len(extents) != 3 {
+		t.Fatalf("%d extents, want 3 (4 gaps)", len(extents))
+	}
+	dst := make([]byte, len(src))
+	for _, p := range []int{0, 4, 8, 13} { // a stale page in every gap
+		dst[p*page] = 0xee
+	}
+	release, tooMany := make(chan struct{}), make(chan struct{})
+	var running atomic.Int32
+	scan := findStale
+	findStale = func(row []byte, from, to int) []block.Run {
+		if running.Add(1) == scanLanes+1 {
+			close(tooMany)
+		}
+		<-release
+		running.Add(-1)
+		return scan(row, from, to)
+	}
+	t.Cleanup(func() { findStale = scan })
+	frame := Encode(&RowWrite{Row: 0, Rows: 1, RowBytes: uint64(len(src)), Extents: extents})
+	r := bytes.NewReader(frame[5:])
+	bulkRead := make(chan struct{})
+	bulk := func(*RowWrite, uint64) (io.Reader, error) { close(bulkRead); return r, nil }
+	dest := newRowCommit(dst)
+	var w *RowWrite
+	var refused, err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w, _, refused, err = receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { return make([]byte, len(src)), nil }, dest.gap, bulk)
+	}()
+	select {
+	case <-bulkRead:
+	case <-tooMany:
+		t.Errorf("%d gaps scanned at once before the bulk: the receive scanned one", scanLanes+1)
+	}
+	close(release)
+	if <-done; err != nil || refused != nil {
+		t.Fatal(err, refused)
+	}
+	if dest.commit(w.Extents); !bytes.Equal(dst, src) {
+		t.Error("the commit left a gap's stale page")
+	}
+}
+
+// plainBulk is receiveRow's bulk for a frame in the clear: the bulk is the
+// rest of r.
+func plainBulk(r io.Reader) func(*RowWrite, uint64) (io.Reader, error) {
+	return func(*RowWrite, uint64) (io.Reader, error) { return r, nil }
 }

@@ -513,10 +513,7 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 			*buf = make([]byte, r.RowBytes())
 		}
 		return (*buf)[:r.RowBytes()], nil
-	}, func(from, to uint64) { dest.gap(from, to) })
-	if err == nil {
-		err = ch.endFrame()
-	}
+	}, func(from, to uint64) { dest.gap(from, to) }, ch.bulk)
 	if err != nil {
 		if dest != nil {
 			dest.wait()

@@ -14,22 +14,24 @@ import (
 // Wire format. Every message is one frame:
 //
 //	uint32  n: length of the rest of the frame, big endian, 1..MaxFrameBytes
-//	uint8   message type (typeHello ... typeReady)
+//	uint8   message type (typeHello ... typeRowWrite)
 //	n-1     body
 //
 // Bodies are fixed-width big-endian integers in declaration order; a string
 // is a uint16 length and its bytes; a RowWrite's extents are a uint32 count,
-// then per extent a uint64 offset, a uint64 length and the bytes. Decode
-// rejects anything else, including trailing bytes, so the encoding of a
-// message is unique.
+// then per extent a uint64 offset and a uint64 length, then the extents'
+// bytes back to back (the row's bulk). Decode rejects anything else,
+// including trailing bytes, so the encoding of a message is unique.
 //
 // Frames never travel in the clear. Hello and Welcome are the payloads of
 // the two handshake messages, and every later frame is sealed into records
-// (see channel.go). The client's first record holds Ready; then it sends
-// RowWrite and StoreSample frames, possibly many before the first answer,
-// and the server answers each with an Ack carrying the same Seq, in order.
-// The server reads a RowWrite as a stream (receiveRow) into a buffer with the
-// checks Decode makes, and writes the row only once the whole frame arrived.
+// (see channel.go), a RowWrite's bulk in bulk records of its own, under the
+// row's Key, sealed once for every peer. The client's first record holds
+// Ready; then it sends RowWrite and StoreSample frames, possibly many before
+// the first answer, and the server answers each with an Ack carrying the
+// same Seq, in order. The server reads a RowWrite as a stream (receiveRow)
+// into a buffer with the checks Decode makes, and writes the row only once
+// the whole frame arrived.
 
 // MaxFrameBytes bounds the length field of a frame: a row of MaxRowBytes plus
 // its extent headers.
@@ -51,21 +53,22 @@ const (
 	maxRequestFrame = 64 + MaxKeyBytes
 )
 
-// Sizes of a RowWrite body before its extents, and of an extent before its data.
+// Sizes of a RowWrite body before its extent headers, and of an extent header.
 const (
-	rowWriteHeadBytes = 8 + 4 + 4 + 8 + 4
+	rowWriteHeadBytes = 8 + 4 + 4 + 8 + BulkKeyBytes + 4
 	extentHeadBytes   = 16
 )
 
-// Message types. 2 and 3 were protocol 1's Challenge and Response; they are
-// not reused.
+// Message types. 2 and 3 were protocol 1's Challenge and Response, 4 the
+// RowWrite of protocols 1 to 3 (each extent's header before its bytes, no
+// key); they are not reused.
 const (
 	typeHello       uint8 = 1
-	typeRowWrite    uint8 = 4
 	typeAck         uint8 = 5
 	typeStoreSample uint8 = 6
 	typeWelcome     uint8 = 7
 	typeReady       uint8 = 8
+	typeRowWrite    uint8 = 9
 )
 
 // ErrBadFrame is wrapped by every error Decode and ReadFrame return for bytes
@@ -103,12 +106,15 @@ type Ready struct{}
 
 // RowWrite asks the server to make row Row of its region hold the extents,
 // with zeros everywhere else. Rows and RowBytes are the sender's region
-// geometry, which must equal the receiver's.
+// geometry, which must equal the receiver's. Key is the one its bulk (the
+// extents' bytes) is sealed under (channel.go), fresh for every mirrored
+// row.
 type RowWrite struct {
 	Seq      uint64
 	Row      uint32
 	Rows     uint32
 	RowBytes uint64
+	Key      [BulkKeyBytes]byte
 	Extents  []Extent // sorted, disjoint, non-empty, inside the row
 }
 
@@ -173,18 +179,10 @@ func encodeFrame(m Message) net.Buffers {
 		head = append(head, m.PeerList[:]...)
 	case *Ready:
 	case *RowWrite:
-		head = binary.BigEndian.AppendUint64(head, m.Seq)
-		head = binary.BigEndian.AppendUint32(head, m.Row)
-		head = binary.BigEndian.AppendUint32(head, m.Rows)
-		head = binary.BigEndian.AppendUint64(head, m.RowBytes)
-		head = binary.BigEndian.AppendUint32(head, uint32(len(m.Extents)))
-		bufs = make(net.Buffers, 0, 1+2*len(m.Extents))
-		bufs = append(bufs, head)
-		headers := make([]byte, 0, 16*len(m.Extents))
+		bufs = make(net.Buffers, 0, 1+len(m.Extents))
+		bufs = append(bufs, appendRowHead(head, m))
 		for _, e := range m.Extents {
-			headers = binary.BigEndian.AppendUint64(headers, e.Off)
-			headers = binary.BigEndian.AppendUint64(headers, uint64(len(e.Data)))
-			bufs = append(bufs, headers[len(headers)-16:], e.Data)
+			bufs = append(bufs, e.Data)
 		}
 	case *Ack:
 		head = binary.BigEndian.AppendUint64(head, m.Seq)
@@ -206,8 +204,24 @@ func encodeFrame(m Message) net.Buffers {
 	for _, b := range bufs {
 		n += len(b)
 	}
-	binary.BigEndian.PutUint32(head, uint32(n-4))
+	binary.BigEndian.PutUint32(bufs[0], uint32(n-4))
 	return bufs
+}
+
+// appendRowHead appends the body of w up to its bulk to head, a frame's
+// length and type.
+func appendRowHead(head []byte, w *RowWrite) []byte {
+	head = binary.BigEndian.AppendUint64(head, w.Seq)
+	head = binary.BigEndian.AppendUint32(head, w.Row)
+	head = binary.BigEndian.AppendUint32(head, w.Rows)
+	head = binary.BigEndian.AppendUint64(head, w.RowBytes)
+	head = append(head, w.Key[:]...)
+	head = binary.BigEndian.AppendUint32(head, uint32(len(w.Extents)))
+	for _, e := range w.Extents {
+		head = binary.BigEndian.AppendUint64(head, e.Off)
+		head = binary.BigEndian.AppendUint64(head, uint64(len(e.Data)))
+	}
+	return head
 }
 
 // appendString appends s, truncated to limit bytes, with its uint16 length.
@@ -370,26 +384,50 @@ func (d *decoder) geometry(row, rows uint32, rowBytes uint64) {
 	}
 }
 
-// rowWriteHead reads a RowWrite up to its extents, checks the geometry and
-// returns the extent count.
+// rowWriteHead reads a RowWrite up to its extent headers, checks the
+// geometry and returns the extent count.
 func (d *decoder) rowWriteHead() (*RowWrite, uint32) {
 	w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64()}
 	d.geometry(w.Row, w.Rows, w.RowBytes)
+	d.bytes(w.Key[:])
 	return w, d.u32()
 }
 
-// extentCount checks that count extents can fit in left bytes: each takes at
-// least extentHeadBytes+1, which also bounds what a decoder allocates.
-func (d *decoder) extentCount(count uint32, left uint64) {
-	if d.err == nil && uint64(count)*(extentHeadBytes+1) > left {
+// minPageBytes is the smallest page of any machine a node runs on.
+const minPageBytes = 4096
+
+// maxExtents is the most extents a RowWrite of a row of rowBytes may have:
+// one per minPageBytes of the row. A sender's extents are runs of non-zero
+// pages with a zero page between any two (nonZeroExtents, and the runs
+// MirrorBlock is given), about half as many at most, whatever the sender's
+// page size; more, down to 1-byte extents, would only make a receiver hold
+// about 32 bytes of extent list per byte of row.
+func maxExtents(rowBytes uint64) uint64 {
+	return (rowBytes + minPageBytes - 1) / minPageBytes
+}
+
+// extentCount checks that count extents can fit in left bytes and are no
+// more than a row of rowBytes may have (maxExtents), and returns the length
+// of their bulk: each takes extentHeadBytes and at least one byte of it.
+// Both bound what a decoder allocates.
+func (d *decoder) extentCount(count uint32, rowBytes, left uint64) (bulk uint64) {
+	switch {
+	case d.err != nil:
+	case uint64(count)*(extentHeadBytes+1) > left:
 		d.fail("%d extents cannot fit in %d bytes", count, left)
+	case uint64(count) > maxExtents(rowBytes):
+		d.fail("%d extents, at most %d for a %d-byte row", count, maxExtents(rowBytes), rowBytes)
 	}
+	if d.err != nil {
+		return 0
+	}
+	return left - uint64(count)*extentHeadBytes
 }
 
 // extentHead reads the offset and length of extent i and checks it against
-// the end of the previous extent, the row, and the left bytes of the frame
-// that follow the extent's header.
-func (d *decoder) extentHead(i uint32, end, rowBytes, left uint64) (off, n uint64) {
+// the end of the previous extent, the row, and the bytes of the bulk not
+// claimed by the extents before it.
+func (d *decoder) extentHead(i uint32, end, rowBytes, bulkLeft uint64) (off, n uint64) {
 	off, n = d.u64(), d.u64()
 	switch {
 	case d.err != nil:
@@ -399,49 +437,61 @@ func (d *decoder) extentHead(i uint32, end, rowBytes, left uint64) (off, n uint6
 		d.fail("extent %d at %d overlaps or precedes the previous one (ends at %d)", i, off, end)
 	case off > rowBytes || n > rowBytes-off:
 		d.fail("extent %d (%d+%d) runs past the %d-byte row", i, off, n, rowBytes)
-	case n > left-extentHeadBytes:
-		d.fail("extent data needs %d bytes, %d left", n, left-extentHeadBytes)
+	case n > bulkLeft:
+		d.fail("extent %d needs %d bytes of the bulk, %d left", i, n, bulkLeft)
 	}
 	return off, n
 }
 
-// extents reads count extents of a row of rowBytes.
+// extentsEnd checks that the extents claimed the whole bulk.
+func (d *decoder) extentsEnd(bulkLeft uint64) {
+	if d.err == nil && bulkLeft > 0 {
+		d.fail("%d trailing bytes", bulkLeft)
+	}
+}
+
+// extents reads count extent headers of a row of rowBytes, then their bulk.
 func (d *decoder) extents(count uint32, rowBytes uint64) []Extent {
-	d.extentCount(count, uint64(len(d.b)))
+	bulkLeft := d.extentCount(count, rowBytes, uint64(len(d.b)))
 	if d.err != nil {
 		return nil
 	}
 	extents := make([]Extent, count)
+	lens := make([]uint64, count)
 	var end uint64 // end of the previous extent
 	for i := range count {
-		if len(d.b) < extentHeadBytes {
-			d.fail("extent header needs %d bytes, %d left", extentHeadBytes, len(d.b))
-			return nil
-		}
-		off, n := d.extentHead(i, end, rowBytes, uint64(len(d.b)))
-		data := d.take(n, "extent data")
+		off, n := d.extentHead(i, end, rowBytes, bulkLeft)
 		if d.err != nil {
 			return nil
 		}
-		extents[i] = Extent{Off: off, Data: data}
+		extents[i].Off, lens[i] = off, n
+		bulkLeft -= n
 		end = off + n
+	}
+	if d.extentsEnd(bulkLeft); d.err != nil {
+		return nil
+	}
+	for i := range extents {
+		extents[i].Data = d.take(lens[i], "extent data")
 	}
 	return extents
 }
 
 // receiveRow is the streaming counterpart of Decode for a RowWrite whose
 // frame header (length, type) has been read: it reads the bodyLen bytes of
-// the body from r, with the same checks, into the buffer bufFor returns for
-// the RowWrite (as long as the row), each extent at its offset in the row,
-// and returns the RowWrite with its extents aliasing that buffer and the
-// CRC32C of the row it describes, summed as the bytes arrive. Nothing else
-// is written: the caller writes the row (rowCommit) once the frame is
-// complete. gap, unless nil, is told each range of the row outside every
-// extent as soon as its bounds arrived, before the data that follows. When
-// bufFor fails, the body is skipped and its error returned as refused. An
-// error return means the stream is unusable: bytes that are not a valid
-// frame (ErrBadFrame), or a read error.
-func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error), gap func(from, to uint64)) (w *RowWrite, crc uint32, refused, err error) {
+// the body, with the same checks, the extent headers from r and then the
+// bulk from the reader bulk returns for the RowWrite (its Key) and the
+// bulk's length, into the buffer bufFor returns for the RowWrite (as long as
+// the row), each extent at its offset in the row. It returns the RowWrite
+// with its extents aliasing that buffer and the CRC32C of the row it
+// describes, summed as the bytes arrive. Nothing else is written: the caller
+// writes the row (rowCommit) once the frame is complete. gap, unless nil, is
+// told each range of the row outside every extent, all of them before the
+// bulk. When bufFor fails, the rest of the body is read and dropped, and its
+// error returned as refused. An error return means the stream is unusable:
+// bytes that are not a valid frame (ErrBadFrame), a bulk record that fails
+// authentication (ErrAuth), or a read error.
+func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, error), gap func(from, to uint64), bulk func(w *RowWrite, n uint64) (io.Reader, error)) (w *RowWrite, crc uint32, refused, err error) {
 	if bodyLen < rowWriteHeadBytes {
 		return nil, 0, nil, fmt.Errorf("%w: row write body of %d bytes", ErrBadFrame, bodyLen)
 	}
@@ -449,19 +499,21 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return nil, 0, nil, err
 	}
-	left := uint64(bodyLen) - rowWriteHeadBytes
 	d := decoder{b: head[:]}
 	w, count := d.rowWriteHead()
-	d.extentCount(count, left)
+	bulkLeft := d.extentCount(count, w.RowBytes, uint64(bodyLen)-rowWriteHeadBytes)
 	if d.err != nil {
 		return nil, 0, nil, d.err
 	}
+	bulkLen := bulkLeft
 	buf, refused := bufFor(w)
 	if refused == nil && uint64(len(buf)) != w.RowBytes {
 		refused = fmt.Errorf("buffer of %d bytes for a %d-byte row", len(buf), w.RowBytes)
 	}
 	if refused != nil {
-		_, err = io.CopyN(io.Discard, r, int64(left))
+		if _, err = io.CopyN(io.Discard, r, int64(count)*extentHeadBytes); err == nil {
+			err = discardBulk(w, bulkLen, bulk)
+		}
 		return w, 0, refused, err
 	}
 	if gap == nil {
@@ -473,15 +525,12 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 	w.Extents = make([]Extent, 0, min(count, 1024))
 	var end uint64 // end of the previous extent
 	for i := range count {
-		if left < extentHeadBytes {
-			return nil, 0, nil, fmt.Errorf("%w: extent header needs %d bytes, %d left", ErrBadFrame, extentHeadBytes, left)
-		}
 		var eh [extentHeadBytes]byte
 		if _, err := io.ReadFull(r, eh[:]); err != nil {
 			return nil, 0, nil, err
 		}
 		d := decoder{b: eh[:]}
-		off, n := d.extentHead(i, end, w.RowBytes, left)
+		off, n := d.extentHead(i, end, w.RowBytes, bulkLeft)
 		if d.err != nil {
 			return nil, 0, nil, d.err
 		}
@@ -491,19 +540,36 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 		if i == count-1 && off+n < w.RowBytes {
 			gap(off+n, w.RowBytes)
 		}
-		crc = block.UpdateCRC32CZeros(crc, off-end)
-		data := buf[off : off+n : off+n]
-		if crc, err = readAndSum(crc, data, r); err != nil {
-			return nil, 0, nil, err
-		}
-		w.Extents = append(w.Extents, Extent{Off: off, Data: data})
-		left -= extentHeadBytes + n
+		w.Extents = append(w.Extents, Extent{Off: off, Data: buf[off : off+n : off+n]})
+		bulkLeft -= n
 		end = off + n
 	}
-	if left > 0 {
-		return nil, 0, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, left)
+	if d.extentsEnd(bulkLeft); d.err != nil {
+		return nil, 0, nil, d.err
+	}
+	br, err := bulk(w, bulkLen)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	end = 0
+	for _, e := range w.Extents {
+		crc = block.UpdateCRC32CZeros(crc, e.Off-end)
+		if crc, err = readAndSum(crc, e.Data, br); err != nil {
+			return nil, 0, nil, err
+		}
+		end = e.Off + uint64(len(e.Data))
 	}
 	return w, block.UpdateCRC32CZeros(crc, w.RowBytes-end), nil, nil
+}
+
+// discardBulk reads the n bytes of w's bulk from the reader bulk returns and
+// drops them.
+func discardBulk(w *RowWrite, n uint64, bulk func(*RowWrite, uint64) (io.Reader, error)) error {
+	br, err := bulk(w, n)
+	if err == nil {
+		_, err = io.CopyN(io.Discard, br, int64(n))
+	}
+	return err
 }
 
 // rowCommit writes a received row into its destination row: the extents,
@@ -511,49 +577,65 @@ func receiveRow(r io.Reader, bodyLen uint32, bufFor func(*RowWrite) ([]byte, err
 // are not zero already: with one GPU per node a row's other slots are zero on
 // every node (shared DESIGN §2), and clearing them made every peer write the
 // whole row for each slot it received, a cost that grew with the row, not the
-// slot. Those pages are read while the frame still arrives (gap), at most
-// scanLanes at a time beside the receive, so the commit after the frame
-// writes the extents and only the stale pages found. The destination is only
-// read until commit, so a frame that fails leaves it as it was. Two frames
-// for one row at once (two loads into one row, which an engine never issues)
-// could leave it holding parts of both; the old whole-row write was not
-// atomic either, only quicker.
+// slot. Those pages are read while the frame still arrives (gap): the gaps
+// are queued, and scanLanes goroutines beside the receive scan them, so the
+// commit after the frame writes the extents and only the stale pages found.
+// The queue holds at most one gap more than the frame has extents
+// (maxExtents). The destination is only read until commit, so a frame that
+// fails leaves it as it was. Two frames for one row at once (two loads into
+// one row, which an engine never issues) could leave it holding parts of
+// both; the old whole-row write was not atomic either, only quicker.
 type rowCommit struct {
 	row   []byte
-	lanes chan struct{} // a token per scan running beside the receive
 	scans sync.WaitGroup
 	mu    sync.Mutex
+	gaps  []block.Run // guarded by mu: gaps no scan has taken yet
+	lanes int         // guarded by mu: scans running
 	stale []block.Run // guarded by mu: non-zero pages outside the extents
 }
 
-// scanLanes is how many gaps are read at once beside the receive; a gap
-// found while all are busy is read by the receive itself.
+// scanLanes is how many goroutines scan one row's gaps beside the receive.
 const scanLanes = 2
 
 func newRowCommit(row []byte) *rowCommit {
-	return &rowCommit{row: row, lanes: make(chan struct{}, scanLanes)}
+	return &rowCommit{row: row}
 }
 
 // gap notes that [from, to) of the row lies outside every extent of the
-// frame, and finds its non-zero pages.
+// frame, to be scanned for non-zero pages beside the receive.
 func (c *rowCommit) gap(from, to uint64) {
-	scan := func() {
-		p := c.row[from:to]
-		prefault(p)
-		runs := block.AppendNonZeroRuns(nil, c.row, int(from), int(to))
+	c.mu.Lock()
+	c.gaps = append(c.gaps, block.Run{Start: int(from), End: int(to)})
+	start := c.lanes < scanLanes
+	if start {
+		c.lanes++
+	}
+	c.mu.Unlock()
+	if start {
+		c.scans.Go(c.scan)
+	}
+}
+
+// scan scans queued gaps until none is left.
+func (c *rowCommit) scan() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.gaps) > 0 {
+		g := c.gaps[0]
+		c.gaps = c.gaps[1:]
+		c.mu.Unlock()
+		runs := findStale(c.row, g.Start, g.End)
 		c.mu.Lock()
 		c.stale = append(c.stale, runs...)
-		c.mu.Unlock()
 	}
-	select {
-	case c.lanes <- struct{}{}:
-		c.scans.Go(func() {
-			defer func() { <-c.lanes }()
-			scan()
-		})
-	default:
-		scan()
-	}
+	c.lanes--
+}
+
+// findStale maps [from, to) of row and returns its non-zero pages; tests
+// replace it to hold a scan.
+var findStale = func(row []byte, from, to int) []block.Run {
+	prefault(row[from:to])
+	return block.AppendNonZeroRuns(nil, row, from, to)
 }
 
 // wait waits for the gaps' scans.

@@ -12,6 +12,14 @@ import (
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
+// testBulkKey is the Key of the tests' RowWrites: 0x40..0x5f.
+var testBulkKey = func() (key [BulkKeyBytes]byte) {
+	for i := range key {
+		key[i] = 0x40 + byte(i)
+	}
+	return key
+}()
+
 // sampleMessages returns one message of every type, for round trips and the
 // fuzz corpus.
 func sampleMessages() []Message {
@@ -23,11 +31,11 @@ func sampleMessages() []Message {
 		&Hello{Session: 0x0102030405060708, Node: a, To: "10.0.0.2:7470"},
 		&Welcome{Node: b, PeerList: PeerListDigest(bytes.Repeat([]byte{0x5a}, 32))},
 		&Ready{},
-		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Extents: []Extent{
+		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Key: testBulkKey, Extents: []Extent{
 			{Off: 0, Data: []byte("slot 0 begins")},
 			{Off: 8192, Data: bytes.Repeat([]byte{0xa5}, 100)},
 		}},
-		&RowWrite{Seq: 8, Row: 0, Rows: 1, RowBytes: 4096}, // an all-zero row: no extents
+		&RowWrite{Seq: 8, Row: 0, Rows: 1, RowBytes: 4096, Key: testBulkKey}, // an all-zero row: no extents
 		&Ack{Seq: 7, Row: 3, CRC: 0xdeadbeef},
 		&Ack{Seq: 9, Row: 1, Err: "geometry mismatch"},
 		&StoreSample{Seq: 10, Row: 42, Rows: 498, RowBytes: 8601600, CRC: 0x01020304, Key: "0123abcd_g1"},
@@ -83,7 +91,7 @@ func TestDecodeErrors(t *testing.T) {
 		u64 = uint64
 	)
 	rowWrite := func(rowBytes u64, count u32, extents ...any) []byte {
-		return frame(typeRowWrite, append([]any{u64(1), u32(2), u32(4), rowBytes, count}, extents...)...)
+		return frame(typeRowWrite, append([]any{u64(1), u32(2), u32(4), rowBytes, [BulkKeyBytes]byte{}, count}, extents...)...)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -104,13 +112,17 @@ func TestDecodeErrors(t *testing.T) {
 		{"ready with a body", frame(typeReady, u8(0)), "1 trailing bytes"},
 		{"zero row size", rowWrite(0, 0), "row size 0"},
 		{"huge row size", rowWrite(MaxRowBytes+1, 0), "row size 268435457"},
-		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), u32(0)), "row 4 of a 4-row region"},
+		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), [BulkKeyBytes]byte{}, u32(0)), "row 4 of a 4-row region"},
+		{"protocol 3 row write", frame(4, u64(1), u32(0), u32(1), u64(4096), u32(0)), "unknown message type 4"},
+		{"short key", frame(typeRowWrite, u64(1), u32(0), u32(1), u64(4096), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
 		{"too many extents", rowWrite(4096, 1<<31), "extents cannot fit"},
+		{"more extents than pages", rowWrite(8192, 3, u64(0), u64(1), u64(1), u64(1), u64(2), u64(1), [3]byte{}), "3 extents, at most 2 for a 8192-byte row"},
 		{"empty extent", rowWrite(4096, 1, u64(0), u64(0), u8(0)), "extent 0 is empty"},
 		{"extent past row", rowWrite(4096, 1, u64(4000), u64(97), [97]byte{}), "runs past the 4096-byte row"},
 		{"extent offset overflow", rowWrite(4096, 1, u64(1<<64-1), u64(1), u8(1)), "runs past"},
-		{"extent data missing", rowWrite(4096, 1, u64(0), u64(10), [9]byte{}), "extent data needs 10 bytes, 9 left"},
-		{"overlapping extents", rowWrite(4096, 2, u64(0), u64(10), [10]byte{}, u64(9), u64(1), u8(1)), "extent 1 at 9 overlaps"},
+		{"extent data missing", rowWrite(4096, 1, u64(0), u64(10), [9]byte{}), "extent 0 needs 10 bytes of the bulk, 9 left"},
+		{"bulk too long", rowWrite(4096, 1, u64(0), u64(10), [11]byte{}), "1 trailing bytes"},
+		{"overlapping extents", rowWrite(8192, 2, u64(0), u64(10), u64(9), u64(1), [11]byte{}), "extent 1 at 9 overlaps"},
 		{"key too long", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(MaxKeyBytes+1)), "string of 1025 bytes, limit 1024"},
 		{"key truncated", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(5), [4]byte{}), "string needs 5 bytes, 4 left"},
 		{"short ack", frame(typeAck, u64(1), u32(0)), "uint32 needs 4 bytes, 0 left"},
@@ -118,6 +130,30 @@ func TestDecodeErrors(t *testing.T) {
 		m, err := Decode(tc.frame)
 		if err == nil || !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Decode = %+v, %v; want ErrBadFrame containing %q", tc.name, m, err, tc.want)
+		}
+	}
+}
+
+// TestRowWriteExtentsAtMostOnePerPage checks that a RowWrite of 1-byte
+// extents, one per minPageBytes of the row, is read, and that one more is
+// refused by Decode and by receiveRow before it asks for a buffer.
+func TestRowWriteExtentsAtMostOnePerPage(t *testing.T) {
+	const rowBytes = 5*minPageBytes + 1
+	for _, count := range []int{6, 7} {
+		w := &RowWrite{Row: 0, Rows: 1, RowBytes: rowBytes}
+		for i := range count {
+			w.Extents = append(w.Extents, Extent{Off: uint64(i), Data: []byte{byte(i + 1)}})
+		}
+		frame := Encode(w)
+		_, err := Decode(frame)
+		r := bytes.NewReader(frame[5:])
+		asked := false
+		_, _, _, rerr := receiveRow(r, uint32(len(frame)-5), func(*RowWrite) ([]byte, error) { asked = true; return make([]byte, rowBytes), nil }, nil, plainBulk(r))
+		switch {
+		case count == 6 && (err != nil || rerr != nil):
+			t.Errorf("6 extents of a %d-byte row: Decode %v, receiveRow %v", rowBytes, err, rerr)
+		case count == 7 && (!errors.Is(err, ErrBadFrame) || !errors.Is(rerr, ErrBadFrame) || asked):
+			t.Errorf("7 extents of a %d-byte row: Decode %v, receiveRow %v (asked for a buffer: %v)", rowBytes, err, rerr, asked)
 		}
 	}
 }
@@ -184,7 +220,8 @@ func checkReceiveRow(t *testing.T, b []byte, m Message, err error) {
 		dest = newRowCommit(row)
 		return buf, nil
 	}
-	got, crc, refused, rerr := receiveRow(bytes.NewReader(b[5:]), uint32(len(b)-5), bufFor, func(from, to uint64) { dest.gap(from, to) })
+	r := bytes.NewReader(b[5:])
+	got, crc, refused, rerr := receiveRow(r, uint32(len(b)-5), bufFor, func(from, to uint64) { dest.gap(from, to) }, plainBulk(r))
 	if dest != nil {
 		defer dest.wait()
 	}
