@@ -338,3 +338,29 @@ func TestPeerUpDownLoggedOnce(t *testing.T) {
 		t.Errorf("the peer going down over 4 lanes was logged %d times: %q", n, logged)
 	}
 }
+
+// TestMirrorRefusesMoreExtentsThanPages: a sender given more extents than a
+// row may have (one per 4 KiB) says so itself, before anything is sealed,
+// instead of every peer refusing the frame.
+func TestMirrorRefusesMoreExtentsThanPages(t *testing.T) {
+	s := startServer(t, "127.0.0.1:0", testSecret, shmRegion(t, testRows, testRowBytes))
+	m, err := NewMirror(MirrorConfig{Peers: []string{s.Addr().String()}, Secret: testSecret, Logf: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "peer up", m.Healthy)
+	region := shmRegion(t, testRows, testRowBytes)
+	data := region.Row(1)
+	var extents []Extent
+	for off := 0; off < len(data); off += 2 {
+		extents = append(extents, Extent{Off: uint64(off), Data: data[off : off+1]})
+	}
+	err = m.mirror(context.Background(), region, 1, data, extents, func() uint32 { return 0 }, func() {})
+	if err == nil || !strings.Contains(err.Error(), "more than the") {
+		t.Fatalf("mirror of %d extents of a %d-byte row: %v, want a refusal naming the bound", len(extents), len(data), err)
+	}
+	if st := m.Stats(); len(st) != 1 || st[0].RowsSent != 0 {
+		t.Errorf("peers' stats after the refusal: %+v, want no row sent", st)
+	}
+}

@@ -350,6 +350,9 @@ func (m *Mirror) mirror(ctx context.Context, region *Region, row int, data []byt
 	if row < 0 || row >= region.Rows() || len(data) != region.RowBytes() {
 		return fmt.Errorf("rowsync: mirror row %d of %d bytes into a region of %d rows of %d bytes", row, len(data), region.Rows(), region.RowBytes())
 	}
+	if uint64(len(extents)) > maxExtents(uint64(len(data))) {
+		return fmt.Errorf("rowsync: mirror row %d as %d extents, more than the %d a %d-byte row may have (one per 4 KiB)", row, len(extents), maxExtents(uint64(len(data))), len(data))
+	}
 	var payload uint64
 	for _, e := range extents {
 		payload += uint64(len(e.Data))
