@@ -107,8 +107,8 @@ func Levels(limit int) (kept, own int) {
 }
 
 // Between counts the Reserve decides by its last one while the free
-// descriptors it leaves, less perOpen for each open admitted since and not
-// released (and for each pending one), stay at recountNear times the kept
+// descriptors it leaves, less perOpen for each open admitted since, released
+// or not (and for each pending one), stay at recountNear times the kept
 // level or more, and for at most recountAfter: the daemon's own work cannot
 // take the difference (about 300 against 2×512 less 384) in that time. Near
 // the levels every open counts. On a kernel before 6.2 a count reads
@@ -141,11 +141,11 @@ type Reserve struct {
 	// count yet (Held.Opened).
 	pending int
 	// open and limit are the last count, taken at countedAt (zero: none to
-	// decide by); epoch numbers it, and since counts the opens admitted
-	// since it and not released.
+	// decide by), and since counts the opens admitted
+	// since it, released or not: a released handle's descriptors may
+	// outlive it (a block tmp kept until it expires, a load's mapping).
 	open, limit int
 	countedAt   time.Time
-	epoch       uint64
 	since       int
 	refused     int64
 	// lastLog is when a refusal was last logged; unlogged counts those since.
@@ -168,10 +168,8 @@ func New(count func() (open, limit int, err error), logger *slog.Logger) *Reserv
 // Held is an admitted open: call Opened once its descriptors are open (or
 // its open failed), and Release when they are closed.
 type Held struct {
-	r      *Reserve
-	thread uint32
-	// epoch is the count the open was admitted after.
-	epoch   uint64
+	r       *Reserve
+	thread  uint32
 	opened  bool
 	release sync.Once
 }
@@ -197,7 +195,6 @@ func (r *Reserve) Admit(thread uint32) (*Held, error) {
 		r.countedAt = time.Time{}
 		if err == nil {
 			r.open, r.limit, r.countedAt, r.since = open, limit, r.now(), 0
-			r.epoch++
 		}
 	} else {
 		r.mu.Lock()
@@ -215,7 +212,7 @@ func (r *Reserve) Admit(thread uint32) (*Held, error) {
 	}
 	r.pending++
 	r.since++
-	return &Held{r: r, thread: thread, epoch: r.epoch}, nil
+	return &Held{r: r, thread: thread}, nil
 }
 
 // farLocked reports whether the last count decides an open: taken less than
@@ -261,9 +258,6 @@ func (h *Held) Release() {
 		r := h.r
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if h.epoch == r.epoch {
-			r.since--
-		}
 		if h.thread == 0 {
 			return
 		}
