@@ -378,8 +378,12 @@ func TestFetchBoundIsProgress(t *testing.T) {
 	}
 	eventually(t, "written", func() bool { return writer.Stats().WrittenBlocks == 2 })
 
-	const timeout = time.Second
-	slow := slowDir{Dir: NewOSDir(root), pause: timeout * 2 / 5}
+	// Each chunk (6 in all) comes a fifth of the bound after the last, so
+	// the fetch outlasts one bound while a chunk's own read, on a machine
+	// busy with other work, has four fifths of it to spare (at 1 s and two
+	// fifths, a busy CI machine took more than the 0.6 s left).
+	const timeout = 3 * time.Second
+	slow := slowDir{Dir: NewOSDir(root), pause: timeout / 5}
 	reader, readerLocal, _ := newTestLevel(t, slow, root, func(c *Config) { c.Holder = "node-b"; c.Timeout = timeout })
 	start := time.Now()
 	if _, err := reader.Fetch(blockRel(0)); err != nil {
