@@ -146,7 +146,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		welcome:    Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
 		geometry:   rowGeometry{rowBytes: cfg.RowBytes},
 		ln:         ln,
-		start:      time.Now(),
+		start:      serverEpoch(),
 		listed:     listedIPs(cfg.Peers),
 		refused:    refusedLines(),
 		evictedLog: evictedLines(),
@@ -168,6 +168,10 @@ func (s *Server) AuthFailures() uint64 { return s.authFailures.Load() }
 // RowsLate returns how many rows arrived whole after their CommitBy and
 // were not written (Server.receiveRow).
 func (s *Server) RowsLate() uint64 { return s.rowsLate.Load() }
+
+// serverEpoch returns the origin of a new Server's clock; tests move it to
+// set the clocks of head and peer apart.
+var serverEpoch = time.Now
 
 // clock is the Server's clock that Welcome, Ack and RowWrite.CommitBy
 // name: nanoseconds since it started, monotonic.
