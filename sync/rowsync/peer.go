@@ -838,7 +838,7 @@ func (l *link) fail(err error) {
 // not delivered after its load failed.
 func (l *link) reset(err error) {
 	if tc, ok := l.conn.(interface{ SetLinger(sec int) error }); ok {
-		tc.SetLinger(0) // on a connection already closed: fail closed it, which is all that matters
+		tc.SetLinger(0) // fails only on a connection already closed, which fail would do
 	}
 	l.fail(err)
 }
