@@ -1,6 +1,7 @@
 package rowsync
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -14,17 +15,26 @@ import (
 
 // Bounds of the CommitBy arithmetic (peerClock.commitBy).
 const (
-	// commitBound is how long a receiver's commit of a row may take once
-	// it checked CommitBy: waiting for the scans of the gaps and copying
-	// at most MaxRowBytes into the region, a few milliseconds while the
-	// receiver runs.
+	// commitBound and commitRate bound how long a receiver's commit of a
+	// row may take once it checked CommitBy, while the receiver runs: the
+	// end of the gaps' scans and a fixed part, commitBound, and mapping and
+	// copying the row's bytes at commitRate bytes a second (a first-touch
+	// copy of 256 MiB took about 200 ms, 1.3 GB/s; DESIGN "Lanes").
 	commitBound = 50 * time.Millisecond
+	commitRate  = 1_000_000_000
 	// driftSlack and driftPPM bound how much less time the receiver's
 	// clock may count than the sender's over an interval: a fixed part
-	// (rounding, the reading's own cost) and 200 ppm of the interval,
-	// ten times the tolerance of common crystal oscillators.
+	// (rounding, the reading's own cost) and 1000 ppm of the interval (NTP
+	// may slew each machine's clock by up to 500 ppm). A reading is at most
+	// clockRefresh old when a row is sent, so the interval stays within
+	// clockRefresh plus the Deadline.
 	driftSlack = time.Millisecond
-	driftPPM   = 200
+	driftPPM   = 1000
+	// clockRefresh is the age past which a lane refreshes its reading of
+	// the peer's clock with a probe before a row (peer.refreshClock): an
+	// idle lane receives no Ack, and the drift part of the margin grows
+	// with the reading's age.
+	clockRefresh = 10 * time.Second
 )
 
 // peerClock is a lane's freshest reading of its peer's clock: the peer's
@@ -48,19 +58,43 @@ func (c *peerClock) note(q uint64, h time.Time) {
 	}
 }
 
-// commitBy returns the peer's clock reading by which a row must be written
-// for the sender to fail its load no earlier than at deadline.
-func (c *peerClock) commitBy(deadline time.Time) uint64 {
+// stale reports whether the reading is older than clockRefresh at now, or
+// missing.
+func (c *peerClock) stale(now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return commitBy(c.q, c.h, deadline)
+	return c.h.IsZero() || now.Sub(c.h) > clockRefresh
 }
 
-// commitBy is q + (deadline - h) - margin in the peer's clock, where the
-// margin covers drift over (deadline - h) and the commit's own duration
-// (commitBound); 0 (already past) when that is not after q, or without a
+// commitBy returns the peer's clock reading by which a row of rowBytes
+// bytes must be written for the sender to fail its load no earlier than at
+// deadline.
+func (c *peerClock) commitBy(deadline time.Time, rowBytes uint64) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return commitBy(c.q, c.h, deadline, rowBytes)
+}
+
+// margin is how much of the time ahead of a reading a row of rowBytes
+// bytes must leave: drift over it and the commit's own duration.
+func margin(ahead time.Duration, rowBytes uint64) time.Duration {
+	commit := commitBound + time.Duration(rowBytes*uint64(time.Second)/commitRate)
+	return driftSlack + commit + time.Duration(int64(ahead)/1_000_000*driftPPM)
+}
+
+// checkDeadline refuses a MirrorConfig.Deadline that leaves a row no more
+// time to arrive in than its margin takes, for the smallest row with a
+// reading clockRefresh old.
+func checkDeadline(d time.Duration) error {
+	if m := margin(clockRefresh+d, 0); d <= 2*m {
+		return fmt.Errorf("rowsync: deadline %s: a row's CommitBy is at least %s before it (clock drift, the commit's own duration; DESIGN \"Lanes\"), so it must be over %s", d, m, 2*m)
+	}
+	return nil
+}
+
+// commitBy is q + (deadline - h) - margin in the peer's clock; 0 (already past) when that is not after q, or without a
 // reading.
-func commitBy(q uint64, h, deadline time.Time) uint64 {
+func commitBy(q uint64, h, deadline time.Time, rowBytes uint64) uint64 {
 	if h.IsZero() {
 		return 0
 	}
@@ -68,9 +102,9 @@ func commitBy(q uint64, h, deadline time.Time) uint64 {
 	if ahead <= 0 {
 		return 0
 	}
-	margin := driftSlack + commitBound + time.Duration(int64(ahead)/1_000_000*driftPPM)
-	if ahead <= margin || uint64(ahead-margin) > ^uint64(0)-q {
+	m := margin(ahead, rowBytes)
+	if ahead <= m || uint64(ahead-m) > ^uint64(0)-q {
 		return 0
 	}
-	return q + uint64(ahead-margin)
+	return q + uint64(ahead-m)
 }

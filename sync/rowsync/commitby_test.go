@@ -19,12 +19,17 @@ func TestCommitByInThePeersClock(t *testing.T) {
 	const left = 2 * time.Second
 	margin := driftSlack + commitBound + left/1_000_000*driftPPM
 	for _, q := range []uint64{0, 1, uint64(time.Hour), uint64(200*365*24*time.Hour) * 2} {
-		if got, want := commitBy(q, h, h.Add(left)), q+uint64(left-margin); got != want {
+		if got, want := commitBy(q, h, h.Add(left), 0), q+uint64(left-margin); got != want {
 			t.Errorf("peer clock %d: CommitBy %d, want %d", q, got, want)
 		}
 		// Received later, the same reading leaves less time to the deadline.
-		if got, want := commitBy(q, h.Add(time.Second), h.Add(left)), q+uint64(left-time.Second-(driftSlack+commitBound+time.Second/1_000_000*driftPPM)); got != want {
+		if got, want := commitBy(q, h.Add(time.Second), h.Add(left), 0), q+uint64(left-time.Second-(driftSlack+commitBound+time.Second/1_000_000*driftPPM)); got != want {
 			t.Errorf("peer clock %d read a second later: CommitBy %d, want %d", q, got, want)
+		}
+		// The commit of a larger row takes longer: a 256 MiB row's copy
+		// is given 268 ms (commitRate).
+		if got, want := commitBy(q, h, h.Add(left), MaxRowBytes), q+uint64(left-margin-MaxRowBytes*time.Second/commitRate); got != want {
+			t.Errorf("peer clock %d, a row of %d bytes: CommitBy %d, want %d", q, MaxRowBytes, got, want)
 		}
 	}
 	for name, tc := range map[string]struct {
@@ -36,9 +41,67 @@ func TestCommitByInThePeersClock(t *testing.T) {
 		"deadline within margin": {5, h, h.Add(commitBound)},
 		"peer clock at its end":  {^uint64(0) - 1, h, h.Add(left)},
 	} {
-		if got := commitBy(tc.q, tc.h, tc.deadline); got != 0 {
+		if got := commitBy(tc.q, tc.h, tc.deadline, 0); got != 0 {
 			t.Errorf("%s: CommitBy %d, want 0 (already late)", name, got)
 		}
+	}
+}
+
+// TestMirrorRefusesADeadlineWithinTheMargin: a Deadline that leaves no
+// window after a row's margin is refused, naming the bound; one past it is
+// taken.
+func TestMirrorRefusesADeadlineWithinTheMargin(t *testing.T) {
+	for _, d := range []time.Duration{time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond} {
+		m, err := NewMirror(MirrorConfig{Secret: testSecret, Deadline: d, Logf: discard})
+		if err == nil {
+			m.Close()
+			t.Errorf("NewMirror took a deadline of %s", d)
+		} else if !strings.Contains(err.Error(), "must be over") {
+			t.Errorf("deadline %s: %v, want the bound named", d, err)
+		}
+	}
+	m, err := NewMirror(MirrorConfig{Secret: testSecret, Deadline: 300 * time.Millisecond, Logf: discard})
+	if err != nil {
+		t.Fatalf("a deadline of 300ms: %v", err)
+	}
+	m.Close()
+}
+
+// TestIdleLaneRefreshesItsClockReading: a lane whose reading of the peer's
+// clock is an hour old (an idle lane receives no Ack) probes the peer for a
+// fresh one before a row, and the row commits: with the old reading, drift
+// over the hour (3.6 s at 1000 ppm) is more than the 2 s deadline, and the
+// peer refused the row as late.
+func TestIdleLaneRefreshesItsClockReading(t *testing.T) {
+	epoch := serverEpoch
+	serverEpoch = func() uint64 { return epoch() - uint64(2*time.Hour) } // the peer's clock reads 2 h: an hour-old reading exists
+	defer func() { serverEpoch = epoch }()
+	dst := filledRegion(t)
+	s := startServer(t, "127.0.0.1:0", testSecret, dst)
+	src := shmRegion(t, testRows, testRowBytes)
+	fillHalf(src.Row(5), 5)
+	m, err := NewMirror(MirrorConfig{Peers: []string{s.Addr().String()}, Secret: testSecret,
+		Deadline: DefaultDeadline, Lanes: 1, Logf: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "peer up", m.Healthy)
+	p := m.peers[0].lanes[0]
+	l, err := p.current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reading as it was an hour ago: both clocks an hour earlier.
+	l.clock.mu.Lock()
+	l.clock.q -= uint64(time.Hour)
+	l.clock.h = l.clock.h.Add(-time.Hour)
+	l.clock.mu.Unlock()
+	if err := m.MirrorRow(context.Background(), src, 5, bytes.Clone(src.Row(5))); err != nil || !bytes.Equal(dst.Row(5), src.Row(5)) {
+		t.Errorf("a row after an hour idle: %v (landed: %v, rows late: %d)", err, bytes.Equal(dst.Row(5), src.Row(5)), s.RowsLate())
+	}
+	if n := p.clockProbes.Load(); n != 1 {
+		t.Errorf("clock probes = %d, want 1", n)
 	}
 }
 
@@ -49,11 +112,11 @@ func TestPeerClockKeepsTheFreshestReading(t *testing.T) {
 	h := time.Now()
 	c.note(100, h)
 	c.note(50, h.Add(-time.Second))
-	if got, want := c.commitBy(h.Add(time.Second)), commitBy(100, h, h.Add(time.Second)); got != want {
+	if got, want := c.commitBy(h.Add(time.Second), 0), commitBy(100, h, h.Add(time.Second), 0); got != want {
 		t.Errorf("CommitBy %d after an older reading, want %d", got, want)
 	}
 	c.note(7, h.Add(time.Millisecond))
-	if got, want := c.commitBy(h.Add(time.Second)), commitBy(7, h.Add(time.Millisecond), h.Add(time.Second)); got != want {
+	if got, want := c.commitBy(h.Add(time.Second), 0), commitBy(7, h.Add(time.Millisecond), h.Add(time.Second), 0); got != want {
 		t.Errorf("CommitBy %d after a fresher reading, want %d", got, want)
 	}
 }
@@ -62,24 +125,32 @@ func TestPeerClockKeepsTheFreshestReading(t *testing.T) {
 // queued instead of sent, as a relay on the path that keeps them would
 // (integration/multinode's MITM proxy). Closed while holding, it stops its
 // reads but keeps the connection to the peer open; release sends what was
-// queued, then closes it.
+// queued, then closes it. With failTail, every held write after the first
+// fails once queued: the sender sees its frame cut after the head, while
+// the relay holds it whole, as an attacker completing it with the same
+// bulk records from another peer's lane would.
 type holdConn struct {
 	net.Conn
-	mu      sync.Mutex
-	held    bool
-	closed  bool
-	queued  []byte
-	holding chan struct{} // closed at the first write held
+	mu       sync.Mutex
+	held     bool
+	failTail bool
+	closed   bool
+	queued   []byte
+	holding  chan struct{} // closed at the first write held
 }
 
 func (c *holdConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.held {
-		if len(c.queued) == 0 {
+		first := len(c.queued) == 0
+		if first {
 			close(c.holding)
 		}
 		c.queued = append(c.queued, b...)
+		if c.failTail && !first {
+			return 0, errors.New("cut by the relay")
+		}
 		return len(b), nil
 	}
 	return c.Conn.Write(b)
@@ -116,25 +187,27 @@ func (c *holdConn) release() error {
 // differ (the MITM attack of integration/multinode).
 // A row on time lands first. The peer's clock started with it, or reads
 // years more: only the readings of it the head received count. When the
-// lane fails before the deadline (its reads cut), MirrorRow still returns
-// no earlier than the deadline, so the engine's reuse cannot come first.
+// lane fails before the deadline (its reads cut, or its frame's write after
+// the head), MirrorRow still returns no earlier than the deadline, so the
+// engine's reuse cannot come first.
 func TestRowHeldPastItsDeadlineIsNotWritten(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		ahead time.Duration
-		cut   bool
+		name       string
+		ahead      time.Duration
+		cut, write bool
 	}{
-		{"peer started now", 0, false},
-		{"peer clock years ahead", 100_000 * time.Hour, false},
-		{"lane cut before the deadline", 0, true},
+		{"peer started now", 0, false, false},
+		{"peer clock years ahead", 100_000 * time.Hour, false, false},
+		{"lane cut before the deadline", 0, true, false},
+		{"frame's write cut after its head", 0, false, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testRowHeldPastItsDeadline(t, tc.ahead, tc.cut) })
+		t.Run(tc.name, func(t *testing.T) { testRowHeldPastItsDeadline(t, tc.ahead, tc.cut, tc.write) })
 	}
 }
 
-func testRowHeldPastItsDeadline(t *testing.T, ahead time.Duration, cut bool) {
+func testRowHeldPastItsDeadline(t *testing.T, ahead time.Duration, cut, cutWrite bool) {
 	epoch := serverEpoch
-	serverEpoch = func() time.Time { return epoch().Add(-ahead) }
+	serverEpoch = func() uint64 { return epoch() - uint64(ahead) }
 	defer func() { serverEpoch = epoch }()
 	dst := filledRegion(t)
 	s := startServer(t, "127.0.0.1:0", testSecret, dst)
@@ -176,7 +249,7 @@ func testRowHeldPastItsDeadline(t *testing.T, ahead time.Duration, cut bool) {
 	held := conns[0]
 	mu.Unlock()
 	held.mu.Lock()
-	held.held = true
+	held.held, held.failTail = true, cutWrite
 	held.mu.Unlock()
 	if cut {
 		go func() {
@@ -186,7 +259,7 @@ func testRowHeldPastItsDeadline(t *testing.T, ahead time.Duration, cut bool) {
 	}
 
 	err = m.MirrorRow(context.Background(), src, 4, bytes.Clone(src.Row(4)))
-	if err == nil || !cut && !strings.Contains(err.Error(), "deadline") {
+	if err == nil || !cut && !cutWrite && !strings.Contains(err.Error(), "deadline") {
 		t.Fatalf("MirrorRow of a held row = %v, want a failure (at the deadline unless cut)", err)
 	}
 	<-held.holding

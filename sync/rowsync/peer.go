@@ -97,6 +97,9 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 	if cfg.Deadline <= 0 {
 		cfg.Deadline = DefaultDeadline
 	}
+	if err := checkDeadline(cfg.Deadline); err != nil {
+		return nil, err
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
@@ -433,6 +436,7 @@ type peer struct {
 	changed func()
 
 	rowsSent, bytesSent, verified, authFailures atomic.Uint64
+	clockProbes                                 atomic.Uint64 // probes that refreshed a stale reading of the peer's clock (refreshClock)
 	flooded                                     atomic.Uint64 // handshakes the peer closed to make room (ErrFlooded)
 
 	mu       sync.Mutex // guards the fields below; taken before link.mu
@@ -556,12 +560,13 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 // already failed at the deadline; were the lane up before it is over, the
 // engine's next use of that row, mirrored over another lane, could be
 // overwritten by it (DESIGN "Lanes"). The request is a store sample of a
-// region of one row of one byte, a geometry no node has: the Server answers
-// it with an error and notes it nowhere. Its Ack's Clock is noted in clock.
+// region of one row of one byte, a geometry no node has (probe): the Server
+// answers it with an error and notes it nowhere. Its Ack's Clock is noted in
+// clock.
 func fence(conn net.Conn, ch *channel, clock *peerClock) error {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
-	if err := ch.writeMessage(&StoreSample{Rows: 1, RowBytes: 1}); err != nil {
+	if err := ch.writeMessage(probe(0)); err != nil {
 		return err
 	}
 	frame, err := ch.readFrame(nil, maxAckFrame)
@@ -581,6 +586,30 @@ func fence(conn net.Conn, ch *channel, clock *peerClock) error {
 		return fmt.Errorf("%w: the peer answered the connection's first request with message type %d", ErrBadFrame, msg.messageType())
 	}
 	clock.note(ack.Clock, received)
+	return nil
+}
+
+// probe is the request of seq that a Server answers with an error Ack and
+// notes nowhere, for its Clock: a store sample of a region of one row of one
+// byte, a geometry no node has (fence, refreshClock).
+func probe(seq uint64) *StoreSample { return &StoreSample{Seq: seq, Rows: 1, RowBytes: 1} }
+
+// refreshClock makes l's reading of the peer's clock fresh, if it is older
+// than clockRefresh, with one probe round trip within ctx: the margin of a
+// row's CommitBy grows with the reading's age (commitby.go), and a lane idle
+// for hours receives no Ack.
+func (p *peer) refreshClock(ctx context.Context, l *link) error {
+	if !l.clock.stale(time.Now()) {
+		return nil
+	}
+	p.clockProbes.Add(1)
+	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { return ch.writeMessage(probe(seq)) })
+	if err == nil {
+		_, err = l.wait(ctx, seq, acked) // readAcks noted its Clock
+	}
+	if err != nil {
+		return fmt.Errorf("refreshing the reading of its clock: %w", err)
+	}
 	return nil
 }
 
@@ -660,24 +689,37 @@ func (p *peer) errorf(format string, args ...any) error {
 // and checks the acknowledgement against the CRC32C that want returns. Any
 // failure takes the connection down, so that the peer is unhealthy until it
 // is back. The row's CommitBy is the peer's clock at the deadline, less the
-// margin (peerClock.commitBy); once the frame was written, writeRow returns
-// without an acknowledgement no earlier than the deadline, so that the row
-// can no longer land when the load fails.
+// margin (peerClock.commitBy), from a reading refreshed first if stale
+// (refreshClock). Once the frame's write began, writeRow returns without an
+// acknowledgement no earlier than the deadline, so that the row can no
+// longer land when the load fails: a frame cut short on this lane may be
+// completed on the path from another peer's lane, which carries the same
+// bulk records.
 func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, bulk *sealedBulk, payload uint64, want func() uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
-	failAt, _ := ctx.Deadline()
+	dl, _ := ctx.Deadline()
+	failAt := time.Now().Add(time.Until(dl)) // with a monotonic reading, whatever ctx's deadline was built from
 	l, err := p.current()
 	if err != nil {
 		bulk.written()
 		return err
 	}
+	if err := p.refreshClock(ctx, l); err != nil {
+		bulk.written()
+		return p.errorf("row %d: %w", msg.Row, err)
+	}
+	started := false
 	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error {
-		msg.Seq, msg.CommitBy = seq, l.clock.commitBy(failAt)
+		started = true
+		msg.Seq, msg.CommitBy = seq, l.clock.commitBy(failAt, msg.RowBytes)
 		return ch.writeRow(&msg, bulk)
 	})
 	bulk.written()
 	if err != nil {
+		if started {
+			time.Sleep(time.Until(failAt))
+		}
 		return p.errorf("row %d: %w", msg.Row, err)
 	}
 	p.rowsSent.Add(1)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"golang.org/x/sys/unix"
 )
 
 // acceptRetry is the pause after a failed accept.
@@ -48,7 +49,7 @@ type Server struct {
 	psk          []byte
 	welcome      Welcome // this node's answer to every Hello
 	ln           net.Listener
-	start        time.Time // the origin of clock
+	start        uint64 // the origin of clock, a bootClock reading
 	authFailures atomic.Uint64
 	rowsLate     atomic.Uint64       // rows that arrived past their CommitBy, not written
 	evictions    atomic.Uint64       // handshakes closed to make room (evictLocked)
@@ -171,11 +172,25 @@ func (s *Server) RowsLate() uint64 { return s.rowsLate.Load() }
 
 // serverEpoch returns the origin of a new Server's clock; tests move it to
 // set the clocks of head and peer apart.
-var serverEpoch = time.Now
+var serverEpoch = bootClock
+
+// bootClock reads CLOCK_BOOTTIME in nanoseconds: monotonic, and unlike
+// CLOCK_MONOTONIC (Go's) it counts while the machine is suspended, so that
+// a row held across a suspend is late by its CommitBy too. It cannot fail
+// on Linux with a valid clock id and pointer.
+func bootClock() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		panic(fmt.Sprintf("rowsync: CLOCK_BOOTTIME: %v", err))
+	}
+	return uint64(ts.Nano())
+}
 
 // clock is the Server's clock that Welcome, Ack and RowWrite.CommitBy
-// name: nanoseconds since it started, monotonic.
-func (s *Server) clock() uint64 { return uint64(time.Since(s.start)) }
+// name: nanoseconds since it started, monotonic, counting suspends. The
+// subtraction wraps like the clock itself would (tests start it years
+// ahead).
+func (s *Server) clock() uint64 { return bootClock() - s.start }
 
 // HandshakesEvicted returns how many connections in handshake the Server
 // closed to make room for others (evictLocked): a flood.
