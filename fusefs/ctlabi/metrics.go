@@ -138,6 +138,8 @@ var Metrics = []Metric{
 		func(s *Stats) int64 { return s.Counters.AuthFailures }),
 	counter("counters.handshakes_evicted", "kvtierfs_handshakes_evicted_total", "Peer handshakes closed to make room at a flooded listener (here or at a peer).",
 		func(s *Stats) int64 { return s.Counters.HandshakesEvicted }),
+	counter("counters.rows_late", "kvtierfs_rows_late_total", "Rows from peers that arrived after their deadline, not written.",
+		func(s *Stats) int64 { return s.Counters.RowsLate }),
 	counter("counters.unproven_blocks", "kvtierfs_unproven_blocks_total", "Block files found at mount without a digest bound to their name, not indexed.",
 		func(s *Stats) int64 { return s.Counters.UnprovenBlocks }),
 	counter("counters.tmps_expired", "kvtierfs_tmps_expired_total", "Tmp files removed because their closed writer never renamed them.",

@@ -188,6 +188,10 @@ type Counters struct {
 	// to make room at a flooded listener: this node's listener's, and this
 	// node's handshakes its peers' listeners closed.
 	HandshakesEvicted int64 `json:"handshakes_evicted"`
+	// RowsLate counts rows from peers that arrived after their deadline
+	// (RowWrite.CommitBy) and were not written: the sender had failed or
+	// was about to fail the load.
+	RowsLate int64 `json:"rows_late"`
 	// UnprovenBlocks, TmpsExpired and PublishRefused are the store's
 	// (disk.Counters); ShmIgnored counts files under --shm-glob refused and
 	// ShmFaults regions dropped because they shrank under their mapping.

@@ -5,7 +5,8 @@
 //
 //	unshare -n sh -c 'ip link set lo up; KVT_MITM=1 go test -tags kvtierfs_attack -count=1 -run TestMITM -v ./integration/multinode/'
 //
-// KVT_MITM=hold runs the held-row attack, which fails (a finding left open).
+// KVT_MITM=hold runs the held-row attack: the held row arrives after its
+// CommitBy and the peer does not write it (DESIGN "Lanes").
 package multinode_test
 
 import (
@@ -313,7 +314,8 @@ func TestMITM(t *testing.T) {
 }
 
 // holdAttack: the proxy holds one row frame past the head's deadline and
-// delivers it after the engine reused the row at every rank.
+// delivers it after the engine reused the row at every rank: the peer must
+// count it late and leave the row as the engine wrote it.
 func holdAttack(t *testing.T, px *mitm, head, peer *node) {
 	const row = 20
 	px.mu.Lock()
@@ -333,13 +335,19 @@ func holdAttack(t *testing.T, px *mitm, head, peer *node) {
 	if !bytes.Equal(head.region.Row(row), peer.region.Row(row)) {
 		t.Fatal("setup")
 	}
-	time.Sleep(500 * time.Millisecond)
 	close(px.release)
-	time.Sleep(time.Second)
+	for deadline := time.Now().Add(20 * time.Second); peer.daemon.Stats().Counters.RowsLate == 0 && bytes.Equal(head.region.Row(row), peer.region.Row(row)); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the held row was neither counted late nor written")
+		}
+	}
 	if !bytes.Equal(head.region.Row(row), peer.region.Row(row)) {
 		want := make([]byte, rowBytes)
 		writeKV(want, 3, 1, true)
-		t.Errorf("FINDING: the peer's row %d changed after the engine reused it: holds chunk 3 (the failed load's) = %v", row, bytes.Equal(want, peer.region.Row(row)))
+		t.Errorf("the peer's row %d changed after the engine reused it: holds chunk 3 (the failed load's) = %v", row, bytes.Equal(want, peer.region.Row(row)))
+	}
+	if n := peer.daemon.Stats().Counters.RowsLate; n != 1 {
+		t.Errorf("the peer's rows_late = %d, want 1", n)
 	}
 	waitPeerUp(t, head)
 	t.Logf("peer up again: %+v", head.daemon.Stats().Peers)

@@ -24,7 +24,7 @@ import (
 // secret of --secret-file, which never travels.
 //
 //	client → server  e, payload Hello{Session, Node, To}        (sealed under the PSK)
-//	server → client  e, ee, payload Welcome{Node}               (sealed under PSK and ee)
+//	server → client  e, ee, payload Welcome{Node, PeerList, Clock} (sealed under PSK and ee)
 //	client → server  record 0: Ready                            (channel.go)
 //
 // Only a holder of the secret can seal or open either payload; fresh

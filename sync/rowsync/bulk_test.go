@@ -348,7 +348,7 @@ func (c *bulkCase) dial(t *testing.T) *channel {
 func (c *bulkCase) row(t *testing.T, ch *channel, row int, seed uint64) (lane []byte, records [][]byte) {
 	data := make([]byte, bulkRowBytes)
 	fillFull(data, seed)
-	lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: uint32(row), Rows: testRows, RowBytes: bulkRowBytes, Key: freshKey(t), Extents: nonZeroExtents(data)})
+	lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: uint32(row), Rows: testRows, RowBytes: bulkRowBytes, CommitBy: neverLate, Key: freshKey(t), Extents: nonZeroExtents(data)})
 	for len(bulk) > 0 {
 		n := 2 + int(binary.BigEndian.Uint16(bulk))
 		records, bulk = append(records, bulk[:n:n]), bulk[n:]

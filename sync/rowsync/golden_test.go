@@ -57,14 +57,14 @@ const goldenKey = "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5
 func TestGoldenFrames(t *testing.T) {
 	want := []string{
 		"00000028" + "01" + "0102030405060708" + "000102030405060708090a0b0c0d0e0f" + "000d" + hex.EncodeToString([]byte("10.0.0.2:7470")),
-		"00000031" + "07" + "fffefdfcfbfaf9f8f7f6f5f4f3f2f1f0" + strings.Repeat("5a", 32),
+		"00000039" + "07" + "fffefdfcfbfaf9f8f7f6f5f4f3f2f1f0" + strings.Repeat("5a", 32) + "00000123456789ab",
 		"00000001" + "08",
-		"000000ce" + "09" + "0000000000000007" + "00000003" + "000001f2" + "0000000000834000" + goldenKey + "00000002" +
+		"000000d6" + "09" + "0000000000000007" + "00000003" + "000001f2" + "0000000000834000" + "00000123b992eaeb" + goldenKey + "00000002" +
 			"0000000000000000" + "000000000000000d" + "0000000000002000" + "0000000000000064" +
 			hex.EncodeToString([]byte("slot 0 begins")) + strings.Repeat("a5", 100),
-		"0000003d" + "09" + "0000000000000008" + "00000000" + "00000001" + "0000000000001000" + goldenKey + "00000000",
-		"00000013" + "05" + "0000000000000007" + "00000003" + "deadbeef" + "0000",
-		"00000024" + "05" + "0000000000000009" + "00000001" + "00000000" + "0011" + hex.EncodeToString([]byte("geometry mismatch")),
+		"00000045" + "09" + "0000000000000008" + "00000000" + "00000001" + "0000000000001000" + "0000000000000000" + goldenKey + "00000000",
+		"0000001b" + "05" + "0000000000000007" + "00000003" + "deadbeef" + "00000123456789ac" + "0000",
+		"0000002c" + "05" + "0000000000000009" + "00000001" + "00000000" + "0000000000000000" + "0011" + hex.EncodeToString([]byte("geometry mismatch")),
 		"0000002a" + "06" + "000000000000000a" + "0000002a" + "000001f2" + "0000000000834000" + "01020304" + "000b" + hex.EncodeToString([]byte("0123abcd_g1")),
 	}
 	for i, m := range sampleMessages() {
@@ -88,7 +88,7 @@ func TestGoldenRecords(t *testing.T) {
 	}
 	lane, bulk := sealRow(t, ch, w)
 	ack := out.Bytes()
-	const wantAck = "0027" + "0ebcb5cdb02c83bd08a8a9351f2c9199d19dfbedc78160359c79f1a170b74b23a82ef917bbe835"
+	const wantAck = "002f" + "0ebcb5c5b02c83bd08a8a9351f2c9199d19dfbedc781602f809eb383c5ff5d9c98f7a1a8cee2bfda0117dbaf2f1f6a"
 	if got := hex.EncodeToString(ack); got != wantAck {
 		t.Errorf("sealed ack = %s", got)
 	}
@@ -102,7 +102,7 @@ func TestGoldenRecords(t *testing.T) {
 	if len(bulk) != 2+MaxRecordBytes+2+(len(data)-maxRecordPlain)+tagBytes {
 		t.Errorf("%d bytes of bulk records for a %d-byte bulk", len(bulk), len(data))
 	}
-	const wantLane = "0061" + "15d7ae414df4301e0e2e5139eda63af7159f1c5465b25484730001d92670321c79d222b76f64cd7612938e4f23b456617d4206c4aab6441de549403b07b59b08057165fa11499dd6caab34b1403999f8a4945648545ebdf9e24718dceae8ea8f8f"
+	const wantLane = "0069" + "15d7ae394df4301e0e2e5139eda63af7159f1c5465b25484730001d92630735e3a9667f1286cc57e1a9b86472bac4e79655a1edcb2be4c15ed4148330fedc2525f2d38a44e499dc6cbab34b1403998f9d4a5da17745e8109b3e73ca05dbbca0f1675b14406ae8c3a92"
 	if got := hex.EncodeToString(lane); got != wantLane {
 		t.Errorf("sealed row up to its bulk = %s", got)
 	}

@@ -148,3 +148,7 @@ func freshKey(tb testing.TB) [BulkKeyBytes]byte {
 	}
 	return key
 }
+
+// neverLate is the CommitBy of rows a test sends by hand: a Server's clock
+// never reaches it.
+const neverLate = ^uint64(0)

@@ -279,7 +279,7 @@ func TestMirrorSlowPeer(t *testing.T) {
 		}
 	}()
 	src := shmRegion(t, testRows, testRowBytes)
-	m := newMirror(t, testSecret, 100*time.Millisecond, true, ln.Addr().String())
+	m := newMirror(t, testSecret, 300*time.Millisecond, true, ln.Addr().String())
 	err = m.MirrorRow(context.Background(), src, 0, bytes.Clone(src.Row(0)))
 	if err == nil || !strings.Contains(err.Error(), "no acknowledgement before the deadline") {
 		t.Errorf("MirrorRow to a silent peer = %v", err)

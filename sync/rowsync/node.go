@@ -57,6 +57,9 @@ type Snapshot struct {
 	// listener: this node's (Server.HandshakesEvicted) and its peers'
 	// (Mirror.HandshakesEvicted).
 	HandshakesEvicted uint64
+	// RowsLate counts rows from peers that arrived after their CommitBy
+	// and were not written (Server.RowsLate).
+	RowsLate uint64
 }
 
 // Start starts the Server (with Listen) and the Mirror (with Peers).
@@ -198,6 +201,7 @@ func (n *Node) Snapshot() Snapshot {
 	if n.server != nil {
 		s.AuthFailures = n.server.AuthFailures()
 		s.HandshakesEvicted = n.server.HandshakesEvicted()
+		s.RowsLate = n.server.RowsLate()
 		received = n.server.received()
 	}
 	if n.mirror != nil {

@@ -169,7 +169,7 @@ func TestServerSessionTakeover(t *testing.T) {
 	rowWrite := func(ch *channel, seed uint64) ([]byte, uint32) {
 		data := make([]byte, testRowBytes)
 		fillHalf(data, seed)
-		lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: uint64(testRowBytes), Key: freshKey(t), Extents: nonZeroExtents(data)})
+		lane, bulk := sealRow(t, ch, &RowWrite{Seq: seed, Row: 1, Rows: testRows, RowBytes: uint64(testRowBytes), CommitBy: neverLate, Key: freshKey(t), Extents: nonZeroExtents(data)})
 		return append(lane, bulk...), block.CRC32C(data)
 	}
 

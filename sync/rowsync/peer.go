@@ -97,6 +97,9 @@ func NewMirror(cfg MirrorConfig) (*Mirror, error) {
 	if cfg.Deadline <= 0 {
 		cfg.Deadline = DefaultDeadline
 	}
+	if err := checkDeadline(cfg.Deadline); err != nil {
+		return nil, err
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
@@ -433,6 +436,7 @@ type peer struct {
 	changed func()
 
 	rowsSent, bytesSent, verified, authFailures atomic.Uint64
+	clockProbes                                 atomic.Uint64 // probes that refreshed a stale reading of the peer's clock (refreshClock)
 	flooded                                     atomic.Uint64 // handshakes the peer closed to make room (ErrFlooded)
 
 	mu       sync.Mutex // guards the fields below; taken before link.mu
@@ -532,9 +536,12 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	l := &link{conn: conn, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}
 	ch, welcome, err := clientHandshake(conn, p.psk, p.node, p.session)
 	if err == nil {
-		err = fence(conn, ch)
+		l.ch, l.peerList = ch, welcome.PeerList
+		l.clock.note(welcome.Clock, time.Now())
+		err = fence(conn, ch, &l.clock)
 	}
 	if !stop() {
 		return nil, ctx.Err()
@@ -543,7 +550,7 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &link{conn: conn, ch: ch, peerList: welcome.PeerList, done: make(chan struct{}), pending: make(map[uint64]chan *Ack)}, nil
+	return l, nil
 }
 
 // fence waits, after the handshake, until the peer's Server serves this
@@ -553,15 +560,17 @@ func (p *peer) connect(ctx context.Context) (*link, error) {
 // already failed at the deadline; were the lane up before it is over, the
 // engine's next use of that row, mirrored over another lane, could be
 // overwritten by it (DESIGN "Lanes"). The request is a store sample of a
-// region of one row of one byte, a geometry no node has: the Server answers
-// it with an error and notes it nowhere.
-func fence(conn net.Conn, ch *channel) error {
+// region of one row of one byte, a geometry no node has (probe): the Server
+// answers it with an error and notes it nowhere. Its Ack's Clock is noted in
+// clock.
+func fence(conn net.Conn, ch *channel, clock *peerClock) error {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
-	if err := ch.writeMessage(&StoreSample{Rows: 1, RowBytes: 1}); err != nil {
+	if err := ch.writeMessage(probe(0)); err != nil {
 		return err
 	}
 	frame, err := ch.readFrame(nil, maxAckFrame)
+	received := time.Now()
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return fmt.Errorf("the peer did not start serving this connection within %s: a stopped or hung daemon, or one still writing a row of this lane's previous connection", handshakeTimeout)
 	}
@@ -572,8 +581,34 @@ func fence(conn net.Conn, ch *channel) error {
 	if err != nil {
 		return err
 	}
-	if ack, ok := msg.(*Ack); !ok || ack.Seq != 0 {
+	ack, ok := msg.(*Ack)
+	if !ok || ack.Seq != 0 {
 		return fmt.Errorf("%w: the peer answered the connection's first request with message type %d", ErrBadFrame, msg.messageType())
+	}
+	clock.note(ack.Clock, received)
+	return nil
+}
+
+// probe is the request of seq that a Server answers with an error Ack and
+// notes nowhere, for its Clock: a store sample of a region of one row of one
+// byte, a geometry no node has (fence, refreshClock).
+func probe(seq uint64) *StoreSample { return &StoreSample{Seq: seq, Rows: 1, RowBytes: 1} }
+
+// refreshClock makes l's reading of the peer's clock fresh, if it is older
+// than clockRefresh, with one probe round trip within ctx: the margin of a
+// row's CommitBy grows with the reading's age (commitby.go), and a lane idle
+// for hours receives no Ack.
+func (p *peer) refreshClock(ctx context.Context, l *link) error {
+	if !l.clock.stale(time.Now()) {
+		return nil
+	}
+	p.clockProbes.Add(1)
+	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { return ch.writeMessage(probe(seq)) })
+	if err == nil {
+		_, err = l.wait(ctx, seq, acked) // readAcks noted its Clock
+	}
+	if err != nil {
+		return fmt.Errorf("refreshing the reading of its clock: %w", err)
 	}
 	return nil
 }
@@ -653,24 +688,47 @@ func (p *peer) errorf(format string, args ...any) error {
 // writeRow sends msg with bulk, telling bulk once it is written (or not),
 // and checks the acknowledgement against the CRC32C that want returns. Any
 // failure takes the connection down, so that the peer is unhealthy until it
-// is back.
+// is back. The row's CommitBy is the peer's clock at the deadline, less the
+// margin (peerClock.commitBy), from a reading refreshed first if stale
+// (refreshClock). Once the frame's write began, writeRow returns without an
+// acknowledgement no earlier than the deadline, so that the row can no
+// longer land when the load fails: a frame cut short on this lane may be
+// completed on the path from another peer's lane, which carries the same
+// bulk records.
 func (p *peer) writeRow(ctx context.Context, deadline time.Duration, msg RowWrite, bulk *sealedBulk, payload uint64, want func() uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	dl, _ := ctx.Deadline()
+	failAt := time.Now().Add(time.Until(dl)) // with a monotonic reading, whatever ctx's deadline was built from
 	l, err := p.current()
 	if err != nil {
 		bulk.written()
 		return err
 	}
-	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error { msg.Seq = seq; return ch.writeRow(&msg, bulk) })
+	if err := p.refreshClock(ctx, l); err != nil {
+		bulk.written()
+		return p.errorf("row %d: %w", msg.Row, err)
+	}
+	started := false
+	seq, acked, err := l.send(ctx, func(ch *channel, seq uint64) error {
+		started = true
+		msg.Seq, msg.CommitBy = seq, l.clock.commitBy(failAt, msg.RowBytes)
+		return ch.writeRow(&msg, bulk)
+	})
 	bulk.written()
 	if err != nil {
+		if started {
+			time.Sleep(time.Until(failAt))
+		}
 		return p.errorf("row %d: %w", msg.Row, err)
 	}
 	p.rowsSent.Add(1)
 	p.bytesSent.Add(payload)
 	ack, err := l.wait(ctx, seq, acked)
 	if err != nil {
+		// The link failed, or ctx was canceled, before the deadline: the
+		// frame may still be committed until CommitBy.
+		time.Sleep(time.Until(failAt))
 		return p.errorf("row %d: %w", msg.Row, err)
 	}
 	switch {
@@ -721,6 +779,7 @@ type link struct {
 	conn     net.Conn
 	ch       *channel       // conn's records
 	peerList PeerListDigest // the digest the peer's Welcome named
+	clock    peerClock      // the freshest reading of the peer's clock
 	writeMu  sync.Mutex     // serializes frames on ch; held for one whole frame
 	done     chan struct{}  // closed when the link fails
 
@@ -768,7 +827,7 @@ func (l *link) wait(ctx context.Context, seq uint64, acked chan *Ack) (*Ack, err
 		delete(l.pending, seq)
 		l.mu.Unlock()
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			l.fail(errors.New("no acknowledgement before the deadline"))
+			l.reset(errors.New("no acknowledgement before the deadline"))
 			return nil, l.failure()
 		}
 		return nil, ctx.Err()
@@ -783,6 +842,7 @@ func (l *link) readAcks() error {
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
+		received := time.Now()
 		buf = frame
 		msg, err := Decode(frame)
 		if err != nil {
@@ -792,6 +852,7 @@ func (l *link) readAcks() error {
 		if !ok {
 			return fmt.Errorf("%w: expected an ack, got message type %d", ErrBadFrame, msg.messageType())
 		}
+		l.clock.note(ack.Clock, received)
 		l.mu.Lock()
 		acked := l.pending[ack.Seq]
 		delete(l.pending, ack.Seq)
@@ -812,6 +873,16 @@ func (l *link) fail(err error) {
 	l.err = err
 	close(l.done)
 	l.conn.Close()
+}
+
+// reset fails the link like fail, closing the connection with a reset
+// (SO_LINGER 0): the bytes of a row still queued to the peer are dropped,
+// not delivered after its load failed.
+func (l *link) reset(err error) {
+	if tc, ok := l.conn.(interface{ SetLinger(sec int) error }); ok {
+		tc.SetLinger(0) // fails only on a connection already closed, which fail would do
+	}
+	l.fail(err)
 }
 
 // failure returns why the link failed.

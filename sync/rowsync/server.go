@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvtierfs/kvtierfs/tiers/block"
+	"golang.org/x/sys/unix"
 )
 
 // acceptRetry is the pause after a failed accept.
@@ -48,7 +49,9 @@ type Server struct {
 	psk          []byte
 	welcome      Welcome // this node's answer to every Hello
 	ln           net.Listener
+	start        uint64 // the origin of clock, a bootClock reading
 	authFailures atomic.Uint64
+	rowsLate     atomic.Uint64       // rows that arrived past their CommitBy, not written
 	evictions    atomic.Uint64       // handshakes closed to make room (evictLocked)
 	listed       map[netip.Addr]bool // the IPs the peer list names (ServerConfig.Peers)
 	geometry     rowGeometry
@@ -144,6 +147,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		welcome:    Welcome{Node: cfg.Node, PeerList: peerListDigest(cfg.Peers)},
 		geometry:   rowGeometry{rowBytes: cfg.RowBytes},
 		ln:         ln,
+		start:      serverEpoch(),
 		listed:     listedIPs(cfg.Peers),
 		refused:    refusedLines(),
 		evictedLog: evictedLines(),
@@ -161,6 +165,32 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // AuthFailures returns how many connections failed the handshake or sent a
 // record that failed authentication.
 func (s *Server) AuthFailures() uint64 { return s.authFailures.Load() }
+
+// RowsLate returns how many rows arrived whole after their CommitBy and
+// were not written (Server.receiveRow).
+func (s *Server) RowsLate() uint64 { return s.rowsLate.Load() }
+
+// serverEpoch returns the origin of a new Server's clock; tests move it to
+// set the clocks of head and peer apart.
+var serverEpoch = bootClock
+
+// bootClock reads CLOCK_BOOTTIME in nanoseconds: monotonic, and unlike
+// CLOCK_MONOTONIC (Go's) it counts while the machine is suspended, so that
+// a row held across a suspend is late by its CommitBy too. It cannot fail
+// on Linux with a valid clock id and pointer.
+func bootClock() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		panic(fmt.Sprintf("rowsync: CLOCK_BOOTTIME: %v", err))
+	}
+	return uint64(ts.Nano())
+}
+
+// clock is the Server's clock that Welcome, Ack and RowWrite.CommitBy
+// name: nanoseconds since it started, monotonic, counting suspends. The
+// subtraction wraps like the clock itself would (tests start it years
+// ahead).
+func (s *Server) clock() uint64 { return bootClock() - s.start }
 
 // HandshakesEvicted returns how many connections in handshake the Server
 // closed to make room for others (evictLocked): a flood.
@@ -428,7 +458,9 @@ func (s *Server) accept() {
 // serve authenticates conn, p among the connections in handshake, takes
 // over its session, then answers its requests in order until it fails.
 func (s *Server) serve(conn net.Conn, p *pendingConn) {
-	ch, hello, err := serverHandshake(conn, s.psk, &s.welcome, func(proven bool) bool { return s.evicted(p, proven) })
+	welcome := s.welcome
+	welcome.Clock = s.clock()
+	ch, hello, err := serverHandshake(conn, s.psk, &welcome, func(proven bool) bool { return s.evicted(p, proven) })
 	evicted := s.handshakeDone(p)
 	if errors.Is(err, errSelf) {
 		return // this node's own Mirror, told so
@@ -479,6 +511,7 @@ func (s *Server) serve(conn net.Conn, p *pendingConn) {
 		if err != nil {
 			break
 		}
+		ack.Clock = s.clock()
 		if err = ch.writeMessage(ack); err != nil {
 			break
 		}
@@ -498,9 +531,11 @@ var commitRow = (*rowCommit).commit
 
 // receiveRow reads a RowWrite of bodyLen bytes from ch into *buf (grown to
 // the row size when too small) and, once the whole frame has arrived, writes
-// the row. The acknowledgement carries the CRC32C of the bytes written, summed
-// as they arrived. A refused row is acknowledged with its error and leaves the region
-// as it was, and so does a frame that fails to arrive whole.
+// the row, unless this Server's clock reached the row's CommitBy: its sender
+// may have failed the load already (commitby.go). The acknowledgement carries
+// the CRC32C of the bytes written, summed as they arrived. A refused or late
+// row is acknowledged with its error and leaves the region as it was, and so
+// does a frame that fails to arrive whole.
 func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, error) {
 	var dest *rowCommit
 	w, crc, refused, err := receiveRow(ch, bodyLen, func(w *RowWrite) ([]byte, error) {
@@ -523,6 +558,13 @@ func (s *Server) receiveRow(ch *channel, bodyLen uint32, buf *[]byte) (*Ack, err
 	ack := &Ack{Seq: w.Seq, Row: w.Row}
 	if refused != nil {
 		ack.Err = refused.Error()
+		return ack, nil
+	}
+	dest.wait()
+	if now := s.clock(); now >= w.CommitBy {
+		s.rowsLate.Add(1)
+		s.cfg.Logf("rowsync: row %d from %s arrived %s after its deadline: not written", w.Row, ch.conn.RemoteAddr(), time.Duration(now-w.CommitBy))
+		ack.Err = "arrived after its deadline: not committed"
 		return ack, nil
 	}
 	commitRow(dest, w.Extents)

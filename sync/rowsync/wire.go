@@ -55,7 +55,7 @@ const (
 
 // Sizes of a RowWrite body before its extent headers, and of an extent header.
 const (
-	rowWriteHeadBytes = 8 + 4 + 4 + 8 + BulkKeyBytes + 4
+	rowWriteHeadBytes = 8 + 4 + 4 + 8 + 8 + BulkKeyBytes + 4
 	extentHeadBytes   = 16
 )
 
@@ -94,10 +94,12 @@ type Hello struct {
 // Welcome is the payload of the server's handshake message: the node that
 // answers and the digest of its peer list (see selfEntries in self.go). A
 // server answers a Hello from its own node too, so that a client that reached
-// itself learns so (it then ends the handshake).
+// itself learns so (it then ends the handshake). Clock is the server's clock
+// (Server.clock) when it answered, for the client's CommitBy (peerClock).
 type Welcome struct {
 	Node     NodeID
 	PeerList PeerListDigest
+	Clock    uint64
 }
 
 // Ready is the client's first record: it proves to the server that the
@@ -108,12 +110,15 @@ type Ready struct{}
 // with zeros everywhere else. Rows and RowBytes are the sender's region
 // geometry, which must equal the receiver's. Key is the one its bulk (the
 // extents' bytes) is sealed under (channel.go), fresh for every mirrored
-// row.
+// row. CommitBy is the receiver's clock (Server.clock) from which on it must
+// not write the row: the sender may have failed the load by then
+// (peerClock.commitBy).
 type RowWrite struct {
 	Seq      uint64
 	Row      uint32
 	Rows     uint32
 	RowBytes uint64
+	CommitBy uint64
 	Key      [BulkKeyBytes]byte
 	Extents  []Extent // sorted, disjoint, non-empty, inside the row
 }
@@ -127,12 +132,14 @@ type Extent struct {
 
 // Ack answers a RowWrite or a StoreSample with the same Seq: CRC is the
 // CRC32C of row Row as the receiver now holds it. A non-empty Err means the
-// request failed and CRC is meaningless.
+// request failed and CRC is meaningless. Clock is the receiver's clock
+// (Server.clock) when it answered.
 type Ack struct {
-	Seq uint64
-	Row uint32
-	CRC uint32
-	Err string
+	Seq   uint64
+	Row   uint32
+	CRC   uint32
+	Clock uint64
+	Err   string
 }
 
 // StoreSample tells the server that the sender's worker stored block Key from
@@ -177,6 +184,7 @@ func encodeFrame(m Message) net.Buffers {
 	case *Welcome:
 		head = append(head, m.Node[:]...)
 		head = append(head, m.PeerList[:]...)
+		head = binary.BigEndian.AppendUint64(head, m.Clock)
 	case *Ready:
 	case *RowWrite:
 		bufs = make(net.Buffers, 0, 1+len(m.Extents))
@@ -188,6 +196,7 @@ func encodeFrame(m Message) net.Buffers {
 		head = binary.BigEndian.AppendUint64(head, m.Seq)
 		head = binary.BigEndian.AppendUint32(head, m.Row)
 		head = binary.BigEndian.AppendUint32(head, m.CRC)
+		head = binary.BigEndian.AppendUint64(head, m.Clock)
 		head = appendString(head, m.Err, MaxErrBytes)
 	case *StoreSample:
 		head = binary.BigEndian.AppendUint64(head, m.Seq)
@@ -215,6 +224,7 @@ func appendRowHead(head []byte, w *RowWrite) []byte {
 	head = binary.BigEndian.AppendUint32(head, w.Row)
 	head = binary.BigEndian.AppendUint32(head, w.Rows)
 	head = binary.BigEndian.AppendUint64(head, w.RowBytes)
+	head = binary.BigEndian.AppendUint64(head, w.CommitBy)
 	head = append(head, w.Key[:]...)
 	head = binary.BigEndian.AppendUint32(head, uint32(len(w.Extents)))
 	for _, e := range w.Extents {
@@ -286,6 +296,7 @@ func Decode(frame []byte) (Message, error) {
 		w := &Welcome{}
 		d.bytes(w.Node[:])
 		d.bytes(w.PeerList[:])
+		w.Clock = d.u64()
 		m = w
 	case typeReady:
 		m = &Ready{}
@@ -294,7 +305,7 @@ func Decode(frame []byte) (Message, error) {
 		w.Extents = d.extents(count, w.RowBytes)
 		m = w
 	case typeAck:
-		m = &Ack{Seq: d.u64(), Row: d.u32(), CRC: d.u32(), Err: d.str(MaxErrBytes)}
+		m = &Ack{Seq: d.u64(), Row: d.u32(), CRC: d.u32(), Clock: d.u64(), Err: d.str(MaxErrBytes)}
 	case typeStoreSample:
 		s := &StoreSample{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64(), CRC: d.u32()}
 		d.geometry(s.Row, s.Rows, s.RowBytes)
@@ -387,7 +398,7 @@ func (d *decoder) geometry(row, rows uint32, rowBytes uint64) {
 // rowWriteHead reads a RowWrite up to its extent headers, checks the
 // geometry and returns the extent count.
 func (d *decoder) rowWriteHead() (*RowWrite, uint32) {
-	w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64()}
+	w := &RowWrite{Seq: d.u64(), Row: d.u32(), Rows: d.u32(), RowBytes: d.u64(), CommitBy: d.u64()}
 	d.geometry(w.Row, w.Rows, w.RowBytes)
 	d.bytes(w.Key[:])
 	return w, d.u32()

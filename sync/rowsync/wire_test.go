@@ -29,14 +29,14 @@ func sampleMessages() []Message {
 	}
 	return []Message{
 		&Hello{Session: 0x0102030405060708, Node: a, To: "10.0.0.2:7470"},
-		&Welcome{Node: b, PeerList: PeerListDigest(bytes.Repeat([]byte{0x5a}, 32))},
+		&Welcome{Node: b, PeerList: PeerListDigest(bytes.Repeat([]byte{0x5a}, 32)), Clock: 0x0000_0123_4567_89ab},
 		&Ready{},
-		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, Key: testBulkKey, Extents: []Extent{
+		&RowWrite{Seq: 7, Row: 3, Rows: 498, RowBytes: 8601600, CommitBy: 0x0000_0123_4567_89ab + 1_949_000_000, Key: testBulkKey, Extents: []Extent{
 			{Off: 0, Data: []byte("slot 0 begins")},
 			{Off: 8192, Data: bytes.Repeat([]byte{0xa5}, 100)},
 		}},
 		&RowWrite{Seq: 8, Row: 0, Rows: 1, RowBytes: 4096, Key: testBulkKey}, // an all-zero row: no extents
-		&Ack{Seq: 7, Row: 3, CRC: 0xdeadbeef},
+		&Ack{Seq: 7, Row: 3, CRC: 0xdeadbeef, Clock: 0x0000_0123_4567_89ac},
 		&Ack{Seq: 9, Row: 1, Err: "geometry mismatch"},
 		&StoreSample{Seq: 10, Row: 42, Rows: 498, RowBytes: 8601600, CRC: 0x01020304, Key: "0123abcd_g1"},
 	}
@@ -91,7 +91,7 @@ func TestDecodeErrors(t *testing.T) {
 		u64 = uint64
 	)
 	rowWrite := func(rowBytes u64, count u32, extents ...any) []byte {
-		return frame(typeRowWrite, append([]any{u64(1), u32(2), u32(4), rowBytes, [BulkKeyBytes]byte{}, count}, extents...)...)
+		return frame(typeRowWrite, append([]any{u64(1), u32(2), u32(4), rowBytes, u64(0), [BulkKeyBytes]byte{}, count}, extents...)...)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -107,14 +107,15 @@ func TestDecodeErrors(t *testing.T) {
 		{"protocol 1 challenge", frame(2, [64]byte{}), "unknown message type 2"},
 		{"short hello", frame(typeHello, u64(2), [15]byte{}), "fixed field needs 16 bytes, 15 left"},
 		{"address too long", frame(typeHello, u64(2), NodeID{}, u16(MaxAddrBytes+1)), "string of 65 bytes, limit 64"},
-		{"trailing bytes", frame(typeWelcome, [49]byte{}), "1 trailing bytes"},
+		{"trailing bytes", frame(typeWelcome, [57]byte{}), "1 trailing bytes"},
+		{"welcome without a clock", frame(typeWelcome, NodeID{}, PeerListDigest{}), "uint64 needs 8 bytes, 0 left"},
 		{"protocol 2 welcome", frame(typeWelcome, NodeID{}), "fixed field needs 32 bytes, 0 left"},
 		{"ready with a body", frame(typeReady, u8(0)), "1 trailing bytes"},
 		{"zero row size", rowWrite(0, 0), "row size 0"},
 		{"huge row size", rowWrite(MaxRowBytes+1, 0), "row size 268435457"},
-		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), [BulkKeyBytes]byte{}, u32(0)), "row 4 of a 4-row region"},
+		{"row out of range", frame(typeRowWrite, u64(1), u32(4), u32(4), u64(4096), u64(0), [BulkKeyBytes]byte{}, u32(0)), "row 4 of a 4-row region"},
 		{"protocol 3 row write", frame(4, u64(1), u32(0), u32(1), u64(4096), u32(0)), "unknown message type 4"},
-		{"short key", frame(typeRowWrite, u64(1), u32(0), u32(1), u64(4096), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
+		{"short key", frame(typeRowWrite, u64(1), u32(0), u32(1), u64(4096), u64(0), [31]byte{}), "fixed field needs 32 bytes, 31 left"},
 		{"too many extents", rowWrite(4096, 1<<31), "extents cannot fit"},
 		{"more extents than pages", rowWrite(8192, 3, u64(0), u64(1), u64(1), u64(1), u64(2), u64(1), [3]byte{}), "3 extents, at most 2 for a 8192-byte row"},
 		{"empty extent", rowWrite(4096, 1, u64(0), u64(0), u8(0)), "extent 0 is empty"},
@@ -126,6 +127,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"key too long", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(MaxKeyBytes+1)), "string of 1025 bytes, limit 1024"},
 		{"key truncated", frame(typeStoreSample, u64(1), u32(0), u32(1), u64(4096), u32(0), u16(5), [4]byte{}), "string needs 5 bytes, 4 left"},
 		{"short ack", frame(typeAck, u64(1), u32(0)), "uint32 needs 4 bytes, 0 left"},
+		{"ack without a clock", frame(typeAck, u64(1), u32(0), u32(0), u16(0)), "uint64 needs 8 bytes, 2 left"},
 	} {
 		m, err := Decode(tc.frame)
 		if err == nil || !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), tc.want) {

@@ -188,6 +188,7 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 		counters.RowsMirrored = int64(snap.RowsMirrored)
 		counters.AuthFailures = int64(snap.AuthFailures)
 		counters.HandshakesEvicted = int64(snap.HandshakesEvicted)
+		counters.RowsLate = int64(snap.RowsLate)
 		st.Warnings = append(st.Warnings, syncWarnings(snap)...)
 	}
 	if regions := s.cfg.Regions; regions != nil {

@@ -317,7 +317,7 @@ func TestSnapshotAssemblesEveryPart(t *testing.T) {
 		Budget:      statsOf[lookupbudget.Stats]{lookupbudget.Stats{KeysWithheld: 15}},
 		Stager:      statsOf[staging.Stats]{staging.Stats{Hits: 16}},
 		Shared:      statsOf[shared.Stats]{shared.Stats{Dir: "/shared", Reachable: true, Lookups: 17}},
-		Sync:        fakeSync{rowsync.Snapshot{Peers: []rowsync.PeerStats{{Addr: "p", State: rowsync.StateSelf}}, Replication: rowsync.GateSnapshot{Mode: "on", Allowed: true}, RowsMirrored: 18, AuthFailures: 19, HandshakesEvicted: 25}},
+		Sync:        fakeSync{rowsync.Snapshot{Peers: []rowsync.PeerStats{{Addr: "p", State: rowsync.StateSelf}}, Replication: rowsync.GateSnapshot{Mode: "on", Allowed: true}, RowsMirrored: 18, AuthFailures: 19, HandshakesEvicted: 25, RowsLate: 26}},
 		Regions:     regions,
 		Primer:      fakeLooked(20),
 		KVEvents:    fakeCounts{21, 22},
@@ -331,7 +331,7 @@ func TestSnapshotAssemblesEveryPart(t *testing.T) {
 		"budget_keys_withheld": {c.BudgetKeysWithheld, 15}, "names_primed": {c.NamesPrimed, 20},
 		"kv_events_published": {c.KVEventsPublished, 21}, "kv_events_dropped": {c.KVEventsDropped, 22},
 		"rows_mirrored": {c.RowsMirrored, 18}, "auth_failures": {c.AuthFailures, 19}, "shm_ignored": {c.ShmIgnored, 13},
-		"shm_faults": {c.ShmFaults, 14}, "handshakes_evicted": {c.HandshakesEvicted, 25},
+		"shm_faults": {c.ShmFaults, 14}, "handshakes_evicted": {c.HandshakesEvicted, 25}, "rows_late": {c.RowsLate, 26},
 	} {
 		if got[0] != got[1] {
 			t.Errorf("%s = %d, want %d", name, got[0], got[1])
