@@ -8,10 +8,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +19,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
@@ -440,24 +439,7 @@ type testUser struct {
 
 // newTestUser creates a user that is deleted when the test ends.
 func newTestUser(t *testing.T, role string) testUser {
-	t.Helper()
-	name := fmt.Sprintf("kvgc%s%d", role, os.Getpid()%100000)
-	if out, err := exec.Command("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v\n%s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v\n%s", name, err, out)
-		}
-	})
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		t.Fatal(err)
-	}
+	name, uid, _ := testsys.NewUser(t, "kvgc"+role)
 	return testUser{name: name, uid: uint32(uid)}
 }
 

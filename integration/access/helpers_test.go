@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 )
 
 // helperEnv makes the test binary act as a helper run as another user
@@ -185,22 +185,7 @@ type testUser struct {
 
 // newUser creates a user (with its own group) that is deleted when the test ends.
 func newUser(t *testing.T, role string) testUser {
-	t.Helper()
-	name := fmt.Sprintf("kvt%s%d", role, os.Getpid()%100000)
-	if out, err := exec.Command("useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v\n%s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v\n%s", name, err, out)
-		}
-	})
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	name, uid, gid := testsys.NewUser(t, "kvt"+role)
 	return testUser{name: name, uid: uid, gid: gid}
 }
 

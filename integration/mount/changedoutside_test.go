@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 )
 
 // TestDiskRotIsToldFromAChangeOutside: the engine's uid owns the store tree
@@ -45,7 +46,7 @@ func TestDiskRotIsToldFromAChangeOutside(t *testing.T) {
 	if err := os.Chtimes(rotten, time.Unix(1e9, 0), time.Unix(1e9, 0)); err != nil {
 		t.Fatal(err)
 	}
-	untilChangeTimeMoves(t, onStore(rotten), func() { // or there is nothing to tell apart
+	testsys.UntilChangeTimeMoves(t, onStore(rotten), func() { // or there is nothing to tell apart
 		if err := unix.Setxattr(rotten, "user.note", []byte("x"), 0); err != nil {
 			t.Fatal(err)
 		}

@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 )
 
 // TestRemountKeepsBlocks unmounts cleanly and remounts the same store: every
@@ -183,35 +182,9 @@ func flipByte(t *testing.T, path string, off int64) {
 		t.Fatal(err)
 	}
 	b[0] ^= 0x40
-	untilChangeTimeMoves(t, path, func() {
+	testsys.UntilChangeTimeMoves(t, path, func() {
 		if _, err := f.WriteAt(b, off); err != nil {
 			t.Fatal(err)
 		}
 	})
-}
-
-// untilChangeTimeMoves runs change, and again every millisecond until the
-// change time of the file at path moved from what it was before: a kernel
-// without fine-grained timestamps (before Linux 6.13) leaves it as it was
-// for a change within the same tick of its coarse clock as the last one,
-// which the daemon then cannot tell (tiers/disk changed.go). change must
-// be one that can be repeated.
-func untilChangeTimeMoves(t *testing.T, path string, change func()) {
-	t.Helper()
-	var before, after unix.Stat_t
-	if err := unix.Stat(path, &before); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		change()
-		if err := unix.Stat(path, &after); err != nil {
-			t.Fatal(err)
-		}
-		if after.Ctim != before.Ctim {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the change time of %s stayed at %v through 10 s of changes", path, before.Ctim)
-		}
-	}
 }

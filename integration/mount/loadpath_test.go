@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/integration/engineio"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 )
 
 // engineRowSizes are two row sizes of real engines: 2 MiB + 12 KiB, and
@@ -95,7 +96,7 @@ func TestCorruptBlockFailsWhereTheEngineLooks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				untilChangeTimeMoves(t, stored, func() {
+				testsys.UntilChangeTimeMoves(t, stored, func() {
 					if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), int64(rb/2)); err != nil {
 						t.Fatal(err)
 					}

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 )
 
 // ownChanges makes the changes the daemon itself makes to a published
@@ -27,7 +29,7 @@ func ownChanges(t *testing.T, s *Store, rel string) {
 	if _, err := s.SetTimes(rel, unix.Timespec{Sec: 1}, unix.Timespec{Sec: 2}); err != nil {
 		t.Fatal(err)
 	}
-	untilChangeTimeMoves(t, s.Path(rel), func() {
+	testsys.UntilChangeTimeMoves(t, s.Path(rel), func() {
 		if ok, err := s.ChangeOnFile(rel, func(fd int) error { return unix.Fsetxattr(fd, "user.test", []byte("x"), 0) }); !ok || err != nil {
 			t.Fatalf("xattr through the store: %v, %v", ok, err)
 		}

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/internal/testsys"
 	"github.com/kvtierfs/kvtierfs/tiers/block"
 )
 
@@ -31,37 +31,11 @@ func flipByte(t *testing.T, p string, off int64) {
 		t.Fatal(err)
 	}
 	b[0] ^= 0x5a
-	untilChangeTimeMoves(t, p, func() {
+	testsys.UntilChangeTimeMoves(t, p, func() {
 		if _, err := f.WriteAt(b, off); err != nil {
 			t.Fatal(err)
 		}
 	})
-}
-
-// untilChangeTimeMoves runs change, and again every millisecond until the
-// change time of the file at path moved from what it was before: a kernel
-// without fine-grained timestamps (before Linux 6.13) leaves it as it was
-// for a change within the same tick of its coarse clock as the last one,
-// which then cannot be told (changed.go). change must be one that can be
-// repeated.
-func untilChangeTimeMoves(t *testing.T, path string, change func()) {
-	t.Helper()
-	var before, after unix.Stat_t
-	if err := unix.Stat(path, &before); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		change()
-		if err := unix.Stat(path, &after); err != nil {
-			t.Fatal(err)
-		}
-		if after.Ctim != before.Ctim {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the change time of %s stayed at %v through 10 s of changes", path, before.Ctim)
-		}
-	}
 }
 
 func TestOpenRebuildsIndex(t *testing.T) {
