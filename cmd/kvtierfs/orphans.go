@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
+	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
 )
 
 // Orphaned engine regions: an engine that dies leaves its shm region behind
@@ -295,31 +296,22 @@ func parseFdinfo(text string) (mount int, inode uint64, err error) {
 }
 
 // readMountDevices adds the devices of the mounts wanted (by id) that
-// process pid's mount table lists, from /proc/PID/mountinfo ("id parent
-// major:minor root mountpoint ...").
+// process pid's mount table lists (fusefs/mountinfo).
 func readMountDevices(pid int, wanted map[int]bool, devices map[int]device) error {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	mounts, err := mountinfo.Read(strconv.Itoa(pid))
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 {
+	for _, m := range mounts {
+		if !wanted[m.ID] {
 			continue
 		}
-		id, err := strconv.Atoi(fields[0])
-		if err != nil || !wanted[id] {
-			continue
-		}
-		majorText, minorText, ok := strings.Cut(fields[2], ":")
+		majorText, minorText, ok := strings.Cut(m.Device, ":")
 		major, err1 := strconv.ParseUint(majorText, 10, 32)
 		minor, err2 := strconv.ParseUint(minorText, 10, 32)
 		if ok && err1 == nil && err2 == nil {
-			devices[id] = device{uint32(major), uint32(minor)}
+			devices[m.ID] = device{uint32(major), uint32(minor)}
 		}
 	}
-	return sc.Err()
+	return nil
 }

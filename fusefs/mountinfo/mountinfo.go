@@ -12,6 +12,9 @@ import (
 
 // Mount is one line of a mountinfo file.
 type Mount struct {
+	// ID is the mount's id (field 1), unique system-wide, as statx's
+	// STATX_MNT_ID and /proc/PID/fdinfo's mnt_id give it; -1 if unreadable.
+	ID int
 	// Mountpoint is where the filesystem is mounted (field 5).
 	Mountpoint string
 	// Device is the filesystem's "major:minor" (field 3), as stat's st_dev.
@@ -45,6 +48,11 @@ func ParseLine(line string) (m Mount, ok bool) {
 		return Mount{}, false
 	}
 	m.Device, m.Mountpoint = fields[2], unescape(fields[4])
+	id, err := strconv.Atoi(fields[0])
+	if err != nil {
+		id = -1
+	}
+	m.ID = id
 	for i := 5; i+3 < len(fields); i++ {
 		if fields[i] == "-" {
 			m.FSType, m.Source, m.SuperOptions = fields[i+1], unescape(fields[i+2]), fields[i+3]

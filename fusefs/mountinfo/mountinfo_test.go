@@ -8,7 +8,7 @@ import (
 func TestParseLine(t *testing.T) {
 	line := `61 28 0:52 / /mnt/kv\040tier rw,nosuid,nodev,relatime shared:33 - fuse.kvtierfs kvtierfs:/nvme/kv\040store rw,user_id=0,group_id=0,default_permissions`
 	m, ok := ParseLine(line)
-	want := Mount{Mountpoint: "/mnt/kv tier", Device: "0:52", FSType: "fuse.kvtierfs", Source: "kvtierfs:/nvme/kv store",
+	want := Mount{ID: 61, Mountpoint: "/mnt/kv tier", Device: "0:52", FSType: "fuse.kvtierfs", Source: "kvtierfs:/nvme/kv store",
 		SuperOptions: "rw,user_id=0,group_id=0,default_permissions"}
 	if !ok || m != want {
 		t.Errorf("ParseLine = %+v, %v; want %+v", m, ok, want)
