@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/fusefs/mountinfo"
+	"github.com/kvtierfs/kvtierfs/tiers/shm"
 )
 
 // Orphaned engine regions: an engine that dies leaves its shm region behind
@@ -49,32 +50,31 @@ type regionScan struct {
 	unreadable []int
 }
 
-// scanRegions lists the regular files matching glob (symlinks and other
-// types are ignored), and those a gc-regions that was killed left renamed
+// scanRegions lists the regular files matching glob (symlinks, other types
+// and mount points are ignored, shm.Scan), and those a gc-regions that was killed left renamed
 // aside in the glob's directory; it sorts those owned by one of owners into
 // orphaned and in use, and sets the others apart.
 func scanRegions(glob string, owners []uint32) (regionScan, error) {
 	var scan regionScan
-	paths, err := filepath.Glob(glob)
+	entries, err := shm.Scan(glob)
 	if err != nil {
 		return scan, fmt.Errorf("--shm-glob %q: %w", glob, err)
 	}
-	if aside, err := filepath.Glob(asideGlob(glob)); err == nil {
-		for _, p := range aside {
-			if !slices.Contains(paths, p) {
-				paths = append(paths, p)
+	if aside, err := shm.Scan(asideGlob(glob)); err == nil {
+		for _, e := range aside {
+			if !slices.ContainsFunc(entries, func(o shm.Entry) bool { return o.Path == e.Path }) {
+				entries = append(entries, e)
 			}
 		}
 	}
 	var regions []regionFile
 	wanted := map[fileID]bool{}
-	for _, p := range paths {
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	for _, e := range entries {
+		if e.Reason != "" {
 			continue
 		}
-		r := regionFile{path: p, size: st.Size, id: statID(&st), uid: st.Uid}
-		if !slices.Contains(owners, st.Uid) {
+		r := regionFile{path: e.Path, size: e.Size, id: fileID{unix.Major(e.ID.Dev), unix.Minor(e.ID.Dev), e.ID.Ino}, uid: e.UID}
+		if !slices.Contains(owners, e.UID) {
 			scan.others = append(scan.others, r)
 			continue
 		}

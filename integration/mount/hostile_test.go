@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -193,5 +195,71 @@ func TestRenameOfDirectoryHoldingTmpRefused(t *testing.T) {
 	}
 	if st := d.Stats(); st.Disk.Blocks != 1 || st.Disk.InFlightTmp != 0 {
 		t.Fatalf("stats: %d blocks, %d tmps; want 1, 0", st.Disk.Blocks, st.Disk.InFlightTmp)
+	}
+}
+
+// A local user with user_allow_other in /etc/fuse.conf mounts a FUSE server
+// that never answers on names under --shm-glob: a directory, and a file (a
+// file of the server bind-mounted there). A stat of either waits in the
+// kernel for good, SIGKILL or not. The daemon starts, serves loads and
+// stats.json, and `kvtierfs stat` and `gc-regions` finish, none of them
+// asking the server anything; both names are listed as ignored mount points.
+// A watchdog answers the server's requests after a minute, so that a
+// regression fails here instead of hanging the suite.
+func TestShmGlobNeverWaitsOnAMountedServer(t *testing.T) {
+	region := newRegion(t, 2)
+	base := strings.TrimSuffix(region.Path, ".mmap")
+	dirMount, fileMount := base+"-dir.mmap", base+"-file.mmap"
+	if err := os.Mkdir(dirMount, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dirMount) })
+	if err := os.WriteFile(fileMount, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(fileMount) })
+	h := mountHangFS(t, dirMount)
+	if err := os.WriteFile(filepath.Join(dirMount, "f"), make([]byte, 2*rowBytes), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(filepath.Join(dirMount, "f"), fileMount, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(fileMount, unix.MNT_DETACH) })
+	h.hang()
+	var waited atomic.Bool
+	watchdog := time.AfterFunc(time.Minute, func() { waited.Store(true); h.resume() })
+	defer watchdog.Stop()
+	glob := base + "*.mmap"
+
+	d := mounttest.Start(t, mounttest.Options{ShmGlob: glob})
+	tier := openTier(t, d)
+	path := storeBlock(t, tier, region.Row(0), 1)
+	if err := tier.Load(path, region.Row(1)); err != nil || !bytes.Equal(region.Row(1), expectedRow(1)) {
+		t.Fatalf("load into the engine's region: %v", err)
+	}
+	st := d.Stats()
+	statOut, statErr := mounttest.Run("stat", d.Mountpoint, "--shm-glob", glob)
+	// The mount points alone: with a region to prove orphaned, gc-regions
+	// would also read every process's mappings, which a sandbox may deny.
+	gcOut, gcErr := mounttest.Run("gc-regions", "--shm-glob", base+"-*.mmap", "--dry-run")
+	if waited.Load() {
+		t.Fatal("the daemon or a command waited on the FUSE server mounted under the glob until the watchdog answered it")
+	}
+	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Path != region.Path {
+		t.Fatalf("regions %+v, want only %s", st.Primary.Regions, region.Path)
+	}
+	ignored := map[string]string{}
+	for _, ig := range st.Primary.Ignored {
+		ignored[ig.Path] = ig.Reason
+	}
+	if len(ignored) != 2 || !strings.Contains(ignored[dirMount], "not a regular file") || !strings.Contains(ignored[fileMount], "mount point") {
+		t.Fatalf("ignored %+v, want the directory (not a regular file) and the file mount point", st.Primary.Ignored)
+	}
+	if statErr != nil || gcErr != nil {
+		t.Fatalf("stat: %v\n%s\ngc-regions --dry-run: %v\n%s", statErr, statOut, gcErr, gcOut)
+	}
+	if strings.Contains(gcOut, fileMount) || strings.Contains(gcOut, dirMount) {
+		t.Fatalf("gc-regions lists a mount point as a region:\n%s", gcOut)
 	}
 }

@@ -4,7 +4,8 @@
 //
 // `/dev/shm` is writable by every local user, so a file matching the glob is
 // mapped only when it is a regular file owned by root or the engine's uid,
-// opened without following links (DESIGN "Regions in /dev/shm"). A region is
+// opened without following links, and nothing mounted on a name under the
+// glob is ever asked anything (Scan; DESIGN "Regions in /dev/shm"). A region is
 // the file's identity (device, inode) and size: a file recreated under the
 // same name is a new region. Every read of a mapping recovers from the fault
 // a region truncated under it raises, and drops that region.
@@ -25,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtierfs/kvtierfs/tiers/internal/beneath"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,8 +170,9 @@ func (s *Set) fullScanDue(stamp dirStamp, ok bool) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for p, r := range s.regions {
-		var st unix.Stat_t
-		if r.faulted.Load() || unix.Lstat(p, &st) != nil || (FileID{Dev: st.Dev, Ino: st.Ino}) != r.id || st.Size != r.size {
+		// A mount point put on the name has another device: a change.
+		st, err := statNoWait(unix.AT_FDCWD, p)
+		if r.faulted.Load() || err != nil || (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}) != r.id || int64(st.Size) != r.size {
 			return true
 		}
 	}
@@ -210,8 +213,8 @@ func NewSet(glob string) (*Set, error) { return NewSetWith(glob, Options{}) }
 
 // NewSetWith returns a Set for the glob; call Refresh to map the regions.
 func NewSetWith(glob string, opts Options) (*Set, error) {
-	if _, err := filepath.Match(glob, ""); err != nil {
-		return nil, fmt.Errorf("shm region glob %q: %w", glob, err)
+	if _, _, err := splitGlob(glob); err != nil {
+		return nil, err
 	}
 	engine := uint32(os.Getuid())
 	if opts.EngineUID != nil {
@@ -240,16 +243,28 @@ func RegionOwners(engine uint32) []uint32 {
 func (s *Set) Owners() []uint32 { return append([]uint32(nil), s.owners...) }
 
 // OpenFile opens a region file without following a link in its last
-// component and without blocking (a FIFO planted under the glob), and checks
-// on the descriptor that it is a regular file owned by one of owners (any
-// owner when none are given). flag is O_RDONLY or O_RDWR.
+// component, without crossing a mount point on it (a FUSE server that never
+// answers, scan.go) and without blocking (a FIFO planted under the glob),
+// and checks on the descriptor that it is a regular file owned by one of
+// owners (any owner when none are given). flag is O_RDONLY or O_RDWR.
 // size is the file's size at the check.
 func OpenFile(path string, flag int, owners ...uint32) (f *os.File, id FileID, size int64, err error) {
-	fd, err := unix.Open(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err == unix.ELOOP {
-		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: "symbolic link: not followed"}
+	dirPath, name := filepath.Split(path)
+	if dirPath == "" {
+		dirPath = "."
 	}
+	dir, err := unix.Open(dirPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		return nil, FileID{}, 0, &os.PathError{Op: "open", Path: dirPath, Err: err}
+	}
+	fd, err := beneath.Open(dir, name, flag|unix.O_NONBLOCK, 0)
+	unix.Close(dir)
+	switch {
+	case err == unix.ELOOP:
+		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: reasonLink}
+	case err == unix.EXDEV:
+		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: reasonMountPoint}
+	case err != nil:
 		return nil, FileID{}, 0, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	var st unix.Stat_t
@@ -257,7 +272,11 @@ func OpenFile(path string, flag int, owners ...uint32) (f *os.File, id FileID, s
 		unix.Close(fd)
 		return nil, FileID{}, 0, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	if reason := refusal(&st, owners); reason != "" {
+	reason := typeRefusal(st.Mode)
+	if reason == "" {
+		reason = ownerRefusal(st.Uid, owners)
+	}
+	if reason != "" {
 		unix.Close(fd)
 		return nil, FileID{}, 0, &RefusedError{Path: path, Reason: reason}
 	}
@@ -273,25 +292,26 @@ func (e *RefusedError) Error() string {
 	return fmt.Sprintf("shm file %s refused: %s", e.Path, e.Reason)
 }
 
-// refusal says why a file is not a region: a link, not a regular file, or
-// owned by none of owners (any owner passes when none are given); "" when it is one.
-func refusal(st *unix.Stat_t, owners []uint32) string {
-	switch st.Mode & unix.S_IFMT {
+// typeRefusal says why a file of this mode is not a region (a link, not a
+// regular file); "" when it may be one.
+func typeRefusal(mode uint32) string {
+	switch mode & unix.S_IFMT {
 	case unix.S_IFREG:
+		return ""
 	case unix.S_IFLNK:
-		return "symbolic link: not followed"
+		return reasonLink
 	default:
-		return "not a regular file"
+		return reasonNotRegular
 	}
-	if len(owners) == 0 {
+}
+
+// ownerRefusal says why a file owned by uid is not a region: owned by none
+// of owners (any owner passes when none are given); "" when it may be one.
+func ownerRefusal(uid uint32, owners []uint32) string {
+	if len(owners) == 0 || slices.Contains(owners, uid) {
 		return ""
 	}
-	for _, uid := range owners {
-		if st.Uid == uid {
-			return ""
-		}
-	}
-	return fmt.Sprintf("owned by uid %d, not by one of %v (root, the engine)", st.Uid, owners)
+	return fmt.Sprintf("owned by uid %d, not by one of %v (root, the engine)", uid, owners)
 }
 
 // Refresh maps regions that appeared and unmaps those that vanished, were
@@ -315,15 +335,13 @@ func (s *Set) Refresh() error {
 	if stamped && start.Sub(time.Unix(stamp.mtime.Unix())) > time.Second && start.Sub(time.Unix(stamp.ctime.Unix())) > time.Second {
 		s.scanned = stamp
 	}
-	paths, err := filepath.Glob(s.glob)
+	entries, err := Scan(s.glob)
 	if err != nil {
 		return err
 	}
-	current := make(map[string]candidate, len(paths))
-	for _, p := range paths {
-		if c, ok := s.examine(p); ok {
-			current[p] = c
-		}
+	current := make(map[string]candidate, len(entries))
+	for _, e := range entries {
+		current[e.Path] = s.examine(e)
 	}
 	if n := s.ignoredLog.roll(time.Now()); n > 0 {
 		s.logger.Warn("more shm files matching the glob ignored, not logged one by one", "files", n, "ignored_now", len(s.ignored))
@@ -402,16 +420,15 @@ type candidate struct {
 	reason string
 }
 
-// examine looks at a path without following a link; ok is false when it vanished.
-func (s *Set) examine(p string) (c candidate, ok bool) {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		return candidate{}, false
+// examine is what Refresh makes of an entry Scan listed.
+func (s *Set) examine(e Entry) candidate {
+	if e.Reason != "" {
+		return candidate{reason: e.Reason}
 	}
-	if reason := refusal(&st, s.owners); reason != "" {
-		return candidate{reason: reason}, true
+	if reason := ownerRefusal(e.UID, s.owners); reason != "" {
+		return candidate{reason: reason}
 	}
-	return candidate{id: FileID{Dev: st.Dev, Ino: st.Ino}, size: st.Size}, true
+	return candidate{id: e.ID, size: e.Size}
 }
 
 // mapped reports whether the region at p is mapped with this identity and size.

@@ -111,7 +111,7 @@ func Split(name string) ([]string, error) {
 // the way O_PATH and none through a link (a link there is ENOTDIR or ELOOP)
 // or onto another device (EXDEV).
 func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
-	dev, err := deviceOf(dir)
+	dev, err := Device(dir)
 	if err != nil {
 		return -1, err
 	}
@@ -153,7 +153,7 @@ func sameDevice(dev uint64, open func() (int, error)) (int, error) {
 	if err != nil {
 		return fd, err
 	}
-	got, err := deviceOf(fd)
+	got, err := Device(fd)
 	if err == nil && got != dev {
 		err = unix.EXDEV
 	}
@@ -164,10 +164,10 @@ func sameDevice(dev uint64, open func() (int, error)) (int, error) {
 	return fd, nil
 }
 
-// deviceOf is the device of an open file, from the attributes the kernel
+// Device is the device of an open file, from the attributes the kernel
 // holds: AT_STATX_DONT_SYNC asks no filesystem (a FUSE server mounted in the
 // tree is never waited on for its root's attributes).
-func deviceOf(fd int) (uint64, error) {
+func Device(fd int) (uint64, error) {
 	var stx unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
 		return 0, err
