@@ -24,9 +24,11 @@
 // seccomp sandboxes, qemu-user) the process remembers it and from then on
 // walks the name one component at a time: each directory opened from the
 // last with O_PATH|O_DIRECTORY|O_NOFOLLOW, the last component with the
-// caller's flags and O_NOFOLLOW, each found on the directory's device, so the
-// rule holds there too (a bind mount of the same filesystem aside: the walk
-// tells mounts apart by device). O_NOFOLLOW and
+// caller's flags and O_NOFOLLOW, each found on the directory's device and
+// none the root of a mount (STATX_ATTR_MOUNT_ROOT, which also tells a bind
+// mount of the tree's own filesystem), so the rule holds there too; a last
+// component opened for I/O is first looked at through O_PATH, so a mount
+// point is refused before its filesystem is asked to open. O_NOFOLLOW and
 // O_CLOEXEC are always added; the mode is passed only where the flags create
 // (O_CREAT, O_TMPFILE), as openat2 requires. EINTR (a signal: Go's runtime
 // sends them) is retried without limit, EAGAIN (openat2 racing a rename
@@ -109,7 +111,7 @@ func Split(name string) ([]string, error) {
 
 // walk opens parts below dir one component at a time, the directories on
 // the way O_PATH and none through a link (a link there is ENOTDIR or ELOOP)
-// or onto another device (EXDEV).
+// or onto another device or a mount root (EXDEV).
 func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
 	dev, err := Device(dir)
 	if err != nil {
@@ -147,14 +149,16 @@ func walk(dir int, parts []string, flags int, mode uint32) (int, error) {
 }
 
 // sameDevice opens (retried as retry does) and passes the descriptor on if
-// it is on device dev, or closes it and answers EXDEV.
+// it is on device dev and not the root of a mount, or closes it and answers
+// EXDEV. The mount root catches a bind mount of the tree's own filesystem,
+// whose device is the tree's.
 func sameDevice(dev uint64, open func() (int, error)) (int, error) {
 	fd, err := retry(open)
 	if err != nil {
 		return fd, err
 	}
-	got, err := Device(fd)
-	if err == nil && got != dev {
+	got, mountRoot, err := place(fd)
+	if err == nil && (got != dev || mountRoot) {
 		err = unix.EXDEV
 	}
 	if err != nil {
@@ -168,11 +172,20 @@ func sameDevice(dev uint64, open func() (int, error)) (int, error) {
 // holds: AT_STATX_DONT_SYNC asks no filesystem (a FUSE server mounted in the
 // tree is never waited on for its root's attributes).
 func Device(fd int) (uint64, error) {
+	dev, _, err := place(fd)
+	return dev, err
+}
+
+// place is an open file's device and whether it is the root of a mount
+// (STATX_ATTR_MOUNT_ROOT; a kernel before 5.8 does not say, and only the
+// device is told apart there), asking no filesystem, as Device.
+func place(fd int) (dev uint64, mountRoot bool, err error) {
 	var stx unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return unix.Mkdev(stx.Dev_major, stx.Dev_minor), nil
+	mountRoot = stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	return unix.Mkdev(stx.Dev_major, stx.Dev_minor), mountRoot, nil
 }
 
 // retry repeats an open that a signal interrupted, and one that raced a

@@ -301,10 +301,11 @@ func TestOpenWalksWhereOpenat2IsMissing(t *testing.T) {
 // TestOpenRefusesMountPoints: a filesystem mounted inside the tree (the
 // engine's uid may mount a FUSE server there where /dev/fuse is open to it,
 // and stop it) is never entered: a name through it or naming it fails with
-// EXDEV, with openat2 and with the walk.
+// EXDEV, with openat2 and with the walk. So does a bind mount of a file or a
+// directory of the tree's own filesystem, whose device is the tree's.
 func TestOpenRefusesMountPoints(t *testing.T) {
 	root := t.TempDir()
-	for _, d := range []string{"m", "plain"} {
+	for _, d := range []string{"m", "plain", "bound", "source"} {
 		if err := os.Mkdir(filepath.Join(root, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -315,13 +316,21 @@ func TestOpenRefusesMountPoints(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(filepath.Join(root, "m"), unix.MNT_DETACH) })
 	write(t, filepath.Join(root, "m", "f"), "mounted")
 	write(t, filepath.Join(root, "plain", "f"), "plain")
+	write(t, filepath.Join(root, "source", "f"), "bound")
+	write(t, filepath.Join(root, "boundfile"), "")
+	for target, source := range map[string]string{"bound": "source", "boundfile": "source/f"} {
+		if err := unix.Mount(filepath.Join(root, source), filepath.Join(root, target), "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("bind-mounting %s over %s: %v", source, target, err)
+		}
+		t.Cleanup(func() { unix.Unmount(filepath.Join(root, target), unix.MNT_DETACH) })
+	}
 	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(dir) })
 	eachResolution(t, func(t *testing.T, walking bool) {
-		for _, name := range []string{"m/f", "m"} {
+		for _, name := range []string{"m/f", "m", "bound/f", "bound", "boundfile"} {
 			if fd, err := Open(dir, name, unix.O_RDONLY, 0); err != unix.EXDEV {
 				if err == nil {
 					unix.Close(fd)
