@@ -15,7 +15,10 @@ import "golang.org/x/sys/unix"
 // checksum failure. A change within the same tick of the kernel's coarse
 // clock as the daemon's last look leaves the change time as it was on a
 // filesystem without fine-grained timestamps (before Linux 6.13): such a
-// change counts as a checksum failure, as every one did before.
+// change counts as a checksum failure, as every one did before. So does a
+// write through a writable shared mapping of the file taken before its
+// publish, once its page is dirty: such writes fault no more and move no
+// change time (on tmpfs, mapped writes never do).
 
 // fileState is what tells a block's file changed: its inode (the store is
 // one filesystem) and change time. A change of size moves the change time

@@ -240,7 +240,7 @@ func (s *Stats) Snapshot(mount ctlabi.Counters) ctlabi.Stats {
 	quiet := s.recent.Window()
 	if n, recent := s.recent.Grew(ctlabi.WarnChecksumFailures, counters.ChecksumFailures); recent {
 		st.Warnings = append(st.Warnings, ctlabi.Warning{Code: ctlabi.WarnChecksumFailures, Message: fmt.Sprintf(
-			"%s failed their checksum and were removed (the engine recomputes them), their files unchanged since the daemon last saw them: check the store disk (dmesg, smartctl); clears after %s without one",
+			"%s failed their checksum and were removed (the engine recomputes them), their files unchanged since the daemon last saw them (inode and change time): check the store disk (dmesg, smartctl), or for a writable shared mapping of a store file made before its rename (such writes move no change time); clears after %s without one",
 			plural(n, "block"), quiet)})
 	}
 	if n, recent := s.recent.Grew(ctlabi.WarnChangedOutside, counters.BlocksChangedOutside); recent {
