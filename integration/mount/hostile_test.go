@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvtierfs/kvtierfs/fusefs/ctlabi"
 	"github.com/kvtierfs/kvtierfs/integration/mounttest"
 )
 
@@ -66,13 +67,7 @@ func TestShmGlobIgnoresLinksAndStrangers(t *testing.T) {
 		t.Fatalf("load into the engine's region: %v", err)
 	}
 	st := d.Stats()
-	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Path != region.Path {
-		t.Fatalf("regions %+v, want only %s", st.Primary.Regions, region.Path)
-	}
-	ignored := map[string]string{}
-	for _, ig := range st.Primary.Ignored {
-		ignored[ig.Path] = ig.Reason
-	}
+	ignored := onlyRegion(t, st, region.Path)
 	if len(ignored) != 2 || !strings.Contains(ignored[link], "symbolic link") || !strings.Contains(ignored[foreign], "64321") {
 		t.Fatalf("ignored %+v, want the link and the foreign file", st.Primary.Ignored)
 	}
@@ -246,13 +241,7 @@ func TestShmGlobNeverWaitsOnAMountedServer(t *testing.T) {
 	if waited.Load() {
 		t.Fatal("the daemon or a command waited on the FUSE server mounted under the glob until the watchdog answered it")
 	}
-	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Path != region.Path {
-		t.Fatalf("regions %+v, want only %s", st.Primary.Regions, region.Path)
-	}
-	ignored := map[string]string{}
-	for _, ig := range st.Primary.Ignored {
-		ignored[ig.Path] = ig.Reason
-	}
+	ignored := onlyRegion(t, st, region.Path)
 	if len(ignored) != 2 || !strings.Contains(ignored[dirMount], "not a regular file") || !strings.Contains(ignored[fileMount], "mount point") {
 		t.Fatalf("ignored %+v, want the directory (not a regular file) and the file mount point", st.Primary.Ignored)
 	}
@@ -262,4 +251,18 @@ func TestShmGlobNeverWaitsOnAMountedServer(t *testing.T) {
 	if strings.Contains(gcOut, fileMount) || strings.Contains(gcOut, dirMount) {
 		t.Fatalf("gc-regions lists a mount point as a region:\n%s", gcOut)
 	}
+}
+
+// onlyRegion fails t unless the daemon's stats list region as its one primary
+// region, and returns the reason of each name it ignored, by path.
+func onlyRegion(t *testing.T, st ctlabi.Stats, region string) map[string]string {
+	t.Helper()
+	if len(st.Primary.Regions) != 1 || st.Primary.Regions[0].Path != region {
+		t.Fatalf("regions %+v, want only %s", st.Primary.Regions, region)
+	}
+	ignored := map[string]string{}
+	for _, ig := range st.Primary.Ignored {
+		ignored[ig.Path] = ig.Reason
+	}
+	return ignored
 }
