@@ -190,11 +190,11 @@ func quarantine(r regionFile, dirs map[string]*os.File) (*quarantined, error) {
 	return q, nil
 }
 
-// holds tells whether name in the region's directory is the scanned file.
+// holds tells whether name in the region's directory is the scanned file,
+// asking nothing mounted on the name since the scan (shm.EntryAt).
 func (q *quarantined) holds(name string) bool {
-	var st unix.Stat_t
-	return unix.Fstatat(int(q.dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
-		st.Mode&unix.S_IFMT == unix.S_IFREG && statID(&st) == q.r.id
+	e, err := shm.EntryAt(int(q.dir.Fd()), name)
+	return err == nil && e.Reason == "" && regionID(e.ID) == q.r.id
 }
 
 // restore gives the quarantined file its name back; it returns what to add

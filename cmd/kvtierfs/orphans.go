@@ -73,7 +73,7 @@ func scanRegions(glob string, owners []uint32) (regionScan, error) {
 		if e.Reason != "" {
 			continue
 		}
-		r := regionFile{path: e.Path, size: e.Size, id: fileID{unix.Major(e.ID.Dev), unix.Minor(e.ID.Dev), e.ID.Ino}, uid: e.UID}
+		r := regionFile{path: e.Path, size: e.Size, id: regionID(e.ID), uid: e.UID}
 		if !slices.Contains(owners, e.UID) {
 			scan.others = append(scan.others, r)
 			continue
@@ -99,8 +99,9 @@ func scanRegions(glob string, owners []uint32) (regionScan, error) {
 	return scan, nil
 }
 
-func statID(st *unix.Stat_t) fileID {
-	return fileID{unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino}
+// regionID is a region file's identity as /proc's maps and fds name it.
+func regionID(id shm.FileID) fileID {
+	return fileID{unix.Major(id.Dev), unix.Minor(id.Dev), id.Ino}
 }
 
 // filesInUse returns which of the wanted files a process other than this

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -69,9 +70,9 @@ func Scan(glob string) ([]Entry, error) {
 		if ok, _ := filepath.Match(pattern, n.name); !ok {
 			continue
 		}
-		e, ok := examineAt(fd, dev, n.name, n.typ)
-		if !ok {
-			continue
+		e, err := examineAt(fd, dev, n.name, n.typ)
+		if err != nil {
+			continue // gone since the listing
 		}
 		e.Path = filepath.Join(dir, n.name)
 		entries = append(entries, e)
@@ -100,27 +101,37 @@ func splitGlob(glob string) (dir, pattern string, err error) {
 	return dir, pattern, nil
 }
 
+// EntryAt is what Scan lists for name in the open directory dir, Path left
+// empty, asking nothing mounted on it; an error when there is no such name.
+func EntryAt(dir int, name string) (Entry, error) {
+	dev, err := beneath.Device(dir)
+	if err != nil {
+		return Entry{}, err
+	}
+	return examineAt(dir, dev, name, unix.DT_UNKNOWN)
+}
+
 // examineAt looks at a name of the directory dir (on device dev) listed with
-// type typ; ok is false when it vanished.
-func examineAt(dir int, dev uint64, name string, typ uint8) (e Entry, ok bool) {
+// type typ; an error when it is gone.
+func examineAt(dir int, dev uint64, name string, typ uint8) (Entry, error) {
 	switch typ {
 	case unix.DT_REG, unix.DT_UNKNOWN: // DT_UNKNOWN: a filesystem that does not tell
 	case unix.DT_LNK:
-		return Entry{Reason: reasonLink}, true
+		return Entry{Reason: reasonLink}, nil
 	default:
-		return Entry{Reason: reasonNotRegular}, true
+		return Entry{Reason: reasonNotRegular}, nil
 	}
 	stx, err := statNoWait(dir, name)
 	if err != nil {
-		return Entry{}, false
+		return Entry{}, err
 	}
-	if unix.Mkdev(stx.Dev_major, stx.Dev_minor) != dev || stx.Attributes&stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return Entry{Reason: reasonMountPoint}, true
+	if unix.Mkdev(stx.Dev_major, stx.Dev_minor) != dev || beneath.IsMountRoot(&stx) {
+		return Entry{Reason: reasonMountPoint}, nil
 	}
 	if reason := typeRefusal(uint32(stx.Mode)); reason != "" {
-		return Entry{Reason: reason}, true
+		return Entry{Reason: reason}, nil
 	}
-	return Entry{ID: FileID{Dev: dev, Ino: stx.Ino}, Size: int64(stx.Size), UID: stx.Uid}, true
+	return Entry{ID: FileID{Dev: dev, Ino: stx.Ino}, Size: int64(stx.Size), UID: stx.Uid}, nil
 }
 
 // statNoWait reads a name's attributes, without following a link, from what
@@ -181,7 +192,7 @@ func parseDirents(buf []byte, out []dirent) ([]dirent, error) {
 			return out, unix.EIO
 		}
 		name := buf[direntNameAt:reclen]
-		if i := strings.IndexByte(string(name), 0); i >= 0 {
+		if i := bytes.IndexByte(name, 0); i >= 0 {
 			name = name[:i]
 		}
 		if s := string(name); s != "." && s != ".." && s != "" {

@@ -162,4 +162,20 @@ func TestScanTellsKindsApart(t *testing.T) {
 			t.Fatalf("file entry %+v, want dev %d ino %d size 4096 uid %d", e, st.Dev, st.Ino, st.Uid)
 		}
 	}
+	// EntryAt, which has no listing's d_type to go by, tells the same.
+	dirFD, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dirFD)
+	for _, e := range entries {
+		name := filepath.Base(e.Path)
+		got, err := EntryAt(dirFD, name)
+		if e.Path = ""; err != nil || got != e {
+			t.Errorf("EntryAt(%s) = %+v, %v; want %+v as Scan listed it", name, got, err, e)
+		}
+	}
+	if got, err := EntryAt(dirFD, "gone.mmap"); err == nil {
+		t.Errorf("EntryAt of a name that is not there = %+v, want an error", got)
+	}
 }

@@ -177,15 +177,20 @@ func Device(fd int) (uint64, error) {
 }
 
 // place is an open file's device and whether it is the root of a mount
-// (STATX_ATTR_MOUNT_ROOT; a kernel before 5.8 does not say, and only the
-// device is told apart there), asking no filesystem, as Device.
+// (IsMountRoot; before Linux 5.8 only the device is told apart), asking no
+// filesystem, as Device.
 func place(fd int) (dev uint64, mountRoot bool, err error) {
 	var stx unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, 0, &stx); err != nil {
 		return 0, false, err
 	}
-	mountRoot = stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
-	return unix.Mkdev(stx.Dev_major, stx.Dev_minor), mountRoot, nil
+	return unix.Mkdev(stx.Dev_major, stx.Dev_minor), IsMountRoot(&stx), nil
+}
+
+// IsMountRoot reports whether statx said the file is the root of a mount
+// (STATX_ATTR_MOUNT_ROOT; false from a kernel before 5.8, which does not say).
+func IsMountRoot(stx *unix.Statx_t) bool {
+	return stx.Attributes_mask&stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
 }
 
 // retry repeats an open that a signal interrupted, and one that raced a
